@@ -1,0 +1,65 @@
+"""The ``gateway`` command: ``gateway serve`` runs the gateway under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from gateway.settings import ConfigError, Settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gateway", description="task-gateway: live task state over HTTP")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve", help="run the gateway", description="Run the gateway. Every option also reads GATEWAY_*."
+    )
+    serve.add_argument("--host", help="address to bind (GATEWAY_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (GATEWAY_PORT, default 8000)")
+    serve.add_argument("--database-url", help="sqlite:///file.db or postgresql://user@host/db")
+    serve.add_argument("--secret", help="token signing secret (GATEWAY_SECRET)")
+    serve.add_argument("--api-key", help="management API key (GATEWAY_API_KEY)")
+    serve.add_argument("--log-level", help="uvicorn log level (GATEWAY_LOG_LEVEL, default info)")
+    args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        return _serve(args)
+    return 2  # pragma: no cover  (argparse requires a command)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = Settings.from_environ(
+            os.environ,
+            host=args.host,
+            port=args.port,
+            database_url=args.database_url,
+            secret=args.secret,
+            api_key=args.api_key,
+            log_level=args.log_level,
+        )
+        settings.check_bind()
+    except ConfigError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from gateway.web.app import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        proxy_headers=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""One exception tree for the whole gateway.
+
+Every error a client can cause is a :class:`GatewayError` carrying a protocol ``code``; the web layer maps
+the code once to its HTTP status (and, for sockets, to a close code)::
+
+    GatewayError
+    ├── InvalidRequest          400 invalid-request        4400
+    ├── Unauthorized            401 unauthorized           4401
+    ├── Forbidden               403 forbidden              4403
+    ├── UnknownTask             404 unknown-task           4404
+    ├── NotFound                404 not-found
+    ├── MethodNotAllowed        405 method-not-allowed
+    ├── Conflict                409 task-exists | key-reused-for-other-task | not-succeeded
+    │                               | callback-id-reused | stale-attempt
+    ├── PayloadTooLarge         413 payload-too-large
+    └── Unavailable             503 unavailable (with Retry-After)
+
+The pure state machine raises only :class:`InvalidRequest`, as the reference raises
+``AiError("invalid-request", ...)``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+# WebSocket close codes, named once (protocol.md, "Close codes").
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_SLOW_CONSUMER = 4008
+CLOSE_INVALID_REQUEST = 4400
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_UNKNOWN_TASK = 4404
+
+
+class GatewayError(Exception):
+    """Root of every error the gateway reports to a client."""
+
+    status: ClassVar[int] = 500
+    close_code: ClassVar[int] = 1011
+    default_code: ClassVar[str] = "internal"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+
+    def to_json(self) -> dict[str, dict[str, str]]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    close_code = CLOSE_INVALID_REQUEST
+    default_code = "invalid-request"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    close_code = CLOSE_UNAUTHORIZED
+    default_code = "unauthorized"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    close_code = CLOSE_FORBIDDEN
+    default_code = "forbidden"
+
+
+class UnknownTask(GatewayError):
+    status = 404
+    close_code = CLOSE_UNKNOWN_TASK
+    default_code = "unknown-task"
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"unknown task {task_id}")
+        self.task_id = task_id
+
+
+class NotFound(GatewayError):
+    status = 404
+    default_code = "not-found"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    default_code = "method-not-allowed"
+
+
+class Conflict(GatewayError):
+    """A 409 whose ``code`` names the conflict (task-exists, stale-attempt, ...)."""
+
+    status = 409
+    close_code = CLOSE_INVALID_REQUEST
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message, code=code)
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    close_code = 1009
+    default_code = "payload-too-large"
+
+
+class Unavailable(GatewayError):
+    """The database cannot be reached; nothing was written."""
+
+    status = 503
+    close_code = 1013
+    default_code = "unavailable"
+    retry_after_s: ClassVar[int] = 1

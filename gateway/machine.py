@@ -1,0 +1,308 @@
+"""The task state machine: the reference's ``createAsyncTask``, ``expireTask`` and ``applyAsyncEvent``.
+
+Pure: no I/O, no clock, no framework. Every function takes values and returns values, so the store, the
+in-memory model of the tests and a replay of a task's history all decide transitions the same way.
+
+A task does not carry its history here: a transition that changes the task returns the one new
+:class:`Entry` (``version`` = old version + 1) and the caller appends it, in the same transaction as the
+new task row. Checks run in the reference's order and fail with the reference's messages, as
+``InvalidRequest`` (the reference's ``AiError("invalid-request", "async-task: ...")``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal, TypeAlias
+
+from gateway.errors import InvalidRequest
+
+State: TypeAlias = Literal["queued", "running", "succeeded", "failed", "expired"]
+TERMINAL: Final[frozenset[str]] = frozenset({"succeeded", "failed", "expired"})
+
+# JavaScript's String.prototype.trim() whitespace, so that "blank" means what the reference means.
+_JS_WHITESPACE: Final = (
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    at_ms: float
+    worker: str
+    type: Literal["start"] = "start"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    at_ms: float
+    progress: float
+    cursor: str
+    type: Literal["progress"] = "progress"
+
+
+@dataclass(frozen=True, slots=True)
+class Succeed:
+    at_ms: float
+    result_ref: str
+    result_hash: str
+    type: Literal["succeed"] = "succeed"
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    at_ms: float
+    error: str
+    retryable: bool
+    type: Literal["fail"] = "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    at_ms: float
+    type: Literal["expire"] = "expire"
+
+
+Event: TypeAlias = Start | Progress | Succeed | Fail | Expire
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One history entry: the event that moved the task to ``version``."""
+
+    version: int
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    id: str
+    state: State
+    expires_at_ms: float
+    attempts: int
+    max_attempts: int
+    progress: int
+    version: int
+    result_ref: str | None = None
+    result_hash: str | None = None
+    error: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    task: Task
+    changed: bool
+    duplicate: bool
+    notify: bool
+    reason: str
+    entry: Entry | None = None
+
+
+def fail(message: str) -> InvalidRequest:
+    return InvalidRequest(f"async-task: {message}")
+
+
+def is_blank(value: str) -> bool:
+    return value.strip(_JS_WHITESPACE) == ""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: object, field: str, minimum: int = 0) -> int:
+    """``Number.isInteger(value) && value >= min``; returns the value as an ``int``."""
+    if (
+        not _is_number(value) or (isinstance(value, float) and not value.is_integer()) or value < minimum  # type: ignore[operator]
+    ):
+        raise fail(f"{field} must be an integer >= {minimum}")
+    return int(value)  # type: ignore[call-overload, no-any-return]
+
+
+def _positive(value: object, field: str) -> None:
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type, operator]
+        raise fail(f"{field} must be a positive number")
+
+
+def _non_negative(value: object, field: str) -> None:
+    if not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type, operator]
+        raise fail(f"{field} must be a non-negative number")
+
+
+def create_task(*, id: str, now_ms: float, ttl_ms: float, max_attempts: float) -> Task:
+    """``createAsyncTask``: a queued task at version 0 whose deadline is ``now_ms + ttl_ms``."""
+    if is_blank(id):
+        raise fail("task.id must not be blank")
+    _non_negative(now_ms, "nowMs")
+    _positive(ttl_ms, "ttlMs")
+    attempts = _integer(max_attempts, "maxAttempts", 1)
+    return Task(
+        id=id,
+        state="queued",
+        expires_at_ms=now_ms + ttl_ms,
+        attempts=0,
+        max_attempts=attempts,
+        progress=0,
+        version=0,
+    )
+
+
+def _advance(task: Task, event: Event, reason: str, *, notify: bool = False, **patch: Any) -> Transition:
+    version = task.version + 1
+    return Transition(
+        task=replace(task, version=version, **patch),
+        changed=True,
+        duplicate=False,
+        notify=notify,
+        reason=reason,
+        entry=Entry(version, event),
+    )
+
+
+def _unchanged(task: Task, reason: str, duplicate: bool = False) -> Transition:
+    return Transition(task=task, changed=False, duplicate=duplicate, notify=False, reason=reason)
+
+
+def expire_task(task: Task) -> Transition:
+    """``expireTask``: a system action, pinned to ``expires_at_ms`` so that a replay reproduces it."""
+    if task.terminal:
+        expired = task.state == "expired"
+        return _unchanged(task, "duplicate-expire" if expired else "terminal-conflict", expired)
+    return _advance(task, Expire(task.expires_at_ms), "expired", notify=True, state="expired")
+
+
+def apply_event(task: Task, event: Event) -> Transition:
+    """``applyAsyncEvent``: the expiry check comes before the callback; the TTL is the delivery deadline."""
+    _non_negative(event.at_ms, "event.atMs")
+    if task.terminal:
+        if isinstance(event, Succeed) and task.state == "succeeded" and task.result_hash == event.result_hash:
+            return _unchanged(task, "duplicate-result", True)
+        if isinstance(event, Expire) and task.state == "expired":
+            return _unchanged(task, "duplicate-expire", True)
+        return _unchanged(task, "terminal-conflict")
+    if isinstance(event, Expire) or event.at_ms >= task.expires_at_ms:
+        return expire_task(task)
+
+    if isinstance(event, Start):
+        if task.state == "running":
+            return _unchanged(task, "already-running", True)
+        if task.state != "queued" or task.attempts >= task.max_attempts:
+            return _unchanged(task, "not-startable")
+        return _advance(task, event, "started", state="running", attempts=task.attempts + 1, progress=0)
+
+    if isinstance(event, Progress):
+        if task.state != "running":
+            return _unchanged(task, "not-running")
+        progress = _integer(event.progress, "progress", 0)
+        if progress > 100:
+            raise fail("progress must not exceed 100")
+        if progress < task.progress:
+            return _unchanged(task, "stale-progress")
+        if progress == task.progress:
+            return _unchanged(task, "duplicate-progress", True)
+        if type(event.progress) is not int:
+            event = replace(event, progress=progress)
+        return _advance(task, event, "progress", progress=progress)
+
+    if task.state != "running":
+        return _unchanged(task, "not-running")
+    if isinstance(event, Succeed):
+        if is_blank(event.result_ref) or is_blank(event.result_hash):
+            raise fail("resultRef and resultHash must not be blank")
+        return _advance(
+            task,
+            event,
+            "succeeded",
+            notify=True,
+            state="succeeded",
+            progress=100,
+            result_ref=event.result_ref,
+            result_hash=event.result_hash,
+        )
+    if event.retryable and task.attempts < task.max_attempts:
+        return _advance(task, event, "requeued", state="queued", progress=0, error=event.error)
+    return _advance(task, event, "failed", notify=True, state="failed", error=event.error)
+
+
+ResumeMode: TypeAlias = Literal["caught-up", "delta", "snapshot"]
+
+
+def resume_mode(version: int, cursor: object, retention_versions: int) -> tuple[ResumeMode, str | None]:
+    """The reference's ``resume`` choice, with protocol.md's one difference: a cursor ahead of the task
+    (a history this task does not have) gets a snapshot, not ``caught-up``.
+
+    Returns the mode and, for a snapshot, its reason.
+    """
+    position = _integer(cursor, "cursorVersion")
+    if position > version:
+        return "snapshot", "cursor-ahead"
+    if version == position:
+        return "caught-up", None
+    if version - position > retention_versions:
+        return "snapshot", "retention"
+    return "delta", None
+
+
+# --- the reference's JSON shapes (camelCase), for history rows and the wire -----------------------------
+
+
+def _num(value: float) -> float:
+    """Integral numbers travel as JSON integers, as JavaScript prints them."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    at = _num(event.at_ms)
+    if isinstance(event, Start):
+        return {"type": "start", "atMs": at, "worker": event.worker}
+    if isinstance(event, Progress):
+        return {"type": "progress", "atMs": at, "progress": _num(event.progress), "cursor": event.cursor}
+    if isinstance(event, Succeed):
+        return {"type": "succeed", "atMs": at, "resultRef": event.result_ref, "resultHash": event.result_hash}
+    if isinstance(event, Fail):
+        return {"type": "fail", "atMs": at, "error": event.error, "retryable": event.retryable}
+    return {"type": "expire", "atMs": at}
+
+
+def event_from_json(data: dict[str, Any]) -> Event:
+    """The inverse of :func:`event_to_json`, for entries read back from the store."""
+    kind, at = data["type"], data["atMs"]
+    if kind == "start":
+        return Start(at, data["worker"])
+    if kind == "progress":
+        return Progress(at, data["progress"], data["cursor"])
+    if kind == "succeed":
+        return Succeed(at, data["resultRef"], data["resultHash"])
+    if kind == "fail":
+        return Fail(at, data["error"], data["retryable"])
+    if kind == "expire":
+        return Expire(at)
+    raise ValueError(f"unknown event type {kind!r}")
+
+
+def entry_to_json(entry: Entry) -> dict[str, Any]:
+    return {"version": entry.version, "event": event_to_json(entry.event)}
+
+
+def task_to_json(task: Task) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": task.id,
+        "state": task.state,
+        "expiresAtMs": _num(task.expires_at_ms),
+        "attempts": task.attempts,
+        "maxAttempts": task.max_attempts,
+        "progress": task.progress,
+        "version": task.version,
+    }
+    if task.result_ref is not None:
+        out["resultRef"] = task.result_ref
+    if task.result_hash is not None:
+        out["resultHash"] = task.result_hash
+    if task.error is not None:
+        out["error"] = task.error
+    return out

@@ -1,0 +1,112 @@
+"""The database: engine set-up for SQLite (the zero-configuration default) and PostgreSQL.
+
+``Database.write()`` opens the one kind of transaction that changes data. On PostgreSQL it is a plain
+transaction and rows are locked with ``SELECT ... FOR UPDATE``; on SQLite, which has one writer anyway,
+writes of this process queue on an in-process lock, and a lock file keeps a second process off the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import IO, Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlmodel import SQLModel
+
+from gateway.settings import ConfigError
+from gateway.store import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+
+# Any fixed 64-bit number: serialises schema creation between gateway processes starting together.
+_SCHEMA_LOCK_KEY = 0x7461736B67617465
+
+
+def async_url(url: str) -> str:
+    """``postgresql://u@h/db`` -> asyncpg, ``sqlite:///f.db`` -> aiosqlite; a named driver is kept."""
+    parsed = make_url(url)
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+    if backend == "sqlite":
+        return parsed.set(drivername=f"sqlite+{driver or 'aiosqlite'}").render_as_string(hide_password=False)
+    raise ConfigError(f"GATEWAY_DATABASE_URL: unsupported database {backend!r} (use sqlite or postgresql)")
+
+
+class Database:
+    def __init__(self, url: str) -> None:
+        self.url = async_url(url)
+        self.is_sqlite = self.url.startswith("sqlite")
+        self._write_lock = asyncio.Lock() if self.is_sqlite else None
+        self._lock_file: IO[str] | None = None
+        kwargs: dict[str, Any] = {}
+        if not self.is_sqlite:
+            kwargs.update(pool_size=10, max_overflow=10, pool_timeout=10)
+        self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+        if self.is_sqlite:
+            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+
+    async def open(self) -> None:
+        """Take the single-process lock (SQLite) and create the tables that are missing."""
+        if self.is_sqlite:
+            self._lock_sqlite_file()
+        async with self.engine.begin() as conn:
+            if not self.is_sqlite:
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
+            await conn.run_sync(SQLModel.metadata.create_all)
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncConnection]:
+        """A transaction that may change data; committed when the block ends without an exception."""
+        if self._write_lock is None:
+            async with self.engine.begin() as conn:
+                yield conn
+            return
+        async with self._write_lock, self.engine.begin() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """A read-only transaction (one snapshot on SQLite's WAL)."""
+        async with self.engine.connect() as conn:
+            yield conn
+
+    async def ping(self) -> None:
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    def _lock_sqlite_file(self) -> None:
+        database = make_url(self.url).database
+        if not database or database == ":memory:":
+            return
+        path = os.path.abspath(database)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handle = open(path + ".lock", "w")  # noqa: SIM115  (held for the life of the gateway)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise ConfigError(
+                f"another gateway process is serving {path}: a SQLite gateway runs as one process "
+                "(set GATEWAY_DATABASE_URL to a PostgreSQL database to run several)"
+            ) from None
+        self._lock_file = handle
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    # FULL: an acknowledged callback survives a power cut, not only a crash of the process.
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()

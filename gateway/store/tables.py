@@ -1,0 +1,105 @@
+"""The database tables: how tasks, their history and the bookkeeping around them are stored.
+
+These are table rows, not wire shapes (those live in ``gateway.web.wire`` and ``gateway.machine``).
+History rows keep the event as the JSON text the wire carries, so an entry is encoded once, when it is
+written, and can be sent as it was stored.
+"""
+
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, String, Text, text
+from sqlmodel import Field, SQLModel
+
+ACTIVE_STATES = ("queued", "running")
+
+
+class TaskRow(SQLModel, table=True):
+    __tablename__ = "tasks"
+    __table_args__ = (
+        # The sweeper's question: which live tasks are past their deadline?
+        Index(
+            "ix_tasks_live_deadline",
+            "expires_at_ms",
+            sqlite_where=text("state IN ('queued', 'running')"),
+            postgresql_where=text("state IN ('queued', 'running')"),
+        ),
+    )
+
+    id: str = Field(sa_column=Column(String(128), primary_key=True))
+    state: str = Field(sa_column=Column(String(16), nullable=False))
+    expires_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    attempts: int = Field(sa_column=Column(BigInteger, nullable=False))
+    max_attempts: int = Field(sa_column=Column(BigInteger, nullable=False))
+    progress: int = Field(sa_column=Column(Integer, nullable=False))
+    version: int = Field(sa_column=Column(BigInteger, nullable=False))
+    result_ref: str | None = Field(default=None, sa_column=Column(Text))
+    result_hash: str | None = Field(default=None, sa_column=Column(Text))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    # What the task was created with, so that a repeated create can be told apart from a conflicting one.
+    ttl_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    created_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class EntryRow(SQLModel, table=True):
+    """One history entry, appended in the same transaction as the task change it records."""
+
+    __tablename__ = "entries"
+
+    task_id: str = Field(sa_column=Column(String(128), primary_key=True))
+    version: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    type: str = Field(sa_column=Column(String(16), nullable=False))
+    at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    event: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class CallbackRow(SQLModel, table=True):
+    """A callback id seen once. Ids are global, as in the reference; the digest is of the canonical body."""
+
+    __tablename__ = "callbacks"
+
+    callback_id: str = Field(sa_column=Column(String(256), primary_key=True))
+    task_id: str = Field(sa_column=Column(String(128), nullable=False))
+    at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    digest: str = Field(sa_column=Column(String(64), nullable=False))
+
+
+class OutboxRow(SQLModel, table=True):
+    """A notification of a terminal transition; drained once by the drain route."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        Index("ux_outbox_key", "task_id", "state", "version", unique=True),
+        Index(
+            "ix_outbox_pending",
+            "id",
+            sqlite_where=text("drained_at_ms IS NULL"),
+            postgresql_where=text("drained_at_ms IS NULL"),
+        ),
+    )
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    )
+    task_id: str = Field(sa_column=Column(String(128), nullable=False))
+    state: str = Field(sa_column=Column(String(16), nullable=False))
+    at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    version: int = Field(sa_column=Column(BigInteger, nullable=False))
+    drained_at_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
+
+
+class DeliveryRow(SQLModel, table=True):
+    """A delivery receipt, keyed by the caller's Idempotency-Key."""
+
+    __tablename__ = "deliveries"
+
+    idempotency_key: str = Field(sa_column=Column(String(256), primary_key=True))
+    task_id: str = Field(sa_column=Column(String(128), nullable=False))
+    result_ref: str = Field(sa_column=Column(Text, nullable=False))
+    result_hash: str = Field(sa_column=Column(Text, nullable=False))
+    delivered_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+tasks = TaskRow.__table__  # type: ignore[attr-defined]
+entries = EntryRow.__table__  # type: ignore[attr-defined]
+callbacks = CallbackRow.__table__  # type: ignore[attr-defined]
+outbox = OutboxRow.__table__  # type: ignore[attr-defined]
+deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]

@@ -1,0 +1,56 @@
+"""Task tokens: JWT HS256 with claims ``sub`` (task id), ``scope`` (callback | subscribe) and ``exp``.
+
+A backend holding ``GATEWAY_SECRET`` can mint the same tokens itself. ``exp`` is wall-clock seconds,
+whatever clock the gateway was given for task time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import jwt
+
+from gateway.errors import Forbidden, Unauthorized
+
+Scope = Literal["callback", "subscribe"]
+ALGORITHM = "HS256"
+
+
+class Tokens:
+    def __init__(self, secret: str, *, grace_s: int = 24 * 3600, wall: Callable[[], float] = time.time):
+        self._secret = secret
+        self._grace_s = grace_s
+        self._wall = wall
+
+    def issue(self, task_id: str, scope: Scope, ttl_ms: float) -> str:
+        exp = int(self._wall() + ttl_ms / 1000 + self._grace_s)
+        return jwt.encode({"sub": task_id, "scope": scope, "exp": exp}, self._secret, algorithm=ALGORITHM)
+
+    def claims(self, token: str) -> tuple[str, str]:
+        """``(sub, scope)`` of a well-formed, well-signed, unexpired token, or ``Unauthorized``."""
+        try:
+            claims = jwt.decode(
+                token, self._secret, algorithms=[ALGORITHM], options={"require": ["exp", "sub", "scope"]}
+            )
+        except jwt.ExpiredSignatureError:
+            raise Unauthorized("token expired") from None
+        except jwt.InvalidTokenError as exc:
+            raise Unauthorized(f"invalid token: {exc}") from None
+        sub, scope = claims["sub"], claims["scope"]
+        if not isinstance(sub, str) or not isinstance(scope, str):
+            raise Unauthorized("invalid token: sub and scope must be strings")
+        return sub, scope
+
+    def check(self, token: str, task_id: str, scope: Scope) -> None:
+        """Pass a valid token for this task and scope; ``Unauthorized`` or ``Forbidden`` otherwise.
+
+        A valid token for another task is ``Forbidden`` whether or not the task exists, so ids cannot be
+        probed (authentication is checked before existence).
+        """
+        sub, granted = self.claims(token)
+        if sub != task_id:
+            raise Forbidden("token is for another task")
+        if granted != scope:
+            raise Forbidden(f"token has scope {granted!r}; this needs {scope!r}")

@@ -1,0 +1,1 @@
+"""The web surface: HTTP routes, auth, wire shapes (and, next, WebSocket and SSE endpoints)."""

@@ -1,0 +1,150 @@
+"""The application: ``create_app`` wires settings, database, book, tokens and routes, and its lifespan
+owns every long-lived thing (the database, the sweeper)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.book import Book
+from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Unavailable
+from gateway.metrics import Metrics
+from gateway.settings import Settings
+from gateway.store import Database
+from gateway.sweeper import run_sweeper
+from gateway.tokens import Tokens
+from gateway.web.auth import Guard
+from gateway.web.http import JSON, routes
+
+log = logging.getLogger("gateway")
+
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Gateway:
+    """Everything a running gateway holds; built by ``create_app``, opened and closed by its lifespan."""
+
+    def __init__(self, settings: Settings, clock: Clock) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.metrics = Metrics()
+        self.db = Database(settings.database_url)
+        self.book = Book(self.db, clock, retention_versions=settings.retention_versions)
+        if settings.secret is not None:
+            secret = settings.secret.get_secret_value()
+        else:
+            secret = secrets.token_urlsafe(32)
+            log.warning(
+                "GATEWAY_SECRET is not set: tokens are signed with a random secret made at start; they "
+                "stop working when this process restarts and no other process accepts them"
+            )
+        self.tokens = Tokens(secret, grace_s=settings.token_grace_s)
+        self.guard = Guard(settings, self.tokens)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        self.settings.check_bind()
+        await self.db.open()
+        try:
+            async with anyio.create_task_group() as tg:
+                if self.settings.sweep_interval_ms > 0:
+                    tg.start_soon(
+                        run_sweeper, self.book, self.settings.sweep_interval_ms / 1000, self.metrics
+                    )
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            await self.db.close()
+
+
+def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> Starlette:
+    """The gateway as an ASGI app. ``clock`` returns epoch milliseconds (tests use it to control time)."""
+    gw = Gateway(settings or Settings(), clock or wall_clock_ms)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with gw.running():
+            yield
+
+    app = Starlette(
+        routes=routes(gw),
+        lifespan=lifespan,
+        exception_handlers={
+            GatewayError: _gateway_error,
+            HTTPException: _http_error,
+            DBAPIError: _database_error,
+            PoolTimeout: _database_error,
+            OSError: _database_error,
+            Exception: _internal_error,
+        },
+    )
+    app.state.gateway = gw
+    app.add_middleware(_CountRequests, metrics=gw.metrics)
+    return app
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Unavailable) else None
+    return JSON(exc.to_json(), status_code=exc.status, headers=headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        return await _gateway_error(request, MethodNotAllowed(f"{request.method} is not allowed here"))
+    if exc.status_code == 404:
+        return await _gateway_error(request, NotFound(f"no route {request.url.path}"))
+    return JSON({"error": {"code": "invalid-request", "message": str(exc.detail)}}, exc.status_code)
+
+
+async def _database_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, DBAPIError) and not _is_connection_problem(exc):
+        return await _internal_error(request, exc)
+    log.warning("database unavailable: %s", exc)
+    return await _gateway_error(request, Unavailable("the database is unreachable; nothing was written"))
+
+
+def _is_connection_problem(exc: DBAPIError) -> bool:
+    return exc.connection_invalidated or type(exc).__name__ in ("OperationalError", "InterfaceError")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSON({"error": {"code": "internal", "message": "internal error"}}, status_code=500)
+
+
+class _CountRequests:
+    """Counts answered requests by status (pure ASGI, so it costs one closure per request)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.http_requests.labels(scope["method"], str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

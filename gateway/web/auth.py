@@ -1,0 +1,66 @@
+"""Who may call what: the API key for management routes, task tokens for the rest (protocol.md, Tokens).
+
+A credential is read from ``Authorization: Bearer ...`` or, where a browser cannot set headers (sockets,
+SSE, links), from ``?token=``.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.requests import HTTPConnection
+
+from gateway.errors import Forbidden, Unauthorized
+from gateway.settings import Settings
+from gateway.tokens import Scope, Tokens
+
+
+def credential(conn: HTTPConnection) -> str | None:
+    header = conn.headers.get("authorization")
+    if header is not None:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise Unauthorized("Authorization must be 'Bearer <token>'")
+        return value.strip()
+    return conn.query_params.get("token") or None
+
+
+class Guard:
+    def __init__(self, settings: Settings, tokens: Tokens) -> None:
+        self._api_key = settings.api_key.get_secret_value().encode() if settings.api_key else None
+        self._tokens = tokens
+
+    def _is_api_key(self, value: str) -> bool:
+        return self._api_key is not None and hmac.compare_digest(value.encode(), self._api_key)
+
+    def management(self, conn: HTTPConnection) -> None:
+        """API key routes; open when no key is configured (loopback only, see Settings.check_bind)."""
+        if self._api_key is None:
+            return
+        value = credential(conn)
+        if value is None:
+            raise Unauthorized("this route needs the API key (Authorization: Bearer $GATEWAY_API_KEY)")
+        if self._is_api_key(value):
+            return
+        try:
+            self._tokens.claims(value)
+        except Unauthorized:
+            raise Unauthorized("invalid API key") from None
+        raise Forbidden("a task token cannot be used here; this route needs the API key")
+
+    def task(self, conn: HTTPConnection, task_id: str, scope: Scope) -> None:
+        """A token for this task and scope. Reads (``subscribe``) also take the API key, or none in open
+        mode; callbacks take only the task's callback token."""
+        value = credential(conn)
+        if scope == "subscribe":
+            if self._api_key is None:
+                if value is None:
+                    return
+                # Open mode: a token that is sent must still be for this task and scope.
+            elif value is not None and self._is_api_key(value):
+                return
+        if value is None:
+            raise Unauthorized(f"missing {scope} token")
+        if self._is_api_key(value):
+            raise Forbidden("callbacks need the task's callback token, not the API key")
+        self._tokens.check(value, task_id, scope)

@@ -1,0 +1,150 @@
+"""The HTTP routes of protocol.md (all under ``/v1``), plus health, readiness and metrics."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.machine import is_blank, task_to_json
+from gateway.web import wire
+
+if TYPE_CHECKING:
+    from gateway.web.app import Gateway
+
+# A task id travels in URL paths: no slash, no control characters.
+_ID_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+
+
+class JSON(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return content if isinstance(content, bytes) else orjson.dumps(content)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes without reading the rest."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+
+
+def routes(gw: Gateway) -> list[Route | Mount]:
+    guard, book, metrics, settings = gw.guard, gw.book, gw.metrics, gw.settings
+
+    async def create_task(request: Request) -> Response:
+        guard.management(request)
+        body = wire.parse_create(await read_body(request, settings.max_body_bytes))
+        task_id = body.id if body.id is not None else str(uuid.uuid4())
+        if not is_blank(task_id) and _ID_FORBIDDEN.search(task_id):
+            raise InvalidRequest("id: must not contain '/' or control characters")
+        if body.ttlMs > wire.MAX_SAFE - gw.clock():
+            raise InvalidRequest("ttlMs: too large; expiresAtMs must stay below 2**53")
+        task, created = await book.create(task_id, body.ttlMs, body.maxAttempts)
+        if created:
+            metrics.tasks_created.inc()
+        answer = {
+            "task": task_to_json(task),
+            "callbackToken": gw.tokens.issue(task.id, "callback", body.ttlMs),
+            "subscribeToken": gw.tokens.issue(task.id, "subscribe", body.ttlMs),
+        }
+        return JSON(answer, status_code=201 if created else 200)
+
+    async def get_task(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        guard.task(request, task_id, "subscribe")
+        return JSON(task_to_json(await book.get(task_id)))
+
+    async def events(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        guard.task(request, task_id, "subscribe")
+        cursor = parse_cursor(request.query_params.get("cursor"))
+        return JSON(wire.resume_json(await book.resume(task_id, cursor)))
+
+    async def callback(request: Request) -> Response:
+        started = time.perf_counter()
+        task_id = request.path_params["task_id"]
+        guard.task(request, task_id, "callback")
+        body = wire.parse_callback(await read_body(request, settings.max_body_bytes))
+        outcome = await book.callback(
+            task_id,
+            body.event.at,
+            callback_id=body.callbackId,
+            digest=body.digest(task_id) if body.callbackId is not None else "",
+            attempt=body.attempt,
+        )
+        metrics.callbacks.labels(outcome.transition.reason).inc()
+        metrics.callback_seconds.observe(time.perf_counter() - started)
+        return JSON(wire.callback_json(outcome))
+
+    async def deliver(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        guard.management(request)
+        key = request.headers.get("idempotency-key")
+        if key is None:
+            raise InvalidRequest("Idempotency-Key: header is required")
+        return JSON(wire.delivery_json(await book.deliver(task_id, key)))
+
+    async def drain(request: Request) -> Response:
+        guard.management(request)
+        drained = await book.drain()
+        metrics.notifications_drained.inc(len(drained))
+        return JSON([wire.notification_json(n) for n in drained])
+
+    async def healthz(request: Request) -> Response:
+        return JSON({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        await gw.db.ping()
+        return JSON({"status": "ready"})
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    return [
+        Route("/", index, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
+        Route("/v1/tasks", create_task, methods=["POST"]),
+        Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
+        Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
+        Route("/v1/tasks/{task_id}/callbacks", callback, methods=["POST"]),
+        Route("/v1/tasks/{task_id}/deliveries", deliver, methods=["POST"]),
+        Route("/v1/notifications/drain", drain, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
+    ]
+
+
+def parse_cursor(raw: str | None) -> int:
+    """A cursor from a query string; the range check (``>= 0``) is the machine's, with its message."""
+    if raw is None or raw == "":
+        return 0
+    if not _INTEGER.fullmatch(raw):
+        raise InvalidRequest(f"cursor: must be an integer, got {raw!r}")
+    return int(raw)

@@ -1,0 +1,203 @@
+"""Wire models: the request bodies of protocol.md, validated strictly, and the JSON the API answers.
+
+Type checks (JSON types, required and unknown fields) happen here and answer ``400 invalid-request``
+naming the field; range checks (progress over 100, a blank ``resultRef``) are the state machine's, in its
+order. Numbers the reference checks for integrality (``maxAttempts``, ``progress``) are accepted as any
+JSON number here so that the machine decides, as the reference does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictStr, ValidationError
+from pydantic_core import PydanticCustomError
+
+from gateway.book import CallbackOutcome, Delivery, Notification, Resume
+from gateway.errors import InvalidRequest
+from gateway.machine import Event, Fail, Progress, Start, Succeed, task_to_json
+
+M = TypeVar("M", bound=BaseModel)
+
+# JavaScript's safe integers: the reference's numbers are exact up to here, and they fit a BIGINT.
+MAX_SAFE = 2**53 - 1
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PydanticCustomError("number_type", "must be a number")
+    if abs(value) > MAX_SAFE:
+        raise PydanticCustomError("number_range", "must be between -(2**53-1) and 2**53-1")
+    return value
+
+
+Number = Annotated[float, PlainValidator(_number)]
+SafeInt = Annotated[int, Field(strict=True, ge=-MAX_SAFE, le=MAX_SAFE)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class CreateBody(_Body):
+    id: Annotated[StrictStr, Field(max_length=128)] | None = None
+    ttlMs: SafeInt
+    maxAttempts: Number
+
+
+class StartBody(_Body):
+    type: Literal["start"]
+    worker: StrictStr
+
+    def at(self, at_ms: int) -> Event:
+        return Start(at_ms, self.worker)
+
+
+class ProgressBody(_Body):
+    type: Literal["progress"]
+    progress: Number
+    cursor: StrictStr
+
+    def at(self, at_ms: int) -> Event:
+        return Progress(at_ms, self.progress, self.cursor)
+
+
+class SucceedBody(_Body):
+    type: Literal["succeed"]
+    resultRef: StrictStr
+    resultHash: StrictStr
+
+    def at(self, at_ms: int) -> Event:
+        return Succeed(at_ms, self.resultRef, self.resultHash)
+
+
+class FailBody(_Body):
+    type: Literal["fail"]
+    error: StrictStr
+    retryable: StrictBool
+
+    def at(self, at_ms: int) -> Event:
+        return Fail(at_ms, self.error, self.retryable)
+
+
+EVENT_TYPES = ("start", "progress", "succeed", "fail")
+EventBody = Annotated[StartBody | ProgressBody | SucceedBody | FailBody, Field(discriminator="type")]
+
+
+class CallbackBody(_Body):
+    callbackId: Annotated[StrictStr, Field(max_length=256)] | None = None
+    attempt: SafeInt | None = None
+    event: EventBody
+
+    def digest(self, task_id: str) -> str:
+        """The callback as parsed JSON (task id, event, attempt), for telling a retry from a reuse."""
+        event = self.event.model_dump()
+        if isinstance(self.event, ProgressBody) and float(self.event.progress).is_integer():
+            event["progress"] = int(self.event.progress)  # 50 and 50.0 are one JSON number
+        canonical = orjson.dumps(
+            {"taskId": task_id, "event": event, "attempt": self.attempt}, option=orjson.OPT_SORT_KEYS
+        )
+        return hashlib.sha256(canonical).hexdigest()
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"malformed JSON: {exc}") from None
+
+
+def parse_create(raw: bytes) -> CreateBody:
+    return _validate(CreateBody, parse_json(raw))
+
+
+def parse_callback(raw: bytes) -> CallbackBody:
+    data = parse_json(raw)
+    if isinstance(data, dict):
+        event = data.get("event")
+        if isinstance(event, dict):
+            if "atMs" in event:
+                raise InvalidRequest("event.atMs: not allowed; the gateway stamps the time of each callback")
+            kind = event.get("type")
+            if kind == "expire":
+                raise InvalidRequest("event.type: expire is a system action, not a callback")
+            if isinstance(kind, str) and kind not in EVENT_TYPES:
+                raise InvalidRequest(
+                    f"event.type: unknown event type {kind!r} (expected start, progress, succeed or fail)"
+                )
+    body = _validate(CallbackBody, data)
+    if body.attempt is not None and isinstance(body.event, StartBody):
+        raise InvalidRequest("attempt: only progress, succeed and fail callbacks are fenced by attempt")
+    return body
+
+
+def _validate(model: type[M], data: Any) -> M:
+    if not isinstance(data, dict):
+        raise InvalidRequest("body: must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    loc = [str(part) for part in first["loc"]]
+    if len(loc) >= 2 and loc[0] == "event" and loc[1] in EVENT_TYPES:
+        del loc[1]  # the discriminator's tag is not a field the client sent
+    field = ".".join(loc) or "body"
+    if first["type"] == "union_tag_not_found":
+        return f"{field}.type: required field is missing"
+    message = first["msg"]
+    if first["type"] == "missing":
+        message = "required field is missing"
+    elif first["type"] == "extra_forbidden":
+        message = "unknown field"
+    return f"{field}: {message}"
+
+
+# --- answers ------------------------------------------------------------------------------------------
+
+
+def callback_json(outcome: CallbackOutcome) -> dict[str, Any]:
+    t = outcome.transition
+    return {
+        "changed": t.changed,
+        "duplicate": t.duplicate,
+        "duplicateCallback": outcome.duplicate_callback,
+        "notify": t.notify,
+        "reason": t.reason,
+        "task": task_to_json(t.task),
+    }
+
+
+def resume_json(resume: Resume) -> bytes:
+    """``{"mode", "version", "events", "task", "reason"?}``; stored entries are spliced in as stored."""
+    head: dict[str, Any] = {"mode": resume.mode, "version": resume.task.version}
+    if resume.reason is not None:
+        head["reason"] = resume.reason
+    head["task"] = task_to_json(resume.task)
+    events = b",".join(b'{"version":%d,"event":%s}' % (v, event) for v, event in resume.entries)
+    return orjson.dumps(head)[:-1] + b',"events":[' + events + b"]}"
+
+
+def delivery_json(delivery: Delivery) -> dict[str, Any]:
+    r = delivery.receipt
+    return {
+        "ok": delivery.ok,
+        "duplicate": delivery.duplicate,
+        "reason": delivery.reason,
+        "receipt": {
+            "taskId": r.task_id,
+            "resultRef": r.result_ref,
+            "resultHash": r.result_hash,
+            "idempotencyKey": r.idempotency_key,
+            "deliveredAtMs": r.delivered_at_ms,
+        },
+    }
+
+
+def notification_json(n: Notification) -> dict[str, Any]:
+    return {"taskId": n.task_id, "state": n.state, "atMs": n.at_ms, "version": n.version}

@@ -1,0 +1,132 @@
+"""Test support: a real uvicorn server on a free loopback port, a controllable clock, databases."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+
+from gateway import Settings, create_app
+
+# The PostgreSQL of this machine (trust auth); tests make a database of their own in it and drop it.
+PG_ADMIN_URL = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+SECRET = "test-secret-0123456789abcdef0123456789"
+
+
+class FakeClock:
+    """Epoch milliseconds that move only when a test says so."""
+
+    def __init__(self, now: int = 1_700_000_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@dataclass
+class Running:
+    url: str
+    app: Starlette
+    client: httpx.AsyncClient
+
+    @property
+    def gateway(self) -> Any:
+        return self.app.state.gateway
+
+
+@asynccontextmanager
+async def serve(app: Starlette) -> AsyncIterator[str]:
+    """Run ``app`` under a real uvicorn server on a free port until the block ends."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+        done = anyio.Event()
+
+        async def run() -> None:
+            try:
+                await server.serve()
+            finally:
+                done.set()
+
+        tg.start_soon(run)
+        with anyio.fail_after(10):
+            while not server.started:
+                if done.is_set():
+                    raise RuntimeError("the gateway did not start")
+                await anyio.sleep(0.005)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            with anyio.fail_after(10):
+                await done.wait()
+
+
+@asynccontextmanager
+async def running_gateway(
+    database_url: str, *, clock: FakeClock | None = None, **overrides: Any
+) -> AsyncIterator[Running]:
+    values: dict[str, Any] = {"database_url": database_url, "secret": SECRET}
+    values.update(overrides)
+    app = create_app(Settings(**values), clock=clock)
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+        yield Running(url, app, client)
+
+
+# --- PostgreSQL -------------------------------------------------------------------------------------------
+
+
+def _pg_dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+def postgres_or_skip() -> None:
+    """Skip, saying why, where this machine has no PostgreSQL; in CI, fail instead of skipping."""
+    try:
+        asyncio.run(_pg_ping())
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        message = f"PostgreSQL is not reachable at {PG_ADMIN_URL} ({exc}); start it to run this test"
+        if os.environ.get("CI"):
+            pytest.fail(message + " (CI must run every PostgreSQL test)")
+        pytest.skip(message)
+
+
+async def _pg_ping() -> None:
+    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
+    await conn.close()
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A new empty database on this machine's PostgreSQL, dropped afterwards; yields its URL."""
+    postgres_or_skip()
+    name = f"gw_test_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
