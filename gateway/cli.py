@@ -23,10 +23,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--secret", help="token signing secret (GATEWAY_SECRET)")
     serve.add_argument("--api-key", help="management API key (GATEWAY_API_KEY)")
     serve.add_argument("--log-level", help="uvicorn log level (GATEWAY_LOG_LEVEL, default info)")
+    watch = commands.add_parser(
+        "watch",
+        help="watch a task live in the terminal",
+        description="Show a task live until it ends; exit 0 succeeded, 1 failed, 3 expired, 4 error.",
+    )
+    watch.add_argument("task_id")
+    watch.add_argument("--url", default=os.environ.get("GATEWAY_URL", "http://127.0.0.1:8000"))
+    watch.add_argument("--token", default=os.environ.get("GATEWAY_TOKEN"), help="the task's subscribe token")
+    watch.add_argument("--cursor", type=int, default=0, help="the last version already seen")
     args = parser.parse_args(argv)
 
     if args.command == "serve":
         return _serve(args)
+    if args.command == "watch":
+        import anyio
+
+        from gateway.client.terminal import watch_in_terminal
+
+        try:
+            return anyio.run(watch_in_terminal, args.url, args.task_id, args.token, args.cursor)
+        except KeyboardInterrupt:
+            return 130
     return 2  # pragma: no cover  (argparse requires a command)
 
 
@@ -49,15 +67,14 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.web.app import create_app
+    from gateway.web.server import GatewayServer
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        proxy_headers=True,
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, proxy_headers=True
     )
+    GatewayServer(config, app).run()
     return 0
 
 

@@ -30,5 +30,9 @@ class Metrics:
             "gateway_notifications_drained", "Notifications taken from the outbox", registry=self.registry
         )
 
+        self.slow_consumers = Counter(
+            "gateway_slow_consumers_closed", "Connections closed with 4008", registry=self.registry
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

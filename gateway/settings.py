@@ -27,6 +27,9 @@ _ENV = {
     "token_grace_s": "GATEWAY_TOKEN_GRACE_S",
     "allowed_origins": "GATEWAY_ALLOWED_ORIGINS",
     "log_level": "GATEWAY_LOG_LEVEL",
+    "subscription_backlog": "GATEWAY_SUBSCRIPTION_BACKLOG",
+    "write_timeout_ms": "GATEWAY_WRITE_TIMEOUT_MS",
+    "max_subscriptions": "GATEWAY_MAX_SUBSCRIPTIONS",
 }
 
 
@@ -51,6 +54,11 @@ class Settings(BaseModel):
     # Origins allowed on WebSocket handshakes; "*" allows any. Empty: same-host only.
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "info"
+    # Live entries one subscription may hold unsent before they collapse into a conflated snapshot.
+    subscription_backlog: int = Field(256, ge=1)
+    # A socket whose write makes no progress for this long is closed with 4008 (slow consumer).
+    write_timeout_ms: int = Field(10_000, ge=1)
+    max_subscriptions: int = Field(1000, ge=1)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.book import Book
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Unavailable
+from gateway.hub import Hub
 from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store import Database
@@ -27,6 +28,7 @@ from gateway.sweeper import run_sweeper
 from gateway.tokens import Tokens
 from gateway.web.auth import Guard
 from gateway.web.http import JSON, routes
+from gateway.web.live import live_routes
 
 log = logging.getLogger("gateway")
 
@@ -45,7 +47,10 @@ class Gateway:
         self.clock = clock
         self.metrics = Metrics()
         self.db = Database(settings.database_url)
-        self.book = Book(self.db, clock, retention_versions=settings.retention_versions)
+        self.hub = Hub()
+        self.book = Book(
+            self.db, clock, retention_versions=settings.retention_versions, on_commit=self.hub.publish
+        )
         if settings.secret is not None:
             secret = settings.secret.get_secret_value()
         else:
@@ -83,7 +88,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             yield
 
     app = Starlette(
-        routes=routes(gw),
+        routes=[*routes(gw), *live_routes(gw)],
         lifespan=lifespan,
         exception_handlers={
             GatewayError: _gateway_error,

@@ -51,7 +51,9 @@ class Guard:
     def task(self, conn: HTTPConnection, task_id: str, scope: Scope) -> None:
         """A token for this task and scope. Reads (``subscribe``) also take the API key, or none in open
         mode; callbacks take only the task's callback token."""
-        value = credential(conn)
+        self.task_credential(credential(conn), task_id, scope)
+
+    def task_credential(self, value: str | None, task_id: str, scope: Scope) -> None:
         if scope == "subscribe":
             if self._api_key is None:
                 if value is None:

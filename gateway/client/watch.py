@@ -1,0 +1,110 @@
+"""``watch``: live frames of one or many tasks, over one ``/v1/ws`` socket that heals itself.
+
+It resumes every subscription from its cursor after a drop (backoff with jitter), checks that each
+``event`` frame is ``version == last + 1`` and resubscribes from ``last`` when it is not, and ends once
+every watched task is terminal. What it yields is exactly what the server sent, so a caller can apply
+frames in order and hold the exact task state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+import orjson
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from gateway.client.backoff import Backoff
+
+TERMINAL = frozenset({"succeeded", "failed", "expired"})
+RESUME_TYPES = frozenset({"caught-up", "delta", "snapshot"})
+# Error codes that retrying cannot cure.
+FATAL = frozenset({"unauthorized", "forbidden", "unknown-task", "invalid-request"})
+
+
+class WatchError(Exception):
+    def __init__(self, code: str, message: str, task_id: str | None = None) -> None:
+        super().__init__(f"{code}: {message}" + (f" (task {task_id})" if task_id else ""))
+        self.code = code
+        self.task_id = task_id
+
+
+def ws_url(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    if base.startswith("http"):
+        base = "ws" + base[4:]
+    return base + "/v1/ws"
+
+
+async def watch(
+    base_url: str,
+    tokens: Mapping[str, str | None],
+    *,
+    cursors: Mapping[str, int] | None = None,
+    backoff: Backoff | None = None,
+    max_reconnects: int | None = None,
+    heartbeat_s: float = 20.0,
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield the frames of the tasks in ``tokens`` (task id -> subscribe token) until all are terminal.
+
+    ``cursors`` holds the versions already seen (default 0). Raises :class:`WatchError` on an error the
+    server will not change its mind about (bad token, unknown task), or after ``max_reconnects`` drops.
+    """
+    cursor = {task_id: (cursors or {}).get(task_id, 0) for task_id in tokens}
+    done: set[str] = set()
+    backoff = backoff or Backoff()
+    drops = 0
+    while len(done) < len(cursor):
+        awaiting: set[str] = set()  # subscriptions whose resume frame has not come yet
+        try:
+            async with connect(ws_url(base_url), ping_interval=heartbeat_s, max_size=2**24) as ws:
+                for task_id in cursor:
+                    if task_id not in done:
+                        awaiting.add(task_id)
+                        await ws.send(_subscribe(task_id, cursor[task_id], tokens[task_id]))
+                async for raw in ws:
+                    frame = orjson.loads(raw)
+                    kind, task_id = frame.get("type"), frame.get("taskId")
+                    if kind == "error":
+                        if frame.get("code") in FATAL:
+                            raise WatchError(frame["code"], frame.get("message", ""), task_id)
+                        continue
+                    if task_id not in cursor or task_id in done:
+                        continue
+                    if kind in RESUME_TYPES:
+                        if task_id not in awaiting and kind != "snapshot":
+                            continue
+                        awaiting.discard(task_id)
+                        backoff.reset()
+                    elif kind == "event":
+                        if task_id in awaiting:
+                            continue  # from before a resubscribe; the new resume frame covers it
+                        if frame["version"] != cursor[task_id] + 1:
+                            # A gap: ask again from what we hold.
+                            awaiting.add(task_id)
+                            await ws.send(_subscribe(task_id, cursor[task_id], tokens[task_id]))
+                            continue
+                    else:
+                        continue
+                    cursor[task_id] = frame["version"]
+                    yield frame
+                    if frame["task"]["state"] in TERMINAL:
+                        done.add(task_id)
+                        if len(done) == len(cursor):
+                            return
+        except (ConnectionClosed, OSError, InvalidHandshake, TimeoutError) as exc:
+            if isinstance(exc, InvalidURI):
+                raise
+            drops += 1
+            if max_reconnects is not None and drops > max_reconnects:
+                raise WatchError("disconnected", f"gave up after {drops - 1} reconnects: {exc}") from exc
+            await anyio.sleep(backoff.next_delay())
+
+
+def _subscribe(task_id: str, cursor: int, token: str | None) -> str:
+    message: dict[str, Any] = {"type": "subscribe", "taskId": task_id, "cursor": cursor}
+    if token is not None:
+        message["token"] = token
+    return orjson.dumps(message).decode()

@@ -1,0 +1,238 @@
+"""Live push: ``/v1/tasks/{id}/ws`` (one task), ``/v1/ws`` (many) and ``/v1/tasks/{id}/stream`` (SSE).
+
+Each connection has a :class:`~gateway.hub.Feed` and one writer that sends its frames; a write that makes
+no progress for ``write_timeout`` closes the connection with ``4008``, so a peer that stopped reading costs
+a bounded backlog and then nothing. Sockets are accepted first, then refused with an error frame and a
+close code, so that browsers see why (protocol.md, Close codes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import anyio
+import orjson
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from gateway.errors import (
+    CLOSE_NORMAL,
+    CLOSE_SLOW_CONSUMER,
+    Forbidden,
+    GatewayError,
+    InvalidRequest,
+)
+from gateway.hub import PONG, Feed, Frame, error_frame
+from gateway.web.http import parse_cursor
+
+if TYPE_CHECKING:
+    from gateway.web.app import Gateway
+
+# A close code of our own for "the peer went away": nothing is sent then.
+_GONE = -1
+_HEARTBEAT = Frame("heartbeat", -1, "")
+SSE_HEARTBEAT_S = 15.0
+
+
+def origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> bool:
+    """Browsers send ``Origin``; other clients do not and are let through (they hold a token anyway)."""
+    origin = conn.headers.get("origin")
+    if origin is None or "*" in allowed or origin in allowed:
+        return True
+    return urlsplit(origin).netloc == conn.headers.get("host")
+
+
+def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
+    settings = gw.settings
+    write_timeout = settings.write_timeout_ms / 1000
+
+    def new_feed() -> Feed:
+        return Feed(
+            gw.hub,
+            gw.book,
+            backlog=settings.subscription_backlog,
+            max_subscriptions=settings.max_subscriptions,
+        )
+
+    async def refuse(ws: WebSocket, exc: GatewayError, task_id: str | None) -> None:
+        await ws.send_text(error_frame(exc.code, exc.message, task_id).text)
+        await ws.close(exc.close_code)
+
+    async def pump(ws: WebSocket, feed: Feed, *, single: bool) -> None:
+        """Send the feed's frames while reading the peer's messages, until either side ends."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read, ws, feed, single)
+            code = await write(ws, feed, single=single)
+            tg.cancel_scope.cancel()
+        if code != _GONE:
+            with anyio.move_on_after(1):
+                with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+                    await ws.close(code)
+
+    async def write(ws: WebSocket, feed: Feed, *, single: bool) -> int:
+        while True:
+            item = await feed.next()
+            if item is None:
+                return feed.close_code if feed.close_code is not None else _GONE
+            subscription, frame = item
+            try:
+                with anyio.fail_after(write_timeout):
+                    await ws.send_text(frame.text)
+            except TimeoutError:
+                gw.metrics.slow_consumers.inc()
+                return CLOSE_SLOW_CONSUMER
+            except (WebSocketDisconnect, OSError, RuntimeError):
+                return _GONE
+            if subscription is None or subscription.last is None or not subscription.last.terminal:
+                continue
+            if subscription.has_work():
+                continue
+            if single:
+                return CLOSE_NORMAL  # the stream of this task is complete
+            if feed.subscriptions.get(subscription.task_id) is subscription:
+                feed.unsubscribe(subscription.task_id)
+
+    async def read(ws: WebSocket, feed: Feed, single: bool) -> None:
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                feed.close(_GONE)
+                return
+            raw = message.get("text")
+            if raw is None:
+                raw = message.get("bytes") or b""
+            answer = await (handle_single(raw) if single else handle_multi(feed, raw))
+            if answer is not None and not feed.send_control(answer):
+                feed.close(CLOSE_SLOW_CONSUMER)  # it keeps asking but does not read the answers
+                return
+
+    async def handle_single(raw: str | bytes) -> Frame | None:
+        try:
+            message = _message(raw)
+        except InvalidRequest as exc:
+            return error_frame(exc.code, exc.message)
+        if message.get("type") == "ping":
+            return PONG
+        return error_frame("invalid-request", 'this socket takes only {"type": "ping"}')
+
+    async def handle_multi(feed: Feed, raw: str | bytes) -> Frame | None:
+        task_id: str | None = None
+        try:
+            message = _message(raw)
+            kind = message.get("type")
+            if kind == "ping":
+                return PONG
+            task_id = message.get("taskId")
+            if not isinstance(task_id, str):
+                task_id = None
+                raise InvalidRequest("taskId: must be a string")
+            if kind == "unsubscribe":
+                feed.unsubscribe(task_id)
+                return None
+            if kind != "subscribe":
+                raise InvalidRequest("type: must be subscribe, unsubscribe or ping")
+            token = message.get("token")
+            if token is not None and not isinstance(token, str):
+                raise InvalidRequest("token: must be a string")
+            cursor = message.get("cursor", 0)
+            if isinstance(cursor, bool) or not isinstance(cursor, int):
+                raise InvalidRequest("cursor: must be an integer")
+            gw.guard.task_credential(token, task_id, "subscribe")
+            await feed.subscribe(task_id, cursor)
+            return None
+        except GatewayError as exc:
+            return error_frame(exc.code, exc.message, task_id)
+
+    async def task_socket(ws: WebSocket) -> None:
+        await ws.accept()
+        task_id = ws.path_params["task_id"]
+        feed = new_feed()
+        try:
+            try:
+                if not origin_allowed(ws, settings.allowed_origins):
+                    raise Forbidden("origin not allowed")
+                gw.guard.task(ws, task_id, "subscribe")
+                await feed.subscribe(task_id, parse_cursor(ws.query_params.get("cursor")))
+            except GatewayError as exc:
+                await refuse(ws, exc, task_id)
+                return
+            await pump(ws, feed, single=True)
+        finally:
+            feed.release()
+
+    async def multi_socket(ws: WebSocket) -> None:
+        await ws.accept()
+        if not origin_allowed(ws, settings.allowed_origins):
+            await refuse(ws, Forbidden("origin not allowed"), None)
+            return
+        feed = new_feed()
+        try:
+            await pump(ws, feed, single=False)
+        finally:
+            feed.release()
+
+    async def stream(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        gw.guard.task(request, task_id, "subscribe")
+        last_id = request.headers.get("last-event-id")
+        cursor = parse_cursor(last_id if last_id is not None else request.query_params.get("cursor"))
+        feed = new_feed()
+        try:
+            await feed.subscribe(task_id, cursor)
+        except BaseException:
+            feed.release()
+            raise
+        return StreamingResponse(
+            sse(feed),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def sse(feed: Feed) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def heartbeat() -> None:
+            nonlocal timer
+            feed.send_control(_HEARTBEAT)
+            timer = loop.call_later(SSE_HEARTBEAT_S, heartbeat)
+
+        timer = loop.call_later(SSE_HEARTBEAT_S, heartbeat)
+        try:
+            while True:
+                item = await feed.next()
+                if item is None:
+                    return
+                subscription, frame = item
+                if subscription is None:
+                    yield ": heartbeat\n\n"
+                    continue
+                yield f"event: {frame.type}\nid: {frame.version}\ndata: {frame.text}\n\n"
+                last = subscription.last
+                if last is not None and last.terminal and not subscription.has_work():
+                    return
+        finally:
+            timer.cancel()
+            feed.release()
+
+    return [
+        WebSocketRoute("/v1/tasks/{task_id}/ws", task_socket),
+        WebSocketRoute("/v1/ws", multi_socket),
+        Route("/v1/tasks/{task_id}/stream", stream, methods=["GET"]),
+    ]
+
+
+def _message(raw: str | bytes) -> dict[str, Any]:
+    try:
+        message = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"malformed JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise InvalidRequest("message: must be a JSON object")
+    return message

@@ -1,0 +1,28 @@
+"""The uvicorn server the gateway runs under: on shutdown, every subscriber is told ``1001`` first."""
+
+from __future__ import annotations
+
+import socket
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+
+from gateway.errors import CLOSE_GOING_AWAY
+
+# How long shutdown waits for sockets to say goodbye before uvicorn closes what is left.
+GOODBYE_S = 2.0
+
+
+class GatewayServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+        super().__init__(config)
+        self._hub = app.state.gateway.hub
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # no new connections while the open ones are closed
+        self._hub.shutdown(CLOSE_GOING_AWAY)
+        with anyio.move_on_after(GOODBYE_S):
+            await self._hub.idle()
+        await super().shutdown(sockets)
