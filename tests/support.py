@@ -131,3 +131,63 @@ def postgres_database() -> Iterator[str]:
         yield f"{base}/{name}"
     finally:
         asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+class TcpProxy:
+    """A loopback TCP proxy the test can cut, to drop connections the way a network does (no close frame,
+    no FIN handshake at the application level): ``cut()`` aborts every open pipe; ``drop_responses = n``
+    swallows the next n answers from the server and aborts their connection, as a timeout would."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.drop_responses = 0
+        self.cuts = 0
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def __aenter__(self) -> TcpProxy:
+        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cut()
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        self.cuts += 1
+        for writer in tuple(self._open):
+            writer.transport.abort()
+        self._open.clear()
+
+    async def _pipe(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._open.update((client_w, server_w))
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, answers: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if answers and self.drop_responses > 0:
+                        self.drop_responses -= 1
+                        client_w.transport.abort()
+                        server_w.transport.abort()
+                        return
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        try:
+            await asyncio.gather(copy(client_r, server_w, False), copy(server_r, client_w, True))
+        finally:
+            self._open.discard(client_w)
+            self._open.discard(server_w)

@@ -1,0 +1,140 @@
+"""The Python clients against a real server: ``watch`` through dropped connections, the ``Worker``'s
+retries, and the ``gateway watch`` terminal client's exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import anyio
+import httpx
+import pytest
+
+from gateway.client import Worker, watch
+from gateway.client.backoff import Backoff
+from tests.support import Running, TcpProxy, running_gateway
+
+TERMINAL = {"succeeded", "failed", "expired"}
+
+
+async def create(gw: Running, task_id: str, ttl_ms: int = 120_000, max_attempts: int = 2) -> dict[str, str]:
+    answer = await gw.client.post(
+        "/v1/tasks", json={"id": task_id, "ttlMs": ttl_ms, "maxAttempts": max_attempts}
+    )
+    assert answer.status_code == 201, answer.text
+    return answer.json()  # type: ignore[no-any-return]
+
+
+def port_of(gw: Running) -> int:
+    return int(gw.url.rsplit(":", 1)[1])
+
+
+async def run_two_hundred_entries(worker: Worker) -> None:
+    """start, progress 1..99, retryable fail (101 entries); start, progress 1..97, succeed (99 entries)."""
+    await worker.start("w1")
+    for p in range(1, 100):
+        await worker.progress(p, f"row-{p}")
+    await worker.fail("lost the lease", retryable=True)
+    await worker.start("w2")
+    for p in range(1, 98):
+        await worker.progress(p, f"row-{p}")
+    await worker.succeed("s3://results/1", "sha256:1")
+
+
+@pytest.mark.anyio
+async def test_watch_survives_five_drops_gapless_and_without_duplicates(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url, retention_versions=10_000) as gw, TcpProxy(port_of(gw)) as proxy:
+        made = await create(gw, "long-1")
+        versions: list[int] = []
+        last_frame: dict[str, object] = {}
+        cut_at = {30, 60, 90, 120, 150}
+
+        async def produce() -> None:
+            async with Worker(gw.url, "long-1", made["callbackToken"]) as worker:
+                await run_two_hundred_entries(worker)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                frames = watch(
+                    proxy.url, {"long-1": made["subscribeToken"]}, backoff=Backoff(base_s=0.01, cap_s=0.1)
+                )
+                async for frame in frames:
+                    if frame["type"] == "event":
+                        versions.append(frame["version"])
+                    else:
+                        assert frame["type"] in ("caught-up", "delta"), frame
+                        versions.extend(e["version"] for e in frame.get("events", []))
+                    last_frame = frame
+                    if len(versions) in cut_at:
+                        cut_at.discard(len(versions))
+                        proxy.cut()
+
+        assert proxy.cuts == 5
+        assert versions == list(range(1, 201))
+        final = (await gw.client.get("/v1/tasks/long-1")).json()
+        assert last_frame["task"] == final
+        assert final["state"] == "succeeded" and final["version"] == 200
+
+
+@pytest.mark.anyio
+async def test_worker_retries_after_lost_answers_change_the_task_once(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url) as gw, TcpProxy(port_of(gw)) as proxy:
+        made = await create(gw, "job-1")
+        async with httpx.AsyncClient(timeout=5) as client:
+            worker = Worker(proxy.url, "job-1", made["callbackToken"], client=client)
+            await worker.start("w1")
+            # The gateway commits the next two callbacks, but their answers never reach the worker.
+            proxy.drop_responses = 1
+            answer = await worker.progress(50, "half")
+            assert answer["duplicateCallback"] is True and answer["changed"] is False
+            proxy.drop_responses = 1
+            answer = await worker.succeed("s3://r", "sha256:r")
+            assert answer["duplicateCallback"] is True
+            assert answer["task"]["state"] == "succeeded"
+        events = (await gw.client.get("/v1/tasks/job-1/events", params={"cursor": 0})).json()
+        assert [e["event"]["type"] for e in events["events"]] == ["start", "progress", "succeed"]
+        assert events["version"] == 3
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("ending", "code"),
+    [("succeed", 0), ("fail", 1), ("expire", 3)],
+)
+async def test_gateway_watch_shows_the_task_and_exits_by_its_fate(
+    sqlite_url: str, ending: str, code: int
+) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        made = await create(
+            gw, f"cli-{ending}", ttl_ms=3_000 if ending == "expire" else 120_000, max_attempts=1
+        )
+        env = {**os.environ, "COLUMNS": "100"}
+        process = await anyio.open_process(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "watch",
+                f"cli-{ending}",
+                "--url",
+                gw.url,
+                "--token",
+                made["subscribeToken"],
+            ],
+            env=env,
+        )
+        async with process, Worker(gw.url, f"cli-{ending}", made["callbackToken"]) as worker:
+            await worker.start("w")
+            await worker.progress(40, "c")
+            if ending == "succeed":
+                await worker.succeed("s3://r", "sha256:r")
+            elif ending == "fail":
+                await worker.fail("bad input", retryable=False)
+            assert process.stdout is not None
+            with anyio.fail_after(20):
+                output = b"".join([chunk async for chunk in process.stdout]).decode()
+                returncode = await process.wait()
+        assert returncode == code
+        state = {"succeed": "succeeded", "fail": "failed", "expire": "expired"}[ending]
+        assert state in output
