@@ -1,0 +1,334 @@
+"""Fan-out benchmark: one task, N subscribers in separate client processes, callbacks at a fixed rate.
+
+Prints the gateway server's CPU microseconds per delivered frame (utime + stime of its process, from
+/proc/<pid>/stat), its idle memory per subscriber (VmRSS growth / N) and the callbacks' latency, beside
+a minimal raw ``websockets`` broadcast server sending frames of the same size (the floor of Python on
+this machine), and the ratio.
+
+    python bench/fanout.py [--subscribers 1000] [--callbacks 200] [--rate 50] [--procs 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+SECRET = "bench-secret-0123456789abcdef0123456789"
+
+# The floor: every message from the "publisher" connection goes to every other connection.
+FLOOR_SERVER = """
+import asyncio, sys
+from websockets.asyncio.server import serve, broadcast
+subscribers = set()
+async def handler(ws):
+    if ws.request.path == "/publish":
+        async for message in ws:
+            broadcast(subscribers, message)
+        return
+    subscribers.add(ws)
+    try:
+        await ws.wait_closed()
+    finally:
+        subscribers.discard(ws)
+async def main():
+    async with serve(handler, "127.0.0.1", int(sys.argv[1]), ping_interval=20):
+        print("ready", flush=True)
+        await asyncio.Future()
+asyncio.run(main())
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+# --- the subscriber processes ------------------------------------------------------------------------
+
+
+async def client_main(url: str, count: int, expect: int) -> None:
+    """Open ``count`` sockets, say "ready" once all are subscribed, then count frames until ``expect``."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    ready = 0
+    totals: list[int] = []
+    all_ready = asyncio.Event()
+
+    async def one() -> None:
+        nonlocal ready
+        received = 0
+        async with connect(url, max_size=2**22, open_timeout=60) as ws:
+            await ws.recv()  # the resume frame (gateway) / a hello (floor)
+            ready += 1
+            if ready == count:
+                all_ready.set()
+            try:
+                while received < expect:
+                    await ws.recv()
+                    received += 1
+            except ConnectionClosed:
+                pass
+        totals.append(received)
+
+    tasks = [asyncio.create_task(one()) for _ in range(count)]
+    await all_ready.wait()
+    print("ready", flush=True)
+    await asyncio.gather(*tasks)
+    print(json.dumps({"frames": sum(totals), "min": min(totals)}), flush=True)
+
+
+# --- the driver --------------------------------------------------------------------------------------
+
+
+async def start_clients(
+    url: str, subscribers: int, procs: int, expect: int
+) -> list[asyncio.subprocess.Process]:
+    per = [subscribers // procs + (1 if i < subscribers % procs else 0) for i in range(procs)]
+    clients = []
+    for count in per:
+        clients.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "client", url, str(count), str(expect), stdout=subprocess.PIPE
+            )
+        )
+    for client in clients:
+        assert client.stdout is not None
+        line = await asyncio.wait_for(client.stdout.readline(), 120)
+        assert line.strip() == b"ready", line
+    return clients
+
+
+async def finish_clients(clients: list[asyncio.subprocess.Process]) -> int:
+    frames = 0
+    for client in clients:
+        assert client.stdout is not None
+        line = await asyncio.wait_for(client.stdout.readline(), 120)
+        frames += json.loads(line)["frames"]
+        await client.wait()
+    return frames
+
+
+async def wait_http(url: str) -> None:
+    import httpx
+
+    async with httpx.AsyncClient() as http:
+        for _ in range(200):
+            try:
+                if (await http.get(url + "/healthz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)
+    raise RuntimeError("gateway did not start")
+
+
+def plan(n: int) -> list[dict[str, object]]:
+    """``n`` callbacks that each add one entry: [start, progress 1..98, retryable fail] cycles, then
+    start, progress and succeed."""
+    assert n >= 2
+    events: list[dict[str, object]] = []
+    while n - len(events) > 100:
+        events.append({"type": "start", "worker": "bench"})
+        events += [{"type": "progress", "progress": p, "cursor": f"row-{p}"} for p in range(1, 99)]
+        events.append({"type": "fail", "error": "lease lost", "retryable": True})
+    events.append({"type": "start", "worker": "bench"})
+    remaining = n - len(events) - 1
+    events += [{"type": "progress", "progress": p, "cursor": f"row-{p}"} for p in range(1, remaining + 1)]
+    events.append({"type": "succeed", "resultRef": "s3://bench/result", "resultHash": "sha256:b"})
+    return events
+
+
+async def bench_gateway(args: argparse.Namespace) -> dict[str, float]:
+    import httpx
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GATEWAY_SECRET": SECRET, "GATEWAY_LOG_LEVEL": "warning"}
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--database-url",
+                f"sqlite:///{tmp}/bench.db",
+            ],
+            env=env,
+        )
+        try:
+            await wait_http(url)
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                attempts = args.callbacks // 100 + 1
+                made = (
+                    await http.post(
+                        "/v1/tasks", json={"id": "bench", "ttlMs": 3_600_000, "maxAttempts": attempts}
+                    )
+                ).json()
+                cb = {"Authorization": f"Bearer {made['callbackToken']}"}
+                rss_before = rss_bytes(server.pid)
+                ws_url = f"ws://127.0.0.1:{port}/v1/tasks/bench/ws?cursor=0&token={made['subscribeToken']}"
+                clients = await start_clients(ws_url, args.subscribers, args.procs, args.callbacks)
+                rss_idle = rss_bytes(server.pid)
+                cpu_before = cpu_seconds(server.pid)
+                latencies = []
+                started = time.perf_counter()
+                for i, event in enumerate(plan(args.callbacks)):
+                    due = started + i / args.rate
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    t0 = time.perf_counter()
+                    answer = await http.post("/v1/tasks/bench/callbacks", json={"event": event}, headers=cb)
+                    latencies.append(time.perf_counter() - t0)
+                    answer.raise_for_status()
+                version = (await http.get("/v1/tasks/bench")).json()["version"]
+                frames = await finish_clients(clients)
+                cpu = cpu_seconds(server.pid) - cpu_before
+        finally:
+            server.terminate()
+            server.wait(10)
+    latencies.sort()
+    return {
+        "frames": frames,
+        "entries": version,
+        "cpu_us_per_frame": cpu * 1e6 / max(frames, 1),
+        "idle_bytes_per_subscriber": (rss_idle - rss_before) / args.subscribers,
+        "callback_p50_ms": statistics.median(latencies) * 1000,
+        "callback_p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1000,
+    }
+
+
+async def bench_floor(args: argparse.Namespace, frame: str) -> dict[str, float]:
+    from websockets.asyncio.client import connect
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, str(port)], stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().strip() == b"ready"
+        async with connect(f"ws://127.0.0.1:{port}/publish") as publisher:
+            rss_before = rss_bytes(server.pid)
+            # The floor has no resume frame: each subscriber's first frame is a hello.
+            clients_task = asyncio.create_task(
+                start_clients(f"ws://127.0.0.1:{port}/", args.subscribers, args.procs, args.callbacks)
+            )
+            while not clients_task.done():
+                await publisher.send("hello")
+                await asyncio.sleep(0.2)
+            clients = clients_task.result()
+            rss_idle = rss_bytes(server.pid)
+            await asyncio.sleep(0.5)  # let the last hellos drain before counting
+            cpu_before = cpu_seconds(server.pid)
+            started = time.perf_counter()
+            for i in range(args.callbacks):
+                due = started + i / args.rate
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                await publisher.send(frame)
+            frames = await finish_clients(clients)
+            cpu = cpu_seconds(server.pid) - cpu_before
+    finally:
+        server.terminate()
+        server.wait(10)
+    return {
+        "frames": frames,
+        "cpu_us_per_frame": cpu * 1e6 / max(frames, 1),
+        "idle_bytes_per_subscriber": (rss_idle - rss_before) / args.subscribers,
+    }
+
+
+SAMPLE_FRAME = json.dumps(
+    {
+        "type": "event",
+        "taskId": "bench",
+        "version": 42,
+        "event": {"type": "progress", "atMs": 1795990509567, "progress": 41, "cursor": "row-41"},
+        "task": {
+            "id": "bench",
+            "state": "running",
+            "expiresAtMs": 1795994109539,
+            "attempts": 1,
+            "maxAttempts": 1,
+            "progress": 41,
+            "version": 42,
+        },
+    },
+    separators=(",", ":"),
+)
+
+
+async def main(args: argparse.Namespace) -> None:
+    gateway = await bench_gateway(args)
+    floor = await bench_floor(args, SAMPLE_FRAME)
+    n = args.subscribers
+    print(
+        f"fan-out: 1 task, {n} subscribers in {args.procs} client processes, "
+        f"{args.callbacks} callbacks at {args.rate}/s, {os.cpu_count()} cores"
+    )
+    print(f"{'':28}{'gateway':>14}{'raw websockets':>16}{'ratio':>8}")
+    rows = [
+        ("frames delivered", gateway["frames"], floor["frames"], "{:>14.0f}", "{:>16.0f}"),
+        (
+            "server CPU us / frame",
+            gateway["cpu_us_per_frame"],
+            floor["cpu_us_per_frame"],
+            "{:>14.1f}",
+            "{:>16.1f}",
+        ),
+        (
+            "idle memory / subscriber",
+            gateway["idle_bytes_per_subscriber"] / 1024,
+            floor["idle_bytes_per_subscriber"] / 1024,
+            "{:>11.1f} KiB",
+            "{:>13.1f} KiB",
+        ),
+    ]
+    for name, ours, theirs, f1, f2 in rows:
+        ratio = ours / theirs if theirs else float("nan")
+        print(f"{name:<28}" + f1.format(ours) + f2.format(theirs) + f"{ratio:>8.2f}")
+    print(
+        f"callback latency at {n} subscribers: p50 {gateway['callback_p50_ms']:.1f} ms, "
+        f"p99 {gateway['callback_p99_ms']:.1f} ms"
+    )
+    expected = n * args.callbacks
+    if gateway["frames"] != expected:
+        print(
+            f"note: gateway delivered {gateway['frames']} of {expected} frames "
+            "(a conflated snapshot replaces the entries it covers)"
+        )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "client":
+        asyncio.run(client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
+        sys.exit(0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--subscribers", type=int, default=1000)
+    parser.add_argument("--callbacks", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=50.0)
+    parser.add_argument("--procs", type=int, default=4)
+    asyncio.run(main(parser.parse_args()))
