@@ -41,7 +41,7 @@ async def handler(ws):
     finally:
         subscribers.discard(ws)
 async def main():
-    async with serve(handler, "127.0.0.1", int(sys.argv[1]), ping_interval=20):
+    async with serve(handler, "127.0.0.1", int(sys.argv[1]), ping_interval=20, compression=None):
         print("ready", flush=True)
         await asyncio.Future()
 asyncio.run(main())

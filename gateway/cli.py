@@ -64,15 +64,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
 
-    import uvicorn
-
     from gateway.web.app import create_app
-    from gateway.web.server import GatewayServer
+    from gateway.web.server import GatewayServer, server_config
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     app = create_app(settings)
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, proxy_headers=True
+    config = server_config(
+        app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True
     )
     GatewayServer(config, app).run()
     return 0

@@ -20,8 +20,9 @@ read from the store: the client keeps an exact state and a valid cursor, and mem
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,6 +172,15 @@ class Hub:
         """Wait until no connection is left."""
         await self._idle.wait()
 
+    async def watch_writes(self, timeout_s: float) -> None:
+        """Cancel the send of every connection whose write has made no progress for ``timeout_s``."""
+        while True:
+            await asyncio.sleep(min(1.0, timeout_s / 4))
+            now = time.monotonic()
+            for feed in tuple(self.feeds):
+                if feed.writing_since is not None and now - feed.writing_since > timeout_s:
+                    feed.stall()
+
     def shutdown(self, code: int) -> None:
         for feed in tuple(self.feeds):
             feed.close(code)
@@ -196,6 +206,9 @@ class Feed:
         self.subscriptions: dict[str, Subscription] = {}
         self.control: deque[Frame] = deque()
         self.close_code: int | None = None
+        # Set by the writer around each send; the hub's watchdog stalls a feed stuck in one send.
+        self.writing_since: float | None = None
+        self.on_stall: Callable[[], object] | None = None
         self._ready: deque[Subscription] = deque()
         self._wakeup = asyncio.Event()
         hub.attach(self)
@@ -246,6 +259,11 @@ class Feed:
         if self.close_code is None:
             self.close_code = code
         self._wakeup.set()
+
+    def stall(self) -> None:
+        self.writing_since = None
+        if self.on_stall is not None:
+            self.on_stall()
 
     def release(self) -> None:
         for task_id in tuple(self.subscriptions):

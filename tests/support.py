@@ -14,11 +14,10 @@ import anyio
 import asyncpg
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
-from gateway.web.server import GatewayServer
+from gateway.web.server import GatewayServer, server_config
 
 # The PostgreSQL of this machine (trust auth); tests make a database of their own in it and drop it.
 PG_ADMIN_URL = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -52,7 +51,7 @@ class Running:
 @asynccontextmanager
 async def serve(app: Starlette) -> AsyncIterator[str]:
     """Run ``app`` under a real uvicorn server on a free port until the block ends."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    config = server_config(app, "127.0.0.1", 0, log_level="warning", lifespan="on")
     server = GatewayServer(config, app)
     async with anyio.create_task_group() as tg:
         done = anyio.Event()

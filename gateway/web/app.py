@@ -68,6 +68,7 @@ class Gateway:
         await self.db.open()
         try:
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self.hub.watch_writes, self.settings.write_timeout_ms / 1000)
                 if self.settings.sweep_interval_ms > 0:
                     tg.start_soon(
                         run_sweeper, self.book, self.settings.sweep_interval_ms / 1000, self.metrics

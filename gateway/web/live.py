@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -50,7 +51,6 @@ def origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> bool:
 
 def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
     settings = gw.settings
-    write_timeout = settings.write_timeout_ms / 1000
 
     def new_feed() -> Feed:
         return Feed(
@@ -76,27 +76,31 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
                     await ws.close(code)
 
     async def write(ws: WebSocket, feed: Feed, *, single: bool) -> int:
-        while True:
-            item = await feed.next()
-            if item is None:
-                return feed.close_code if feed.close_code is not None else _GONE
-            subscription, frame = item
-            try:
-                with anyio.fail_after(write_timeout):
+        # A send that makes no progress for write_timeout is cancelled by the hub's watchdog (one timer
+        # for all sockets, instead of a timeout scope around every frame).
+        with anyio.CancelScope() as scope:
+            feed.on_stall = scope.cancel
+            while True:
+                item = await feed.next()
+                if item is None:
+                    return feed.close_code if feed.close_code is not None else _GONE
+                subscription, frame = item
+                feed.writing_since = time.monotonic()
+                try:
                     await ws.send_text(frame.text)
-            except TimeoutError:
-                gw.metrics.slow_consumers.inc()
-                return CLOSE_SLOW_CONSUMER
-            except (WebSocketDisconnect, OSError, RuntimeError):
-                return _GONE
-            if subscription is None or subscription.last is None or not subscription.last.terminal:
-                continue
-            if subscription.has_work():
-                continue
-            if single:
-                return CLOSE_NORMAL  # the stream of this task is complete
-            if feed.subscriptions.get(subscription.task_id) is subscription:
-                feed.unsubscribe(subscription.task_id)
+                except (WebSocketDisconnect, OSError, RuntimeError):
+                    return _GONE
+                feed.writing_since = None
+                if subscription is None or subscription.last is None or not subscription.last.terminal:
+                    continue
+                if subscription.has_work():
+                    continue
+                if single:
+                    return CLOSE_NORMAL  # the stream of this task is complete
+                if feed.subscriptions.get(subscription.task_id) is subscription:
+                    feed.unsubscribe(subscription.task_id)
+        gw.metrics.slow_consumers.inc()
+        return CLOSE_SLOW_CONSUMER
 
     async def read(ws: WebSocket, feed: Feed, single: bool) -> None:
         while True:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import anyio
 import uvicorn
@@ -12,6 +13,15 @@ from gateway.errors import CLOSE_GOING_AWAY
 
 # How long shutdown waits for sockets to say goodbye before uvicorn closes what is left.
 GOODBYE_S = 2.0
+
+
+def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration for the gateway.
+
+    Per-message deflate is off: it costs a compressor per socket (memory) and a compression per frame
+    per subscriber (CPU), the two things fan-out has to keep small; task frames are a few hundred bytes.
+    """
+    return uvicorn.Config(app, host=host, port=port, ws_per_message_deflate=False, **options)
 
 
 class GatewayServer(uvicorn.Server):
