@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.book import Book
+from gateway.bus import Bus, LocalBus
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Unavailable
 from gateway.hub import Hub
 from gateway.metrics import Metrics
@@ -48,8 +49,10 @@ class Gateway:
         self.metrics = Metrics()
         self.db = Database(settings.database_url)
         self.hub = Hub()
+        self.bus: Bus = LocalBus()
+        self.bus.listen(self.hub.publish)
         self.book = Book(
-            self.db, clock, retention_versions=settings.retention_versions, on_commit=self.hub.publish
+            self.db, clock, retention_versions=settings.retention_versions, on_commit=self.bus.publish
         )
         if settings.secret is not None:
             secret = settings.secret.get_secret_value()
