@@ -137,6 +137,10 @@ class Model:
     def create(self, task_id: str, now_ms: float, ttl_ms: float, max_attempts: object) -> Answer:
         """``POST /v1/tasks``."""
         try:
+            # The gateway's one deviation from createAsyncTask: its clock counts whole milliseconds, so a
+            # fractional ttlMs is a type error of the HTTP layer (1000.0 is 1000).
+            if isinstance(ttl_ms, float) and not ttl_ms.is_integer():
+                raise InvalidRequest("ttlMs must be a whole number of milliseconds")
             task = m.create_task(id=task_id, now_ms=now_ms, ttl_ms=ttl_ms, max_attempts=max_attempts)  # type: ignore[arg-type]
         except InvalidRequest as error:
             return _error(error)
@@ -196,6 +200,8 @@ class Model:
             if callback_id is not None and not isinstance(callback_id, str):
                 raise InvalidRequest("callbackId must be a string")
             event = parse_event(event_body, now_ms)
+            if attempt is not None and event.type not in FENCED:
+                raise InvalidRequest("attempt: only progress, succeed and fail callbacks are fenced")
         except InvalidRequest as error:
             return _error(error)
         # 2. existence

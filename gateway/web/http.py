@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # A task id travels in URL paths: no slash, no control characters.
 _ID_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
-_INTEGER = re.compile(r"-?[0-9]{1,20}")
+_INTEGER = re.compile(r"-?[0-9]{1,100}")
 
 
 class JSON(Response):
@@ -61,7 +61,7 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         if not is_blank(task_id) and _ID_FORBIDDEN.search(task_id):
             raise InvalidRequest("id: must not contain '/' or control characters")
         if body.ttlMs > wire.MAX_SAFE - gw.clock():
-            raise InvalidRequest("ttlMs: too large; expiresAtMs must stay below 2**53")
+            raise InvalidRequest("ttlMs: too large; expiresAtMs must stay at most 2**53-1")
         task, created = await book.create(task_id, body.ttlMs, body.maxAttempts)
         if created:
             metrics.tasks_created.inc()

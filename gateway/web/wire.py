@@ -12,7 +12,16 @@ import hashlib
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 from pydantic_core import PydanticCustomError
 
 from gateway.book import CallbackOutcome, Delivery, Notification, Resume
@@ -21,20 +30,37 @@ from gateway.machine import Event, Fail, Progress, Start, Succeed, task_to_json
 
 M = TypeVar("M", bound=BaseModel)
 
-# JavaScript's safe integers: the reference's numbers are exact up to here, and they fit a BIGINT.
+# JavaScript's largest safe integer: a deadline beyond it could not be read exactly by a JS client.
 MAX_SAFE = 2**53 - 1
+# What a stored count (maxAttempts) can hold: a BIGINT.
+MAX_STORED = 2**63 - 1
 
 
 def _number(value: Any) -> float:
+    """Any JSON number (not a boolean); its range is the state machine's to judge."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PydanticCustomError("number_type", "must be a number")
-    if abs(value) > MAX_SAFE:
-        raise PydanticCustomError("number_range", "must be between -(2**53-1) and 2**53-1")
     return value
 
 
+def _stored_count(value: Any) -> float:
+    number = _number(value)
+    if number > MAX_STORED:
+        raise PydanticCustomError("number_range", "must be at most 2**63-1")
+    return number
+
+
+def _milliseconds(value: Any) -> int:
+    """A whole number of milliseconds (1000 or 1000.0): the gateway's clock counts whole milliseconds."""
+    number = _number(value)
+    if isinstance(number, float) and not number.is_integer():
+        raise PydanticCustomError("whole_ms", "must be a whole number of milliseconds")
+    return int(number)
+
+
 Number = Annotated[float, PlainValidator(_number)]
-SafeInt = Annotated[int, Field(strict=True, ge=-MAX_SAFE, le=MAX_SAFE)]
+StoredCount = Annotated[float, PlainValidator(_stored_count)]
+Milliseconds = Annotated[int, PlainValidator(_milliseconds)]
 
 
 class _Body(BaseModel):
@@ -43,8 +69,8 @@ class _Body(BaseModel):
 
 class CreateBody(_Body):
     id: Annotated[StrictStr, Field(max_length=128)] | None = None
-    ttlMs: SafeInt
-    maxAttempts: Number
+    ttlMs: Milliseconds
+    maxAttempts: StoredCount
 
 
 class StartBody(_Body):
@@ -88,7 +114,7 @@ EventBody = Annotated[StartBody | ProgressBody | SucceedBody | FailBody, Field(d
 
 class CallbackBody(_Body):
     callbackId: Annotated[StrictStr, Field(max_length=256)] | None = None
-    attempt: SafeInt | None = None
+    attempt: StrictInt | None = None
     event: EventBody
 
     def digest(self, task_id: str) -> str:

@@ -148,8 +148,11 @@ def test_callback_id_reused_with_another_body(model: Model) -> None:
     assert code(start(model, "t2", callback_id="cb1")) == (409, "callback-id-reused")  # another task
     other_worker = model.callback("t1", 1_020, {"type": "start", "worker": "w2"}, callback_id="cb1")
     assert code(other_worker) == (409, "callback-id-reused")  # another event
-    assert code(start(model, callback_id="cb1", attempt=1)) == (409, "callback-id-reused")  # another attempt
     assert model.get("t2")[1]["state"] == "queued"
+    progress = {"type": "progress", "progress": 5, "cursor": "c"}
+    assert model.callback("t1", 1_030, progress, callback_id="cb2", attempt=1)[1]["reason"] == "progress"
+    again = model.callback("t1", 1_040, progress, callback_id="cb2", attempt=2)
+    assert code(again) == (409, "callback-id-reused")  # another attempt
 
 
 def test_invalid_event_does_not_remember_the_callback_id(model: Model) -> None:
@@ -200,8 +203,11 @@ def test_stale_attempt(model: Model) -> None:
     assert late[1]["reason"] == "terminal-conflict"
 
 
-def test_start_is_not_fenced(model: Model) -> None:
-    assert start(model, attempt=7)[1]["reason"] == "started"
+def test_attempt_on_a_start_is_a_bad_request(model: Model) -> None:
+    # Only progress, succeed and fail are fenced; a start that names an attempt is refused, and changes nothing.
+    status, body = start(model, attempt=7)
+    assert (status, body["error"]["code"]) == (400, "invalid-request")
+    assert model.get("t1")[1]["version"] == 0
 
 
 def test_terminal_conflict_is_a_200_answer(model: Model) -> None:
