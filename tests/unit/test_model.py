@@ -204,7 +204,7 @@ def test_stale_attempt(model: Model) -> None:
 
 
 def test_attempt_on_a_start_is_a_bad_request(model: Model) -> None:
-    # Only progress, succeed and fail are fenced; a start that names an attempt is refused, and changes nothing.
+    # Only progress, succeed and fail are fenced: a start naming an attempt is refused and changes nothing.
     status, body = start(model, attempt=7)
     assert (status, body["error"]["code"]) == (400, "invalid-request")
     assert model.get("t1")[1]["version"] == 0
