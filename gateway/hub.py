@@ -222,15 +222,18 @@ class Feed:
         if len(self.subscriptions) >= self.max_subscriptions:
             raise InvalidRequest(f"at most {self.max_subscriptions} subscriptions per connection")
         subscription = Subscription(task_id, self, self.backlog)
+        # Registered at once, so that an unsubscribe or a release while the state is read finds it.
+        self.subscriptions[task_id] = subscription
         self.hub.add(subscription)  # live entries collect from here on, before the state is read
         try:
             resume = await self.book.resume(task_id, cursor)
         except BaseException:
+            if self.subscriptions.get(task_id) is subscription:
+                del self.subscriptions[task_id]
             self.hub.remove(subscription)
             raise
-        if not subscription.active:  # unsubscribed while the state was being read
+        if not subscription.active:  # unsubscribed or released while the state was being read
             return subscription
-        self.subscriptions[task_id] = subscription
         subscription.last = resume.task
         subscription.head.append(resume_frame(resume))
         self.wake(subscription)
@@ -311,8 +314,13 @@ class Feed:
         if item.task.version == last + 1:
             sub.last = item.task
             return item.frame
-        # A gap (entries committed concurrently can be published out of order): fill it from the store.
+        # A gap (entries committed concurrently can be published out of order): fill it from the store,
+        # or, past the backlog's bound, send the state instead, so that a gap never costs more memory.
         sub.pending.appendleft(item)
+        if item.task.version - 1 - last > sub.backlog:
+            sub.conflated = True
+            self.hub.conflations += 1
+            return None
         self._fill(sub, await self.book.entries_between(sub.task_id, last, item.task.version - 1))
         return sub.head.popleft() if sub.head else None
 
