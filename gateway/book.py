@@ -10,10 +10,12 @@ Core statements or group commit without touching anything else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
+import anyio
 import orjson
 from sqlalchemy import Row, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -38,6 +40,27 @@ from gateway.store.tables import ACTIVE_STATES, callbacks, deliveries, entries, 
 
 Clock = Callable[[], int]
 OnCommit = Callable[[Task, Entry, bytes], None]
+
+# The longest a database operation may take before it is abandoned (answered as 503 unavailable).
+DB_DEADLINE_S = 30.0
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _shielded(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Run a database operation to its end even when its caller is cancelled (a client gone, a shutdown):
+    a transaction is not left half-done, and a connection is never torn down mid-query (which hangs
+    aiosqlite's worker). Bounded by ``DB_DEADLINE_S``: past it, ``TimeoutError`` (a 503)."""
+
+    @functools.wraps(method)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with anyio.fail_after(DB_DEADLINE_S, shield=True):
+            return await method(*args, **kwargs)
+
+    return run
+
 
 # How often a transaction that lost a race on a unique key (a callback id, a task id, an idempotency key
 # inserted by a concurrent request) is run again; the second run sees the winner's row.
@@ -100,10 +123,12 @@ class Book:
 
     # --- reads ---------------------------------------------------------------------------------------
 
+    @_shielded
     async def get(self, task_id: str) -> Task:
         async with self.db.read() as conn:
             return _task(await _select_task(conn, task_id, task_id))
 
+    @_shielded
     async def resume(self, task_id: str, cursor: int) -> Resume:
         async with self.db.read() as conn:
             task = _task(await _select_task(conn, task_id, task_id))
@@ -124,6 +149,7 @@ class Book:
                 found = [(r.version, r.event) for r in result]
         return Resume(mode, reason, task, found)
 
+    @_shielded
     async def entries_between(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         """History entries ``after < version <= upto``, in order (to fill a gap in a live stream)."""
         async with self.db.read() as conn:
@@ -136,6 +162,7 @@ class Book:
 
     # --- writes --------------------------------------------------------------------------------------
 
+    @_shielded
     async def create(self, task_id: str, ttl_ms: int, max_attempts: Any) -> tuple[Task, bool]:
         """Create a queued task; the same id with the same parameters returns it again (``False``)."""
         now = self.clock()
@@ -161,6 +188,7 @@ class Book:
                     raise
         raise AssertionError("unreachable")
 
+    @_shielded
     async def callback(
         self,
         task_id: str,
@@ -216,6 +244,7 @@ class Book:
                     raise
         raise AssertionError("unreachable")
 
+    @_shielded
     async def expire_due(self, limit: int = 500) -> int:
         """Expire live tasks whose deadline has come (``clock() >= expiresAtMs``); returns how many."""
         now = self.clock()
@@ -245,6 +274,7 @@ class Book:
             expired += 1
         return expired
 
+    @_shielded
     async def deliver(self, task_id: str, idempotency_key: str) -> Delivery:
         """``deliverResult``: the same key returns the same receipt; another key delivers again."""
         if is_blank(idempotency_key):
@@ -285,6 +315,7 @@ class Book:
                     raise
         raise AssertionError("unreachable")
 
+    @_shielded
     async def drain(self) -> list[Notification]:
         """``drainNotifications``: take every pending notification once, by task id, then time."""
         async with self.db.write() as conn:

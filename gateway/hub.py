@@ -118,6 +118,12 @@ class Subscription:
     def has_work(self) -> bool:
         return bool(self.head or self.pending or self.conflated)
 
+    @property
+    def finished(self) -> bool:
+        """Its terminal state has been handed out: a terminal task gets no further entry, so anything
+        still in ``pending`` is a stale copy of what was already sent."""
+        return self.last is not None and self.last.terminal and not self.head
+
 
 class Hub:
     def __init__(self) -> None:
@@ -236,6 +242,9 @@ class Feed:
             return subscription
         subscription.last = resume.task
         subscription.head.append(resume_frame(resume))
+        # Entries committed while the state was read are already in the resume frame.
+        while subscription.pending and subscription.pending[0].task.version <= resume.task.version:
+            subscription.pending.popleft()
         self.wake(subscription)
         return subscription
 
@@ -305,12 +314,12 @@ class Feed:
                 return None
             sub.last = task
             return snapshot_frame(task, "conflated")
+        last = sub.last.version
+        while sub.pending and sub.pending[0].task.version <= last:
+            sub.pending.popleft()  # the resume frame, a snapshot or a gap fill already covered it
         if not sub.pending:
             return None
         item = sub.pending.popleft()
-        last = sub.last.version
-        if item.task.version <= last:
-            return None  # the resume frame, a snapshot or a gap fill already covered it
         if item.task.version == last + 1:
             sub.last = item.task
             return item.frame

@@ -11,7 +11,7 @@ import logging
 
 import anyio
 
-from gateway.book import Book
+from gateway.book import DB_DEADLINE_S, Book
 from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.sweeper")
@@ -32,7 +32,9 @@ async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
 async def run_sweeper(book: Book, interval_s: float, metrics: Metrics | None = None) -> None:
     while True:
         try:
-            await sweep_once(book, metrics)
+            # Shielded: a stop waits for the pass to end instead of tearing a connection down mid-query.
+            with anyio.fail_after(DB_DEADLINE_S, shield=True):
+                await sweep_once(book, metrics)
         except Exception:  # a database outage must not end expiry for the life of the process
             log.exception("expiry pass failed; retrying in %.1fs", interval_s)
         await anyio.sleep(interval_s)

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 _GONE = -1
 _HEARTBEAT = Frame("heartbeat", -1, "")
 SSE_HEARTBEAT_S = 15.0
+# How long a connection cut for not draining keeps its socket, for its 4008 to reach it if it reads again.
+SLOW_CLOSE_GRACE_S = 30.0
 
 
 def origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> bool:
@@ -70,10 +72,17 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             tg.start_soon(read, ws, feed, single)
             code = await write(ws, feed, single=single)
             tg.cancel_scope.cancel()
-        if code != _GONE:
-            with anyio.move_on_after(1):
-                with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
-                    await ws.close(code)
+        if code == _GONE:
+            return
+        grace = 1.0
+        if code == CLOSE_SLOW_CONSUMER:
+            # Its close frame waits behind what the peer has not read: let go of its subscriptions now,
+            # and tell it 4008 if it drains its socket within the grace; past that it is dropped (1006).
+            feed.release()
+            grace = SLOW_CLOSE_GRACE_S
+        with anyio.move_on_after(grace):
+            with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+                await ws.close(code)
 
     async def write(ws: WebSocket, feed: Feed, *, single: bool) -> int:
         # A send that makes no progress for write_timeout is cancelled by the hub's watchdog (one timer
@@ -91,9 +100,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
                 except (WebSocketDisconnect, OSError, RuntimeError):
                     return _GONE
                 feed.writing_since = None
-                if subscription is None or subscription.last is None or not subscription.last.terminal:
-                    continue
-                if subscription.has_work():
+                if subscription is None or not subscription.finished:
                     continue
                 if single:
                     return CLOSE_NORMAL  # the stream of this task is complete
@@ -218,8 +225,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
                     yield ": heartbeat\n\n"
                     continue
                 yield f"event: {frame.type}\nid: {frame.version}\ndata: {frame.text}\n\n"
-                last = subscription.last
-                if last is not None and last.terminal and not subscription.has_work():
+                if subscription.finished:
                     return
         finally:
             timer.cancel()

@@ -10,7 +10,8 @@ from tests.support import running_gateway
 @pytest.mark.anyio
 async def test_walkthrough(database_url: str) -> None:
     async with running_gateway(database_url) as gw:
-        created = await gw.client.post("/v1/tasks", json={"id": "report-1", "ttlMs": 60_000, "maxAttempts": 2})
+        body = {"id": "report-1", "ttlMs": 60_000, "maxAttempts": 2}
+        created = await gw.client.post("/v1/tasks", json=body)
         assert created.status_code == 201
         cb = {"Authorization": f"Bearer {created.json()['callbackToken']}"}
         sub = {"Authorization": f"Bearer {created.json()['subscribeToken']}"}
@@ -31,4 +32,5 @@ async def test_walkthrough(database_url: str) -> None:
         delivered = await gw.client.post("/v1/tasks/report-1/deliveries", headers={"Idempotency-Key": "k"})
         assert delivered.json()["receipt"]["resultRef"] == "s3://bucket/report-1"
         drained = await gw.client.post("/v1/notifications/drain")
-        assert [(n["taskId"], n["state"], n["version"]) for n in drained.json()] == [("report-1", "succeeded", 3)]
+        notes = [(n["taskId"], n["state"], n["version"]) for n in drained.json()]
+        assert notes == [("report-1", "succeeded", 3)]

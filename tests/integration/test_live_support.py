@@ -1,0 +1,277 @@
+"""Helpers shared by the live-push tests (``test_live_*.py``); this module holds no test of its own.
+
+(It is named like a test module only because the live suite's files all share that prefix.)
+
+The heart of it is :class:`StreamCheck`: it takes one subscription's frames, in the order received, and
+checks protocol.md's ordering guarantee frame by frame: a resume frame first (``caught-up``, ``delta`` or
+``snapshot`` with a reason that fits the cursor), then ``event`` frames at ``version == last + 1`` (or a
+``snapshot`` with ``reason: conflated`` at a newer version). Each ``event`` and each ``delta`` entry is
+replayed on the pure state machine from the state the client holds, so a frame whose ``task`` is not the
+state after its entry fails the check too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+from urllib.parse import urlencode
+
+import anyio
+import httpx
+import jwt
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from gateway.machine import Task, apply_event, event_from_json, task_to_json
+from tests.support import SECRET, Running, running_gateway
+
+RESUME_TYPES = ("caught-up", "delta", "snapshot")
+# Bounds one wait for one thing that is expected to happen promptly (a frame, a close).
+STEP_S = 10.0
+
+
+def live_gateway(database_url: str, **overrides: Any) -> AbstractAsyncContextManager[Running]:
+    """``running_gateway`` with the background sweeper off unless a test asks for it.
+
+    Stopping a gateway while its sweeper is inside a SQLite query leaves a connection-closing task that
+    never ends, so the event loop (here: the test runner) cannot close; see ``test_live_shutdown.py``.
+    These tests drive expiry by hand (``sweep_once``) where they need it.
+    """
+    overrides.setdefault("sweep_interval_ms", 0)
+    return running_gateway(database_url, **overrides)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def ws_url(gw: Running, path: str, **query: Any) -> str:
+    url = gw.url.replace("http://", "ws://", 1) + path
+    params = {k: v for k, v in query.items() if v is not None}
+    return f"{url}?{urlencode(params)}" if params else url
+
+
+def mint(task_id: str, scope: str = "subscribe", *, exp_in_s: int = 3600, secret: str = SECRET) -> str:
+    """A token as a backend holding ``GATEWAY_SECRET`` mints it (protocol.md, Tokens)."""
+    claims = {"sub": task_id, "scope": scope, "exp": int(time.time()) + exp_in_s}
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+async def create_task(
+    gw: Running,
+    task_id: str,
+    *,
+    ttl_ms: int = 600_000,
+    max_attempts: int = 3,
+    api_key: str | None = None,
+) -> dict[str, Any]:
+    """Create a task; returns the answer (``task``, ``callbackToken``, ``subscribeToken``)."""
+    answer = await gw.client.post(
+        "/v1/tasks",
+        json={"id": task_id, "ttlMs": ttl_ms, "maxAttempts": max_attempts},
+        headers=bearer(api_key) if api_key else None,
+    )
+    assert answer.status_code == 201, answer.text
+    return dict(answer.json())
+
+
+async def post_event(gw: Running, task_id: str, token: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Post one callback; asserts a 200 and returns the answer."""
+    answer = await gw.client.post(
+        f"/v1/tasks/{task_id}/callbacks", json={"event": event}, headers=bearer(token)
+    )
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+async def get_task(gw: Running, task_id: str, token: str | None = None) -> dict[str, Any]:
+    answer = await gw.client.get(f"/v1/tasks/{task_id}", headers=bearer(token) if token else None)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def task_from_json(data: dict[str, Any]) -> Task:
+    return Task(
+        id=data["id"],
+        state=data["state"],
+        expires_at_ms=data["expiresAtMs"],
+        attempts=data["attempts"],
+        max_attempts=data["maxAttempts"],
+        progress=data["progress"],
+        version=data["version"],
+        result_ref=data.get("resultRef"),
+        result_hash=data.get("resultHash"),
+        error=data.get("error"),
+    )
+
+
+def replay(task: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
+    """The task (JSON) after one history entry's event, by the pure state machine."""
+    return task_to_json(apply_event(task_from_json(task), event_from_json(event)).task)
+
+
+class StreamCheck:
+    """Checks one subscription's frames against the ordering guarantee, as they arrive.
+
+    ``cursor`` is the cursor the subscription was opened with; ``base`` the task the client held at that
+    cursor, when it holds one (then a ``delta`` is replayed on it); ``retention`` the gateway's
+    ``retention_versions``, to check the resume frame's choice.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        cursor: int,
+        *,
+        base: dict[str, Any] | None = None,
+        retention: int | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.cursor = cursor
+        self.retention = retention
+        self.task: dict[str, Any] | None = base
+        self.version = cursor
+        self.resume: dict[str, Any] | None = None
+        self.types: list[str] = []
+        self.event_versions: list[int] = []
+        self.conflated = 0
+
+    def feed(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("type")
+        where = f"{self.task_id} after {self.types[-3:]} at version {self.version}"
+        assert frame.get("taskId") == self.task_id, (where, frame)
+        assert kind in (*RESUME_TYPES, "event"), (where, frame)
+        version = frame["version"]
+        assert isinstance(version, int), (where, frame)
+        assert frame["task"]["version"] == version, (where, frame)
+        assert frame["task"]["id"] == self.task_id, (where, frame)
+        if self.resume is None:
+            self._resume(frame)
+        elif kind == "event":
+            assert version == self.version + 1, f"gap, repeat or reorder: {where}, got event {version}"
+            assert self.task is not None
+            assert replay(self.task, frame["event"]) == frame["task"], (where, frame)
+            self.event_versions.append(version)
+        else:
+            assert kind == "snapshot" and frame.get("reason") == "conflated", (where, frame)
+            assert version > self.version, (where, frame)
+            self.conflated += 1
+        self.types.append(kind)
+        self.version = version
+        self.task = frame["task"]
+
+    def _resume(self, frame: dict[str, Any]) -> None:
+        kind, version, cursor = frame["type"], frame["version"], self.cursor
+        assert kind in RESUME_TYPES, f"{self.task_id}: the first frame must be a resume frame, got {frame}"
+        self.resume = frame
+        if kind == "caught-up":
+            assert version == cursor, frame
+        elif kind == "delta":
+            assert cursor < version, frame
+            if self.retention is not None:
+                assert version - cursor <= self.retention, frame
+            events = frame["events"]
+            assert [e["version"] for e in events] == list(range(cursor + 1, version + 1)), frame
+            if self.task is not None:
+                task = self.task
+                for e in events:
+                    task = replay(task, e["event"])
+                assert task == frame["task"], (task, frame)
+        else:
+            reason = frame.get("reason")
+            if reason == "cursor-ahead":
+                assert cursor > version, frame
+            else:
+                assert reason == "retention", frame
+                assert cursor < version, frame
+                if self.retention is not None:
+                    assert version - cursor > self.retention, frame
+
+    def assert_final(self, task: dict[str, Any]) -> None:
+        """The client ends holding exactly ``task``, at its version."""
+        assert self.task == task, (self.task_id, self.task, task)
+        assert self.version == task["version"]
+
+
+def loads(raw: str | bytes) -> dict[str, Any]:
+    frame = orjson.loads(raw)
+    assert isinstance(frame, dict), frame
+    return frame
+
+
+async def recv_frame(ws: ClientConnection, within_s: float = STEP_S) -> dict[str, Any]:
+    with anyio.fail_after(within_s):
+        return loads(await ws.recv())
+
+
+async def read_to_close(ws: ClientConnection, check: StreamCheck | None = None) -> int | None:
+    """Read (and check) frames until the server closes; returns the close code (1006: no close frame).
+
+    Bounded by the caller's deadline."""
+    try:
+        async for raw in ws:
+            if check is not None:
+                check.feed(loads(raw))
+    except ConnectionClosed:
+        pass
+    return ws.close_code
+
+
+async def closed_with(
+    ws: ClientConnection, within_s: float = STEP_S
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Every frame until the close, and the close code."""
+    frames: list[dict[str, Any]] = []
+    with anyio.fail_after(within_s):
+        try:
+            async for raw in ws:
+                frames.append(loads(raw))
+        except ConnectionClosed:
+            pass
+    return frames, ws.close_code
+
+
+@asynccontextmanager
+async def socket(url: str, **kwargs: Any) -> AsyncIterator[ClientConnection]:
+    """A client socket with bounded opening and closing, for tests."""
+    kwargs.setdefault("open_timeout", STEP_S)
+    kwargs.setdefault("close_timeout", 2)
+    async with connect(url, **kwargs) as ws:
+        yield ws
+
+
+async def wait_until(predicate: Callable[[], bool], within_s: float = STEP_S) -> None:
+    """Poll a cheap in-process predicate on the hub's state until it holds; fails after ``within_s``.
+
+    The hub offers no event for "a connection was let go" (only :meth:`Hub.idle`, for none left), so this
+    polls; it waits for the condition itself, never for a guessed duration."""
+    with anyio.fail_after(within_s):
+        while not predicate():  # noqa: ASYNC110 (see above)
+            await anyio.sleep(0.01)
+
+
+async def sse_frames(response: httpx.Response) -> AsyncIterator[tuple[str, str | None, dict[str, Any]]]:
+    """``(event name, id, data)`` of each SSE event of a streaming response; comments are skipped."""
+    name: str | None = None
+    ident: str | None = None
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data:
+                assert name is not None, "every frame is an SSE event named by its type"
+                yield name, ident, loads("\n".join(data))
+            name, ident, data = None, None, []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                name = value
+            elif field == "id":
+                ident = value
+            elif field == "data":
+                data.append(value)
