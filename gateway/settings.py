@@ -30,6 +30,7 @@ _ENV = {
     "subscription_backlog": "GATEWAY_SUBSCRIPTION_BACKLOG",
     "write_timeout_ms": "GATEWAY_WRITE_TIMEOUT_MS",
     "max_subscriptions": "GATEWAY_MAX_SUBSCRIPTIONS",
+    "demo": "GATEWAY_DEMO",
 }
 
 
@@ -59,6 +60,8 @@ class Settings(BaseModel):
     # A socket whose write makes no progress for this long is closed with 4008 (slow consumer).
     write_timeout_ms: int = Field(10_000, ge=1)
     max_subscriptions: int = Field(1000, ge=1)
+    # Demo tasks on the dashboard: None means "on where the management API is open" (open mode).
+    demo: bool | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
@@ -92,6 +95,10 @@ class Settings(BaseModel):
                 f"refusing to bind {self.host} without GATEWAY_API_KEY: with no API key the management "
                 "API is open, which is only allowed on a loopback address (127.0.0.1, ::1, localhost)"
             )
+
+    @property
+    def demo_enabled(self) -> bool:
+        return self.open_mode if self.demo is None else self.demo
 
     @property
     def is_sqlite(self) -> bool:

@@ -10,16 +10,19 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
+from anyio.abc import TaskGroup
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.book import Book
 from gateway.bus import Bus, LocalBus
+from gateway.demo import run_demo_worker
 from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Unavailable
 from gateway.hub import Hub
 from gateway.metrics import Metrics
@@ -34,6 +37,7 @@ from gateway.web.live import live_routes
 log = logging.getLogger("gateway")
 
 Clock = Callable[[], int]
+MAX_DEMO_WORKERS = 50
 
 
 def wall_clock_ms() -> int:
@@ -64,6 +68,23 @@ class Gateway:
             )
         self.tokens = Tokens(secret, grace_s=settings.token_grace_s)
         self.guard = Guard(settings, self.tokens)
+        self.demo_workers = 0
+        self._background: TaskGroup | None = None
+
+    def spawn_demo(self, base_url: str, task_id: str, callback_token: str) -> bool:
+        """Start a simulated worker for a demo task; ``False`` when enough of them run already."""
+        if self._background is None or self.demo_workers >= MAX_DEMO_WORKERS:
+            return False
+        self.demo_workers += 1
+
+        async def run() -> None:
+            try:
+                await run_demo_worker(base_url, task_id, callback_token)
+            finally:
+                self.demo_workers -= 1
+
+        self._background.start_soon(run)
+        return True
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -71,12 +92,14 @@ class Gateway:
         await self.db.open()
         try:
             async with anyio.create_task_group() as tg:
+                self._background = tg
                 tg.start_soon(self.hub.watch_writes, self.settings.write_timeout_ms / 1000)
                 if self.settings.sweep_interval_ms > 0:
                     tg.start_soon(
                         run_sweeper, self.book, self.settings.sweep_interval_ms / 1000, self.metrics
                     )
                 yield
+                self._background = None
                 tg.cancel_scope.cancel()
         finally:
             await self.db.close()
@@ -104,6 +127,14 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         },
     )
     app.state.gateway = gw
+    if settings is not None and settings.allowed_origins:
+        # Pages on the allowed origins may import gateway-client.js and read SSE streams and task state.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=["GET"],
+            allow_headers=["Authorization", "Last-Event-ID"],
+        )
     app.add_middleware(_CountRequests, metrics=gw.metrics)
     return app
 

@@ -14,7 +14,8 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
+from gateway.errors import InvalidRequest, NotFound, PayloadTooLarge, Unavailable
 from gateway.machine import is_blank, task_to_json
 from gateway.web import wire
 
@@ -123,6 +124,23 @@ def routes(gw: Gateway) -> list[Route | Mount]:
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def demo_status(request: Request) -> Response:
+        return JSON({"enabled": settings.demo_enabled})
+
+    async def start_demo(request: Request) -> Response:
+        if not settings.demo_enabled:
+            raise NotFound(f"no route {request.url.path}")
+        task, _ = await book.create(f"demo-{uuid.uuid4().hex[:12]}", DEMO_TTL_MS, DEMO_MAX_ATTEMPTS)
+        callback_token = gw.tokens.issue(task.id, "callback", DEMO_TTL_MS)
+        # The simulated worker reports through the public callback API, like any worker.
+        if not gw.spawn_demo(str(request.base_url), task.id, callback_token):
+            raise Unavailable("too many demo tasks are running; try again in a moment")
+        answer = {
+            "task": task_to_json(task),
+            "subscribeToken": gw.tokens.issue(task.id, "subscribe", DEMO_TTL_MS),
+        }
+        return JSON(answer, status_code=201)
+
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
@@ -135,6 +153,8 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         Route("/v1/tasks/{task_id}/callbacks", callback, methods=["POST"]),
         Route("/v1/tasks/{task_id}/deliveries", deliver, methods=["POST"]),
         Route("/v1/notifications/drain", drain, methods=["POST"]),
+        Route("/v1/demo", demo_status, methods=["GET"]),
+        Route("/v1/demo/tasks", start_demo, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),

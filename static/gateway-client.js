@@ -1,0 +1,397 @@
+/**
+ * gateway-client.js: live task state from a task-gateway, for any web app (an ES module, no
+ * dependencies, no build step).
+ *
+ * The core uses only `WebSocket` (and `EventSource` for the SSE fallback), so it runs in a page, a
+ * worker or a React Native app. Browser habits (reconnect at once when the network comes back or the
+ * page becomes visible) live in `watchBrowser`, apart from the core.
+ *
+ *     import { GatewayClient, watchBrowser } from "https://gateway.example/static/gateway-client.js";
+ *     const client = new GatewayClient("https://gateway.example");
+ *     watchBrowser(client);
+ *     client.onState((state) => console.log(state));        // connecting, connected, reconnecting, offline
+ *     const stop = client.subscribe(taskId, subscribeToken, (frame, task) => render(task));
+ *
+ * Every frame handed to a listener is exactly what the gateway sent, in order: the resume frame
+ * (`caught-up`, `delta` or `snapshot`) then `event` frames at version last + 1. The client checks that,
+ * resubscribes from its cursor on a gap, and keeps each cursor in `sessionStorage` so a reloaded page
+ * resumes where it was.
+ *
+ * @module gateway-client
+ */
+
+const TERMINAL = new Set(["succeeded", "failed", "expired"]);
+const RESUME = new Set(["caught-up", "delta", "snapshot"]);
+const FATAL = new Set(["unauthorized", "forbidden", "unknown-task", "invalid-request"]);
+const STORAGE_PREFIX = "task-gateway:cursor:";
+
+/**
+ * @typedef {object} Task  The gateway's task: id, state, expiresAtMs, attempts, maxAttempts, progress,
+ *   version, resultRef?, resultHash?, error?
+ * @typedef {object} Frame  A server frame: {type, taskId, version, task, event?, events?, reason?}
+ * @typedef {(frame: Frame, task: Task) => void} FrameListener
+ * @typedef {"connecting"|"connected"|"reconnecting"|"offline"} ConnectionState
+ */
+
+/**
+ * @typedef {object} ClientOptions
+ * @property {typeof WebSocket} [WebSocket]  the WebSocket class (default: the global one)
+ * @property {typeof EventSource | null} [EventSource]  for the SSE fallback (default: the global one)
+ * @property {Storage | null} [storage]  where cursors survive a reload (default: sessionStorage)
+ * @property {number} [backoffBaseMs=250]  first reconnect wait (full jitter: uniform in [0, wait])
+ * @property {number} [backoffCapMs=10000]  longest reconnect wait
+ * @property {number} [sseAfterFailures=2]  WebSocket attempts that never opened before falling back to SSE
+ * @property {number} [heartbeatMs=25000]  app-level ping period; a socket silent for twice this is dropped
+ * @property {() => number} [random]  for tests
+ */
+
+export class GatewayClient {
+  /**
+   * @param {string} baseUrl  the gateway, e.g. "https://gateway.example" (http(s) or ws(s))
+   * @param {ClientOptions} [options]
+   */
+  constructor(baseUrl, options = {}) {
+    this.baseUrl = String(baseUrl).replace(/\/+$/, "");
+    this.WebSocket = options.WebSocket ?? globalThis.WebSocket;
+    this.EventSource = options.EventSource === undefined ? globalThis.EventSource ?? null : options.EventSource;
+    this.storage = options.storage === undefined ? safeSessionStorage() : options.storage;
+    this.backoffBaseMs = options.backoffBaseMs ?? 250;
+    this.backoffCapMs = options.backoffCapMs ?? 10000;
+    this.sseAfterFailures = options.sseAfterFailures ?? 2;
+    this.heartbeatMs = options.heartbeatMs ?? 25000;
+    this.random = options.random ?? Math.random;
+    /** @type {"websocket"|"sse"} */
+    this.transport = "websocket";
+    /** @type {ConnectionState} */
+    this.state = "connecting";
+    this.online = true;
+    this._subs = new Map();
+    this._stateListeners = new Set();
+    this._ws = null;
+    this._failures = 0;
+    this._everOpened = false;
+    this._timer = null;
+    this._heartbeat = null;
+    this._lastHeard = 0;
+    this._closed = false;
+  }
+
+  /**
+   * Watch one task. `onFrame` gets every frame of it, in order, with the task state after the frame.
+   * @param {string} taskId
+   * @param {string | null} token  the task's subscribe token (null where the gateway runs open)
+   * @param {FrameListener} onFrame
+   * @param {{cursor?: number, onError?: (error: {code: string, message: string}) => void}} [options]
+   * @returns {() => void}  stops watching
+   */
+  subscribe(taskId, token, onFrame, options = {}) {
+    const kept = this._loadCursor(taskId);
+    const sub = {
+      taskId,
+      token,
+      onFrame,
+      onError: options.onError ?? null,
+      cursor: options.cursor ?? kept ?? 0,
+      awaiting: true,
+      done: false,
+      task: null,
+      source: null,
+      resumeMode: null,
+    };
+    this._subs.set(taskId, sub);
+    if (this.transport === "sse") {
+      this._openSse(sub);
+    } else if (this._ws && this._ws.readyState === 1) {
+      this._sendSubscribe(sub);
+    } else {
+      this._connect();
+    }
+    return () => this.unsubscribe(taskId);
+  }
+
+  /** @param {string} taskId */
+  unsubscribe(taskId) {
+    const sub = this._subs.get(taskId);
+    if (!sub) return;
+    this._subs.delete(taskId);
+    if (sub.source) sub.source.close();
+    if (this._ws && this._ws.readyState === 1 && !sub.done) {
+      this._ws.send(JSON.stringify({ type: "unsubscribe", taskId }));
+    }
+  }
+
+  /** The cursor (last version applied) of a task, or null. @param {string} taskId */
+  cursor(taskId) {
+    const sub = this._subs.get(taskId);
+    return sub ? sub.cursor : this._loadCursor(taskId);
+  }
+
+  /**
+   * Be told of connection state changes. @param {(state: ConnectionState) => void} listener
+   * @returns {() => void}
+   */
+  onState(listener) {
+    this._stateListeners.add(listener);
+    return () => this._stateListeners.delete(listener);
+  }
+
+  /** Tell the client whether the network is up (watchBrowser does this from `online`/`offline`). */
+  setOnline(online) {
+    this.online = online;
+    if (!online) {
+      this._setState("offline");
+    } else {
+      this.reconnectNow();
+    }
+  }
+
+  /** Reconnect at once instead of waiting out the backoff (the network came back, the page is visible). */
+  reconnectNow() {
+    if (this._closed) return;
+    this._failures = 0;
+    if (this.transport === "sse") {
+      for (const sub of this._subs.values()) if (!sub.done && !sub.source) this._openSse(sub);
+      return;
+    }
+    if (this._ws && this._ws.readyState === 1) {
+      this._ping(); // make sure the socket is still alive after a sleep
+      return;
+    }
+    this._connect();
+  }
+
+  /** Close everything; the client does not reconnect after this. */
+  close() {
+    this._closed = true;
+    clearTimeout(this._timer);
+    clearInterval(this._heartbeat);
+    if (this._ws) this._ws.close(1000);
+    for (const sub of this._subs.values()) if (sub.source) sub.source.close();
+  }
+
+  // --- WebSocket ------------------------------------------------------------------------------------
+
+  _wsUrl() {
+    return this.baseUrl.replace(/^http/, "ws") + "/v1/ws";
+  }
+
+  _connect() {
+    if (this._closed || !this.online) return;
+    clearTimeout(this._timer);
+    this._timer = null;
+    if (this._ws && this._ws.readyState <= 1) return; // connecting or open
+    if (![...this._subs.values()].some((s) => !s.done)) return;
+    this._setState(this._everOpened ? "reconnecting" : "connecting");
+    let ws;
+    try {
+      ws = new this.WebSocket(this._wsUrl());
+    } catch (error) {
+      this._dropped(null);
+      return;
+    }
+    this._ws = ws;
+    let opened = false;
+    ws.onopen = () => {
+      opened = true;
+      this._everOpened = true;
+      this._lastHeard = Date.now();
+      this._setState("connected");
+      for (const sub of this._subs.values()) if (!sub.done) this._sendSubscribe(sub);
+      clearInterval(this._heartbeat);
+      this._heartbeat = setInterval(() => this._ping(), this.heartbeatMs);
+    };
+    ws.onmessage = (message) => {
+      this._lastHeard = Date.now();
+      let frame;
+      try {
+        frame = JSON.parse(message.data);
+      } catch {
+        return;
+      }
+      this._onFrame(frame, (sub) => this._sendSubscribe(sub));
+    };
+    ws.onclose = () => {
+      if (this._ws !== ws) return;
+      this._ws = null;
+      clearInterval(this._heartbeat);
+      this._dropped(opened);
+    };
+    ws.onerror = () => {}; // onclose follows
+  }
+
+  _ping() {
+    const ws = this._ws;
+    if (!ws || ws.readyState !== 1) return;
+    if (Date.now() - this._lastHeard > 2 * this.heartbeatMs) {
+      ws.close(4000); // silent too long: a dead peer
+      return;
+    }
+    ws.send('{"type":"ping"}');
+  }
+
+  _sendSubscribe(sub) {
+    sub.awaiting = true;
+    const message = { type: "subscribe", taskId: sub.taskId, cursor: sub.cursor };
+    if (sub.token) message.token = sub.token;
+    this._ws.send(JSON.stringify(message));
+  }
+
+  _dropped(opened) {
+    if (this._closed) return;
+    this._failures = opened ? 0 : this._failures + 1;
+    if (!this._everOpened && this._failures >= this.sseAfterFailures && this.EventSource) {
+      this._fallBackToSse(); // the WebSocket never got through: a network that blocks it
+      return;
+    }
+    if (!this.online) {
+      this._setState("offline");
+      return;
+    }
+    this._setState("reconnecting");
+    const wait = Math.min(this.backoffCapMs, this.backoffBaseMs * 2 ** this._failures) * this.random();
+    this._timer = setTimeout(() => this._connect(), wait);
+  }
+
+  // --- SSE fallback --------------------------------------------------------------------------------
+
+  _fallBackToSse() {
+    this.transport = "sse";
+    for (const sub of this._subs.values()) if (!sub.done) this._openSse(sub);
+  }
+
+  _openSse(sub) {
+    if (sub.source) sub.source.close();
+    const query = new URLSearchParams({ cursor: String(sub.cursor) });
+    if (sub.token) query.set("token", sub.token);
+    const url = `${this.baseUrl}/v1/tasks/${encodeURIComponent(sub.taskId)}/stream?${query}`;
+    const source = new this.EventSource(url);
+    sub.source = source;
+    sub.awaiting = true;
+    this._setState("connecting");
+    const reopen = () => {
+      // A gap: start a fresh stream from the cursor we hold.
+      source.close();
+      sub.source = null;
+      this._openSse(sub);
+    };
+    const handle = (message) => {
+      let frame;
+      try {
+        frame = JSON.parse(message.data);
+      } catch {
+        return;
+      }
+      this._setState("connected");
+      this._onFrame(frame, reopen);
+      if (sub.done) {
+        source.close();
+        sub.source = null;
+      }
+    };
+    for (const type of ["caught-up", "delta", "snapshot", "event"]) source.addEventListener(type, handle);
+    source.onerror = () => {
+      // EventSource reconnects by itself with Last-Event-ID; a closed one (HTTP error) is reopened later.
+      if (sub.done || this._closed) return;
+      this._setState(this.online ? "reconnecting" : "offline");
+      if (source.readyState === 2) {
+        sub.source = null;
+        const wait = Math.min(this.backoffCapMs, this.backoffBaseMs * 2 ** 3) * this.random();
+        this._timer = setTimeout(() => sub.done || sub.source || this._openSse(sub), wait);
+      }
+    };
+  }
+
+  // --- frames --------------------------------------------------------------------------------------
+
+  _onFrame(frame, resubscribe) {
+    if (frame.type === "pong") return;
+    const sub = this._subs.get(frame.taskId);
+    if (frame.type === "error") {
+      if (sub && FATAL.has(frame.code)) {
+        sub.done = true;
+        if (sub.onError) sub.onError({ code: frame.code, message: frame.message });
+      }
+      return;
+    }
+    if (!sub || sub.done) return;
+    if (RESUME.has(frame.type)) {
+      if (!sub.awaiting && !(frame.type === "snapshot" && frame.reason === "conflated")) return;
+      sub.awaiting = false;
+      if (frame.reason !== "conflated") sub.resumeMode = frame.type;
+      this._failures = 0;
+    } else if (frame.type === "event") {
+      if (sub.awaiting) return; // sent before our resubscribe; its resume frame covers it
+      if (frame.version !== sub.cursor + 1) {
+        resubscribe(sub);
+        return;
+      }
+    } else {
+      return;
+    }
+    sub.cursor = frame.version;
+    sub.task = frame.task;
+    this._saveCursor(sub.taskId, sub.cursor);
+    if (TERMINAL.has(frame.task.state)) sub.done = true;
+    sub.onFrame(frame, frame.task);
+  }
+
+  _setState(state) {
+    if (this.state === state) return;
+    this.state = state;
+    for (const listener of this._stateListeners) listener(state);
+  }
+
+  _loadCursor(taskId) {
+    if (!this.storage) return null;
+    try {
+      const raw = this.storage.getItem(STORAGE_PREFIX + taskId);
+      const cursor = raw === null ? NaN : Number(raw);
+      return Number.isInteger(cursor) && cursor >= 0 ? cursor : null;
+    } catch {
+      return null;
+    }
+  }
+
+  _saveCursor(taskId, cursor) {
+    if (!this.storage) return;
+    try {
+      this.storage.setItem(STORAGE_PREFIX + taskId, String(cursor));
+    } catch {
+      // storage full or denied: the cursor still lives in memory
+    }
+  }
+}
+
+/**
+ * Browser habits for a client: reconnect at once when the network comes back (`online`) or the page
+ * becomes visible again (`visibilitychange`), and show `offline` while the browser says so.
+ * @param {GatewayClient} client
+ * @param {Window} [win]
+ * @returns {() => void}  removes the listeners
+ */
+export function watchBrowser(client, win = globalThis) {
+  if (!win || typeof win.addEventListener !== "function") return () => {};
+  const doc = win.document;
+  const online = () => client.setOnline(true);
+  const offline = () => client.setOnline(false);
+  const visible = () => {
+    if (!doc || doc.visibilityState === "visible") client.reconnectNow();
+  };
+  win.addEventListener("online", online);
+  win.addEventListener("offline", offline);
+  if (doc) doc.addEventListener("visibilitychange", visible);
+  if (win.navigator && win.navigator.onLine === false) client.setOnline(false);
+  return () => {
+    win.removeEventListener("online", online);
+    win.removeEventListener("offline", offline);
+    if (doc) doc.removeEventListener("visibilitychange", visible);
+  };
+}
+
+function safeSessionStorage() {
+  try {
+    return globalThis.sessionStorage ?? null;
+  } catch {
+    return null; // denied (sandboxed frame, privacy mode)
+  }
+}
