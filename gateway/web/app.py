@@ -127,11 +127,11 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         },
     )
     app.state.gateway = gw
-    if settings is not None and settings.allowed_origins:
+    if gw.settings.allowed_origins:
         # Pages on the allowed origins may import gateway-client.js and read SSE streams and task state.
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=list(settings.allowed_origins),
+            allow_origins=list(gw.settings.allowed_origins),
             allow_methods=["GET"],
             allow_headers=["Authorization", "Last-Event-ID"],
         )
