@@ -338,6 +338,10 @@ class Book:
 async def _select_task(
     conn: AsyncConnection, task_id: str, missing: str | None = None, *, lock: bool = False
 ) -> Any:
+    if "\x00" in task_id:  # no task has one (create refuses it), and PostgreSQL text cannot hold it
+        if missing is not None:
+            raise UnknownTask(missing)
+        return None
     query = select(tasks).where(tasks.c.id == task_id)
     if lock:
         query = query.with_for_update()

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -58,6 +59,14 @@ def _milliseconds(value: Any) -> int:
     return int(number)
 
 
+def _text(value: str) -> str:
+    if "\x00" in value:
+        # PostgreSQL text cannot hold U+0000; refused on every backend alike.
+        raise PydanticCustomError("nul_character", "must not contain the NUL character (U+0000)")
+    return value
+
+
+Text = Annotated[StrictStr, AfterValidator(_text)]
 Number = Annotated[float, PlainValidator(_number)]
 StoredCount = Annotated[float, PlainValidator(_stored_count)]
 Milliseconds = Annotated[int, PlainValidator(_milliseconds)]
@@ -68,14 +77,14 @@ class _Body(BaseModel):
 
 
 class CreateBody(_Body):
-    id: Annotated[StrictStr, Field(max_length=128)] | None = None
+    id: Annotated[Text, Field(max_length=128)] | None = None
     ttlMs: Milliseconds
     maxAttempts: StoredCount
 
 
 class StartBody(_Body):
     type: Literal["start"]
-    worker: StrictStr
+    worker: Text
 
     def at(self, at_ms: int) -> Event:
         return Start(at_ms, self.worker)
@@ -84,7 +93,7 @@ class StartBody(_Body):
 class ProgressBody(_Body):
     type: Literal["progress"]
     progress: Number
-    cursor: StrictStr
+    cursor: Text
 
     def at(self, at_ms: int) -> Event:
         return Progress(at_ms, self.progress, self.cursor)
@@ -92,8 +101,8 @@ class ProgressBody(_Body):
 
 class SucceedBody(_Body):
     type: Literal["succeed"]
-    resultRef: StrictStr
-    resultHash: StrictStr
+    resultRef: Text
+    resultHash: Text
 
     def at(self, at_ms: int) -> Event:
         return Succeed(at_ms, self.resultRef, self.resultHash)
@@ -101,7 +110,7 @@ class SucceedBody(_Body):
 
 class FailBody(_Body):
     type: Literal["fail"]
-    error: StrictStr
+    error: Text
     retryable: StrictBool
 
     def at(self, at_ms: int) -> Event:
@@ -113,7 +122,7 @@ EventBody = Annotated[StartBody | ProgressBody | SucceedBody | FailBody, Field(d
 
 
 class CallbackBody(_Body):
-    callbackId: Annotated[StrictStr, Field(max_length=256)] | None = None
+    callbackId: Annotated[Text, Field(max_length=256)] | None = None
     attempt: StrictInt | None = None
     event: EventBody
 
