@@ -42,7 +42,7 @@ Clock = Callable[[], int]
 OnCommit = Callable[[Task, Entry, bytes], None]
 
 # The longest a database operation may take before it is abandoned (answered as 503 unavailable).
-DB_DEADLINE_S = 30.0
+DB_DEADLINE_S = 10.0
 
 
 P = ParamSpec("P")

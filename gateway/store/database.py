@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import IO, Any
 
+import anyio
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -45,7 +46,8 @@ class Database:
         self._lock_file: IO[str] | None = None
         kwargs: dict[str, Any] = {}
         if not self.is_sqlite:
-            kwargs.update(pool_size=10, max_overflow=10, pool_timeout=10)
+            # A database that does not answer is noticed in seconds, not asyncpg's default minute.
+            kwargs.update(pool_size=10, max_overflow=10, pool_timeout=10, connect_args={"timeout": 5})
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
@@ -81,9 +83,11 @@ class Database:
         async with self.engine.connect() as conn:
             yield conn
 
-    async def ping(self) -> None:
-        async with self.engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
+    async def ping(self, deadline_s: float = 3.0) -> None:
+        """``SELECT 1``, answered within ``deadline_s`` or ``TimeoutError`` (readiness probes wait less)."""
+        with anyio.fail_after(deadline_s, shield=True):
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
 
     def _lock_sqlite_file(self) -> None:
         database = make_url(self.url).database

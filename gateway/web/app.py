@@ -161,8 +161,18 @@ async def _database_error(request: Request, exc: Exception) -> Response:
     return await _gateway_error(request, Unavailable("the database is unreachable; nothing was written"))
 
 
+# SQLSTATE classes of a database that cannot serve now: connection exceptions (08), insufficient resources
+# (53), operator intervention such as a shutdown (57); and "not accepting connections" (55000) and a
+# database that does not exist (3D000).
+_UNAVAILABLE_CLASSES = ("08", "53", "57")
+_UNAVAILABLE_STATES = ("55000", "3D000")
+
+
 def _is_connection_problem(exc: DBAPIError) -> bool:
-    return exc.connection_invalidated or type(exc).__name__ in ("OperationalError", "InterfaceError")
+    if exc.connection_invalidated or type(exc).__name__ in ("OperationalError", "InterfaceError"):
+        return True
+    state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    return isinstance(state, str) and (state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

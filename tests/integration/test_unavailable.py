@@ -1,0 +1,390 @@
+"""A gateway whose PostgreSQL database becomes unreachable answers ``503 unavailable`` with ``Retry-After``
+(protocol.md: never a 500, never a hang), writes nothing, and recovers by itself once the database is back.
+
+Two honest ways to lose the database, both from outside the gateway:
+
+- the database refuses connections: ``ALTER DATABASE ... ALLOW_CONNECTIONS false`` and every open
+  connection terminated (what an administrator, a failover or a restart does to a pool);
+- the network path goes away: the gateway reaches PostgreSQL through a TCP relay in the test, which stops
+  listening (connection refused) or swallows traffic without answering (a partition).
+
+Every request is bounded in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.support import PG_ADMIN_URL, Running, postgres_database, running_gateway
+
+pytestmark = pytest.mark.postgres
+
+# How long one request may take while the database is down: an answer, not a hang.
+REQUEST_BOUND_S = 10.0
+# A partition swallows packets without an error: only the gateway's deadline on a database operation
+# (10 s) ends the wait. A readiness probe must answer faster than a probe's timeout.
+PARTITION_BOUND_S = 15.0
+PROBE_BOUND_S = 5.0
+# How long the gateway may take to notice that the database is back.
+RECOVERY_BOUND_S = 20.0
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+# --- the database refuses connections -----------------------------------------------------------------------
+
+
+def _database_name(url: str) -> str:
+    return url.rsplit("/", 1)[1]
+
+
+async def _admin(sql: str, *args: Any) -> None:
+    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
+    try:
+        await conn.execute(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def allow_connections(name: str, allowed: bool) -> None:
+    await _admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
+    if not allowed:
+        await _admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            name,
+        )
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with postgres_database() as url:
+        try:
+            yield url
+        finally:
+            # Whatever the test did, let connections in again before the database is dropped.
+            asyncio.run(allow_connections(_database_name(url), True))
+
+
+# --- the network path goes away -----------------------------------------------------------------------------
+
+
+class Relay:
+    """A TCP relay to PostgreSQL on a port of its own. ``up()`` relays; ``refuse()`` drops every connection
+    and stops listening (connection refused); ``blackhole()`` keeps connections open and accepts new ones,
+    but passes nothing either way (a network partition)."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self.mode = "up"
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def up(self) -> None:
+        self.mode = "up"
+        if self._server is None:
+            await self.start()
+
+    async def refuse(self) -> None:
+        self.mode = "refuse"
+        await self._stop_listening()
+        self._drop_all()
+
+    def blackhole(self) -> None:
+        self.mode = "blackhole"
+
+    async def close(self) -> None:
+        await self._stop_listening()
+        self._drop_all()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _stop_listening(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _drop_all(self) -> None:
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.add(up_writer)
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.ensure_future(self._pipe(source, sink))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                if self.mode == "blackhole":
+                    continue  # swallowed: the peer hears nothing
+                sink.write(data)
+                await sink.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            sink.transport.abort()
+            self._writers.discard(sink)
+
+
+@asynccontextmanager
+async def relayed(url: str) -> AsyncIterator[tuple[Relay, str]]:
+    """A relay to the database of ``url``, and the URL that goes through it."""
+    parsed = make_url(url)
+    relay = Relay(parsed.host or "127.0.0.1", parsed.port or 5432)
+    await relay.start()
+    try:
+        yield relay, parsed.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
+    finally:
+        await relay.close()
+
+
+# --- the checks --------------------------------------------------------------------------------------------
+
+
+Request = Callable[[], Awaitable[httpx.Response]]
+
+
+async def timed(request: Request) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    with anyio.fail_after(REQUEST_BOUND_S):
+        answer = await request()
+    return answer, time.monotonic() - started
+
+
+def problems(answer: httpx.Response, what: str) -> list[str]:
+    """Why ``answer`` is not a proper ``503 unavailable`` (empty when it is)."""
+    found: list[str] = []
+    if answer.status_code != 503:
+        found.append(f"{what}: status {answer.status_code}: {answer.text[:200]}")
+        return found
+    if answer.json().get("error", {}).get("code") != "unavailable":
+        found.append(f"{what}: body {answer.text[:200]}")
+    retry_after = answer.headers.get("retry-after")
+    if retry_after is None or not retry_after.isdigit() or int(retry_after) < 1:
+        found.append(f"{what}: Retry-After {retry_after!r}")
+    return found
+
+
+class Scenario:
+    """A task with a history, the requests to try while the database is down, and the checks after."""
+
+    def __init__(self, gw: Running) -> None:
+        self.gw = gw
+        self.progress = {"callbackId": "p-40", "event": {"type": "progress", "progress": 40, "cursor": "r40"}}
+        self.cb: dict[str, str] = {}
+        self.before_task: dict[str, Any] = {}
+        self.before_events: dict[str, Any] = {}
+
+    async def prepare(self) -> None:
+        client = self.gw.client
+        made = (
+            await client.post("/v1/tasks", json={"id": "kept", "ttlMs": 600_000, "maxAttempts": 2})
+        ).json()
+        self.cb = bearer(made["callbackToken"])
+        answer = await client.post(
+            "/v1/tasks/kept/callbacks", json={"event": {"type": "start", "worker": "w1"}}, headers=self.cb
+        )
+        assert answer.status_code == 200, answer.text
+        self.before_task = (await client.get("/v1/tasks/kept")).json()
+        self.before_events = (await client.get("/v1/tasks/kept/events", params={"cursor": 0})).json()
+        assert (await client.get("/readyz")).status_code == 200
+
+    def requests(self) -> dict[str, Request]:
+        client = self.gw.client
+        return {
+            "readyz": lambda: client.get("/readyz"),
+            "get": lambda: client.get("/v1/tasks/kept"),
+            "events": lambda: client.get("/v1/tasks/kept/events", params={"cursor": 0}),
+            "callback": lambda: client.post("/v1/tasks/kept/callbacks", json=self.progress, headers=self.cb),
+            "create": lambda: client.post("/v1/tasks", json={"id": "new", "ttlMs": 60_000, "maxAttempts": 1}),
+            "drain": lambda: client.post("/v1/notifications/drain"),
+        }
+
+    async def while_down(self, rounds: int = 3, concurrent: int = 30) -> tuple[list[str], float]:
+        """Every request, several rounds (the first meets the pool's dead connections, the later ones a
+        database that cannot be reached), then many callbacks at once; returns what was wrong and the
+        slowest answer."""
+        found: list[str] = []
+        slowest = 0.0
+        for _ in range(rounds):
+            for what, request in self.requests().items():
+                answer, took = await timed(request)
+                slowest = max(slowest, took)
+                found += problems(answer, what)
+        answers: list[tuple[httpx.Response, float]] = []
+
+        async def one() -> None:
+            answers.append(await timed(self.requests()["callback"]))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrent):
+                tg.start_soon(one)
+        for answer, took in answers:
+            slowest = max(slowest, took)
+            found += problems(answer, "concurrent callback")
+        health = await self.gw.client.get("/healthz")
+        assert health.status_code == 200, "the process itself stays alive"
+        return found, slowest
+
+    async def recovered(self) -> float:
+        """Wait (bounded) until ready again; then check that nothing was lost or written meanwhile."""
+        client = self.gw.client
+        started = time.monotonic()
+        with anyio.fail_after(RECOVERY_BOUND_S):
+            while (await client.get("/readyz")).status_code != 200:  # noqa: ASYNC110  (polling the server)
+                await anyio.sleep(0.05)
+        took = time.monotonic() - started
+        assert (await client.get("/v1/tasks/kept")).json() == self.before_task
+        assert (await client.get("/v1/tasks/kept/events", params={"cursor": 0})).json() == self.before_events
+        assert (await client.get("/v1/tasks/new")).status_code == 404, "a create that failed wrote nothing"
+        # The callback that failed was not recorded: its id is new, and it applies now.
+        answer = await client.post("/v1/tasks/kept/callbacks", json=self.progress, headers=self.cb)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["duplicateCallback"] is False and answer.json()["changed"] is True
+        assert answer.json()["task"]["version"] == self.before_task["version"] + 1
+        created = await client.post("/v1/tasks", json={"id": "new", "ttlMs": 60_000, "maxAttempts": 1})
+        assert created.status_code == 201, created.text
+        assert (await client.post("/v1/notifications/drain")).status_code == 200
+        return took
+
+
+# --- the tests ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_database_refusing_connections_answers_503(pg_url: str, record_property: Any) -> None:
+    name = _database_name(pg_url)
+    async with running_gateway(pg_url) as gw:
+        scenario = Scenario(gw)
+        await scenario.prepare()
+        await allow_connections(name, False)
+        try:
+            found, slowest = await scenario.while_down()
+        finally:
+            await allow_connections(name, True)
+        record_property("slowest_answer_while_down_s", round(slowest, 3))
+        recovered = await scenario.recovered()
+        record_property("recovered_s", round(recovered, 3))
+        print(f"\nrefusing database: slowest answer {slowest:.3f}s, ready again after {recovered:.3f}s")
+        assert found == []
+
+
+@pytest.mark.anyio
+async def test_database_refusing_connections_recovers_without_loss(pg_url: str) -> None:
+    """The half of the scenario above that holds today: answers stay bounded, no 2xx while down, and the
+    gateway recovers with nothing lost or written."""
+    name = _database_name(pg_url)
+    async with running_gateway(pg_url) as gw:
+        scenario = Scenario(gw)
+        await scenario.prepare()
+        await allow_connections(name, False)
+        try:
+            found, _ = await scenario.while_down(rounds=2, concurrent=10)
+        finally:
+            await allow_connections(name, True)
+        assert all(" status 2" not in f for f in found), found
+        await scenario.recovered()
+
+
+@pytest.mark.anyio
+async def test_network_refused_answers_503_and_recovers(pg_url: str, record_property: Any) -> None:
+    async with relayed(pg_url) as (relay, url), running_gateway(url) as gw:
+        scenario = Scenario(gw)
+        await scenario.prepare()
+        await relay.refuse()
+        try:
+            found, slowest = await scenario.while_down()
+        finally:
+            await relay.up()
+        recovered = await scenario.recovered()
+        record_property("slowest_answer_while_down_s", round(slowest, 3))
+        record_property("recovered_s", round(recovered, 3))
+        print(f"\nconnection refused: slowest answer {slowest:.3f}s, ready again after {recovered:.3f}s")
+        assert found == []
+
+
+async def partitioned(scenario: Scenario, relay: Relay, names: list[str], bound_s: float) -> dict[str, str]:
+    """The named requests, all at once while the network path is swallowing traffic; what was wrong with
+    each (empty when it answered a proper 503 within ``bound_s``). The partition is healed afterwards."""
+    outcomes: dict[str, str] = {}
+    requests = scenario.requests()
+    relay.blackhole()
+    try:
+
+        async def one(what: str) -> None:
+            started = time.monotonic()
+            try:
+                with anyio.fail_after(bound_s):
+                    answer = await requests[what]()
+            except (TimeoutError, httpx.TimeoutException):
+                outcomes[what] = f"{what}: no answer within {time.monotonic() - started:.1f}s"
+            else:
+                took = time.monotonic() - started
+                outcomes[what] = "; ".join(problems(answer, what))
+                print(f"\npartition: {what} answered {answer.status_code} in {took:.1f}s")
+
+        # All at once, so that the test takes one bound, not one per request.
+        async with anyio.create_task_group() as tg:
+            for what in names:
+                tg.start_soon(one, what)
+    finally:
+        # Heal the partition: what was swallowed is lost, so the stalled connections are dropped too.
+        await relay.refuse()
+        await relay.up()
+    return outcomes
+
+
+@pytest.mark.anyio
+async def test_network_partition_answers_503_within_the_database_deadline(pg_url: str) -> None:
+    """A partition (packets swallowed, nothing refused) gives no error to react to: only a deadline ends
+    the wait. The gateway abandons a database operation after 10 s (``DB_DEADLINE_S``) and answers 503."""
+    async with relayed(pg_url) as (relay, url), running_gateway(url) as gw:
+        gw.client.timeout = httpx.Timeout(PARTITION_BOUND_S + 10)
+        scenario = Scenario(gw)
+        await scenario.prepare()
+        names = ["get", "events", "callback", "create", "drain"]
+        outcomes = await partitioned(scenario, relay, names, PARTITION_BOUND_S)
+        await scenario.recovered()
+        assert [o for o in outcomes.values() if o] == []
+
+
+@pytest.mark.anyio
+async def test_readyz_answers_503_quickly_during_a_network_partition(pg_url: str) -> None:
+    async with relayed(pg_url) as (relay, url), running_gateway(url) as gw:
+        scenario = Scenario(gw)
+        await scenario.prepare()
+        outcomes = await partitioned(scenario, relay, ["readyz"], PROBE_BOUND_S)
+        await scenario.recovered()
+        assert [o for o in outcomes.values() if o] == []
