@@ -202,6 +202,8 @@ export class GatewayClient {
     };
     ws.onmessage = (message) => {
       this._lastHeard = Date.now();
+      // The socket outlived an offline spell (or a wake-up): the network is back and it still works.
+      if (this.online && this.state !== "connected") this._setState("connected");
       let frame;
       try {
         frame = JSON.parse(message.data);
@@ -261,6 +263,8 @@ export class GatewayClient {
 
   _openSse(sub) {
     if (sub.source) sub.source.close();
+    sub.source = null;
+    if (this._closed || sub.done || this._subs.get(sub.taskId) !== sub) return; // closed or unsubscribed meanwhile
     const query = new URLSearchParams({ cursor: String(sub.cursor) });
     if (sub.token) query.set("token", sub.token);
     const url = `${this.baseUrl}/v1/tasks/${encodeURIComponent(sub.taskId)}/stream?${query}`;
@@ -297,6 +301,10 @@ export class GatewayClient {
         sub.source = null;
         const wait = Math.min(this.backoffCapMs, this.backoffBaseMs * 2 ** 3) * this.random();
         this._timer = setTimeout(() => sub.done || sub.source || this._openSse(sub), wait);
+      } else {
+        // Reconnecting by itself with Last-Event-ID (the last version we applied): the next frame is the
+        // resume frame of the new stream, which must be applied, not dropped as a stray.
+        sub.awaiting = true;
       }
     };
   }

@@ -190,3 +190,37 @@ class TcpProxy:
         finally:
             self._open.discard(client_w)
             self._open.discard(server_w)
+
+
+# --- tasks a database driver leaves behind -----------------------------------------------------------------
+
+
+def leftover_driver_tasks() -> list[asyncio.Task[Any]]:
+    """Pending asyncio tasks of SQLAlchemy or aiosqlite, other than the current one."""
+    current = asyncio.current_task()
+    found = []
+    for task in asyncio.all_tasks():
+        code = getattr(task.get_coro(), "cr_code", None)
+        filename = code.co_filename if code is not None else ""
+        if task is not current and not task.done() and ("sqlalchemy" in filename or "aiosqlite" in filename):
+            found.append(task)
+    return found
+
+
+async def reap_leftover_driver_tasks(settle_s: float = 1.0) -> list[str]:
+    """Database-driver tasks still pending once every gateway of the test has stopped: given ``settle_s`` to
+    end, then cancelled until they do, since one left pending hangs the event loop's shutdown for ever
+    (``test_stopping_during_a_sweep_leaves_no_driver_task_behind`` checks there are none). Returns their
+    names."""
+    with anyio.move_on_after(settle_s):
+        while leftover_driver_tasks():  # noqa: ASYNC110  (foreign tasks: nothing to wait on but polling)
+            await anyio.sleep(0.01)
+    left = leftover_driver_tasks()
+    names = [task.get_coro().__qualname__ for task in left]  # type: ignore[union-attr]
+    for task in left:
+        for _ in range(20):
+            if task.done():
+                break
+            task.cancel()
+            await anyio.sleep(0.01)
+    return names

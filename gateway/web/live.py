@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 _GONE = -1
 _HEARTBEAT = Frame("heartbeat", -1, "")
 SSE_HEARTBEAT_S = 15.0
+SSE_RETRY_MS = 1000
 # How long a connection cut for not draining keeps its socket, for its 4008 to reach it if it reads again.
 SLOW_CLOSE_GRACE_S = 30.0
 
@@ -216,6 +217,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
 
         timer = loop.call_later(SSE_HEARTBEAT_S, heartbeat)
         try:
+            yield f"retry: {SSE_RETRY_MS}\n\n"  # a dropped stream is retried after 1 s, not the browser's 3
             while True:
                 item = await feed.next()
                 if item is None:

@@ -8,7 +8,6 @@ no second state change for a repeated callback, create, delivery or drain.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,21 +20,10 @@ from sqlalchemy import func, select
 
 from gateway.store.tables import deliveries
 from gateway.sweeper import sweep_once
-from tests.support import FakeClock, Running, running_gateway
+from tests.support import FakeClock, Running, reap_leftover_driver_tasks, running_gateway
 
 # Bounds every burst: a deadlock or a lost wake-up fails the test instead of hanging it.
 BURST_TIMEOUT_S = 60
-
-
-def _leftover_driver_tasks() -> list[asyncio.Task[Any]]:
-    current = asyncio.current_task()
-    found = []
-    for task in asyncio.all_tasks():
-        code = getattr(task.get_coro(), "cr_code", None)
-        filename = code.co_filename if code is not None else ""
-        if task is not current and not task.done() and ("sqlalchemy" in filename or "aiosqlite" in filename):
-            found.append(task)
-    return found
 
 
 @pytest.fixture(autouse=True)
@@ -45,15 +33,7 @@ async def _reap_driver_tasks() -> AsyncIterator[None]:
     test_stopping_during_a_sweep_leaves_no_driver_task_behind guards against it): give such tasks a
     second to end, then cancel them until they do, so that a regression cannot hang the whole run."""
     yield
-    with anyio.move_on_after(1):
-        while _leftover_driver_tasks():  # noqa: ASYNC110  (foreign tasks: nothing to wait on but polling)
-            await anyio.sleep(0.01)
-    for task in _leftover_driver_tasks():
-        for _ in range(20):
-            if task.done():
-                break
-            task.cancel()
-            await anyio.sleep(0.01)
+    await reap_leftover_driver_tasks()
 
 
 class TickingClock(FakeClock):

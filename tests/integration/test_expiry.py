@@ -16,7 +16,6 @@ What is asserted about time (protocol.md, "Time and expiry"; the reference's ``e
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -35,7 +34,12 @@ from sqlalchemy import func, select
 from gateway.store import Database
 from gateway.store.tables import tasks
 from gateway.sweeper import sweep_once
-from tests.support import FakeClock, Running, running_gateway
+from tests.support import (
+    FakeClock,
+    Running,
+    reap_leftover_driver_tasks,
+    running_gateway,
+)
 
 # protocol.md: within 1 s of the deadline. A 300 ms TTL plus that second, with a little room for polling.
 EXPIRY_BOUND_S = 1.3
@@ -43,36 +47,6 @@ POLL_S = 0.01
 
 
 # --- tasks the database driver leaves behind ----------------------------------------------------------------
-
-
-def _leftover_driver_tasks() -> list[asyncio.Task[Any]]:
-    current = asyncio.current_task()
-    found = []
-    for task in asyncio.all_tasks():
-        code = getattr(task.get_coro(), "cr_code", None)
-        filename = code.co_filename if code is not None else ""
-        if task is not current and not task.done() and ("sqlalchemy" in filename or "aiosqlite" in filename):
-            found.append(task)
-    return found
-
-
-async def reap_leftover_driver_tasks(settle_s: float = 1.0) -> list[str]:
-    """Database-driver tasks still pending once every gateway of the test has stopped: given ``settle_s`` to
-    end, then cancelled until they do, since one left pending hangs the event loop's shutdown for ever
-    (``test_stopping_during_a_sweep_leaves_no_driver_task_behind`` checks there are none). Returns their
-    names."""
-    with anyio.move_on_after(settle_s):
-        while _leftover_driver_tasks():  # noqa: ASYNC110  (foreign tasks: nothing to wait on but polling)
-            await anyio.sleep(POLL_S)
-    left = _leftover_driver_tasks()
-    names = [task.get_coro().__qualname__ for task in left]
-    for task in left:
-        for _ in range(20):
-            if task.done():
-                break
-            task.cancel()
-            await anyio.sleep(POLL_S)
-    return names
 
 
 @pytest.fixture(autouse=True)

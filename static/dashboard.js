@@ -1,0 +1,367 @@
+/**
+ * The dashboard served at `/`: each watched task as a card, live over one GatewayClient.
+ *
+ * Tasks come from the link (`/?task=ID&token=T`, repeatable), the form, or the demo button, and are kept
+ * in sessionStorage so that a reloaded page watches them again (the client keeps their cursors there too,
+ * so it resumes with `caught-up` or `delta`, not from 0).
+ *
+ * State for tests and tools is in the DOM: `#connection[data-state][data-transport][data-live]` and
+ * `article.task-card[data-task-id][data-state][data-version][data-progress][data-resume]
+ * [data-resumed-from][data-resumes]`.
+ */
+
+import { GatewayClient, watchBrowser } from "./gateway-client.js";
+
+const TERMINAL = new Set(["succeeded", "failed", "expired"]);
+const RESUME = new Set(["caught-up", "delta", "snapshot"]);
+const LIST_KEY = "task-gateway:dashboard:tasks";
+
+const client = new GatewayClient(location.origin);
+watchBrowser(client);
+
+/** @type {Map<string, Card>} */
+const cards = new Map();
+const $ = (selector) => document.querySelector(selector);
+const connection = $("#connection");
+const tasksEl = $("#tasks");
+const template = $("#task-card");
+// Gateway clock minus ours, learnt from live events, so that "time left" follows the gateway's deadline.
+let clockOffsetMs = 0;
+
+// --- cards ----------------------------------------------------------------------------------------------
+
+class Card {
+  constructor(id, token) {
+    this.id = id;
+    this.token = token || null;
+    this.task = null;
+    this.lastEvent = null; // {version, event}
+    this.resume = null;
+    this.resumedFrom = null;
+    this.resumes = 0;
+    this.error = null;
+    const el = template.content.firstElementChild.cloneNode(true);
+    el.dataset.taskId = id;
+    el.querySelector(".task-id").textContent = id;
+    el.querySelector(".task-id").title = id;
+    el.querySelector(".bar").setAttribute("aria-label", `Progress of ${id}`);
+    const remove = el.querySelector(".remove");
+    remove.setAttribute("aria-label", `Stop watching ${id}`);
+    remove.addEventListener("click", () => removeTask(id));
+    this.el = el;
+    this.startCursor = client.cursor(id) ?? 0;
+    this.stop = client.subscribe(id, this.token, (frame, task) => this.onFrame(frame, task), {
+      onError: (error) => this.onError(error),
+    });
+    this.render();
+  }
+
+  get live() {
+    return !this.error && !(this.task && TERMINAL.has(this.task.state));
+  }
+
+  onFrame(frame, task) {
+    if (RESUME.has(frame.type) && frame.reason !== "conflated") {
+      this.resume = frame.type;
+      this.resumedFrom = this.task ? this.task.version : this.startCursor;
+      this.resumes += 1;
+    }
+    if (frame.type === "event") {
+      this.setLastEvent(frame.version, frame.event);
+      if (typeof frame.event.atMs === "number") clockOffsetMs = frame.event.atMs - Date.now();
+    } else if (frame.type === "delta" && frame.events.length > 0) {
+      const last = frame.events[frame.events.length - 1];
+      this.setLastEvent(last.version, last.event);
+    }
+    this.task = task;
+    if (task.version > 0 && (!this.lastEvent || this.lastEvent.version < task.version)) {
+      this.fetchLastEvent(task.version);
+    }
+    this.render();
+    updateConnection();
+  }
+
+  onError(error) {
+    this.error = error;
+    this.render();
+    updateConnection();
+  }
+
+  setLastEvent(version, event) {
+    if (!this.lastEvent || this.lastEvent.version < version) this.lastEvent = { version, event };
+  }
+
+  /** A resume frame carries the state, not the entry that made it: read that entry once. */
+  async fetchLastEvent(version) {
+    if (this.fetching === version) return;
+    this.fetching = version;
+    try {
+      const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
+      const url = `/v1/tasks/${encodeURIComponent(this.id)}/events?cursor=${version - 1}`;
+      const answer = await fetch(url, { headers });
+      if (!answer.ok) return;
+      const body = await answer.json();
+      for (const entry of body.events ?? []) if (entry.version === version) this.setLastEvent(version, entry.event);
+      this.render();
+    } catch {
+      // only a nicety: the card still shows the task's state
+    }
+  }
+
+  render() {
+    const el = this.el;
+    const task = this.task;
+    const state = this.error ? "error" : task ? task.state : "waiting";
+    el.dataset.state = state;
+    el.dataset.version = task ? String(task.version) : "";
+    el.dataset.progress = task ? String(task.progress) : "";
+    el.dataset.resume = this.resume ?? "";
+    el.dataset.resumedFrom = this.resumedFrom === null ? "" : String(this.resumedFrom);
+    el.dataset.resumes = String(this.resumes);
+    el.querySelector(".state-badge").textContent = this.error ? "error" : task ? task.state : "waiting";
+
+    const progress = task ? task.progress : 0;
+    const bar = el.querySelector(".bar");
+    bar.setAttribute("aria-valuenow", String(progress));
+    bar.setAttribute("aria-valuetext", `${progress}%${task ? `, ${task.state}` : ""}`);
+    el.querySelector(".bar-fill").style.width = `${progress}%`;
+    el.querySelector(".f-progress").textContent = task ? `${progress}%` : "–";
+    el.querySelector(".f-attempts").textContent = task ? `${task.attempts} of ${task.maxAttempts}` : "–";
+    el.querySelector(".f-version").textContent = task ? String(task.version) : "–";
+    el.querySelector(".f-event").textContent = this.lastEvent ? describeEvent(this.lastEvent) : "–";
+    el.querySelector(".f-resume").textContent = this.resume
+      ? `${this.resume} from v${this.resumedFrom}${this.resumes > 1 ? ` (${this.resumes} connects)` : ""}`
+      : "–";
+    this.renderTimeLeft();
+
+    const error = el.querySelector(".card-error");
+    error.hidden = !this.error;
+    error.textContent = this.error ? `${this.error.code}: ${this.error.message}` : "";
+  }
+
+  renderTimeLeft() {
+    const cell = this.el.querySelector(".f-time-left");
+    const task = this.task;
+    if (!task) {
+      cell.textContent = "–";
+    } else if (TERMINAL.has(task.state)) {
+      cell.textContent = task.state === "expired" ? "deadline passed" : "done";
+    } else {
+      const left = task.expiresAtMs - (Date.now() + clockOffsetMs);
+      cell.textContent = left > 0 ? formatDuration(left) : "deadline passed";
+    }
+  }
+}
+
+function describeEvent({ event }) {
+  let text;
+  switch (event.type) {
+    case "start":
+      text = `started by ${event.worker}`;
+      break;
+    case "progress":
+      text = `progress ${event.progress}%${event.cursor ? ` (${event.cursor})` : ""}`;
+      break;
+    case "succeed":
+      text = `succeeded: ${event.resultRef}`;
+      break;
+    case "fail":
+      text = `${event.retryable ? "failed, retryable" : "failed"}: ${event.error}`;
+      break;
+    case "expire":
+      text = "expired at its deadline";
+      break;
+    default:
+      text = String(event.type);
+  }
+  return typeof event.atMs === "number" ? `${text} · ${new Date(event.atMs).toLocaleTimeString()}` : text;
+}
+
+function formatDuration(ms) {
+  const s = Math.ceil(ms / 1000);
+  if (s < 60) return `${s}s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m}m ${String(s % 60).padStart(2, "0")}s`;
+  const h = Math.floor(m / 60);
+  if (h < 48) return `${h}h ${String(m % 60).padStart(2, "0")}m`;
+  return `${Math.floor(h / 24)} days`;
+}
+
+// --- the list of watched tasks --------------------------------------------------------------------------
+
+function addTask(id, token, { save = true } = {}) {
+  id = String(id).trim();
+  token = token ? String(token).trim() : null;
+  if (!id) return null;
+  let card = cards.get(id);
+  if (card && (!token || token === card.token)) {
+    card.el.scrollIntoView({ block: "nearest" });
+    return card;
+  }
+  if (card) {
+    // The same task with another token (say, after a "forbidden"): watch it again with the new one.
+    card.stop();
+    card.el.remove();
+    cards.delete(id);
+  }
+  card = new Card(id, token);
+  cards.set(id, card);
+  tasksEl.prepend(card.el);
+  if (save) saveList();
+  updateEmpty();
+  updateConnection();
+  return card;
+}
+
+function removeTask(id) {
+  const card = cards.get(id);
+  if (!card) return;
+  card.stop();
+  card.el.remove();
+  cards.delete(id);
+  saveList();
+  // A task from the link would come back on reload: take it out of the address too.
+  const params = new URLSearchParams(location.search);
+  const ids = params.getAll("task");
+  const index = ids.indexOf(id);
+  if (index >= 0) {
+    const tokens = params.getAll("token");
+    ids.splice(index, 1);
+    if (index < tokens.length) tokens.splice(index, 1);
+    params.delete("task");
+    params.delete("token");
+    ids.forEach((t, i) => {
+      params.append("task", t);
+      if (i < tokens.length && tokens[i]) params.append("token", tokens[i]);
+    });
+    const query = params.toString();
+    history.replaceState(null, "", query ? `?${query}` : location.pathname);
+  }
+  updateEmpty();
+  updateConnection();
+}
+
+function saveList() {
+  // Oldest first, as they were added, so that a reload puts them back in the same order.
+  const list = [...cards.values()].reverse().map((c) => ({ id: c.id, token: c.token }));
+  try {
+    sessionStorage.setItem(LIST_KEY, JSON.stringify(list));
+  } catch {
+    // storage denied: the page still works, a reload just forgets the list
+  }
+}
+
+function loadList() {
+  try {
+    const list = JSON.parse(sessionStorage.getItem(LIST_KEY) ?? "[]");
+    return Array.isArray(list) ? list.filter((t) => t && typeof t.id === "string") : [];
+  } catch {
+    return [];
+  }
+}
+
+function updateEmpty() {
+  $("#empty").hidden = cards.size > 0;
+}
+
+// --- connection indicator -------------------------------------------------------------------------------
+
+const LABELS = {
+  idle: "Idle",
+  connecting: "Connecting…",
+  connected: "Connected",
+  reconnecting: "Reconnecting…",
+  offline: "Offline",
+};
+
+function updateConnection() {
+  const live = [...cards.values()].filter((c) => c.live).length;
+  let state = client.state;
+  // With nothing to watch the client opens nothing: do not claim to be (re)connecting.
+  if (live === 0 && (state === "connecting" || state === "reconnecting")) state = "idle";
+  connection.dataset.state = state;
+  connection.dataset.transport = client.transport;
+  connection.dataset.live = String(live);
+  connection.querySelector(".label").textContent = LABELS[state] ?? state;
+  connection.querySelector(".transport").textContent =
+    state === "connected" ? (client.transport === "sse" ? "SSE" : "WebSocket") : "";
+  connection.title = `${live} live task${live === 1 ? "" : "s"}; transport: ${client.transport}`;
+}
+
+client.onState(updateConnection);
+
+// --- controls -------------------------------------------------------------------------------------------
+
+function notice(message) {
+  const el = $("#notice");
+  el.textContent = message ?? "";
+  el.hidden = !message;
+}
+
+$("#add-task").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const form = event.currentTarget;
+  const id = form.elements.task.value.trim();
+  if (!id) return;
+  notice(null);
+  addTask(id, form.elements.token.value);
+  form.reset();
+});
+
+const demoButton = $("#start-demo");
+demoButton.addEventListener("click", async () => {
+  demoButton.disabled = true;
+  notice(null);
+  try {
+    const answer = await fetch("/v1/demo/tasks", { method: "POST" });
+    const body = await answer.json().catch(() => ({}));
+    if (!answer.ok) {
+      notice(body.error ? body.error.message : `The demo could not start (HTTP ${answer.status}).`);
+      return;
+    }
+    addTask(body.task.id, body.subscribeToken);
+  } catch {
+    notice("The gateway could not be reached; try again in a moment.");
+  } finally {
+    demoButton.disabled = false;
+  }
+});
+
+async function showDemo() {
+  try {
+    const answer = await fetch("/v1/demo");
+    if (!answer.ok) return;
+    const body = await answer.json();
+    $("#demo").hidden = !body.enabled;
+    document.body.dataset.demo = body.enabled ? "on" : "off";
+  } catch {
+    // no demo: the rest of the page works the same
+  }
+}
+
+// Time left ticks down between frames.
+setInterval(() => {
+  for (const card of cards.values()) card.renderTimeLeft();
+}, 1000);
+
+// --- start ----------------------------------------------------------------------------------------------
+
+function start() {
+  // The link's tasks (`?task=A&token=TA&task=B&token=TB`) and those this tab watched before a reload,
+  // in the order they were added; a token from the link wins.
+  const params = new URLSearchParams(location.search);
+  const tokens = params.getAll("token");
+  const linked = new Map();
+  params.getAll("task").forEach((id, i) => {
+    if (id.trim()) linked.set(id.trim(), tokens[i] || null);
+  });
+  for (const { id, token } of loadList()) addTask(id, linked.get(id) || token, { save: false });
+  for (const [id, token] of linked) if (!cards.has(id)) addTask(id, token, { save: false });
+  saveList();
+  updateEmpty();
+  updateConnection();
+  showDemo();
+  document.body.dataset.ready = "true";
+}
+
+start();

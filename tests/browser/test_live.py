@@ -1,0 +1,157 @@
+"""Live push in the browser through cuts: the WebSocket closed by the server, the browser taken offline,
+WebSockets blocked altogether (the SSE fallback), and the SSE stream cut."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from gateway.client import Worker
+from tests.support import Running
+
+if TYPE_CHECKING:
+    from tests.browser.conftest import Console, Dashboard
+
+pytestmark = pytest.mark.anyio
+
+# A WebSocket that never gets through, as on a network that blocks it: it fails as a real one does
+# (error, then close 1006) a moment after it is made.
+BLOCK_WEBSOCKET = """
+window.__blockedSockets = 0;
+window.WebSocket = class BlockedWebSocket extends EventTarget {
+  static CONNECTING = 0; static OPEN = 1; static CLOSING = 2; static CLOSED = 3;
+  constructor(url) {
+    super();
+    this.url = url;
+    this.readyState = 0;
+    this.onopen = this.onmessage = this.onerror = this.onclose = null;
+    window.__blockedSockets += 1;
+    setTimeout(() => {
+      this.readyState = 3;
+      const error = new Event("error");
+      const close = new CloseEvent("close", { code: 1006, wasClean: false });
+      this.dispatchEvent(error);
+      if (this.onerror) this.onerror(error);
+      this.dispatchEvent(close);
+      if (this.onclose) this.onclose(close);
+    }, 20);
+  }
+  send() { throw new DOMException("the socket is not open", "InvalidStateError"); }
+  close() {}
+};
+"""
+
+
+async def create_task(gw: Running, task_id: str) -> dict[str, Any]:
+    answer = await gw.client.post("/v1/tasks", json={"id": task_id, "ttlMs": 600_000, "maxAttempts": 2})
+    assert answer.status_code == 201, answer.text
+    created: dict[str, Any] = answer.json()
+    return created
+
+
+async def test_socket_cut_and_offline_resume_with_delta(dashboard: Dashboard, console: Console) -> None:
+    gw = dashboard.gw
+    page = dashboard.page
+    connection = dashboard.connection
+    expect = dashboard.expect
+    created = await create_task(gw, "cut-1")
+    await dashboard.open(f"?task=cut-1&token={created['subscribeToken']}")
+    async with Worker(gw.url, "cut-1", created["callbackToken"]) as worker:
+        await worker.start("w1")
+        await worker.progress(10, "p10")
+        await dashboard.wait_card("cut-1", "d.version === '2' && d.resumes === '1'", 10_000)
+        await expect(connection).to_have_attribute("data-state", "connected")
+
+        # 1. The server closes every socket (1012, service restart) while the task runs; an entry is
+        #    committed meanwhile. The indicator says reconnecting; the client resumes from version 2.
+        gw.gateway.hub.shutdown(1012)
+        await worker.progress(20, "p20")
+        await dashboard.wait_card("cut-1", "d.resumes === '2' && d.version === '3'", 10_000)
+        assert "reconnecting" in (await dashboard.seen())["connection"]
+        data = await dashboard.dataset("cut-1")
+        assert data["resumedFrom"] == "2", data
+        # delta when the entry was committed before the new socket subscribed, else caught-up then the
+        # entry live; the offline step below makes the delta certain.
+        assert data["resume"] in ("delta", "caught-up"), data
+        await expect(connection).to_have_attribute("data-state", "connected")
+
+        # 2. The browser goes offline and the socket is cut; two entries are committed while it is away.
+        #    Back online, it resumes with a delta of exactly what it missed.
+        await page.context.set_offline(True)
+        await expect(connection).to_have_attribute("data-state", "offline")
+        gw.gateway.hub.shutdown(1012)
+        await worker.progress(30, "p30")
+        await worker.progress(40, "p40")
+        await page.context.set_offline(False)
+        await dashboard.wait_card("cut-1", "d.resumes === '3' && d.version === '5'", 10_000)
+        data = await dashboard.dataset("cut-1")
+        assert (data["resume"], data["resumedFrom"], data["progress"]) == ("delta", "3", "40"), data
+        await expect(connection).to_have_attribute("data-state", "connected")
+        await expect(dashboard.card("cut-1").locator(".f-resume")).to_contain_text("delta from v3")
+
+        # 3. Offline and back while the socket survives: frames flow again on it, and the indicator
+        #    must not stay "offline".
+        await page.context.set_offline(True)
+        await expect(connection).to_have_attribute("data-state", "offline")
+        await worker.progress(50, "p50")
+        await page.context.set_offline(False)
+        await dashboard.wait_card("cut-1", "d.version === '6'", 10_000)
+        await expect(connection).to_have_attribute("data-state", "connected")
+
+        await worker.succeed("s3://results/cut-1", "sha256:00")
+    await dashboard.wait_card("cut-1", "d.state === 'succeeded' && d.version === '7'", 10_000)
+    await dashboard.assert_matches_server("cut-1")
+    assert (await dashboard.dataset("cut-1"))["resumes"] == "3"
+    await expect(dashboard.card("cut-1").get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
+    console.assert_clean()
+
+
+async def test_sse_fallback_shows_live_progress_to_the_end(dashboard: Dashboard, console: Console) -> None:
+    page = dashboard.page
+    await page.add_init_script(BLOCK_WEBSOCKET)
+    streams: list[str] = []
+    page.on("request", lambda r: streams.append(r.url) if "/stream?" in r.url else None)
+    await dashboard.open()
+    task_id, _ = await dashboard.start_demo()
+
+    await dashboard.expect(dashboard.connection).to_have_attribute("data-transport", "sse")
+    await dashboard.wait_card(task_id, "Number(d.progress) > 0")  # live progress while it runs
+    await dashboard.expect(dashboard.connection).to_have_attribute("data-state", "connected")
+    final = await dashboard.wait_terminal(task_id)
+    await dashboard.assert_matches_server(task_id)
+
+    assert await page.evaluate("window.__blockedSockets") >= 2  # sseAfterFailures WebSocket attempts first
+    assert streams and all(f"/v1/tasks/{task_id}/stream?" in url for url in streams), streams
+    progress = (await dashboard.seen())["cards"][task_id]["progress"]
+    assert len({p for p in progress if 0 < p < 100}) >= 2, progress  # the bar moved step by step
+    if final == "succeeded":
+        await dashboard.expect(dashboard.card(task_id).get_by_role("progressbar")).to_have_attribute(
+            "aria-valuenow", "100"
+        )
+    console.assert_clean()
+
+
+async def test_sse_stream_cut_resumes_with_delta_to_the_end(dashboard: Dashboard, console: Console) -> None:
+    """The SSE stream ends (server restart) while the task runs, and the task finishes before the
+    EventSource is back: its resume frame (a delta holding the terminal entry) must be applied."""
+    gw = dashboard.gw
+    page = dashboard.page
+    await page.add_init_script(BLOCK_WEBSOCKET)
+    created = await create_task(gw, "sse-cut")
+    await dashboard.open(f"?task=sse-cut&token={created['subscribeToken']}")
+    await dashboard.expect(dashboard.connection).to_have_attribute("data-transport", "sse")
+    async with Worker(gw.url, "sse-cut", created["callbackToken"]) as worker:
+        await worker.start("w1")
+        await worker.progress(10, "p10")
+        await dashboard.wait_card("sse-cut", "d.version === '2'", 10_000)
+
+        gw.gateway.hub.shutdown(1012)  # ends the stream; the EventSource reconnects after its retry delay
+        await worker.progress(60, "p60")
+        await worker.succeed("s3://results/sse-cut", "sha256:01")
+    await dashboard.wait_card("sse-cut", "d.state === 'succeeded' && d.resumes === '2'", 15_000)
+    data = await dashboard.dataset("sse-cut")
+    assert (data["resume"], data["resumedFrom"], data["version"]) == ("delta", "2", "4"), data
+    assert "reconnecting" in (await dashboard.seen())["connection"]
+    await dashboard.assert_matches_server("sse-cut")
+    console.assert_clean()
