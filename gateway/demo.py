@@ -9,6 +9,7 @@ import logging
 import random
 
 import anyio
+import httpx
 
 from gateway.client.worker import CallbackError, Worker
 
@@ -22,11 +23,12 @@ DEMO_MAX_ATTEMPTS = 2
 
 
 async def run_demo_worker(
-    base_url: str, task_id: str, callback_token: str, *, seed: int | None = None
+    client: httpx.AsyncClient, task_id: str, callback_token: str, *, seed: int | None = None
 ) -> None:
+    """Drive a demo task through the callback API with ``client`` (an httpx client on the gateway)."""
     rng = random.Random(seed)
     try:
-        async with Worker(base_url, task_id, callback_token) as worker:
+        async with Worker(str(client.base_url), task_id, callback_token, client=client) as worker:
             retried = False
             attempt = 0
             while True:

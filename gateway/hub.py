@@ -298,7 +298,9 @@ class Feed:
             if not subscription.active:
                 continue
             frame = await self._next_frame(subscription)
-            if subscription.active and subscription.has_work():
+            if not subscription.active:
+                continue  # unsubscribed or replaced while its store read ran: its frame is not sent
+            if subscription.has_work():
                 self.wake(subscription)
             if frame is not None:
                 return subscription, frame

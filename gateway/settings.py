@@ -11,7 +11,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 DEFAULT_DATABASE_URL = "sqlite:///gateway.db"
 
@@ -83,6 +83,13 @@ class Settings(BaseModel):
             )
             raise ConfigError(problems) from None
 
+    @field_validator("api_key", "secret")
+    @classmethod
+    def _not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("must not be blank (leave it unset instead)")
+        return value
+
     @property
     def open_mode(self) -> bool:
         """No API key: management routes are open, which is allowed on loopback only."""
@@ -99,10 +106,6 @@ class Settings(BaseModel):
     @property
     def demo_enabled(self) -> bool:
         return self.open_mode if self.demo is None else self.demo
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
 
 
 def is_loopback(host: str) -> bool:

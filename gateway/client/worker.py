@@ -52,7 +52,11 @@ class Worker:
 
     async def start(self, worker: str) -> dict[str, Any]:
         answer = await self.send({"type": "start", "worker": worker})
-        if answer["reason"] in ("started", "already-running"):
+        # "duplicate-callback": this start was committed but its first answer was lost, so the task as it
+        # is now tells the attempt it began. (Ambiguous only if, between the two, the attempt failed, was
+        # requeued and was started again by another worker: the gateway does not keep the first answer.)
+        running = answer["task"]["state"] == "running"
+        if running and answer["reason"] in ("started", "already-running", "duplicate-callback"):
             self.attempt = answer["task"]["attempts"]
         return answer
 

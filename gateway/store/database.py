@@ -8,6 +8,7 @@ writes of this process queue on an in-process lock, and a lock file keeps a seco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 from collections.abc import AsyncIterator
@@ -17,14 +18,18 @@ from typing import IO, Any
 import anyio
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlmodel import SQLModel
 
 from gateway.settings import ConfigError
 from gateway.store import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 
-# Any fixed 64-bit number: serialises schema creation between gateway processes starting together.
+# Any fixed 64-bit numbers: one serialises schema creation between gateway processes starting together;
+# the other is held for the life of a gateway on a PostgreSQL database (see _lock_postgres).
 _SCHEMA_LOCK_KEY = 0x7461736B67617465
+_PROCESS_LOCK_KEY = 0x7461736B67617466
 
 
 def async_url(url: str) -> str:
@@ -44,6 +49,7 @@ class Database:
         self.is_sqlite = self.url.startswith("sqlite")
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         self._lock_file: IO[str] | None = None
+        self._lock_conn: AsyncConnection | None = None
         kwargs: dict[str, Any] = {}
         if not self.is_sqlite:
             # A database that does not answer is noticed in seconds, not asyncpg's default minute.
@@ -56,12 +62,18 @@ class Database:
         """Take the single-process lock (SQLite) and create the tables that are missing."""
         if self.is_sqlite:
             self._lock_sqlite_file()
+        else:
+            await self._lock_postgres()
         async with self.engine.begin() as conn:
             if not self.is_sqlite:
                 await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
             await conn.run_sync(SQLModel.metadata.create_all)
 
     async def close(self) -> None:
+        if self._lock_conn is not None:
+            with contextlib.suppress(Exception):  # the database may be gone; its lock goes with it
+                await self._lock_conn.close()
+            self._lock_conn = None
         await self.engine.dispose()
         if self._lock_file is not None:
             self._lock_file.close()
@@ -89,6 +101,24 @@ class Database:
             async with self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
 
+    async def _lock_postgres(self) -> None:
+        """One gateway process per PostgreSQL database, until entries travel between processes.
+
+        Live entries reach only the subscribers of the process that committed them (the in-process bus);
+        a second process would serve its subscribers stale streams until they reconnect. So, like a SQLite
+        gateway, it refuses to start rather than serve silently late updates.
+        """
+        conn = await self.engine.connect()
+        got = (await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _PROCESS_LOCK_KEY})).scalar()
+        await conn.commit()
+        if not got:
+            await conn.close()
+            raise ConfigError(
+                "another gateway process is serving this PostgreSQL database: entries do not travel between "
+                "processes yet (no LISTEN/NOTIFY bus), so one process serves a database"
+            )
+        self._lock_conn = conn
+
     def _lock_sqlite_file(self) -> None:
         database = make_url(self.url).database
         if not database or database == ":memory:":
@@ -114,3 +144,22 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=FULL")
     cursor.execute("PRAGMA busy_timeout=5000")
     cursor.close()
+
+
+# SQLSTATE classes of a database that cannot serve now: connection exceptions (08), insufficient resources
+# (53), operator intervention such as a shutdown (57); and "not accepting connections" (55000) and a
+# database that does not exist (3D000).
+_UNAVAILABLE_CLASSES = ("08", "53", "57")
+_UNAVAILABLE_STATES = ("55000", "3D000")
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether an exception means "the database cannot be reached now" (a 503), not a bug (a 500)."""
+    if isinstance(exc, (OSError, PoolTimeout)):  # TimeoutError (a deadline) is an OSError
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
+        return True
+    state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    return isinstance(state, str) and (state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES)

@@ -4,16 +4,20 @@ owns every long-lived thing (the database, the sweeper)."""
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import anyio
+import httpx
 from anyio.abc import TaskGroup
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
@@ -23,11 +27,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.book import Book
 from gateway.bus import Bus, LocalBus
 from gateway.demo import run_demo_worker
-from gateway.errors import GatewayError, MethodNotAllowed, NotFound, Unavailable
+from gateway.errors import CLOSE_FORBIDDEN, Forbidden, GatewayError, MethodNotAllowed, NotFound, Unavailable
 from gateway.hub import Hub
 from gateway.metrics import Metrics
-from gateway.settings import Settings
+from gateway.settings import Settings, is_loopback
 from gateway.store import Database
+from gateway.store.database import database_unavailable
 from gateway.sweeper import run_sweeper
 from gateway.tokens import Tokens
 from gateway.web.auth import Guard
@@ -69,22 +74,28 @@ class Gateway:
         self.tokens = Tokens(secret, grace_s=settings.token_grace_s)
         self.guard = Guard(settings, self.tokens)
         self.demo_workers = 0
+        self.app: Starlette | None = None
         self._background: TaskGroup | None = None
 
-    def spawn_demo(self, base_url: str, task_id: str, callback_token: str) -> bool:
-        """Start a simulated worker for a demo task; ``False`` when enough of them run already."""
-        if self._background is None or self.demo_workers >= MAX_DEMO_WORKERS:
-            return False
+    def can_spawn_demo(self) -> bool:
+        return self._background is not None and self.demo_workers < MAX_DEMO_WORKERS
+
+    def spawn_demo(self, task_id: str, callback_token: str) -> None:
+        """Start a simulated worker for a demo task. It posts to this app's public callback route in
+        process (an ASGI transport): the same route, auth and checks as any worker, and no address that a
+        request's Host header could point elsewhere."""
+        assert self._background is not None and self.app is not None
         self.demo_workers += 1
+        transport = httpx.ASGITransport(app=self.app)
 
         async def run() -> None:
             try:
-                await run_demo_worker(base_url, task_id, callback_token)
+                async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+                    await run_demo_worker(client, task_id, callback_token)
             finally:
                 self.demo_workers -= 1
 
         self._background.start_soon(run)
-        return True
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -106,8 +117,10 @@ class Gateway:
 
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> Starlette:
-    """The gateway as an ASGI app. ``clock`` returns epoch milliseconds (tests use it to control time)."""
-    gw = Gateway(settings or Settings(), clock or wall_clock_ms)
+    """The gateway as an ASGI app. ``clock`` returns epoch milliseconds (tests use it to control time).
+
+    Without ``settings`` it reads the ``GATEWAY_*`` environment, as ``gateway serve`` does."""
+    gw = Gateway(settings or Settings.from_environ(os.environ), clock or wall_clock_ms)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -127,6 +140,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         },
     )
     app.state.gateway = gw
+    gw.app = app
     if gw.settings.allowed_origins:
         # Pages on the allowed origins may import gateway-client.js and read SSE streams and task state.
         app.add_middleware(
@@ -135,6 +149,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             allow_methods=["GET"],
             allow_headers=["Authorization", "Last-Event-ID"],
         )
+    if gw.settings.open_mode:
+        app.add_middleware(_OpenModeGuard, allowed_origins=gw.settings.allowed_origins)
     app.add_middleware(_CountRequests, metrics=gw.metrics)
     return app
 
@@ -155,24 +171,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _database_error(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, DBAPIError) and not _is_connection_problem(exc):
+    if not database_unavailable(exc):
         return await _internal_error(request, exc)
     log.warning("database unavailable: %s", exc)
     return await _gateway_error(request, Unavailable("the database is unreachable; nothing was written"))
-
-
-# SQLSTATE classes of a database that cannot serve now: connection exceptions (08), insufficient resources
-# (53), operator intervention such as a shutdown (57); and "not accepting connections" (55000) and a
-# database that does not exist (3D000).
-_UNAVAILABLE_CLASSES = ("08", "53", "57")
-_UNAVAILABLE_STATES = ("55000", "3D000")
-
-
-def _is_connection_problem(exc: DBAPIError) -> bool:
-    if exc.connection_invalidated or type(exc).__name__ in ("OperationalError", "InterfaceError"):
-        return True
-    state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
-    return isinstance(state, str) and (state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -198,3 +200,43 @@ class _CountRequests:
             await send(message)
 
         await self.app(scope, receive, counting_send)
+
+
+class _OpenModeGuard:
+    """With no API key the management API is open to whoever reaches loopback, so guard what a browser on
+    this machine could be made to send: a ``Host`` that is not a loopback name (DNS rebinding) is refused,
+    and so is a state-changing request from a page whose ``Origin`` is neither loopback nor allowed
+    (cross-site requests, which need no preflight with a text/plain body)."""
+
+    def __init__(self, app: ASGIApp, allowed_origins: tuple[str, ...]) -> None:
+        self.app = app
+        self.allowed = allowed_origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = Headers(scope=scope)
+            problem = None
+            if not is_loopback(_hostname(headers.get("host", ""))):
+                problem = "with no API key the gateway answers only to loopback names (Host)"
+            else:
+                origin = headers.get("origin")
+                unsafe = scope["type"] == "websocket" or scope["method"] not in ("GET", "HEAD", "OPTIONS")
+                if origin and unsafe and not self._origin_ok(origin):
+                    problem = "origin not allowed"
+            if problem is not None:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN})
+                    return
+                answer = JSON(Forbidden(problem).to_json(), status_code=Forbidden.status)
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _origin_ok(self, origin: str) -> bool:
+        return "*" in self.allowed or origin in self.allowed or is_loopback(urlsplit(origin).hostname or "")
+
+
+def _hostname(host: str) -> str:
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.rsplit(":", 1)[0]

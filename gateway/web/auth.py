@@ -15,14 +15,23 @@ from gateway.settings import Settings
 from gateway.tokens import Scope, Tokens
 
 
-def credential(conn: HTTPConnection) -> str | None:
+def bearer(conn: HTTPConnection) -> str | None:
     header = conn.headers.get("authorization")
-    if header is not None:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
-            raise Unauthorized("Authorization must be 'Bearer <token>'")
-        return value.strip()
-    return conn.query_params.get("token") or None
+    if header is None:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise Unauthorized("Authorization must be 'Bearer <token>'")
+    return value.strip()
+
+
+def credential(conn: HTTPConnection) -> tuple[str | None, bool]:
+    """The credential and whether it came in the ``Authorization`` header (the only place the API key is
+    taken from: a query string ends up in access logs)."""
+    value = bearer(conn)
+    if value is not None:
+        return value, True
+    return conn.query_params.get("token") or None, False
 
 
 class Guard:
@@ -37,7 +46,7 @@ class Guard:
         """API key routes; open when no key is configured (loopback only, see Settings.check_bind)."""
         if self._api_key is None:
             return
-        value = credential(conn)
+        value = bearer(conn)
         if value is None:
             raise Unauthorized("this route needs the API key (Authorization: Bearer $GATEWAY_API_KEY)")
         if self._is_api_key(value):
@@ -51,18 +60,23 @@ class Guard:
     def task(self, conn: HTTPConnection, task_id: str, scope: Scope) -> None:
         """A token for this task and scope. Reads (``subscribe``) also take the API key, or none in open
         mode; callbacks take only the task's callback token."""
-        self.task_credential(credential(conn), task_id, scope)
+        value, from_header = credential(conn)
+        self.task_credential(value, task_id, scope, api_key_allowed=from_header)
 
-    def task_credential(self, value: str | None, task_id: str, scope: Scope) -> None:
+    def task_credential(
+        self, value: str | None, task_id: str, scope: Scope, *, api_key_allowed: bool = False
+    ) -> None:
         if scope == "subscribe":
             if self._api_key is None:
                 if value is None:
                     return
                 # Open mode: a token that is sent must still be for this task and scope.
-            elif value is not None and self._is_api_key(value):
+            elif value is not None and api_key_allowed and self._is_api_key(value):
                 return
         if value is None:
             raise Unauthorized(f"missing {scope} token")
         if self._is_api_key(value):
-            raise Forbidden("callbacks need the task's callback token, not the API key")
+            if scope == "callback":
+                raise Forbidden("callbacks need the task's callback token, not the API key")
+            raise Forbidden("the API key is taken only from the Authorization header, never from a URL")
         self._tokens.check(value, task_id, scope)

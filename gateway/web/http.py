@@ -106,6 +106,8 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         key = request.headers.get("idempotency-key")
         if key is None:
             raise InvalidRequest("Idempotency-Key: header is required")
+        if len(key) > 256:
+            raise InvalidRequest("Idempotency-Key: at most 256 characters")
         return JSON(wire.delivery_json(await book.deliver(task_id, key)))
 
     async def drain(request: Request) -> Response:
@@ -130,11 +132,11 @@ def routes(gw: Gateway) -> list[Route | Mount]:
     async def start_demo(request: Request) -> Response:
         if not settings.demo_enabled:
             raise NotFound(f"no route {request.url.path}")
-        task, _ = await book.create(f"demo-{uuid.uuid4().hex[:12]}", DEMO_TTL_MS, DEMO_MAX_ATTEMPTS)
-        callback_token = gw.tokens.issue(task.id, "callback", DEMO_TTL_MS)
-        # The simulated worker reports through the public callback API, like any worker.
-        if not gw.spawn_demo(str(request.base_url), task.id, callback_token):
+        if not gw.can_spawn_demo():
             raise Unavailable("too many demo tasks are running; try again in a moment")
+        task, _ = await book.create(f"demo-{uuid.uuid4().hex[:12]}", DEMO_TTL_MS, DEMO_MAX_ATTEMPTS)
+        # The simulated worker reports through the public callback API, like any worker.
+        gw.spawn_demo(task.id, gw.tokens.issue(task.id, "callback", DEMO_TTL_MS))
         answer = {
             "task": task_to_json(task),
             "subscribeToken": gw.tokens.issue(task.id, "subscribe", DEMO_TTL_MS),

@@ -28,13 +28,16 @@ from gateway.errors import (
     Forbidden,
     GatewayError,
     InvalidRequest,
+    Unavailable,
 )
 from gateway.hub import PONG, Feed, Frame, error_frame
+from gateway.store.database import database_unavailable
 from gateway.web.http import parse_cursor
 
 if TYPE_CHECKING:
     from gateway.web.app import Gateway
 
+UNAVAILABLE = "the database is unreachable; try again"
 # A close code of our own for "the peer went away": nothing is sent then.
 _GONE = -1
 _HEARTBEAT = Frame("heartbeat", -1, "")
@@ -155,11 +158,16 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             cursor = message.get("cursor", 0)
             if isinstance(cursor, bool) or not isinstance(cursor, int):
                 raise InvalidRequest("cursor: must be an integer")
-            gw.guard.task_credential(token, task_id, "subscribe")
+            # A message is not logged like a URL: the API key may stand here for a subscribe token.
+            gw.guard.task_credential(token, task_id, "subscribe", api_key_allowed=True)
             await feed.subscribe(task_id, cursor)
             return None
         except GatewayError as exc:
             return error_frame(exc.code, exc.message, task_id)
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            return error_frame("unavailable", UNAVAILABLE, task_id)
 
     async def task_socket(ws: WebSocket) -> None:
         await ws.accept()
@@ -173,6 +181,11 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
                 await feed.subscribe(task_id, parse_cursor(ws.query_params.get("cursor")))
             except GatewayError as exc:
                 await refuse(ws, exc, task_id)
+                return
+            except Exception as exc:
+                if not database_unavailable(exc):
+                    raise
+                await refuse(ws, Unavailable(UNAVAILABLE), task_id)  # closes with 1013: try again later
                 return
             await pump(ws, feed, single=True)
         finally:
@@ -194,6 +207,11 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
         gw.guard.task(request, task_id, "subscribe")
         last_id = request.headers.get("last-event-id")
         cursor = parse_cursor(last_id if last_id is not None else request.query_params.get("cursor"))
+        if last_id is not None:
+            task = await gw.book.get(task_id)
+            if task.terminal and cursor >= task.version:
+                # An EventSource reconnecting after the last frame: 204 tells it to stop reconnecting.
+                return Response(status_code=204)
         feed = new_feed()
         try:
             await feed.subscribe(task_id, cursor)

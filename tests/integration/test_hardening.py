@@ -1,0 +1,123 @@
+"""What a hostile page, a careless deployment or an odd client could do, and what the gateway answers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import httpx
+import pytest
+
+from gateway.settings import ConfigError
+from gateway.store import Database
+from tests.support import postgres_database, running_gateway
+
+
+@pytest.mark.anyio
+async def test_open_mode_refuses_cross_site_writes_and_foreign_host_names(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        await gw.client.post("/v1/tasks", json={"id": "t", "ttlMs": 60_000, "maxAttempts": 1})
+        # A page elsewhere posting a simple (preflight-free) request to the open management API.
+        evil = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
+        answer = await gw.client.post("/v1/notifications/drain", headers=evil)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (403, "forbidden")
+        answer = await gw.client.post("/v1/tasks", content=b'{"ttlMs": 1000, "maxAttempts": 1}', headers=evil)
+        assert answer.status_code == 403
+        # DNS rebinding: a foreign name that resolves to loopback.
+        answer = await gw.client.get("/v1/tasks/t", headers={"Host": "evil.example:80"})
+        assert (answer.status_code, answer.json()["error"]["code"]) == (403, "forbidden")
+        # The dashboard's own origin, and clients that send no Origin, are served.
+        own = await gw.client.post("/v1/notifications/drain", headers={"Origin": gw.url})
+        assert own.status_code == 200
+        assert (
+            await gw.client.get("/v1/tasks/t", headers={"Origin": "http://evil.example"})
+        ).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_the_api_key_is_never_taken_from_a_url(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url, api_key="k3y-in-header-only") as gw:
+        key = {"Authorization": "Bearer k3y-in-header-only"}
+        await gw.client.post("/v1/tasks", json={"id": "t", "ttlMs": 60_000, "maxAttempts": 1}, headers=key)
+        assert (await gw.client.get("/v1/tasks/t", headers=key)).status_code == 200
+        in_url = await gw.client.get("/v1/tasks/t", params={"token": "k3y-in-header-only"})
+        assert (in_url.status_code, in_url.json()["error"]["code"]) == (403, "forbidden")
+        drain = await gw.client.post("/v1/notifications/drain", params={"token": "k3y-in-header-only"})
+        assert drain.status_code == 401
+
+
+@pytest.mark.anyio
+async def test_an_overlong_idempotency_key_is_a_bad_request(database_url: str) -> None:
+    async with running_gateway(database_url) as gw:
+        await gw.client.post("/v1/tasks", json={"id": "t", "ttlMs": 60_000, "maxAttempts": 1})
+        answer = await gw.client.post("/v1/tasks/t/deliveries", headers={"Idempotency-Key": "k" * 257})
+        assert (answer.status_code, answer.json()["error"]["code"]) == (400, "invalid-request")
+        assert "Idempotency-Key" in answer.json()["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_a_demo_worker_reports_in_process_whatever_the_host_header(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        # A Host naming a port where nothing listens: the worker must not use it as its address.
+        answer = await gw.client.post("/v1/demo/tasks", headers={"Host": "127.0.0.1:1"})
+        assert answer.status_code == 201, answer.text
+        task_id = answer.json()["task"]["id"]
+        with anyio.fail_after(30):
+            state = "queued"
+            while state not in ("succeeded", "failed"):
+                await anyio.sleep(0.1)
+                state = (await gw.client.get(f"/v1/tasks/{task_id}")).json()["state"]
+
+
+@pytest.mark.anyio
+async def test_a_finished_sse_stream_is_not_reopened(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        made = (await gw.client.post("/v1/tasks", json={"id": "t", "ttlMs": 60_000, "maxAttempts": 1})).json()
+        cb = {"Authorization": f"Bearer {made['callbackToken']}"}
+        await gw.client.post(
+            "/v1/tasks/t/callbacks", json={"event": {"type": "start", "worker": "w"}}, headers=cb
+        )
+        done = {"type": "fail", "error": "e", "retryable": False}
+        await gw.client.post("/v1/tasks/t/callbacks", json={"event": done}, headers=cb)
+        # An EventSource reconnecting after the terminal frame (id 2) is told to stop (204).
+        answer = await gw.client.get("/v1/tasks/t/stream", headers={"Last-Event-ID": "2"})
+        assert answer.status_code == 204
+        # One still behind gets the rest.
+        async with gw.client.stream("GET", "/v1/tasks/t/stream", headers={"Last-Event-ID": "1"}) as stream:
+            assert stream.status_code == 200
+            body = b"".join([chunk async for chunk in stream.aiter_bytes()]).decode()
+        assert "event: delta\nid: 2\n" in body
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_a_second_process_on_one_postgresql_database_is_refused(pg_url: str) -> None:
+    async with running_gateway(pg_url):
+        second = Database(pg_url)
+        with pytest.raises(ConfigError, match="another gateway process"):
+            await second.open()
+        await second.close()
+    # Once the first has stopped, another may serve the database.
+    third = Database(pg_url)
+    await third.open()
+    await third.close()
+
+
+@pytest.mark.anyio
+async def test_create_app_without_settings_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `uvicorn --factory gateway:create_app` must not drop GATEWAY_API_KEY on the floor.
+    from gateway import create_app
+
+    monkeypatch.setenv("GATEWAY_API_KEY", "from-the-environment")
+    monkeypatch.setenv("GATEWAY_DATABASE_URL", "sqlite:///unused.db")
+    app = create_app()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        answer = await client.post("/v1/notifications/drain")
+    assert answer.status_code == 401
