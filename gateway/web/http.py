@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -49,7 +50,15 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+def _static_dir() -> Path:
+    """``static/`` of the checkout (an editable install), else where a wheel installs it."""
+    checkout = Path(__file__).resolve().parents[2] / "static"
+    if checkout.is_dir():
+        return checkout
+    return Path(sys.prefix) / "share" / "task-gateway" / "static"
+
+
+STATIC_DIR = _static_dir()
 
 
 def routes(gw: Gateway) -> list[Route | Mount]:
