@@ -107,6 +107,7 @@ async def client_main(url: str, count: int, expect: int) -> None:
 async def start_clients(
     url: str, subscribers: int, procs: int, expect: int
 ) -> list[asyncio.subprocess.Process]:
+    procs = max(1, min(procs, subscribers))
     per = [subscribers // procs + (1 if i < subscribers % procs else 0) for i in range(procs)]
     clients = []
     for count in per:

@@ -53,5 +53,5 @@ async def run_demo_worker(
                             f"demo://results/{task_id}", f"sha256:{rng.getrandbits(64):016x}"
                         )
                     return
-    except (CallbackError, OSError) as exc:  # the task expired, the gateway is stopping, ...
+    except (CallbackError, httpx.HTTPError, OSError) as exc:  # the task expired, the gateway stops, ...
         log.info("demo worker for %s stopped: %s", task_id, exc)

@@ -92,6 +92,8 @@ class Gateway:
             try:
                 async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
                     await run_demo_worker(client, task_id, callback_token)
+            except Exception:  # a demo must never take the sweeper and the watchdog down with it
+                log.exception("demo worker for %s failed", task_id)
             finally:
                 self.demo_workers -= 1
 

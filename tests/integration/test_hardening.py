@@ -121,3 +121,25 @@ async def test_create_app_without_settings_reads_the_environment(monkeypatch: py
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         answer = await client.post("/v1/notifications/drain")
     assert answer.status_code == 401
+
+
+@pytest.mark.anyio
+async def test_a_failing_demo_worker_does_not_stop_expiry(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gateway.web.app as app_module
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a demo worker that breaks in an unforeseen way")
+
+    monkeypatch.setattr(app_module, "run_demo_worker", broken)
+    async with running_gateway(sqlite_url) as gw:
+        assert (await gw.client.post("/v1/demo/tasks")).status_code == 201
+        await gw.client.post("/v1/tasks", json={"id": "short", "ttlMs": 300, "maxAttempts": 1})
+        with anyio.fail_after(5):
+            state = "queued"
+            while state != "expired":
+                await anyio.sleep(0.05)
+                state = (await gw.client.get("/v1/tasks/short")).json()["state"]
+        # And demos still start.
+        assert (await gw.client.post("/v1/demo/tasks")).status_code == 201
