@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
 class Metrics:
@@ -33,6 +35,18 @@ class Metrics:
         self.slow_consumers = Counter(
             "gateway_slow_consumers_closed", "Connections closed with 4008", registry=self.registry
         )
+
+    def watch_hub(self, stats: Callable[[], dict[str, int]]) -> None:
+        """Export the hub's queue sizes, read when /metrics is scraped."""
+        for name, help_text in (
+            ("connections", "Open live connections (WebSocket and SSE)"),
+            ("subscriptions", "Live subscriptions"),
+            ("pending_total", "Entries queued for subscribers, all together"),
+            ("pending_max", "The longest backlog of one subscription"),
+            ("conflations", "Backlogs collapsed into a conflated snapshot since start"),
+        ):
+            gauge = Gauge(f"gateway_hub_{name}", help_text, registry=self.registry)
+            gauge.set_function(lambda name=name: stats()[name])  # type: ignore[misc]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -58,6 +58,7 @@ class Gateway:
         self.metrics = Metrics()
         self.db = Database(settings.database_url)
         self.hub = Hub()
+        self.metrics.watch_hub(self.hub.stats)
         self.bus: Bus = LocalBus()
         self.bus.listen(self.hub.publish)
         self.book = Book(
@@ -166,7 +167,10 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return await _gateway_error(request, MethodNotAllowed(f"{request.method} is not allowed here"))
+        answer = await _gateway_error(request, MethodNotAllowed(f"{request.method} is not allowed here"))
+        if exc.headers and "Allow" in exc.headers:
+            answer.headers["Allow"] = exc.headers["Allow"]
+        return answer
     if exc.status_code == 404:
         return await _gateway_error(request, NotFound(f"no route {request.url.path}"))
     return JSON({"error": {"code": "invalid-request", "message": str(exc.detail)}}, exc.status_code)

@@ -143,3 +143,19 @@ async def test_a_failing_demo_worker_does_not_stop_expiry(
                 state = (await gw.client.get("/v1/tasks/short")).json()["state"]
         # And demos still start.
         assert (await gw.client.post("/v1/demo/tasks")).status_code == 201
+
+
+@pytest.mark.anyio
+async def test_metrics_show_the_hub_and_405_names_the_allowed_methods(sqlite_url: str) -> None:
+    from websockets.asyncio.client import connect
+
+    async with running_gateway(sqlite_url) as gw:
+        await gw.client.post("/v1/tasks", json={"id": "t", "ttlMs": 60_000, "maxAttempts": 1})
+        async with connect(gw.url.replace("http", "ws", 1) + "/v1/tasks/t/ws") as ws:
+            assert '"caught-up"' in await ws.recv()
+            text = (await gw.client.get("/metrics")).text
+            assert "gateway_hub_subscriptions 1.0" in text
+            assert "gateway_hub_connections 1.0" in text
+        wrong = await gw.client.delete("/v1/tasks/t")
+        assert (wrong.status_code, wrong.json()["error"]["code"]) == (405, "method-not-allowed")
+        assert wrong.headers["allow"] == "GET, HEAD"
