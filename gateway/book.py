@@ -81,6 +81,10 @@ class Resume:
     # (version, the event's JSON as stored) for a delta; empty otherwise.
     entries: Sequence[tuple[int, bytes]]
 
+    def entries_json(self) -> bytes:
+        """The entries as a JSON array of ``{"version", "event"}``, the stored events spliced in as stored."""
+        return b"[" + b",".join(b'{"version":%d,"event":%b}' % (v, raw) for v, raw in self.entries) + b"]"
+
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
@@ -126,12 +130,12 @@ class Book:
     @_shielded
     async def get(self, task_id: str) -> Task:
         async with self.db.read() as conn:
-            return _task(await _select_task(conn, task_id, task_id))
+            return task_from_row(await _select_task(conn, task_id, task_id))
 
     @_shielded
     async def resume(self, task_id: str, cursor: int) -> Resume:
         async with self.db.read() as conn:
-            task = _task(await _select_task(conn, task_id, task_id))
+            task = task_from_row(await _select_task(conn, task_id, task_id))
             mode, reason = resume_mode(task.version, cursor, self.retention_versions)
             found: Sequence[tuple[int, bytes]] = ()
             if mode == "delta":
@@ -178,7 +182,7 @@ class Book:
                                 f"task {task_id} exists with other parameters "
                                 f"(ttlMs {existing.ttl_ms}, maxAttempts {existing.max_attempts})",
                             )
-                        return _task(existing), False
+                        return task_from_row(existing), False
                     await conn.execute(
                         insert(tasks).values(**_task_values(task), ttl_ms=ttl_ms, created_at_ms=now)
                     )
@@ -207,7 +211,7 @@ class Book:
         for retry in range(_RACE_RETRIES):
             try:
                 async with self.db.write() as conn:
-                    task = _task(await _select_task(conn, task_id, task_id, lock=True))
+                    task = task_from_row(await _select_task(conn, task_id, task_id, lock=True))
                     if callback_id is not None:
                         seen = (
                             await conn.execute(
@@ -267,7 +271,7 @@ class Book:
                 row = await _select_task(conn, task_id, lock=True)
                 if row is None or row.state not in ACTIVE_STATES or now < row.expires_at_ms:
                     continue
-                transition = expire_task(_task(row))
+                transition = expire_task(task_from_row(row))
                 # The notification, like the entry, is pinned to the deadline (protocol.md).
                 encoded = await _record(conn, transition, notify_at_ms=row.expires_at_ms)
             self._published(transition, encoded)
@@ -294,7 +298,7 @@ class Book:
                                 f"Idempotency-Key {idempotency_key!r} was used for another task",
                             )
                         return Delivery(True, True, "duplicate-delivery", _receipt(seen))
-                    task = _task(await _select_task(conn, task_id, task_id))
+                    task = task_from_row(await _select_task(conn, task_id, task_id))
                     if task.state != "succeeded" or task.result_ref is None or task.result_hash is None:
                         raise Conflict("not-succeeded", f"task {task_id} has not succeeded ({task.state})")
                     receipt = Receipt(
@@ -396,7 +400,8 @@ def _task_values(task: Task) -> dict[str, Any]:
     }
 
 
-def _task(row: Row[Any]) -> Task:
+def task_from_row(row: Row[Any]) -> Task:
+    """A ``tasks`` row as the machine's task."""
     return Task(
         id=row.id,
         state=row.state,

@@ -66,8 +66,7 @@ def resume_frame(resume: Resume) -> Frame:
     head["task"] = task_to_json(task)
     text = orjson.dumps(head)
     if resume.mode == "delta":
-        events = b",".join(b'{"version":%d,"event":%b}' % (v, raw) for v, raw in resume.entries)
-        text = text[:-1] + b',"events":[' + events + b"]}"
+        text = text[:-1] + b',"events":' + resume.entries_json() + b"}"
     return Frame(resume.mode, task.version, text.decode())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -13,6 +14,7 @@ from typing import Any
 import anyio
 import asyncpg
 import httpx
+import jwt
 import pytest
 from starlette.applications import Starlette
 
@@ -22,6 +24,29 @@ from gateway.web.server import GatewayServer, server_config
 # The PostgreSQL of this machine (trust auth); tests make a database of their own in it and drop it.
 PG_ADMIN_URL = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 SECRET = "test-secret-0123456789abcdef0123456789"
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def mint(
+    sub: str, scope: str = "subscribe", *, exp_in_s: int = 3_600, secret: str = SECRET, **claims: Any
+) -> str:
+    """A token as a backend holding ``GATEWAY_SECRET`` would make it (protocol.md, Tokens)."""
+    payload: dict[str, Any] = {"sub": sub, "scope": scope, "exp": int(time.time()) + exp_in_s, **claims}
+    return jwt.encode(payload, secret, algorithm="HS256")
+
+
+def error(answer: httpx.Response, status: int, code: str) -> str:
+    """Check an error answer's status and shape (protocol.md, Errors); return its message."""
+    assert answer.status_code == status, answer.text
+    body = answer.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    assert body["error"]["code"] == code, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    message: str = body["error"]["message"]
+    return message
 
 
 class FakeClock:

@@ -214,8 +214,7 @@ def resume_json(resume: Resume) -> bytes:
     if resume.reason is not None:
         head["reason"] = resume.reason
     head["task"] = task_to_json(resume.task)
-    events = b",".join(b'{"version":%d,"event":%s}' % (v, event) for v, event in resume.entries)
-    return orjson.dumps(head)[:-1] + b',"events":[' + events + b"]}"
+    return orjson.dumps(head)[:-1] + b',"events":' + resume.entries_json() + b"}"
 
 
 def delivery_json(delivery: Delivery) -> dict[str, Any]:

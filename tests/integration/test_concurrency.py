@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 
 from gateway.store.tables import deliveries
 from gateway.sweeper import sweep_once
-from tests.support import FakeClock, Running, reap_leftover_driver_tasks, running_gateway
+from tests.support import FakeClock, Running, bearer, reap_leftover_driver_tasks, running_gateway
 
 # Bounds every burst: a deadlock or a lost wake-up fails the test instead of hanging it.
 BURST_TIMEOUT_S = 60
@@ -66,10 +66,6 @@ async def create(gw: Running, task_id: str, ttl_ms: int = 600_000, max_attempts:
     )
     assert answer.status_code == 201, answer.text
     return dict(answer.json())
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def callback(

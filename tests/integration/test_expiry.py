@@ -34,12 +34,7 @@ from sqlalchemy import func, select
 from gateway.store import Database
 from gateway.store.tables import tasks
 from gateway.sweeper import sweep_once
-from tests.support import (
-    FakeClock,
-    Running,
-    reap_leftover_driver_tasks,
-    running_gateway,
-)
+from tests.support import FakeClock, Running, bearer, reap_leftover_driver_tasks, running_gateway
 
 # protocol.md: within 1 s of the deadline. A 300 ms TTL plus that second, with a little room for polling.
 EXPIRY_BOUND_S = 1.3
@@ -59,10 +54,6 @@ async def _reap_driver_tasks() -> AsyncIterator[None]:
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def create(gw: Running, task_id: str, ttl_ms: int, max_attempts: int = 2) -> dict[str, Any]:

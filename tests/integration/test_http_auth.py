@@ -15,12 +15,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jwt
 import pytest
 
 from gateway.settings import ConfigError, Settings
-from tests.support import SECRET, FakeClock, Running, running_gateway
+from tests.support import SECRET, FakeClock, Running, bearer, error, mint, running_gateway
 
 API_KEY = "k3y"
 KEY = {"Authorization": f"Bearer {API_KEY}"}
@@ -33,25 +32,6 @@ async def gateway(url: str, clock: FakeClock, **overrides: Any) -> AsyncIterator
     # The background sweeper is off: nothing here needs it.
     async with running_gateway(url, clock=clock, **{"sweep_interval_ms": 0, **overrides}) as gw:
         yield gw
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-def mint(sub: str, scope: str, *, exp_in_s: int = 3_600, secret: str = SECRET, **claims: Any) -> str:
-    """A token as a backend holding the secret would make it."""
-    payload: dict[str, Any] = {"sub": sub, "scope": scope, "exp": int(time.time()) + exp_in_s, **claims}
-    return jwt.encode(payload, secret, algorithm="HS256")
-
-
-def error(answer: httpx.Response, status: int, code: str) -> str:
-    assert answer.status_code == status, answer.text
-    body = answer.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
-    assert body["error"]["code"] == code, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    return body["error"]["message"]
 
 
 async def create(gw: Running, task_id: str, headers: dict[str, str] | None = None) -> tuple[str, str]:

@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.support import FakeClock, Running, running_gateway
+from tests.support import FakeClock, Running, error, running_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -47,18 +47,6 @@ async def queued_task(gw: Running, task_id: str) -> dict[str, str]:
     created = await gw.client.post("/v1/tasks", json={"id": task_id, "ttlMs": 60_000, "maxAttempts": 2})
     assert created.status_code == 201, created.text
     return {"Authorization": f"Bearer {created.json()['callbackToken']}"}
-
-
-def error(answer: httpx.Response, status: int, code: str) -> str:
-    """Check an error answer's status and shape; return its message."""
-    assert answer.status_code == status, answer.text
-    body = answer.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
-    assert body["error"]["code"] == code, body
-    message = body["error"]["message"]
-    assert isinstance(message, str) and message
-    assert "Traceback" not in message
-    return message
 
 
 async def snapshot(gw: Running, task_id: str) -> tuple[dict[str, Any], list[Any]]:

@@ -36,7 +36,7 @@ from sqlalchemy import update
 from gateway.machine import expire_task
 from gateway.store.tables import tasks as tasks_table
 from gateway.sweeper import sweep_once
-from tests.support import FakeClock, Running, running_gateway
+from tests.support import FakeClock, Running, error, running_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -420,15 +420,6 @@ async def test_duplicate_callback(database_url: str, clock: FakeClock) -> None:
 
 
 # --- the protocol's 409s ------------------------------------------------------------------------------------
-
-
-def error(answer: httpx.Response, status: int, code: str) -> str:
-    assert answer.status_code == status, answer.text
-    body = answer.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
-    assert body["error"]["code"] == code, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    return body["error"]["message"]
 
 
 async def test_callback_id_reused(database_url: str, clock: FakeClock) -> None:

@@ -17,12 +17,11 @@ from tests.integration.test_live_support import (
     closed_with,
     create_task,
     live_gateway,
-    mint,
     recv_frame,
     socket,
     ws_url,
 )
-from tests.support import Running
+from tests.support import Running, mint
 
 API_KEY = "live-api-key"
 APP = "https://app.example"

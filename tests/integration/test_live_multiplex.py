@@ -20,12 +20,12 @@ from tests.integration.test_live_support import (
     StreamCheck,
     create_task,
     live_gateway,
-    mint,
     post_event,
     recv_frame,
     socket,
     ws_url,
 )
+from tests.support import mint
 
 API_KEY = "live-api-key"
 VALID = 120

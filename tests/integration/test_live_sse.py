@@ -11,14 +11,13 @@ import pytest
 
 from tests.integration.test_live_support import (
     StreamCheck,
-    bearer,
     create_task,
     get_task,
     live_gateway,
     post_event,
     sse_frames,
 )
-from tests.support import Running
+from tests.support import Running, bearer
 
 
 def progress(p: int) -> dict[str, Any]:

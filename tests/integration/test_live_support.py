@@ -12,7 +12,6 @@ state after its entry fails the check too.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -20,13 +19,12 @@ from urllib.parse import urlencode
 
 import anyio
 import httpx
-import jwt
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.machine import Task, apply_event, event_from_json, task_to_json
-from tests.support import SECRET, Running, running_gateway
+from tests.support import Running, bearer, running_gateway
 
 RESUME_TYPES = ("caught-up", "delta", "snapshot")
 # Bounds one wait for one thing that is expected to happen promptly (a frame, a close).
@@ -34,30 +32,16 @@ STEP_S = 10.0
 
 
 def live_gateway(database_url: str, **overrides: Any) -> AbstractAsyncContextManager[Running]:
-    """``running_gateway`` with the background sweeper off unless a test asks for it.
-
-    Stopping a gateway while its sweeper is inside a SQLite query leaves a connection-closing task that
-    never ends, so the event loop (here: the test runner) cannot close; see ``test_live_shutdown.py``.
-    These tests drive expiry by hand (``sweep_once``) where they need it.
-    """
+    """``running_gateway`` with the background sweeper off unless a test asks for it: these tests drive
+    expiry by hand (``sweep_once``) where they need it, so that no entry arrives unasked."""
     overrides.setdefault("sweep_interval_ms", 0)
     return running_gateway(database_url, **overrides)
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def ws_url(gw: Running, path: str, **query: Any) -> str:
     url = gw.url.replace("http://", "ws://", 1) + path
     params = {k: v for k, v in query.items() if v is not None}
     return f"{url}?{urlencode(params)}" if params else url
-
-
-def mint(task_id: str, scope: str = "subscribe", *, exp_in_s: int = 3600, secret: str = SECRET) -> str:
-    """A token as a backend holding ``GATEWAY_SECRET`` mints it (protocol.md, Tokens)."""
-    claims = {"sub": task_id, "scope": scope, "exp": int(time.time()) + exp_in_s}
-    return jwt.encode(claims, secret, algorithm="HS256")
 
 
 async def create_task(

@@ -44,7 +44,8 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from gateway.machine import Task, task_to_json
+from gateway.book import task_from_row
+from gateway.machine import task_to_json
 from gateway.store.tables import entries as entries_table
 from gateway.store.tables import tasks as tasks_table
 from gateway.sweeper import sweep_once
@@ -68,21 +69,6 @@ def seeds() -> list[Any]:
 def outcome(answer: Answer) -> str:
     status, body = answer
     return f"{status} {body['reason'] if status == 200 else body['error']['code']}"
-
-
-def stored_task(row: Any) -> Task:
-    return Task(
-        id=row.id,
-        state=row.state,
-        expires_at_ms=row.expires_at_ms,
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        progress=row.progress,
-        version=row.version,
-        result_ref=row.result_ref,
-        result_hash=row.result_hash,
-        error=row.error,
-    )
 
 
 class Driver:
@@ -393,7 +379,7 @@ class Driver:
                     )
                 )
             ).all()
-        stored = {row.id: task_to_json(stored_task(row)) for row in task_rows}
+        stored = {row.id: task_to_json(task_from_row(row)) for row in task_rows}
         histories: dict[str, list[dict[str, Any]]] = {}
         for row in entry_rows:
             entry = {"version": row.version, "event": orjson.loads(row.event)}

@@ -26,7 +26,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.support import PG_ADMIN_URL, Running, postgres_database, running_gateway
+from tests.support import PG_ADMIN_URL, Running, bearer, postgres_database, running_gateway
 
 pytestmark = pytest.mark.postgres
 
@@ -38,10 +38,6 @@ PARTITION_BOUND_S = 15.0
 PROBE_BOUND_S = 5.0
 # How long the gateway may take to notice that the database is back.
 RECOVERY_BOUND_S = 20.0
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 # --- the database refuses connections -----------------------------------------------------------------------
