@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +25,9 @@ from gateway.web.server import GatewayServer, server_config
 # The PostgreSQL of this machine (trust auth); tests make a database of their own in it and drop it.
 PG_ADMIN_URL = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 SECRET = "test-secret-0123456789abcdef0123456789"
+
+# The ``gateway`` command of the interpreter running the tests (its venv), never a path of one machine.
+GATEWAY_CLI = [sys.executable, "-m", "gateway.cli"]
 
 
 def bearer(token: str) -> dict[str, str]:

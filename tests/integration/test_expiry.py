@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,7 +33,7 @@ from sqlalchemy import func, select
 from gateway.store import Database
 from gateway.store.tables import tasks
 from gateway.sweeper import sweep_once
-from tests.support import FakeClock, Running, bearer, reap_leftover_driver_tasks, running_gateway
+from tests.support import GATEWAY_CLI, FakeClock, Running, bearer, reap_leftover_driver_tasks, running_gateway
 
 # protocol.md: within 1 s of the deadline. A 300 ms TTL plus that second, with a little room for polling.
 EXPIRY_BOUND_S = 1.3
@@ -443,9 +442,7 @@ async def test_state_and_history_survive_a_restart(database_url: str, clock: Fak
 
 
 def gateway_command(database_url: str) -> list[str]:
-    script = Path(sys.executable).parent / "gateway"
-    head = [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
-    return [*head, "serve", "--port", "0", "--database-url", database_url]
+    return [*GATEWAY_CLI, "serve", "--port", "0", "--database-url", database_url]
 
 
 def gateway_environ() -> dict[str, str]:

@@ -19,7 +19,7 @@ import jwt
 import pytest
 
 from gateway.settings import ConfigError, Settings
-from tests.support import SECRET, FakeClock, Running, bearer, error, mint, running_gateway
+from tests.support import GATEWAY_CLI, SECRET, FakeClock, Running, bearer, error, mint, running_gateway
 
 API_KEY = "k3y"
 KEY = {"Authorization": f"Bearer {API_KEY}"}
@@ -287,7 +287,7 @@ def test_serve_refuses_a_public_address_without_an_api_key(tmp_path: Path) -> No
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     env["GATEWAY_DATABASE_URL"] = f"sqlite:///{tmp_path / 'gateway.db'}"
     result = subprocess.run(
-        ["/work/venv/bin/gateway", "serve", "--host", "0.0.0.0", "--port", "0"],
+        [*GATEWAY_CLI, "serve", "--host", "0.0.0.0", "--port", "0"],
         env=env,
         cwd=tmp_path,
         capture_output=True,
