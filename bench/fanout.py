@@ -6,12 +6,19 @@ a minimal raw ``websockets`` broadcast server sending frames of the same size (t
 this machine), and the ratio.
 
     python bench/fanout.py [--subscribers 1000] [--callbacks 200] [--rate 50] [--procs 4]
+                           [--buses local,postgres,redis] [--pg-admin-url URL] [--redis-url URL]
+
+With ``--buses`` (default: ``local`` alone, on SQLite) the gateway runs once per bus, on one PostgreSQL
+database made for the run (``local`` included, so that only the bus differs), and prints the server's CPU
+per delivered frame for each: with the callbacks posted to the same process, and, for the buses that link
+processes, posted to a second process (the subscribers' process then gets every entry from the bus).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -20,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -163,38 +172,56 @@ def plan(n: int) -> list[dict[str, object]]:
     return events
 
 
-async def bench_gateway(args: argparse.Namespace) -> dict[str, float]:
+def start_gateway(port: int, database_url: str, bus: str | None) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(GATEWAY_SECRET=SECRET, GATEWAY_LOG_LEVEL="warning")
+    if bus is not None:
+        env["GATEWAY_BUS_URL"] = bus
+    command = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--database-url",
+        database_url,
+    ]
+    return subprocess.Popen(command, env=env)
+
+
+async def bench_gateway(
+    args: argparse.Namespace, database_url: str | None = None, bus: str | None = None, remote: bool = False
+) -> dict[str, float]:
+    """One run: subscribers on one gateway process; callbacks to it, or (``remote``) to a second one."""
     import httpx
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    task_id = f"bench-{uuid.uuid4().hex[:8]}"  # runs may share a database
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "GATEWAY_SECRET": SECRET, "GATEWAY_LOG_LEVEL": "warning"}
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--port",
-                str(port),
-                "--database-url",
-                f"sqlite:///{tmp}/bench.db",
-            ],
-            env=env,
-        )
+        server = start_gateway(port, database_url or f"sqlite:///{tmp}/bench.db", bus)
+        writer_port = free_port() if remote else port
+        writer = start_gateway(writer_port, database_url or "", bus) if remote else None
         try:
             await wait_http(url)
-            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            if writer is not None:
+                await wait_http(f"http://127.0.0.1:{writer_port}")
+            async with (
+                httpx.AsyncClient(base_url=url, timeout=60) as http,
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{writer_port}", timeout=60) as write_http,
+            ):
                 attempts = args.callbacks // 100 + 1
                 made = (
                     await http.post(
-                        "/v1/tasks", json={"id": "bench", "ttlMs": 3_600_000, "maxAttempts": attempts}
+                        "/v1/tasks", json={"id": task_id, "ttlMs": 3_600_000, "maxAttempts": attempts}
                     )
                 ).json()
                 cb = {"Authorization": f"Bearer {made['callbackToken']}"}
                 rss_before = rss_bytes(server.pid)
-                ws_url = f"ws://127.0.0.1:{port}/v1/tasks/bench/ws?cursor=0&token={made['subscribeToken']}"
+                ws_url = (
+                    f"ws://127.0.0.1:{port}/v1/tasks/{task_id}/ws?cursor=0&token={made['subscribeToken']}"
+                )
                 clients = await start_clients(ws_url, args.subscribers, args.procs, args.callbacks)
                 rss_idle = rss_bytes(server.pid)
                 cpu_before = cpu_seconds(server.pid)
@@ -204,15 +231,20 @@ async def bench_gateway(args: argparse.Namespace) -> dict[str, float]:
                     due = started + i / args.rate
                     await asyncio.sleep(max(0.0, due - time.perf_counter()))
                     t0 = time.perf_counter()
-                    answer = await http.post("/v1/tasks/bench/callbacks", json={"event": event}, headers=cb)
+                    answer = await write_http.post(
+                        f"/v1/tasks/{task_id}/callbacks", json={"event": event}, headers=cb
+                    )
                     latencies.append(time.perf_counter() - t0)
                     answer.raise_for_status()
-                version = (await http.get("/v1/tasks/bench")).json()["version"]
+                    assert answer.json()["changed"], answer.text
+                version = (await http.get(f"/v1/tasks/{task_id}")).json()["version"]
                 frames = await finish_clients(clients)
                 cpu = cpu_seconds(server.pid) - cpu_before
         finally:
-            server.terminate()
-            server.wait(10)
+            for process in (server, writer):
+                if process is not None:
+                    process.terminate()
+                    process.wait(10)
     latencies.sort()
     return {
         "frames": frames,
@@ -283,7 +315,20 @@ SAMPLE_FRAME = json.dumps(
 
 
 async def main(args: argparse.Namespace) -> None:
-    gateway = await bench_gateway(args)
+    buses = [b.strip() for b in args.buses.split(",") if b.strip()]
+    if buses == ["local"]:
+        gateway = await bench_gateway(args)
+    else:
+        async with bench_database(args.pg_admin_url) as database_url:
+            by_bus: dict[str, dict[str, float]] = {}
+            for bus in buses:
+                bus_url = args.redis_url if bus == "redis" else bus
+                by_bus[bus] = await bench_gateway(args, database_url, bus_url)
+                if bus != "local":
+                    by_bus[f"{bus}, writer elsewhere"] = await bench_gateway(
+                        args, database_url, bus_url, True
+                    )
+        gateway = by_bus[buses[0]]
     floor = await bench_floor(args, SAMPLE_FRAME)
     n = args.subscribers
     print(
@@ -321,6 +366,34 @@ async def main(args: argparse.Namespace) -> None:
             f"note: gateway delivered {gateway['frames']} of {expected} frames "
             "(a conflated snapshot replaces the entries it covers)"
         )
+    if buses != ["local"]:
+        base = by_bus[buses[0]]["cpu_us_per_frame"]
+        raw = floor["cpu_us_per_frame"]
+        print(f"\nby bus (PostgreSQL store; ratio to the {buses[0]} bus; raw websockets {raw:.1f} us/frame)")
+        header = ("bus", "CPU us/frame", "ratio", "frames", "cb p50 ms", "cb p99 ms")
+        print(f"{header[0]:<28}{header[1]:>14}{header[2]:>8}{header[3]:>10}{header[4]:>11}{header[5]:>11}")
+        for name, run in by_bus.items():
+            print(
+                f"{name:<28}{run['cpu_us_per_frame']:>14.1f}{run['cpu_us_per_frame'] / base:>8.2f}"
+                f"{run['frames']:>10.0f}{run['callback_p50_ms']:>11.1f}{run['callback_p99_ms']:>11.1f}"
+            )
+
+
+@contextlib.asynccontextmanager
+async def bench_database(admin_url: str) -> AsyncIterator[str]:
+    """A PostgreSQL database of the run's own, dropped at the end."""
+    import asyncpg
+
+    name = f"gw_bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(admin_url, timeout=5)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield admin_url.rsplit("/", 1)[0] + "/" + name
+        finally:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
 
 
 if __name__ == "__main__":
@@ -332,4 +405,7 @@ if __name__ == "__main__":
     parser.add_argument("--callbacks", type=int, default=200)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--buses", default="local", help="comma-separated: local, postgres, redis")
+    parser.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     asyncio.run(main(parser.parse_args()))

@@ -1,11 +1,11 @@
 """What the reference's ``AsyncBook`` does, over the store: callback dedup, the notification outbox,
 cursor resume and result delivery.
 
-Every change goes through :meth:`Book._record`, in the transaction that read the task under a row lock:
-the task row, its history entry, the callback id and the outbox row commit together or not at all. Only
-after the commit is a new entry handed to ``on_commit`` (the live hub), so nothing uncommitted is ever
-pushed. The write path is a handful of statements in this one module, so that it can move to batched
-Core statements or group commit without touching anything else.
+The book holds the rules (the order of dedup, fencing and the machine; what goes to the outbox; when a
+receipt is reused); the store (``gateway.store``) holds the statements. Every change runs in one store
+transaction that read the task under a row lock: the task row, its history entry, the callback id, the
+outbox row and the bus announcement (PostgreSQL's ``NOTIFY``) commit together or not at all. Only after
+the commit is the entry published to this process's hub, so nothing uncommitted is ever pushed.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from typing import Any, Literal, ParamSpec, TypeVar
 
 import anyio
 import orjson
-from sqlalchemy import Row, insert, select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from gateway.bus.base import Bus, News
 from gateway.errors import Conflict, UnknownTask
+from gateway.frames import event_frame
 from gateway.machine import (
-    Entry,
     Event,
     Task,
     Transition,
@@ -35,14 +33,16 @@ from gateway.machine import (
     is_blank,
     resume_mode,
 )
-from gateway.store import Database
-from gateway.store.tables import ACTIVE_STATES, callbacks, deliveries, entries, outbox, tasks
+from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
+
+__all__ = ["Book", "CallbackOutcome", "Delivery", "Notification", "Receipt", "Resume"]
 
 Clock = Callable[[], int]
-OnCommit = Callable[[Task, Entry, bytes], None]
 
 # The longest a database operation may take before it is abandoned (answered as 503 unavailable).
 DB_DEADLINE_S = 10.0
+# Due tasks expired per transaction: a backlog is worked through in bounded batches, each committed.
+EXPIRY_BATCH = 200
 
 
 P = ParamSpec("P")
@@ -87,15 +87,6 @@ class Resume:
 
 
 @dataclass(frozen=True, slots=True)
-class Receipt:
-    task_id: str
-    result_ref: str
-    result_hash: str
-    idempotency_key: str
-    delivered_at_ms: int
-
-
-@dataclass(frozen=True, slots=True)
 class Delivery:
     ok: bool
     duplicate: bool
@@ -103,66 +94,59 @@ class Delivery:
     receipt: Receipt
 
 
-@dataclass(frozen=True, slots=True)
-class Notification:
-    task_id: str
-    state: str
-    at_ms: int
-    version: int
+class _Commit:
+    """What one write transaction committed, to publish once it has."""
+
+    __slots__ = ("news",)
+
+    def __init__(self) -> None:
+        self.news: list[News] = []
 
 
 class Book:
     def __init__(
         self,
-        db: Database,
+        store: Store,
         clock: Clock,
         *,
+        bus: Bus | None = None,
         retention_versions: int = 8,
-        on_commit: OnCommit | None = None,
     ) -> None:
-        self.db = db
+        self.store = store
         self.clock = clock
+        self.bus = bus
         self.retention_versions = retention_versions
-        self.on_commit = on_commit
 
     # --- reads ---------------------------------------------------------------------------------------
 
     @_shielded
     async def get(self, task_id: str) -> Task:
-        async with self.db.read() as conn:
-            return task_from_row(await _select_task(conn, task_id, task_id))
+        async with self.store.read() as tx:
+            return await _task(tx, task_id)
 
     @_shielded
     async def resume(self, task_id: str, cursor: int) -> Resume:
-        async with self.db.read() as conn:
-            task = task_from_row(await _select_task(conn, task_id, task_id))
+        async with self.store.read() as tx:
+            task = await _task(tx, task_id)
             mode, reason = resume_mode(task.version, cursor, self.retention_versions)
             found: Sequence[tuple[int, bytes]] = ()
             if mode == "delta":
                 # Bounded by the task's version as read, so that a read-committed database cannot hand
                 # back entries newer than the task it describes.
-                result = await conn.execute(
-                    select(entries.c.version, entries.c.event)
-                    .where(
-                        entries.c.task_id == task_id,
-                        entries.c.version > cursor,
-                        entries.c.version <= task.version,
-                    )
-                    .order_by(entries.c.version)
-                )
-                found = [(r.version, r.event) for r in result]
+                found = await tx.entries(task_id, cursor, task.version)
         return Resume(mode, reason, task, found)
 
     @_shielded
     async def entries_between(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         """History entries ``after < version <= upto``, in order (to fill a gap in a live stream)."""
-        async with self.db.read() as conn:
-            result = await conn.execute(
-                select(entries.c.version, entries.c.event)
-                .where(entries.c.task_id == task_id, entries.c.version > after, entries.c.version <= upto)
-                .order_by(entries.c.version)
-            )
-            return [(r.version, r.event) for r in result]
+        async with self.store.read() as tx:
+            return await tx.entries(task_id, after, upto)
+
+    @_shielded
+    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """The current version of each of these tasks (those that exist)."""
+        async with self.store.read() as tx:
+            return await tx.versions(task_ids)
 
     # --- writes --------------------------------------------------------------------------------------
 
@@ -171,26 +155,21 @@ class Book:
         """Create a queued task; the same id with the same parameters returns it again (``False``)."""
         now = self.clock()
         task = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=max_attempts)
-        for attempt in range(_RACE_RETRIES):
-            try:
-                async with self.db.write() as conn:
-                    existing = await _select_task(conn, task_id)
-                    if existing is not None:
-                        if existing.ttl_ms != ttl_ms or existing.max_attempts != task.max_attempts:
-                            raise Conflict(
-                                "task-exists",
-                                f"task {task_id} exists with other parameters "
-                                f"(ttlMs {existing.ttl_ms}, maxAttempts {existing.max_attempts})",
-                            )
-                        return task_from_row(existing), False
-                    await conn.execute(
-                        insert(tasks).values(**_task_values(task), ttl_ms=ttl_ms, created_at_ms=now)
+
+        async def work(tx: WriteTx, _: _Commit) -> tuple[Task, bool]:
+            existing = await tx.task(task_id)
+            if existing is not None:
+                if existing.ttl_ms != ttl_ms or existing.task.max_attempts != task.max_attempts:
+                    raise Conflict(
+                        "task-exists",
+                        f"task {task_id} exists with other parameters "
+                        f"(ttlMs {existing.ttl_ms}, maxAttempts {existing.task.max_attempts})",
                     )
-                return task, True
-            except IntegrityError:
-                if attempt == _RACE_RETRIES - 1:
-                    raise
-        raise AssertionError("unreachable")
+                return existing.task, False
+            await tx.insert_task(task, ttl_ms, now)
+            return task, True
+
+        return await self._write(work)
 
     @_shielded
     async def callback(
@@ -208,213 +187,135 @@ class Book:
         conflict), then ``attempt`` fencing, then the state machine. A callback id is remembered even when
         the event changed nothing, never when the event was rejected.
         """
-        for retry in range(_RACE_RETRIES):
-            try:
-                async with self.db.write() as conn:
-                    task = task_from_row(await _select_task(conn, task_id, task_id, lock=True))
-                    if callback_id is not None:
-                        seen = (
-                            await conn.execute(
-                                select(callbacks.c.digest).where(callbacks.c.callback_id == callback_id)
-                            )
-                        ).scalar_one_or_none()
-                        if seen is not None:
-                            if seen != digest:
-                                raise Conflict(
-                                    "callback-id-reused",
-                                    f"callbackId {callback_id!r} was already used with another body",
-                                )
-                            return CallbackOutcome(
-                                Transition(task, False, True, False, "duplicate-callback"), True
-                            )
-                    if attempt is not None and attempt != task.attempts:
+
+        async def work(tx: WriteTx, commit: _Commit) -> CallbackOutcome:
+            stored = await tx.lock_task(task_id)
+            if stored is None:
+                raise UnknownTask(task_id)
+            task = stored.task
+            if callback_id is not None:
+                seen = await tx.callback_digest(callback_id)
+                if seen is not None:
+                    if seen != digest:
                         raise Conflict(
-                            "stale-attempt",
-                            f"attempt {attempt} is not the task's current attempt ({task.attempts})",
+                            "callback-id-reused",
+                            f"callbackId {callback_id!r} was already used with another body",
                         )
-                    now = self.clock()
-                    transition = apply_event(task, make_event(now))
-                    encoded = await _record(conn, transition, notify_at_ms=now)
-                    if callback_id is not None:
-                        await conn.execute(
-                            insert(callbacks).values(
-                                callback_id=callback_id, task_id=task_id, at_ms=now, digest=digest
-                            )
-                        )
-                self._published(transition, encoded)
-                return CallbackOutcome(transition, False)
-            except IntegrityError:
-                if retry == _RACE_RETRIES - 1:
-                    raise
-        raise AssertionError("unreachable")
+                    return CallbackOutcome(Transition(task, False, True, False, "duplicate-callback"), True)
+            if attempt is not None and attempt != task.attempts:
+                raise Conflict(
+                    "stale-attempt",
+                    f"attempt {attempt} is not the task's current attempt ({task.attempts})",
+                )
+            now = self.clock()
+            transition = apply_event(task, make_event(now))
+            await self._record(tx, commit, transition, notify_at_ms=now)
+            if callback_id is not None:
+                await tx.insert_callback(callback_id, task_id, now, digest)
+            return CallbackOutcome(transition, False)
+
+        return await self._write(work)
 
     @_shielded
-    async def expire_due(self, limit: int = 500) -> int:
-        """Expire live tasks whose deadline has come (``clock() >= expiresAtMs``); returns how many."""
+    async def expire_due(self, limit: int = EXPIRY_BATCH) -> int:
+        """Expire up to ``limit`` live tasks whose deadline has come (``clock() >= expiresAtMs``), in one
+        transaction; returns how many. Tasks another process is expiring are skipped, not waited for."""
         now = self.clock()
-        async with self.db.read() as conn:
-            due = (
-                (
-                    await conn.execute(
-                        select(tasks.c.id)
-                        .where(tasks.c.state.in_(ACTIVE_STATES), tasks.c.expires_at_ms <= now)
-                        .order_by(tasks.c.expires_at_ms)
-                        .limit(limit)
-                    )
-                )
-                .scalars()
-                .all()
-            )
-        expired = 0
-        for task_id in due:
-            async with self.db.write() as conn:
-                row = await _select_task(conn, task_id, lock=True)
-                if row is None or row.state not in ACTIVE_STATES or now < row.expires_at_ms:
-                    continue
-                transition = expire_task(task_from_row(row))
-                # The notification, like the entry, is pinned to the deadline (protocol.md).
-                encoded = await _record(conn, transition, notify_at_ms=row.expires_at_ms)
-            self._published(transition, encoded)
-            expired += 1
-        return expired
+
+        async def work(tx: WriteTx, commit: _Commit) -> int:
+            due = await tx.claim_due(now, limit)
+            # The notification, like the entry, is pinned to the deadline (protocol.md).
+            await self._record_many(tx, commit, [(expire_task(task), task.expires_at_ms) for task in due])
+            return len(due)
+
+        return await self._write(work)
 
     @_shielded
     async def deliver(self, task_id: str, idempotency_key: str) -> Delivery:
         """``deliverResult``: the same key returns the same receipt; another key delivers again."""
         if is_blank(idempotency_key):
             raise fail("idempotencyKey must not be blank")
-        for retry in range(_RACE_RETRIES):
-            try:
-                async with self.db.write() as conn:
-                    seen = (
-                        await conn.execute(
-                            select(deliveries).where(deliveries.c.idempotency_key == idempotency_key)
-                        )
-                    ).first()
-                    if seen is not None:
-                        if seen.task_id != task_id:
-                            raise Conflict(
-                                "key-reused-for-other-task",
-                                f"Idempotency-Key {idempotency_key!r} was used for another task",
-                            )
-                        return Delivery(True, True, "duplicate-delivery", _receipt(seen))
-                    task = task_from_row(await _select_task(conn, task_id, task_id))
-                    if task.state != "succeeded" or task.result_ref is None or task.result_hash is None:
-                        raise Conflict("not-succeeded", f"task {task_id} has not succeeded ({task.state})")
-                    receipt = Receipt(
-                        task_id, task.result_ref, task.result_hash, idempotency_key, self.clock()
+
+        async def work(tx: WriteTx, _: _Commit) -> Delivery:
+            seen = await tx.receipt(idempotency_key)
+            if seen is not None:
+                if seen.task_id != task_id:
+                    raise Conflict(
+                        "key-reused-for-other-task",
+                        f"Idempotency-Key {idempotency_key!r} was used for another task",
                     )
-                    await conn.execute(
-                        insert(deliveries).values(
-                            idempotency_key=idempotency_key,
-                            task_id=task_id,
-                            result_ref=receipt.result_ref,
-                            result_hash=receipt.result_hash,
-                            delivered_at_ms=receipt.delivered_at_ms,
-                        )
-                    )
-                return Delivery(True, False, "delivered", receipt)
-            except IntegrityError:
-                if retry == _RACE_RETRIES - 1:
-                    raise
-        raise AssertionError("unreachable")
+                return Delivery(True, True, "duplicate-delivery", seen)
+            task = await _task(tx, task_id)
+            if task.state != "succeeded" or task.result_ref is None or task.result_hash is None:
+                raise Conflict("not-succeeded", f"task {task_id} has not succeeded ({task.state})")
+            receipt = Receipt(task_id, task.result_ref, task.result_hash, idempotency_key, self.clock())
+            await tx.insert_receipt(receipt)
+            return Delivery(True, False, "delivered", receipt)
+
+        return await self._write(work)
 
     @_shielded
     async def drain(self) -> list[Notification]:
         """``drainNotifications``: take every pending notification once, by task id, then time."""
-        async with self.db.write() as conn:
-            result = await conn.execute(
-                update(outbox)
-                .where(outbox.c.drained_at_ms.is_(None))
-                .values(drained_at_ms=self.clock())
-                .returning(outbox.c.id, outbox.c.task_id, outbox.c.state, outbox.c.at_ms, outbox.c.version)
-            )
-            rows = list(result.all())
+        now = self.clock()
+
+        async def work(tx: WriteTx, _: _Commit) -> list[tuple[int, Notification]]:
+            return await tx.drain(now)
+
+        rows = await self._write(work)
         # JavaScript compares strings by UTF-16 code units; the sort is stable, so ties keep their order.
-        rows.sort(key=lambda r: (r.task_id.encode("utf-16-be"), r.at_ms, r.id))
-        return [Notification(r.task_id, r.state, r.at_ms, r.version) for r in rows]
+        rows.sort(key=lambda r: (r[1].task_id.encode("utf-16-be"), r[1].at_ms, r[0]))
+        return [n for _, n in rows]
 
-    def _published(self, transition: Transition, encoded: bytes | None) -> None:
-        if self.on_commit is not None and transition.entry is not None and encoded is not None:
-            self.on_commit(transition.task, transition.entry, encoded)
+    # --- the write path --------------------------------------------------------------------------------
 
+    async def _write(self, work: Callable[[WriteTx, _Commit], Awaitable[R]]) -> R:
+        """Run ``work`` in a write transaction, again if it lost a race on a unique key; then publish what
+        it committed."""
+        for retry in range(_RACE_RETRIES):
+            commit = _Commit()
+            try:
+                async with self.store.write() as tx:
+                    result = await work(tx, commit)
+            except StoreRace:
+                if retry == _RACE_RETRIES - 1:
+                    raise
+                continue
+            if self.bus is not None:
+                for news in commit.news:
+                    self.bus.publish(news)
+            return result
+        raise AssertionError("unreachable")
 
-async def _select_task(
-    conn: AsyncConnection, task_id: str, missing: str | None = None, *, lock: bool = False
-) -> Any:
-    if "\x00" in task_id:  # no task has one (create refuses it), and PostgreSQL text cannot hold it
-        if missing is not None:
-            raise UnknownTask(missing)
-        return None
-    query = select(tasks).where(tasks.c.id == task_id)
-    if lock:
-        query = query.with_for_update()
-    row = (await conn.execute(query)).first()
-    if row is None and missing is not None:
-        raise UnknownTask(missing)
-    return row
+    async def _record(
+        self, tx: WriteTx, commit: _Commit, transition: Transition, *, notify_at_ms: float
+    ) -> None:
+        """Write a transition that has an entry, and announce it in the same transaction."""
+        await self._record_many(tx, commit, [(transition, notify_at_ms)])
 
-
-async def _record(conn: AsyncConnection, transition: Transition, *, notify_at_ms: float) -> bytes | None:
-    """Write a transition: the task row, its history entry and, when it notifies, the outbox row."""
-    entry = transition.entry
-    if entry is None:
-        return None
-    task = transition.task
-    result = await conn.execute(
-        update(tasks)
-        .where(tasks.c.id == task.id, tasks.c.version == task.version - 1)
-        .values(**_task_values(task))
-    )
-    if result.rowcount != 1:  # the row lock makes this impossible; never write over a concurrent change
-        raise RuntimeError(f"task {task.id} changed under its lock")
-    encoded = orjson.dumps(event_to_json(entry.event))
-    await conn.execute(
-        insert(entries).values(
-            task_id=task.id,
-            version=entry.version,
-            type=entry.event.type,
-            at_ms=entry.event.at_ms,
-            event=encoded,
-        )
-    )
-    if transition.notify:
-        await conn.execute(
-            insert(outbox).values(task_id=task.id, state=task.state, at_ms=notify_at_ms, version=task.version)
-        )
-    return encoded
+    async def _record_many(
+        self, tx: WriteTx, commit: _Commit, transitions: Sequence[tuple[Transition, float]]
+    ) -> None:
+        """Write the transitions that have an entry (set-based), and announce each in the same transaction."""
+        items = [
+            (t, orjson.dumps(event_to_json(t.entry.event)), at)
+            for t, at in transitions
+            if t.entry is not None
+        ]
+        if not items:
+            return
+        if len(items) == 1:
+            await tx.record(*items[0])
+        else:
+            await tx.record_many(items)
+        if self.bus is not None:
+            news = [News.of(t.task, event_frame(t.task, encoded)) for t, encoded, _ in items]
+            await self.bus.announce(tx, news)
+            commit.news.extend(news)
 
 
-def _task_values(task: Task) -> dict[str, Any]:
-    return {
-        "id": task.id,
-        "state": task.state,
-        "expires_at_ms": task.expires_at_ms,
-        "attempts": task.attempts,
-        "max_attempts": task.max_attempts,
-        "progress": task.progress,
-        "version": task.version,
-        "result_ref": task.result_ref,
-        "result_hash": task.result_hash,
-        "error": task.error,
-    }
-
-
-def task_from_row(row: Row[Any]) -> Task:
-    """A ``tasks`` row as the machine's task."""
-    return Task(
-        id=row.id,
-        state=row.state,
-        expires_at_ms=row.expires_at_ms,
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        progress=row.progress,
-        version=row.version,
-        result_ref=row.result_ref,
-        result_hash=row.result_hash,
-        error=row.error,
-    )
-
-
-def _receipt(row: Row[Any]) -> Receipt:
-    return Receipt(row.task_id, row.result_ref, row.result_hash, row.idempotency_key, row.delivered_at_ms)
+async def _task(tx: ReadTx, task_id: str) -> Task:
+    stored = await tx.task(task_id)
+    if stored is None:
+        raise UnknownTask(task_id)
+    return stored.task

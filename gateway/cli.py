@@ -1,4 +1,5 @@
-"""The ``gateway`` command: ``gateway serve`` runs the gateway under uvicorn."""
+"""The ``gateway`` command: ``gateway serve`` runs the gateway under uvicorn; ``gateway migrate`` brings the
+database's schema to this release's revision (``gateway serve`` does that too, at start)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--secret", help="token signing secret (GATEWAY_SECRET)")
     serve.add_argument("--api-key", help="management API key (GATEWAY_API_KEY)")
     serve.add_argument("--log-level", help="uvicorn log level (GATEWAY_LOG_LEVEL, default info)")
+    serve.add_argument(
+        "--workers", type=int, help="gateway processes on this port (GATEWAY_WORKERS, default 1; PostgreSQL)"
+    )
+    migrate = commands.add_parser(
+        "migrate",
+        help="upgrade the database schema to this release",
+        description="Upgrade the database schema to the newest revision (gateway serve does so at start).",
+    )
+    migrate.add_argument("--database-url", help="sqlite:///file.db or postgresql://user@host/db")
     watch = commands.add_parser(
         "watch",
         help="watch a task live in the terminal",
@@ -36,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "serve":
         return _serve(args)
+    if args.command == "migrate":
+        return _migrate(args)
     if args.command == "watch":
         import anyio
 
@@ -58,22 +70,72 @@ def _serve(args: argparse.Namespace) -> int:
             secret=args.secret,
             api_key=args.api_key,
             log_level=args.log_level,
+            workers=args.workers,
         )
         settings.check_bind()
+        settings.check_processes()
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
 
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    if settings.workers > 1:
+        from gateway.web.workers import serve_workers
+
+        return serve_workers(settings, settings.workers)
+
     from gateway.web.app import create_app
     from gateway.web.server import GatewayServer, server_config
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     app = create_app(settings)
     config = server_config(
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True
     )
     GatewayServer(config, app).run()
     return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    """Upgrade the database to head; one line on stdout, or one line on stderr (2: configuration, 1: the
+    database could not be reached or migrated)."""
+    import anyio
+
+    from gateway.store.database import async_url
+
+    try:
+        settings = Settings.from_environ(os.environ, database_url=args.database_url)
+        async_url(settings.database_url)  # an unsupported database is a configuration error
+    except ConfigError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    try:
+        revision, head = anyio.run(_upgrade, settings.database_url)
+    except Exception as exc:
+        print(f"gateway: cannot migrate the database: {_one_line(exc)}", file=sys.stderr)
+        return 1
+    print(f"gateway: database at revision {revision}" + (" (head)" if revision == head else ""))
+    return 0
+
+
+async def _upgrade(url: str) -> tuple[str | None, str]:
+    from gateway.store.database import Database
+    from gateway.store.migrate import current_revision, head_revision, migrate
+
+    db = Database(url)
+    try:
+        await migrate(db.engine)
+        return await current_revision(db.engine), head_revision()
+    finally:
+        await db.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: a driver's own message rather than SQLAlchemy's wrapping with the SQL."""
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, BaseException) and str(orig).strip():
+        return str(orig).strip().splitlines()[0]
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

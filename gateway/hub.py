@@ -1,8 +1,15 @@
 """The hub: carries committed history entries to live subscribers, in order, with no gap.
 
-``Book`` hands each committed entry to :meth:`Hub.publish` (after the commit, never before). The hub
-encodes the ``event`` frame once and offers the same string to every subscription of that task; it never
+Every committed entry reaches :meth:`Hub.receive` through the bus (``gateway.bus``): at once from this
+process's own commits, later from other processes'. The entry's ``event`` frame was encoded once, by the
+process that committed it; the hub offers that same text to every subscription of the task and never
 awaits, so a callback is answered as soon as it is committed, whatever its subscribers do.
+
+Per task, a :class:`Channel` hands entries to its subscriptions strictly in version order. A message
+ahead of a missing version (reordered, or one lost by the bus) waits there while :meth:`Hub.run` reads
+the missing entries from the store, once for the task however many subscribers it has; after the bus
+reconnects, and now and then on a shared bus, the hub compares every channel with the store in one query
+per thousand tasks (:meth:`Hub.reconcile`).
 
 Each connection owns a :class:`Feed`: its subscriptions, each with a bounded backlog, and the merge that
 gives the ordering guarantee of protocol.md:
@@ -20,70 +27,35 @@ read from the store: the client keeps an exact state and a valid cursor, and mem
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+import anyio
 import orjson
 
-from gateway.book import Book, Resume
-from gateway.errors import InvalidRequest
-from gateway.machine import Entry, Task, apply_event, event_from_json, task_to_json
+from gateway.book import Book
+from gateway.bus.base import News
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.frames import PONG, Frame, error_frame, event_frame, resume_frame, snapshot_frame
+from gateway.machine import Entry, Task, apply_event, event_from_json
 
+__all__ = ["PONG", "Feed", "Frame", "Hub", "Subscription", "error_frame", "event_frame"]
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """One server frame: its ``type``, the cursor it leaves the client at, and its JSON text."""
+log = logging.getLogger("gateway.hub")
 
-    type: str
-    version: int
-    text: str
+# Messages one channel keeps that arrived ahead of a missing version, while the store is read.
+MAX_AHEAD = 64
+# The task ids of one reconcile query.
+RECONCILE_CHUNK = 1000
 
 
 @dataclass(frozen=True, slots=True)
 class Published:
     task: Task
     frame: Frame
-
-
-def event_frame(task: Task, encoded_event: bytes) -> Frame:
-    text = b'{"type":"event","taskId":%b,"version":%d,"event":%b,"task":%b}' % (
-        orjson.dumps(task.id),
-        task.version,
-        encoded_event,
-        orjson.dumps(task_to_json(task)),
-    )
-    return Frame("event", task.version, text.decode())
-
-
-def resume_frame(resume: Resume) -> Frame:
-    task = resume.task
-    head: dict[str, Any] = {"type": resume.mode, "taskId": task.id, "version": task.version}
-    if resume.reason is not None:
-        head["reason"] = resume.reason
-    head["task"] = task_to_json(task)
-    text = orjson.dumps(head)
-    if resume.mode == "delta":
-        text = text[:-1] + b',"events":' + resume.entries_json() + b"}"
-    return Frame(resume.mode, task.version, text.decode())
-
-
-def snapshot_frame(task: Task, reason: str) -> Frame:
-    body = {"type": "snapshot", "taskId": task.id, "version": task.version, "reason": reason}
-    body["task"] = task_to_json(task)
-    return Frame("snapshot", task.version, orjson.dumps(body).decode())
-
-
-def error_frame(code: str, message: str, task_id: str | None = None) -> Frame:
-    body: dict[str, Any] = {"type": "error", "code": code, "message": message}
-    if task_id is not None:
-        body["taskId"] = task_id
-    return Frame("error", -1, orjson.dumps(body).decode())
-
-
-PONG = Frame("pong", -1, '{"type":"pong"}')
 
 
 class Subscription:
@@ -124,37 +96,197 @@ class Subscription:
         return self.last is not None and self.last.terminal and not self.head
 
 
-class Hub:
-    def __init__(self) -> None:
-        self._subscribers: dict[str, set[Subscription]] = {}
-        self.feeds: set[Feed] = set()
-        self.conflations = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+class Channel:
+    """One task's live stream in this process: its subscriptions and the last state handed to them.
 
-    def publish(self, task: Task, entry: Entry, encoded_event: bytes) -> None:
-        """Offer a committed entry to the task's subscribers; encodes its frame once, never waits."""
-        subscribers = self._subscribers.get(task.id)
-        if not subscribers:
-            return
-        item = Published(task, event_frame(task, encoded_event))
-        for subscription in tuple(subscribers):
+    Entries reach the subscriptions in version order with no gap, whatever order the bus delivers them in:
+    a message ahead of a missing version waits here while the hub reads the missing entries from the store,
+    once for the task, however many subscribers it has."""
+
+    __slots__ = ("ahead", "last", "subscriptions", "task_id", "want")
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        self.subscriptions: set[Subscription] = set()
+        # The last state handed to the subscriptions; None until a message or a resume read tells.
+        self.last: Task | None = None
+        self.want = 0  # the highest version heard of
+        self.ahead: dict[int, News] = {}
+
+    @property
+    def version(self) -> int:
+        return -1 if self.last is None else self.last.version
+
+    def hand_out(self, task: Task, frame: Frame) -> None:
+        self.last = task
+        item = Published(task, frame)
+        for subscription in tuple(self.subscriptions):
             subscription.offer(item)
 
+    def drain_ahead(self) -> None:
+        while self.ahead:
+            news = self.ahead.pop(self.version + 1, None)
+            if news is None:
+                break
+            assert news.task is not None and news.frame is not None
+            self.hand_out(news.task, news.frame)
+        for version in [v for v in self.ahead if v <= self.version]:
+            del self.ahead[version]
+
+    @property
+    def behind(self) -> bool:
+        return self.want > self.version
+
+
+class Hub:
+    """Subscriptions by task, fed by the bus; reads the store once per task to fill what the bus missed.
+
+    ``run`` (owned by the app's lifespan) is the one task that does those reads: after a version jump,
+    after the bus reconnects, and every ``reconcile_s`` on a bus shared with other processes."""
+
+    def __init__(self, book: Book | None = None) -> None:
+        self.book = book
+        self._channels: dict[str, Channel] = {}
+        self.feeds: set[Feed] = set()
+        self.conflations = 0
+        self.catch_ups = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._due: deque[str] = deque()
+        self._due_set: set[str] = set()
+        self._resync = False
+        self._wakeup = asyncio.Event()
+
+    # --- news from the bus ------------------------------------------------------------------------------
+
+    def receive(self, news: News) -> None:
+        """A committed entry heard on the bus (this process's or another's). Never waits."""
+        channel = self._channels.get(news.task_id)
+        if channel is None or news.version <= channel.version:
+            return  # no subscriber here, or already handed out (the echo of this process's own publish)
+        if news.task is not None and news.frame is not None:
+            if channel.last is None or news.version == channel.version + 1:
+                channel.hand_out(news.task, news.frame)
+                channel.drain_ahead()
+                return
+            if len(channel.ahead) < MAX_AHEAD:
+                channel.ahead[news.version] = news
+        channel.want = max(channel.want, news.version)
+        self._schedule(channel.task_id)
+
+    def publish(self, task: Task, entry: Entry, encoded_event: bytes) -> None:
+        """Offer a committed entry of this process to the task's subscribers (its frame encoded once)."""
+        self.receive(News.of(task, event_frame(task, encoded_event)))
+
+    def resync(self) -> None:
+        """Messages may have been missed (the bus reconnected): check every task against the store."""
+        self._resync = True
+        self._wakeup.set()
+
+    def seed(self, task: Task) -> None:
+        """A resume read's state, for a channel that has heard nothing yet."""
+        channel = self._channels.get(task.id)
+        if channel is not None and channel.last is None:
+            channel.last = task
+            channel.drain_ahead()
+
+    def _schedule(self, task_id: str) -> None:
+        if task_id not in self._due_set:
+            self._due_set.add(task_id)
+            self._due.append(task_id)
+            self._wakeup.set()
+
+    async def run(self, reconcile_s: float | None = None) -> None:
+        """Fill from the store what the bus did not bring; ``reconcile_s``: also check every task that
+        often (a shared bus can lose a message; a lost one is then late by at most this)."""
+        next_check = None if reconcile_s is None else time.monotonic() + reconcile_s
+        while True:
+            timeout = None if next_check is None else max(0.0, next_check - time.monotonic())
+            with anyio.move_on_after(timeout):
+                await self._wakeup.wait()
+            self._wakeup.clear()
+            try:
+                if next_check is not None and time.monotonic() >= next_check:
+                    self._resync = True
+                    assert reconcile_s is not None
+                    next_check = time.monotonic() + reconcile_s
+                if self._resync:
+                    self._resync = False
+                    await self.reconcile()
+                while self._due:
+                    task_id = self._due.popleft()
+                    self._due_set.discard(task_id)
+                    await self.catch_up(task_id)
+            except Exception as exc:  # a database outage: the next wake-up or check tries again
+                log.warning("hub: cannot read the store to catch up (%s)", exc)
+                self._resync = True
+                await anyio.sleep(0.5)
+                self._wakeup.set()
+
+    async def reconcile(self) -> None:
+        """Compare every channel's version with the store's, in one query per chunk; catch up those behind."""
+        assert self.book is not None
+        ids = list(self._channels)
+        for start in range(0, len(ids), RECONCILE_CHUNK):
+            chunk = ids[start : start + RECONCILE_CHUNK]
+            stored = await self.book.versions(chunk)
+            for task_id in chunk:
+                channel = self._channels.get(task_id)
+                version = stored.get(task_id)
+                if channel is not None and version is not None and version > channel.version:
+                    channel.want = max(channel.want, version)
+                    self._schedule(task_id)
+
+    async def catch_up(self, task_id: str) -> None:
+        """Hand the channel every entry it missed, read from the store (one read for all its subscribers)."""
+        assert self.book is not None
+        channel = self._channels.get(task_id)
+        if channel is None:
+            return
+        self.catch_ups += 1
+        base = channel.last
+        if base is None:
+            # Nothing handed out yet: the subscriptions' resume reads cover the past; hand out the newest
+            # entry, so that one whose read came before it still gets it (it fills any gap itself).
+            try:
+                task = await self.book.get(task_id)
+            except GatewayError:
+                return
+            found = await self.book.entries_between(task_id, task.version - 1, task.version)
+            if channel.last is None and found:
+                channel.hand_out(task, event_frame(task, found[-1][1]))
+        else:
+            found = await self.book.entries_between(task_id, base.version, 2**62)
+            task = base
+            for version, raw in found:
+                task = apply_event(task, event_from_json(orjson.loads(raw))).task
+                if task.version != version:  # history is whole, so this cannot happen; stay exact regardless
+                    log.error("hub: history of %s does not replay at version %d", task_id, version)
+                    break
+                if version == channel.version + 1:
+                    channel.hand_out(task, event_frame(task, raw))
+        channel.drain_ahead()
+        channel.want = channel.version  # the store was read: nothing newer exists that we heard of
+
+    # --- subscriptions ----------------------------------------------------------------------------------
+
     def add(self, subscription: Subscription) -> None:
-        self._subscribers.setdefault(subscription.task_id, set()).add(subscription)
+        channel = self._channels.get(subscription.task_id)
+        if channel is None:
+            channel = self._channels[subscription.task_id] = Channel(subscription.task_id)
+        channel.subscriptions.add(subscription)
 
     def remove(self, subscription: Subscription) -> None:
         subscription.active = False
-        subscribers = self._subscribers.get(subscription.task_id)
-        if subscribers is not None:
-            subscribers.discard(subscription)
-            if not subscribers:
-                del self._subscribers[subscription.task_id]
+        channel = self._channels.get(subscription.task_id)
+        if channel is not None:
+            channel.subscriptions.discard(subscription)
+            if not channel.subscriptions:
+                del self._channels[subscription.task_id]
 
     def stats(self) -> dict[str, int]:
         """Queue sizes, so that tests and metrics can see that memory stays bounded."""
-        subscriptions = [s for subs in self._subscribers.values() for s in subs]
+        subscriptions = [s for c in self._channels.values() for s in c.subscriptions]
         return {
             "connections": len(self.feeds),
             "subscriptions": len(subscriptions),
@@ -162,6 +294,7 @@ class Hub:
             "pending_max": max((len(s.pending) for s in subscriptions), default=0),
             "control_max": max((len(f.control) for f in self.feeds), default=0),
             "conflations": self.conflations,
+            "catch_ups": self.catch_ups,
         }
 
     def attach(self, feed: Feed) -> None:
@@ -240,6 +373,7 @@ class Feed:
         if not subscription.active:  # unsubscribed or released while the state was being read
             return subscription
         subscription.last = resume.task
+        self.hub.seed(resume.task)
         subscription.head.append(resume_frame(resume))
         # Entries committed while the state was read are already in the resume frame.
         while subscription.pending and subscription.pending[0].task.version <= resume.task.version:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -44,9 +45,21 @@ class Metrics:
             ("pending_total", "Entries queued for subscribers, all together"),
             ("pending_max", "The longest backlog of one subscription"),
             ("conflations", "Backlogs collapsed into a conflated snapshot since start"),
+            ("catch_ups", "Reads of the store for entries the bus did not bring, since start"),
         ):
             gauge = Gauge(f"gateway_hub_{name}", help_text, registry=self.registry)
             gauge.set_function(lambda name=name: stats()[name])  # type: ignore[misc]
+
+    def watch_bus(self, bus: Any) -> None:
+        """Export whether the bus listens now, and how often it has (re)connected."""
+        connected = Gauge(
+            "gateway_bus_connected", "1 while the bus listener is connected", registry=self.registry
+        )
+        connected.set_function(lambda: 1.0 if bus.connected else 0.0)
+        connects = Gauge(
+            "gateway_bus_connects", "Times the bus listener connected since start", registry=self.registry
+        )
+        connects.set_function(lambda: float(bus.reconnects))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

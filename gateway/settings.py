@@ -31,6 +31,9 @@ _ENV = {
     "write_timeout_ms": "GATEWAY_WRITE_TIMEOUT_MS",
     "max_subscriptions": "GATEWAY_MAX_SUBSCRIPTIONS",
     "demo": "GATEWAY_DEMO",
+    "bus_url": "GATEWAY_BUS_URL",
+    "workers": "GATEWAY_WORKERS",
+    "reconcile_interval_ms": "GATEWAY_RECONCILE_INTERVAL_MS",
 }
 
 
@@ -62,6 +65,14 @@ class Settings(BaseModel):
     max_subscriptions: int = Field(1000, ge=1)
     # Demo tasks on the dashboard: None means "on where the management API is open" (open mode).
     demo: bool | None = None
+    # How entries travel between processes: None is "local" on SQLite and "postgres" on PostgreSQL;
+    # "redis://host:port/db" for Redis.
+    bus_url: str | None = None
+    # On a bus shared by several processes, how often each checks the store for entries whose message
+    # was lost (a Redis outage): the most such an entry can be late.
+    reconcile_interval_ms: int = Field(5_000, ge=100)
+    # Processes `gateway serve` runs on one port (PostgreSQL only: a SQLite file serves one process).
+    workers: int = Field(1, ge=1, le=256)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
@@ -102,6 +113,23 @@ class Settings(BaseModel):
                 f"refusing to bind {self.host} without GATEWAY_API_KEY: with no API key the management "
                 "API is open, which is only allowed on a loopback address (127.0.0.1, ::1, localhost)"
             )
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.strip().lower().startswith("sqlite")
+
+    def check_processes(self) -> None:
+        """Refuse a second process on a SQLite file (``--workers``, or a file another gateway serves)."""
+        if not self.is_sqlite:
+            return
+        if self.workers > 1:
+            raise ConfigError(
+                f"--workers {self.workers}: a SQLite gateway runs as one process; set GATEWAY_DATABASE_URL "
+                "to a PostgreSQL database to run several"
+            )
+        from gateway.store.database import check_sqlite_free
+
+        check_sqlite_free(self.database_url)
 
     @property
     def demo_enabled(self) -> bool:

@@ -5,7 +5,30 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import FakeClock, postgres_database
+from tests.support import FakeClock, drop_postgres_template, empty_postgres_databases, postgres_database
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "empty_database: every PostgreSQL database this test makes is empty (not a copy of the template "
+        "database at head), e.g. to test the migrations",
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # However the tests ended: the template database of this process (tests.support.postgres_template).
+    drop_postgres_template()
+
+
+@pytest.fixture(autouse=True)
+def _empty_databases_where_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Autouse, so set up before the fixtures that make the databases (database_url, a module's own).
+    if request.node.get_closest_marker("empty_database") is None:
+        yield
+        return
+    with empty_postgres_databases():
+        yield
 
 
 @pytest.fixture
@@ -16,7 +39,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Each test that takes this runs once on a SQLite file and once on this machine's PostgreSQL."""
+    """Each test that takes this runs once on a SQLite file and once on this machine's PostgreSQL (a copy
+    of the template database, already migrated; an empty one for tests marked ``empty_database``)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'gateway.db'}"
     else:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import anyio
 import asyncpg
@@ -20,6 +22,8 @@ import pytest
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
+from gateway.store.database import Database
+from gateway.store.migrate import migrate
 from gateway.web.server import GatewayServer, server_config
 
 # The PostgreSQL of this machine (trust auth); tests make a database of their own in it and drop it.
@@ -117,6 +121,130 @@ async def running_gateway(
         yield Running(url, app, client)
 
 
+# --- tasks through the HTTP API -----------------------------------------------------------------------------
+
+
+class Created(dict[str, Any]):
+    """The answer to ``POST /v1/tasks`` (``task``, ``callbackToken``, ``subscribeToken``), a dict whose
+    parts are attributes too."""
+
+    @property
+    def task(self) -> dict[str, Any]:
+        task: dict[str, Any] = self["task"]
+        return task
+
+    @property
+    def callback_token(self) -> str:
+        return str(self["callbackToken"])
+
+    @property
+    def subscribe_token(self) -> str:
+        return str(self["subscribeToken"])
+
+
+def _client(gw_or_client: Running | httpx.AsyncClient) -> httpx.AsyncClient:
+    return gw_or_client.client if isinstance(gw_or_client, Running) else gw_or_client
+
+
+@overload
+async def create_task(
+    gw_or_client: Running | httpx.AsyncClient,
+    task_id: str | None,
+    *,
+    ttl_ms: int = ...,
+    max_attempts: int = ...,
+    headers: dict[str, str] | None = ...,
+    expect: int = ...,
+) -> Created: ...
+
+
+@overload
+async def create_task(
+    gw_or_client: Running | httpx.AsyncClient,
+    task_id: str | None,
+    *,
+    ttl_ms: int = ...,
+    max_attempts: int = ...,
+    headers: dict[str, str] | None = ...,
+    expect: None,
+) -> httpx.Response: ...
+
+
+async def create_task(
+    gw_or_client: Running | httpx.AsyncClient,
+    task_id: str | None,
+    *,
+    ttl_ms: int = 600_000,
+    max_attempts: int = 3,
+    headers: dict[str, str] | None = None,
+    expect: int | None = 201,
+) -> Created | httpx.Response:
+    """``POST /v1/tasks`` (``task_id`` None: the gateway names the task). Checks that the status is
+    ``expect`` (201: created; 200: the same task again) and returns the answer; ``expect=None`` returns the
+    response as it came, unchecked."""
+    body: dict[str, Any] = {"ttlMs": ttl_ms, "maxAttempts": max_attempts}
+    if task_id is not None:
+        body = {"id": task_id, **body}
+    answer = await _client(gw_or_client).post("/v1/tasks", json=body, headers=headers)
+    if expect is None:
+        return answer
+    assert answer.status_code == expect, answer.text
+    return Created(answer.json())
+
+
+@overload
+async def post_callback(
+    gw_or_client: Running | httpx.AsyncClient,
+    task_id: str,
+    token: str,
+    event: dict[str, Any],
+    *,
+    callback_id: str | None = ...,
+    attempt: int | None = ...,
+    expect: int = ...,
+) -> dict[str, Any]: ...
+
+
+@overload
+async def post_callback(
+    gw_or_client: Running | httpx.AsyncClient,
+    task_id: str,
+    token: str,
+    event: dict[str, Any],
+    *,
+    callback_id: str | None = ...,
+    attempt: int | None = ...,
+    expect: None,
+) -> httpx.Response: ...
+
+
+async def post_callback(
+    gw_or_client: Running | httpx.AsyncClient,
+    task_id: str,
+    token: str,
+    event: dict[str, Any],
+    *,
+    callback_id: str | None = None,
+    attempt: int | None = None,
+    expect: int | None = 200,
+) -> dict[str, Any] | httpx.Response:
+    """``POST /v1/tasks/{task_id}/callbacks`` with the callback token ``token``. Checks that the status is
+    ``expect`` and returns the answer's JSON; ``expect=None`` returns the response as it came, unchecked."""
+    body: dict[str, Any] = {"event": event}
+    if callback_id is not None:
+        body["callbackId"] = callback_id
+    if attempt is not None:
+        body["attempt"] = attempt
+    answer = await _client(gw_or_client).post(
+        f"/v1/tasks/{task_id}/callbacks", json=body, headers=bearer(token)
+    )
+    if expect is None:
+        return answer
+    assert answer.status_code == expect, answer.text
+    result: dict[str, Any] = answer.json()
+    return result
+
+
 # --- PostgreSQL -------------------------------------------------------------------------------------------
 
 
@@ -140,25 +268,104 @@ async def _pg_ping() -> None:
     await conn.close()
 
 
+async def pg_admin(sql: str, *args: Any) -> None:
+    """Run one statement on the admin database (``PG_ADMIN_URL``)."""
+    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
+    try:
+        await conn.execute(sql, *args)
+    finally:
+        await conn.close()
+
+
+def _database_url(name: str) -> str:
+    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+
+
+# This process's template database: (its name, the process that made it), once made. A forked child
+# inherits the variable, not the duty to drop the database.
+_template: tuple[str, int] | None = None
+_template_lock = threading.Lock()
+# Set by :func:`empty_postgres_databases`: every database made meanwhile is empty, whatever is asked for.
+_empty_only = False
+
+
+def postgres_template() -> str:
+    """The name of this process's template database, migrated to head: made on first use, then copied by
+    each :func:`postgres_database`, so that a test does not pay for running every migration. Dropped by
+    :func:`drop_postgres_template` (tests/conftest.py, at the end of the session; at exit otherwise)."""
+    global _template
+    with _template_lock:
+        if _template is None or _template[1] != os.getpid():
+            name = f"gw_template_{uuid.uuid4().hex[:12]}"
+            asyncio.run(_make_template(name))
+            _template = (name, os.getpid())
+            atexit.register(drop_postgres_template)
+        return _template[0]
+
+
+async def _make_template(name: str) -> None:
+    await pg_admin(f'CREATE DATABASE "{name}"')
+    try:
+        engine = Database(_database_url(name)).engine
+        try:
+            await migrate(engine)
+        finally:
+            await engine.dispose()
+        # CREATE DATABASE ... TEMPLATE refuses a template anyone is connected to: from now on nobody can be.
+        await pg_admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        await pg_admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()",
+            name,
+        )
+    except BaseException:
+        await pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        raise
+
+
+def drop_postgres_template() -> None:
+    """Drop this process's template database, if it made one (idempotent; never raises)."""
+    global _template
+    with _template_lock:
+        made, _template = _template, None
+    if made is None or made[1] != os.getpid():
+        return
+    try:
+        asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{made[0]}" WITH (FORCE)'))
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        print(f"tests: could not drop the template database {made[0]}: {exc}", file=sys.stderr)
+
+
 @contextmanager
-def postgres_database() -> Iterator[str]:
-    """A new empty database on this machine's PostgreSQL, dropped afterwards; yields its URL."""
+def empty_postgres_databases() -> Iterator[None]:
+    """Within the block, :func:`postgres_database` makes empty databases only, even asked for a copy of the
+    template (tests/conftest.py: tests marked ``empty_database``)."""
+    global _empty_only
+    before, _empty_only = _empty_only, True
+    try:
+        yield
+    finally:
+        _empty_only = before
+
+
+@contextmanager
+def postgres_database(template: bool = True) -> Iterator[str]:
+    """A new database on this machine's PostgreSQL, dropped afterwards; yields its URL.
+
+    By default it is a copy of :func:`postgres_template`, already at the newest revision (the gateway's
+    migration at start finds nothing to do); ``template=False`` makes an empty one, for tests of the
+    migrations themselves.
+    """
     postgres_or_skip()
     name = f"gw_test_{uuid.uuid4().hex[:12]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    if template and not _empty_only:
+        asyncio.run(pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template()}"'))
+    else:
+        asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
     try:
-        yield f"{base}/{name}"
+        yield _database_url(name)
     finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 class TcpProxy:

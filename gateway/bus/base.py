@@ -1,19 +1,93 @@
-"""The bus interface."""
+"""The bus interface, and the message every implementation carries.
+
+A bus message is news of a commit, not the data's only copy: it names the task and the version, and
+carries the entry's ``event`` frame (the task after it included) where it fits, to spare a read. The store
+stays the truth: the hub reads what it missed from the store when it sees a version jump, when a listener
+reconnects, and on a slow periodic check, so a lost or late message delays an entry, never loses or
+reorders one.
+
+The write path calls a bus twice per entry: :meth:`Bus.announce` inside the committing transaction (where
+PostgreSQL's ``NOTIFY`` belongs, so that a message exists exactly when its entry does) and
+:meth:`Bus.publish` right after the commit (this process's own subscribers, and Redis). The hub hears
+every message, from this process or another, through the ``on_news`` callback of :meth:`Bus.run`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.machine import Entry, Task
+import orjson
+from anyio.abc import TaskStatus
 
-# Called with a committed entry, the task after it, and the entry's event as stored (JSON bytes).
-Listener = Callable[[Task, Entry, bytes], None]
+from gateway.frames import Frame, task_from_json
+from gateway.machine import Task
+from gateway.store.base import WriteTx
+
+# PostgreSQL refuses a NOTIFY payload of 8000 bytes or more; a longer frame travels as id and version.
+MAX_PAYLOAD_BYTES = 7900
+# The channel every gateway process of one deployment shares (per database on PostgreSQL).
+DEFAULT_CHANNEL = "task_gateway"
+
+
+@dataclass(frozen=True, slots=True)
+class News:
+    """A committed entry: ``version`` of ``task_id``; ``task`` and ``frame`` unless it is a bare wake-up."""
+
+    task_id: str
+    version: int
+    task: Task | None = None
+    frame: Frame | None = None
+
+    @classmethod
+    def of(cls, task: Task, frame: Frame) -> News:
+        return cls(task.id, task.version, task, frame)
+
+    def encode(self) -> str:
+        """The message text: the event frame itself, or ``{"taskId", "version"}`` where it does not fit."""
+        if self.frame is not None and len(self.frame.text) <= MAX_PAYLOAD_BYTES // 4:
+            return self.frame.text  # fast path: even 4-byte UTF-8 everywhere cannot pass the limit
+        if self.frame is not None and len(self.frame.text.encode()) <= MAX_PAYLOAD_BYTES:
+            return self.frame.text
+        return orjson.dumps({"taskId": self.task_id, "version": self.version}).decode()
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> News:
+        """Parse a message; ``ValueError`` for one that is not a gateway message."""
+        try:
+            body = orjson.loads(text)
+            task_id, version = body["taskId"], body["version"]
+            if not isinstance(task_id, str) or isinstance(version, bool) or not isinstance(version, int):
+                raise TypeError
+            if body.get("type") != "event":
+                return cls(task_id, version)
+            task = task_from_json(body["task"])
+            frame_text = text if isinstance(text, str) else text.decode()
+            return cls(task_id, version, task, Frame("event", version, frame_text))
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not a gateway bus message: {exc!r}") from None
+
+
+OnNews = Callable[[News], None]
+# Called when the bus (re)connects: messages may have been missed meanwhile, so read the store.
+OnResync = Callable[[], None]
 
 
 class Bus(Protocol):
-    def publish(self, task: Task, entry: Entry, encoded_event: bytes) -> None:
-        """Announce an entry; called only after its transaction has committed. Never blocks."""
+    #: Whether other processes publish on this bus (so that the hub also checks the store now and then).
+    shared: bool
+    #: Whether the listener is connected now, and how many times it has connected (for metrics).
+    connected: bool
+    reconnects: int
 
-    def listen(self, listener: Listener) -> None:
-        """Have ``listener`` called for every entry published from now on."""
+    async def run(self, on_news: OnNews, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
+        """Deliver every message to ``on_news`` until cancelled; ``task_status.started()`` once listening.
+
+        Owned by the app's lifespan (``await task_group.start(bus.run, ...)``); it reconnects by itself."""
+
+    async def announce(self, tx: WriteTx, news: Sequence[News]) -> None:
+        """Inside the committing transaction: messages that exist exactly when their entries do."""
+
+    def publish(self, news: News) -> None:
+        """After the commit; never blocks. This process's listeners hear it at once."""

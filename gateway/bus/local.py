@@ -1,18 +1,37 @@
-"""The in-process bus: every publish reaches this process's listeners at once, in publish order."""
+"""The in-process bus: one gateway process (the SQLite default). A publish reaches the hub at once."""
 
 from __future__ import annotations
 
-from gateway.bus.base import Listener
-from gateway.machine import Entry, Task
+from collections.abc import Sequence
+
+import anyio
+from anyio.abc import TaskStatus
+
+from gateway.bus.base import News, OnNews, OnResync
+from gateway.store.base import WriteTx
 
 
 class LocalBus:
+    shared = False
+
     def __init__(self) -> None:
-        self._listeners: list[Listener] = []
+        self._on_news: OnNews | None = None
+        self.connected = False
+        self.reconnects = 0
 
-    def publish(self, task: Task, entry: Entry, encoded_event: bytes) -> None:
-        for listener in self._listeners:
-            listener(task, entry, encoded_event)
+    async def run(self, on_news: OnNews, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
+        self._on_news = on_news
+        self.connected, self.reconnects = True, 1
+        task_status.started()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self._on_news = None
+            self.connected = False
 
-    def listen(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+    async def announce(self, tx: WriteTx, news: Sequence[News]) -> None:
+        pass
+
+    def publish(self, news: News) -> None:
+        if self._on_news is not None:
+            self._on_news(news)

@@ -2,13 +2,13 @@
 
 ``Database.write()`` opens the one kind of transaction that changes data. On PostgreSQL it is a plain
 transaction and rows are locked with ``SELECT ... FOR UPDATE``; on SQLite, which has one writer anyway,
-writes of this process queue on an in-process lock, and a lock file keeps a second process off the file.
+writes of this process queue on an in-process lock, and a lock file keeps a second process off the file
+(SQLite serves one gateway process; any number share a PostgreSQL database).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
 from collections.abc import AsyncIterator
@@ -21,15 +21,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlmodel import SQLModel
 
 from gateway.settings import ConfigError
 from gateway.store import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
-
-# Any fixed 64-bit numbers: one serialises schema creation between gateway processes starting together;
-# the other is held for the life of a gateway on a PostgreSQL database (see _lock_postgres).
-_SCHEMA_LOCK_KEY = 0x7461736B67617465
-_PROCESS_LOCK_KEY = 0x7461736B67617466
+from gateway.store.migrate import migrate
 
 
 def async_url(url: str) -> str:
@@ -49,7 +44,6 @@ class Database:
         self.is_sqlite = self.url.startswith("sqlite")
         self._write_lock = asyncio.Lock() if self.is_sqlite else None
         self._lock_file: IO[str] | None = None
-        self._lock_conn: AsyncConnection | None = None
         kwargs: dict[str, Any] = {}
         if not self.is_sqlite:
             # A database that does not answer is noticed in seconds, not asyncpg's default minute.
@@ -59,21 +53,12 @@ class Database:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
 
     async def open(self) -> None:
-        """Take the single-process lock (SQLite) and create the tables that are missing."""
+        """Take the single-process lock (SQLite) and migrate the schema to head (gateway.store.migrate)."""
         if self.is_sqlite:
             self._lock_sqlite_file()
-        else:
-            await self._lock_postgres()
-        async with self.engine.begin() as conn:
-            if not self.is_sqlite:
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK_KEY})
-            await conn.run_sync(SQLModel.metadata.create_all)
+        await migrate(self.engine)
 
     async def close(self) -> None:
-        if self._lock_conn is not None:
-            with contextlib.suppress(Exception):  # the database may be gone; its lock goes with it
-                await self._lock_conn.close()
-            self._lock_conn = None
         await self.engine.dispose()
         if self._lock_file is not None:
             self._lock_file.close()
@@ -101,40 +86,35 @@ class Database:
             async with self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
 
-    async def _lock_postgres(self) -> None:
-        """One gateway process per PostgreSQL database, until entries travel between processes.
-
-        Live entries reach only the subscribers of the process that committed them (the in-process bus);
-        a second process would serve its subscribers stale streams until they reconnect. So, like a SQLite
-        gateway, it refuses to start rather than serve silently late updates.
-        """
-        conn = await self.engine.connect()
-        got = (await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _PROCESS_LOCK_KEY})).scalar()
-        await conn.commit()
-        if not got:
-            await conn.close()
-            raise ConfigError(
-                "another gateway process is serving this PostgreSQL database: entries do not travel between "
-                "processes yet (no LISTEN/NOTIFY bus), so one process serves a database"
-            )
-        self._lock_conn = conn
-
     def _lock_sqlite_file(self) -> None:
-        database = make_url(self.url).database
-        if not database or database == ":memory:":
-            return
-        path = os.path.abspath(database)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        handle = open(path + ".lock", "w")  # noqa: SIM115  (held for the life of the gateway)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
-            raise ConfigError(
-                f"another gateway process is serving {path}: a SQLite gateway runs as one process "
-                "(set GATEWAY_DATABASE_URL to a PostgreSQL database to run several)"
-            ) from None
-        self._lock_file = handle
+        self._lock_file = _lock_sqlite(self.url)
+
+
+def _lock_sqlite(url: str) -> IO[str] | None:
+    """Take the SQLite file's process lock (a ``.lock`` file beside it), or raise ``ConfigError``."""
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        return None
+    path = os.path.abspath(database)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handle = open(path + ".lock", "w")  # noqa: SIM115  (held for the life of the gateway)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ConfigError(
+            f"another gateway process is serving {path}: a SQLite gateway runs as one process "
+            "(set GATEWAY_DATABASE_URL to a PostgreSQL database to run several)"
+        ) from None
+    return handle
+
+
+def check_sqlite_free(url: str) -> None:
+    """Raise ``ConfigError`` if another process serves this SQLite file (checked before the server starts,
+    so that the refusal is one line; the lifespan takes the lock for real)."""
+    handle = _lock_sqlite(async_url(url))
+    if handle is not None:
+        handle.close()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

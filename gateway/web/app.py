@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.book import Book
-from gateway.bus import Bus, LocalBus
+from gateway.bus import Bus, bus_for
 from gateway.demo import run_demo_worker
 from gateway.errors import CLOSE_FORBIDDEN, Forbidden, GatewayError, MethodNotAllowed, NotFound, Unavailable
 from gateway.hub import Hub
@@ -33,6 +33,7 @@ from gateway.metrics import Metrics
 from gateway.settings import Settings, is_loopback
 from gateway.store import Database
 from gateway.store.database import database_unavailable
+from gateway.store.sql import SqlStore
 from gateway.sweeper import run_sweeper
 from gateway.tokens import Tokens
 from gateway.web.auth import Guard
@@ -57,13 +58,12 @@ class Gateway:
         self.clock = clock
         self.metrics = Metrics()
         self.db = Database(settings.database_url)
-        self.hub = Hub()
+        self.store = SqlStore(self.db)
+        self.bus: Bus = bus_for(settings.bus_url, settings.database_url)
+        self.book = Book(self.store, clock, bus=self.bus, retention_versions=settings.retention_versions)
+        self.hub = Hub(self.book)
         self.metrics.watch_hub(self.hub.stats)
-        self.bus: Bus = LocalBus()
-        self.bus.listen(self.hub.publish)
-        self.book = Book(
-            self.db, clock, retention_versions=settings.retention_versions, on_commit=self.bus.publish
-        )
+        self.metrics.watch_bus(self.bus)
         if settings.secret is not None:
             secret = settings.secret.get_secret_value()
         else:
@@ -103,10 +103,14 @@ class Gateway:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         self.settings.check_bind()
-        await self.db.open()
+        await self.store.open()
         try:
             async with anyio.create_task_group() as tg:
                 self._background = tg
+                await tg.start(self.bus.run, self.hub.receive, self.hub.resync)
+                # On a bus shared with other processes a message can be lost: check the store now and then.
+                reconcile_s = self.settings.reconcile_interval_ms / 1000 if self.bus.shared else None
+                tg.start_soon(self.hub.run, reconcile_s)
                 tg.start_soon(self.hub.watch_writes, self.settings.write_timeout_ms / 1000)
                 if self.settings.sweep_interval_ms > 0:
                     tg.start_soon(
@@ -116,7 +120,7 @@ class Gateway:
                 self._background = None
                 tg.cancel_scope.cancel()
         finally:
-            await self.db.close()
+            await self.store.close()
 
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> Starlette:

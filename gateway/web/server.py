@@ -36,3 +36,9 @@ class GatewayServer(uvicorn.Server):
         with anyio.move_on_after(GOODBYE_S):
             await self._hub.idle()
         await super().shutdown(sockets)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket that ``--workers`` children share (uvicorn binds it the same way)."""
+    config = uvicorn.Config(app=None, host=host, port=port)  # type: ignore[arg-type]
+    return config.bind_socket()

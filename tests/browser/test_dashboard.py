@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.browser.conftest import Dashboard
-from tests.support import running_gateway
+from tests.support import create_task, post_callback, running_gateway
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Console
@@ -90,12 +90,8 @@ async def test_tasks_from_a_link_and_the_form(dashboard: Dashboard, console: Con
     """`/?task=A&token=TA&task=B&token=TB` watches both; the form adds more; a wrong token shows as an
     error until the right one is given; removing a task forgets it, across a reload too."""
     gw = dashboard.gw
-    created = []
-    for name in ("link-a", "link-b", "form-c", "fix-d"):
-        answer = await gw.client.post("/v1/tasks", json={"id": name, "ttlMs": 600_000, "maxAttempts": 3})
-        assert answer.status_code == 201, answer.text
-        created.append(answer.json())
-    a, b, c, d = created
+    names = ("link-a", "link-b", "form-c", "fix-d")
+    a, b, c, d = [await create_task(gw, name, ttl_ms=600_000, max_attempts=3) for name in names]
     await dashboard.open(f"?task=link-a&token={a['subscribeToken']}&task=link-b&token={b['subscribeToken']}")
     for task_id in ("link-a", "link-b"):
         await dashboard.wait_card(task_id, "d.state === 'queued' && d.resume === 'caught-up'", 10_000)
@@ -110,12 +106,7 @@ async def test_tasks_from_a_link_and_the_form(dashboard: Dashboard, console: Con
     await dashboard.wait_card("form-c", "d.state === 'queued'", 10_000)
 
     # A worker starts it: the card follows, with the latest event.
-    worker_answer = await gw.client.post(
-        "/v1/tasks/form-c/callbacks",
-        json={"event": {"type": "start", "worker": "w-7"}},
-        headers={"Authorization": f"Bearer {c['callbackToken']}"},
-    )
-    assert worker_answer.status_code == 200, worker_answer.text
+    await post_callback(gw, "form-c", c["callbackToken"], {"type": "start", "worker": "w-7"})
     await dashboard.wait_card("form-c", "d.state === 'running' && d.version === '1'", 10_000)
     await dashboard.expect(dashboard.card("form-c").locator(".f-event")).to_contain_text("started by w-7")
     await dashboard.expect(dashboard.card("form-c").locator(".f-attempts")).to_have_text("1 of 3")

@@ -3,12 +3,12 @@ WebSockets blocked altogether (the SSE fallback), and the SSE stream cut."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gateway.client import Worker
-from tests.support import Running
+from tests.support import create_task
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Console, Dashboard
@@ -43,19 +43,12 @@ window.WebSocket = class BlockedWebSocket extends EventTarget {
 """
 
 
-async def create_task(gw: Running, task_id: str) -> dict[str, Any]:
-    answer = await gw.client.post("/v1/tasks", json={"id": task_id, "ttlMs": 600_000, "maxAttempts": 2})
-    assert answer.status_code == 201, answer.text
-    created: dict[str, Any] = answer.json()
-    return created
-
-
 async def test_socket_cut_and_offline_resume_with_delta(dashboard: Dashboard, console: Console) -> None:
     gw = dashboard.gw
     page = dashboard.page
     connection = dashboard.connection
     expect = dashboard.expect
-    created = await create_task(gw, "cut-1")
+    created = await create_task(gw, "cut-1", max_attempts=2)
     await dashboard.open(f"?task=cut-1&token={created['subscribeToken']}")
     async with Worker(gw.url, "cut-1", created["callbackToken"]) as worker:
         await worker.start("w1")
@@ -138,7 +131,7 @@ async def test_sse_stream_cut_resumes_with_delta_to_the_end(dashboard: Dashboard
     gw = dashboard.gw
     page = dashboard.page
     await page.add_init_script(BLOCK_WEBSOCKET)
-    created = await create_task(gw, "sse-cut")
+    created = await create_task(gw, "sse-cut", max_attempts=2)
     await dashboard.open(f"?task=sse-cut&token={created['subscribeToken']}")
     await dashboard.expect(dashboard.connection).to_have_attribute("data-transport", "sse")
     async with Worker(gw.url, "sse-cut", created["callbackToken"]) as worker:

@@ -12,17 +12,9 @@ import pytest
 
 from gateway.client import Worker, watch
 from gateway.client.backoff import Backoff
-from tests.support import Running, TcpProxy, running_gateway
+from tests.support import Running, TcpProxy, create_task, running_gateway
 
 TERMINAL = {"succeeded", "failed", "expired"}
-
-
-async def create(gw: Running, task_id: str, ttl_ms: int = 120_000, max_attempts: int = 2) -> dict[str, str]:
-    answer = await gw.client.post(
-        "/v1/tasks", json={"id": task_id, "ttlMs": ttl_ms, "maxAttempts": max_attempts}
-    )
-    assert answer.status_code == 201, answer.text
-    return answer.json()  # type: ignore[no-any-return]
 
 
 def port_of(gw: Running) -> int:
@@ -44,7 +36,7 @@ async def run_two_hundred_entries(worker: Worker) -> None:
 @pytest.mark.anyio
 async def test_watch_survives_five_drops_gapless_and_without_duplicates(sqlite_url: str) -> None:
     async with running_gateway(sqlite_url, retention_versions=10_000) as gw, TcpProxy(port_of(gw)) as proxy:
-        made = await create(gw, "long-1")
+        made = await create_task(gw, "long-1", ttl_ms=120_000, max_attempts=2)
         versions: list[int] = []
         last_frame: dict[str, object] = {}
         cut_at = {30, 60, 90, 120, 150}
@@ -80,7 +72,7 @@ async def test_watch_survives_five_drops_gapless_and_without_duplicates(sqlite_u
 @pytest.mark.anyio
 async def test_worker_retries_after_lost_answers_change_the_task_once(sqlite_url: str) -> None:
     async with running_gateway(sqlite_url) as gw, TcpProxy(port_of(gw)) as proxy:
-        made = await create(gw, "job-1")
+        made = await create_task(gw, "job-1", ttl_ms=120_000, max_attempts=2)
         async with httpx.AsyncClient(timeout=5) as client:
             worker = Worker(proxy.url, "job-1", made["callbackToken"], client=client)
             await worker.start("w1")
@@ -106,7 +98,7 @@ async def test_gateway_watch_shows_the_task_and_exits_by_its_fate(
     sqlite_url: str, ending: str, code: int
 ) -> None:
     async with running_gateway(sqlite_url) as gw:
-        made = await create(
+        made = await create_task(
             gw, f"cli-{ending}", ttl_ms=3_000 if ending == "expire" else 120_000, max_attempts=1
         )
         env = {**os.environ, "COLUMNS": "100"}

@@ -20,7 +20,14 @@ from sqlalchemy import func, select
 
 from gateway.store.tables import deliveries
 from gateway.sweeper import sweep_once
-from tests.support import FakeClock, Running, bearer, reap_leftover_driver_tasks, running_gateway
+from tests.support import (
+    FakeClock,
+    Running,
+    create_task,
+    post_callback,
+    reap_leftover_driver_tasks,
+    running_gateway,
+)
 
 # Bounds every burst: a deadlock or a lost wake-up fails the test instead of hanging it.
 BURST_TIMEOUT_S = 60
@@ -60,22 +67,6 @@ async def burst(calls: list[Callable[[], Awaitable[httpx.Response]]]) -> list[ht
     return [a for a in answers if a is not None]
 
 
-async def create(gw: Running, task_id: str, ttl_ms: int = 600_000, max_attempts: int = 3) -> dict[str, Any]:
-    answer = await gw.client.post(
-        "/v1/tasks", json={"id": task_id, "ttlMs": ttl_ms, "maxAttempts": max_attempts}
-    )
-    assert answer.status_code == 201, answer.text
-    return dict(answer.json())
-
-
-async def callback(
-    gw: Running, task_id: str, token: str, event: dict[str, Any], **extra: Any
-) -> httpx.Response:
-    return await gw.client.post(
-        f"/v1/tasks/{task_id}/callbacks", json={"event": event, **extra}, headers=bearer(token)
-    )
-
-
 async def history(gw: Running, task_id: str) -> dict[str, Any]:
     answer = await gw.client.get(f"/v1/tasks/{task_id}/events", params={"cursor": 0})
     assert answer.status_code == 200, answer.text
@@ -90,20 +81,21 @@ async def test_concurrent_progress_callbacks_never_lose_an_update(database_url: 
     rng = random.Random(20240611)
     progress_values = [rng.randint(1, 100) for _ in range(50)]
     async with running_gateway(database_url, retention_versions=10_000) as gw:
-        made = await create(gw, "busy")
+        made = await create_task(gw, "busy")
         token = made["callbackToken"]
-        started = await callback(gw, "busy", token, {"type": "start", "worker": "w1"})
-        assert started.json()["reason"] == "started"
+        started = await post_callback(gw, "busy", token, {"type": "start", "worker": "w1"})
+        assert started["reason"] == "started"
 
         answers = await burst(
             [
                 (
-                    lambda i=i, p=p: callback(
+                    lambda i=i, p=p: post_callback(
                         gw,
                         "busy",
                         token,
                         {"type": "progress", "progress": p, "cursor": f"c{i}"},
-                        callbackId=f"busy-{i}",
+                        callback_id=f"busy-{i}",
+                        expect=None,
                     )
                 )
                 for i, p in enumerate(progress_values)
@@ -156,13 +148,16 @@ async def test_concurrent_progress_callbacks_never_lose_an_update(database_url: 
 @pytest.mark.anyio
 async def test_one_callback_id_sent_concurrently_changes_the_task_once(database_url: str) -> None:
     async with running_gateway(database_url, retention_versions=10_000) as gw:
-        token = (await create(gw, "retried"))["callbackToken"]
-        await callback(gw, "retried", token, {"type": "start", "worker": "w1"})
+        token = (await create_task(gw, "retried"))["callbackToken"]
+        await post_callback(gw, "retried", token, {"type": "start", "worker": "w1"})
         before = await history(gw, "retried")
 
         event = {"type": "progress", "progress": 42, "cursor": "row-42"}
         answers = await burst(
-            [lambda: callback(gw, "retried", token, event, callbackId="the-one") for _ in range(20)]
+            [
+                lambda: post_callback(gw, "retried", token, event, callback_id="the-one", expect=None)
+                for _ in range(20)
+            ]
         )
 
         assert [a.status_code for a in answers] == [200] * 20, [a.text for a in answers]
@@ -193,8 +188,8 @@ async def test_concurrent_creates_of_one_id(database_url: str) -> None:
         assert tasks[0]["version"] == 0 and tasks[0]["state"] == "queued"
         # Fresh tokens in every answer, each good for the one task.
         token = answers[-1].json()["callbackToken"]
-        started = await callback(gw, "twin", token, {"type": "start", "worker": "w"})
-        assert started.status_code == 200 and started.json()["task"]["version"] == 1
+        started = await post_callback(gw, "twin", token, {"type": "start", "worker": "w"})
+        assert started["task"]["version"] == 1
 
         # Different parameters: one wins, every other is a conflict, and the winner's parameters stick.
         answers = await burst(
@@ -217,12 +212,12 @@ async def test_concurrent_creates_of_one_id(database_url: str) -> None:
 @pytest.mark.anyio
 async def test_concurrent_deliveries_with_one_key_make_one_receipt(database_url: str) -> None:
     async with running_gateway(database_url, clock=TickingClock()) as gw:
-        token = (await create(gw, "done"))["callbackToken"]
-        await callback(gw, "done", token, {"type": "start", "worker": "w"})
-        succeeded = await callback(
+        token = (await create_task(gw, "done"))["callbackToken"]
+        await post_callback(gw, "done", token, {"type": "start", "worker": "w"})
+        succeeded = await post_callback(
             gw, "done", token, {"type": "succeed", "resultRef": "s3://b/done", "resultHash": "sha256:d"}
         )
-        assert succeeded.json()["reason"] == "succeeded"
+        assert succeeded["reason"] == "succeeded"
 
         answers = await burst(
             [
@@ -254,17 +249,19 @@ async def test_concurrent_drains_take_each_notification_once(database_url: str) 
         for i in range(30):
             task_id = f"t{i:02d}"
             kind = ("succeeded", "failed", "expired")[i % 3]
-            made = await create(gw, task_id, ttl_ms=1_000 if kind == "expired" else 600_000, max_attempts=1)
+            made = await create_task(
+                gw, task_id, ttl_ms=1_000 if kind == "expired" else 600_000, max_attempts=1
+            )
             if kind != "expired":
                 token = made["callbackToken"]
-                await callback(gw, task_id, token, {"type": "start", "worker": "w"})
+                await post_callback(gw, task_id, token, {"type": "start", "worker": "w"})
                 event = (
                     {"type": "succeed", "resultRef": f"r/{task_id}", "resultHash": "h"}
                     if kind == "succeeded"
                     else {"type": "fail", "error": "boom", "retryable": False}
                 )
-                answer = await callback(gw, task_id, token, event)
-                assert answer.json()["reason"] == kind, answer.text
+                answer = await post_callback(gw, task_id, token, event)
+                assert answer["reason"] == kind, answer
             expected[task_id] = kind
         clock.advance(1_000)
         assert await sweep_once(gw.gateway.book) == 10

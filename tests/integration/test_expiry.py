@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 from anyio.abc import Process
 from sqlalchemy import func, select
@@ -33,7 +32,15 @@ from sqlalchemy import func, select
 from gateway.store import Database
 from gateway.store.tables import tasks
 from gateway.sweeper import sweep_once
-from tests.support import GATEWAY_CLI, FakeClock, Running, bearer, reap_leftover_driver_tasks, running_gateway
+from tests.support import (
+    GATEWAY_CLI,
+    FakeClock,
+    Running,
+    create_task,
+    post_callback,
+    reap_leftover_driver_tasks,
+    running_gateway,
+)
 
 # protocol.md: within 1 s of the deadline. A 300 ms TTL plus that second, with a little room for polling.
 EXPIRY_BOUND_S = 1.3
@@ -53,24 +60,6 @@ async def _reap_driver_tasks() -> AsyncIterator[None]:
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-async def create(gw: Running, task_id: str, ttl_ms: int, max_attempts: int = 2) -> dict[str, Any]:
-    answer = await gw.client.post(
-        "/v1/tasks", json={"id": task_id, "ttlMs": ttl_ms, "maxAttempts": max_attempts}
-    )
-    assert answer.status_code == 201, answer.text
-    return dict(answer.json())
-
-
-async def callback(
-    gw: Running, task_id: str, token: str, event: dict[str, Any], **extra: Any
-) -> httpx.Response:
-    answer = await gw.client.post(
-        f"/v1/tasks/{task_id}/callbacks", json={"event": event, **extra}, headers=bearer(token)
-    )
-    assert answer.status_code == 200, answer.text
-    return answer
 
 
 async def get_task(gw: Running, task_id: str) -> dict[str, Any]:
@@ -129,7 +118,7 @@ def assert_expired_at_deadline(entries: list[dict[str, Any]], task: dict[str, An
 async def test_sweeper_expires_on_the_real_clock(database_url: str, record_property: Any) -> None:
     async with running_gateway(database_url) as gw:
         t0 = time.monotonic()
-        made = await create(gw, "soon", ttl_ms=300)
+        made = await create_task(gw, "soon", ttl_ms=300, max_attempts=2)
         deadline = made["task"]["expiresAtMs"]
         task = await wait_expired(gw, "soon")
         elapsed = time.monotonic() - t0
@@ -156,8 +145,8 @@ async def test_task_that_fell_due_while_down_expires_at_restart(
     database_url: str, clock: FakeClock, record_property: Any
 ) -> None:
     async with running_gateway(database_url, clock=clock) as gw:
-        made = await create(gw, "sleeper", ttl_ms=300)
-        await callback(gw, "sleeper", made["callbackToken"], {"type": "start", "worker": "w"})
+        made = await create_task(gw, "sleeper", ttl_ms=300, max_attempts=2)
+        await post_callback(gw, "sleeper", made["callbackToken"], {"type": "start", "worker": "w"})
     deadline = made["task"]["expiresAtMs"]
     clock.advance(10_000)
 
@@ -181,7 +170,7 @@ async def test_task_that_fell_due_while_down_expires_at_restart_real_clock(
     # The first server's sweeper runs at its start and then not for a minute: the task cannot expire
     # before the server stops, so it is the second server that expires it.
     async with running_gateway(database_url, sweep_interval_ms=60_000) as gw:
-        made = await create(gw, "sleeper", ttl_ms=300)
+        made = await create_task(gw, "sleeper", ttl_ms=300, max_attempts=2)
     deadline = made["task"]["expiresAtMs"]
     with anyio.fail_after(5):
         while wall_ms() < deadline:  # noqa: ASYNC110  (waiting for the wall clock: nothing to signal it)
@@ -208,18 +197,16 @@ async def test_callback_at_or_after_the_deadline_expires_the_task(
     database_url: str, clock: FakeClock, late_ms: int
 ) -> None:
     async with running_gateway(database_url, clock=clock, sweep_interval_ms=0) as gw:
-        made = await create(gw, "late", ttl_ms=300)
+        made = await create_task(gw, "late", ttl_ms=300, max_attempts=2)
         token = made["callbackToken"]
         deadline = made["task"]["expiresAtMs"]
-        await callback(gw, "late", token, {"type": "start", "worker": "w"})
+        await post_callback(gw, "late", token, {"type": "start", "worker": "w"})
         clock.advance(300 + late_ms)  # clock() - expiresAtMs == late_ms (the reference's >=)
         callback_at = clock.now
 
-        answer = (
-            await callback(
-                gw, "late", token, {"type": "progress", "progress": 50, "cursor": "c"}, callbackId="cb"
-            )
-        ).json()
+        answer = await post_callback(
+            gw, "late", token, {"type": "progress", "progress": 50, "cursor": "c"}, callback_id="cb"
+        )
         assert answer["reason"] == "expired"
         assert answer["changed"] is True and answer["notify"] is True and answer["duplicate"] is False
         assert answer["duplicateCallback"] is False
@@ -234,9 +221,9 @@ async def test_callback_at_or_after_the_deadline_expires_the_task(
 
         # The sweeper finds nothing left to do; a later callback is a terminal conflict and writes nothing.
         assert await sweep_once(gw.gateway.book) == 0
-        later = (
-            await callback(gw, "late", token, {"type": "succeed", "resultRef": "r", "resultHash": "h"})
-        ).json()
+        later = await post_callback(
+            gw, "late", token, {"type": "succeed", "resultRef": "r", "resultHash": "h"}
+        )
         assert later["reason"] == "terminal-conflict" and later["changed"] is False
         assert len(await history(gw, "late")) == 2
         assert await drain(gw) == []
@@ -247,15 +234,13 @@ async def test_callback_one_millisecond_before_the_deadline_is_applied(
     database_url: str, clock: FakeClock
 ) -> None:
     async with running_gateway(database_url, clock=clock, sweep_interval_ms=0) as gw:
-        made = await create(gw, "just-in-time", ttl_ms=300)
+        made = await create_task(gw, "just-in-time", ttl_ms=300, max_attempts=2)
         token = made["callbackToken"]
-        await callback(gw, "just-in-time", token, {"type": "start", "worker": "w"})
+        await post_callback(gw, "just-in-time", token, {"type": "start", "worker": "w"})
         clock.advance(299)
-        answer = (
-            await callback(
-                gw, "just-in-time", token, {"type": "succeed", "resultRef": "r", "resultHash": "h"}
-            )
-        ).json()
+        answer = await post_callback(
+            gw, "just-in-time", token, {"type": "succeed", "resultRef": "r", "resultHash": "h"}
+        )
         assert answer["reason"] == "succeeded"
         assert answer["task"]["state"] == "succeeded"
         clock.advance(10_000)
@@ -272,10 +257,10 @@ async def test_sweeper_off_and_sweep_passes_never_double_expire(database_url: st
         ids = [f"due-{i}" for i in range(6)]
         deadline = 0
         for i, task_id in enumerate(ids):
-            made = await create(gw, task_id, ttl_ms=300)
+            made = await create_task(gw, task_id, ttl_ms=300, max_attempts=2)
             deadline = made["task"]["expiresAtMs"]
             if i % 2:
-                await callback(gw, task_id, made["callbackToken"], {"type": "start", "worker": "w"})
+                await post_callback(gw, task_id, made["callbackToken"], {"type": "start", "worker": "w"})
         book = gw.gateway.book
 
         clock.advance(299)
@@ -322,7 +307,7 @@ async def test_sweeper_off_and_sweep_passes_never_double_expire(database_url: st
 @pytest.mark.anyio
 async def test_background_sweeper_then_manual_passes_add_nothing(database_url: str, clock: FakeClock) -> None:
     async with running_gateway(database_url, clock=clock, sweep_interval_ms=50) as gw:
-        made = await create(gw, "swept", ttl_ms=300)
+        made = await create_task(gw, "swept", ttl_ms=300, max_attempts=2)
         clock.advance(300)
         task = await wait_expired(gw, "swept")
         entries = await history(gw, "swept")
@@ -385,20 +370,20 @@ async def test_stopping_during_a_sweep_leaves_no_driver_task_behind(
 @pytest.mark.anyio
 async def test_state_and_history_survive_a_restart(database_url: str, clock: FakeClock) -> None:
     async with running_gateway(database_url, clock=clock) as gw:
-        a = await create(gw, "a", ttl_ms=600_000)
-        b = await create(gw, "b", ttl_ms=600_000)
-        await callback(gw, "a", a["callbackToken"], {"type": "start", "worker": "w1"}, callbackId="a-1")
+        a = await create_task(gw, "a", ttl_ms=600_000, max_attempts=2)
+        b = await create_task(gw, "b", ttl_ms=600_000, max_attempts=2)
+        await post_callback(gw, "a", a["callbackToken"], {"type": "start", "worker": "w1"}, callback_id="a-1")
         clock.advance(5)
-        await callback(
+        await post_callback(
             gw,
             "a",
             a["callbackToken"],
             {"type": "progress", "progress": 30, "cursor": "r30"},
-            callbackId="a-2",
+            callback_id="a-2",
         )
-        await callback(gw, "b", b["callbackToken"], {"type": "start", "worker": "w2"})
+        await post_callback(gw, "b", b["callbackToken"], {"type": "start", "worker": "w2"})
         clock.advance(5)
-        await callback(
+        await post_callback(
             gw, "b", b["callbackToken"], {"type": "succeed", "resultRef": "s3://b", "resultHash": "hb"}
         )
         receipt = (await gw.client.post("/v1/tasks/b/deliveries", headers={"Idempotency-Key": "kb"})).json()
@@ -410,30 +395,26 @@ async def test_state_and_history_survive_a_restart(database_url: str, clock: Fak
         assert before["a"][0]["version"] == 2 and before["b"][0]["state"] == "succeeded"
 
         # The callback ids, the outbox and the receipts are durable too.
-        repeat = (
-            await callback(
-                gw,
-                "a",
-                a["callbackToken"],
-                {"type": "progress", "progress": 30, "cursor": "r30"},
-                callbackId="a-2",
-            )
-        ).json()
+        repeat = await post_callback(
+            gw,
+            "a",
+            a["callbackToken"],
+            {"type": "progress", "progress": 30, "cursor": "r30"},
+            callback_id="a-2",
+        )
         assert repeat["duplicateCallback"] is True and repeat["changed"] is False
         assert await drain(gw) == [{"taskId": "b", "state": "succeeded", "atMs": clock.now, "version": 2}]
         again = (await gw.client.post("/v1/tasks/b/deliveries", headers={"Idempotency-Key": "kb"})).json()
         assert again["duplicate"] is True and again["receipt"] == receipt["receipt"]
 
         # And the task carries on from its version.
-        step = (
-            await callback(
-                gw,
-                "a",
-                a["callbackToken"],
-                {"type": "progress", "progress": 60, "cursor": "r60"},
-                callbackId="a-3",
-            )
-        ).json()
+        step = await post_callback(
+            gw,
+            "a",
+            a["callbackToken"],
+            {"type": "progress", "progress": 60, "cursor": "r60"},
+            callback_id="a-3",
+        )
         assert step["changed"] is True and step["task"]["version"] == 3
         assert [e["version"] for e in await history(gw, "a")] == [1, 2, 3]
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anyio
 import httpx
 import pytest
 
-from gateway.settings import ConfigError
-from gateway.store import Database
-from tests.support import postgres_database, running_gateway
+from tests.support import running_gateway
 
 
 @pytest.mark.anyio
@@ -87,26 +83,6 @@ async def test_a_finished_sse_stream_is_not_reopened(sqlite_url: str) -> None:
             assert stream.status_code == 200
             body = b"".join([chunk async for chunk in stream.aiter_bytes()]).decode()
         assert "event: delta\nid: 2\n" in body
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    with postgres_database() as url:
-        yield url
-
-
-@pytest.mark.anyio
-@pytest.mark.postgres
-async def test_a_second_process_on_one_postgresql_database_is_refused(pg_url: str) -> None:
-    async with running_gateway(pg_url):
-        second = Database(pg_url)
-        with pytest.raises(ConfigError, match="another gateway process"):
-            await second.open()
-        await second.close()
-    # Once the first has stopped, another may serve the database.
-    third = Database(pg_url)
-    await third.open()
-    await third.close()
 
 
 @pytest.mark.anyio

@@ -19,10 +19,21 @@ import jwt
 import pytest
 
 from gateway.settings import ConfigError, Settings
-from tests.support import GATEWAY_CLI, SECRET, FakeClock, Running, bearer, error, mint, running_gateway
+from tests.support import (
+    GATEWAY_CLI,
+    SECRET,
+    FakeClock,
+    Running,
+    bearer,
+    create_task,
+    error,
+    mint,
+    running_gateway,
+)
 
 API_KEY = "k3y"
 KEY = {"Authorization": f"Bearer {API_KEY}"}
+TTL_MS = 60_000
 START = {"event": {"type": "start", "worker": "w1"}}
 SUCCEED = {"event": {"type": "succeed", "resultRef": "r", "resultHash": "h"}}
 
@@ -32,15 +43,6 @@ async def gateway(url: str, clock: FakeClock, **overrides: Any) -> AsyncIterator
     # The background sweeper is off: nothing here needs it.
     async with running_gateway(url, clock=clock, **{"sweep_interval_ms": 0, **overrides}) as gw:
         yield gw
-
-
-async def create(gw: Running, task_id: str, headers: dict[str, str] | None = None) -> tuple[str, str]:
-    """Create a task; returns its (callback token, subscribe token)."""
-    answer = await gw.client.post(
-        "/v1/tasks", json={"id": task_id, "ttlMs": 60_000, "maxAttempts": 2}, headers=headers or KEY
-    )
-    assert answer.status_code == 201, answer.text
-    return answer.json()["callbackToken"], answer.json()["subscribeToken"]
 
 
 async def version(gw: Running, task_id: str) -> int:
@@ -78,7 +80,8 @@ async def test_create_needs_the_api_key(sqlite_url: str, clock: FakeClock) -> No
 @pytest.mark.anyio
 async def test_task_tokens_cannot_manage(sqlite_url: str, clock: FakeClock) -> None:
     async with gateway(sqlite_url, clock, api_key=API_KEY) as gw:
-        cb, sub = await create(gw, "a-2")
+        made = await create_task(gw, "a-2", ttl_ms=TTL_MS, max_attempts=2, headers=KEY)
+        cb, sub = made.callback_token, made.subscribe_token
         assert (
             await gw.client.post("/v1/tasks/a-2/callbacks", json=START, headers=bearer(cb))
         ).status_code == 200
@@ -115,8 +118,10 @@ async def test_task_tokens_cannot_manage(sqlite_url: str, clock: FakeClock) -> N
 @pytest.mark.anyio
 async def test_callbacks_need_the_tasks_callback_token(sqlite_url: str, clock: FakeClock) -> None:
     async with gateway(sqlite_url, clock, api_key=API_KEY) as gw:
-        cb, sub = await create(gw, "a-3")
-        other_cb, _ = await create(gw, "a-3-other")
+        made = await create_task(gw, "a-3", ttl_ms=TTL_MS, max_attempts=2, headers=KEY)
+        cb, sub = made.callback_token, made.subscribe_token
+        other = await create_task(gw, "a-3-other", ttl_ms=TTL_MS, max_attempts=2, headers=KEY)
+        other_cb = other.callback_token
         url = "/v1/tasks/a-3/callbacks"
         for headers in (
             {},
@@ -154,7 +159,8 @@ async def test_callbacks_need_the_tasks_callback_token(sqlite_url: str, clock: F
 @pytest.mark.anyio
 async def test_authentication_comes_before_existence(sqlite_url: str, clock: FakeClock) -> None:
     async with gateway(sqlite_url, clock, api_key=API_KEY) as gw:
-        cb, sub = await create(gw, "a-4")
+        made = await create_task(gw, "a-4", ttl_ms=TTL_MS, max_attempts=2, headers=KEY)
+        cb, sub = made.callback_token, made.subscribe_token
         # A valid token for another task, on a task that does not exist: 403, so ids cannot be probed.
         answer = await gw.client.post("/v1/tasks/never-made/callbacks", json=START, headers=bearer(cb))
         error(answer, 403, "forbidden")
@@ -201,8 +207,10 @@ async def test_tokens_are_jwts_for_the_task_with_a_wall_clock_expiry(sqlite_url:
 @pytest.mark.anyio
 async def test_reads_take_the_api_key_or_the_subscribe_token(sqlite_url: str, clock: FakeClock) -> None:
     async with gateway(sqlite_url, clock, api_key=API_KEY) as gw:
-        cb, sub = await create(gw, "a-5")
-        _, other_sub = await create(gw, "a-5-other")
+        made = await create_task(gw, "a-5", ttl_ms=TTL_MS, max_attempts=2, headers=KEY)
+        cb, sub = made.callback_token, made.subscribe_token
+        other = await create_task(gw, "a-5-other", ttl_ms=TTL_MS, max_attempts=2, headers=KEY)
+        other_sub = other.subscribe_token
         for path in ("/v1/tasks/a-5", "/v1/tasks/a-5/events"):
             for ok in (
                 gw.client.get(path, headers=KEY),
@@ -310,7 +318,7 @@ async def test_health_readiness_and_metrics(sqlite_url: str, clock: FakeClock) -
         assert healthz.status_code == 200, healthz.text
         readyz = await gw.client.get("/readyz")
         assert readyz.status_code == 200, readyz.text
-        cb, _ = await create(gw, "m-1")
+        cb = (await create_task(gw, "m-1", ttl_ms=TTL_MS, max_attempts=2, headers=KEY)).callback_token
         answer = await gw.client.post("/v1/tasks/m-1/callbacks", json=START, headers=bearer(cb))
         assert answer.status_code == 200, answer.text
         metrics = await gw.client.get("/metrics")

@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.support import FakeClock, Running, error, running_gateway
+from tests.support import FakeClock, Running, bearer, create_task, error, post_callback, running_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -35,18 +35,15 @@ async def gateway(url: str, clock: FakeClock, **overrides: Any) -> AsyncIterator
 
 async def running_task(gw: Running, task_id: str = "t") -> dict[str, str]:
     """A running task at version 1; returns its callback headers."""
-    created = await gw.client.post("/v1/tasks", json={"id": task_id, "ttlMs": 60_000, "maxAttempts": 2})
-    assert created.status_code == 201, created.text
-    cb = {"Authorization": f"Bearer {created.json()['callbackToken']}"}
-    started = await gw.client.post(f"/v1/tasks/{task_id}/callbacks", json={"event": START}, headers=cb)
-    assert started.status_code == 200 and started.json()["reason"] == "started", started.text
-    return cb
+    made = await create_task(gw, task_id, ttl_ms=60_000, max_attempts=2)
+    started = await post_callback(gw, task_id, made.callback_token, START)
+    assert started["reason"] == "started", started
+    return bearer(made.callback_token)
 
 
 async def queued_task(gw: Running, task_id: str) -> dict[str, str]:
-    created = await gw.client.post("/v1/tasks", json={"id": task_id, "ttlMs": 60_000, "maxAttempts": 2})
-    assert created.status_code == 201, created.text
-    return {"Authorization": f"Bearer {created.json()['callbackToken']}"}
+    made = await create_task(gw, task_id, ttl_ms=60_000, max_attempts=2)
+    return bearer(made.callback_token)
 
 
 async def snapshot(gw: Running, task_id: str) -> tuple[dict[str, Any], list[Any]]:

@@ -36,7 +36,7 @@ from sqlalchemy import update
 from gateway.machine import expire_task
 from gateway.store.tables import tasks as tasks_table
 from gateway.sweeper import sweep_once
-from tests.support import FakeClock, Running, error, running_gateway
+from tests.support import FakeClock, Running, bearer, create_task, error, post_callback, running_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -56,17 +56,43 @@ class Handle:
     subscribe_token: str
     expected: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    async def create(cls, gw: Running, task_id: str, *, ttl_ms: int = TTL, max_attempts: int = 2) -> Handle:
+        """Create the task (open mode); check that it is queued with the given parameters."""
+        made = await create_task(gw, task_id, ttl_ms=ttl_ms, max_attempts=max_attempts)
+        handle = cls(gw, task_id, made.callback_token, made.subscribe_token)
+        handle.expected = {
+            "id": task_id,
+            "state": "queued",
+            "expiresAtMs": gw.gateway.clock() + ttl_ms,
+            "attempts": 0,
+            "maxAttempts": max_attempts,
+            "progress": 0,
+            "version": 0,
+        }
+        assert made.task == handle.expected
+        return handle
+
     @property
     def cb(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.callback_token}"}
+        return bearer(self.callback_token)
 
     @property
     def sub(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.subscribe_token}"}
+        return bearer(self.subscribe_token)
 
-    async def post(self, event: dict[str, Any], **extra: Any) -> httpx.Response:
-        return await self.gw.client.post(
-            f"/v1/tasks/{self.id}/callbacks", json={**extra, "event": event}, headers=self.cb
+    async def post(
+        self, event: dict[str, Any], *, callback_id: str | None = None, attempt: int | None = None
+    ) -> httpx.Response:
+        """Send a callback; the response as it came."""
+        return await post_callback(
+            self.gw,
+            self.id,
+            self.callback_token,
+            event,
+            callback_id=callback_id,
+            attempt=attempt,
+            expect=None,
         )
 
     async def get(self) -> dict[str, Any]:
@@ -96,12 +122,19 @@ class Handle:
         notify: bool = False,
         duplicate_callback: bool = False,
         status: int = 200,
-        **extra: Any,
+        callback_id: str | None = None,
+        attempt: int | None = None,
     ) -> dict[str, Any]:
         """Send a callback; check the status and the whole answer against ``self.expected``."""
-        answer = await self.post(event, **extra)
-        assert answer.status_code == status, answer.text
-        body = answer.json()
+        body = await post_callback(
+            self.gw,
+            self.id,
+            self.callback_token,
+            event,
+            callback_id=callback_id,
+            attempt=attempt,
+            expect=status,
+        )
         assert body == {
             "changed": changed,
             "duplicate": duplicate,
@@ -110,31 +143,11 @@ class Handle:
             "reason": reason,
             "task": self.expected,
         }
-        return body  # type: ignore[no-any-return]
+        return body
 
     def becomes(self, **changes: Any) -> None:
         """The task we expect after a change: the given fields, and ``version`` one higher."""
         self.expected = {**self.expected, **changes, "version": self.expected["version"] + 1}
-
-
-async def create(gw: Running, task_id: str, *, ttl_ms: int = TTL, max_attempts: int = 2) -> Handle:
-    answer = await gw.client.post(
-        "/v1/tasks", json={"id": task_id, "ttlMs": ttl_ms, "maxAttempts": max_attempts}
-    )
-    assert answer.status_code == 201, answer.text
-    body = answer.json()
-    handle = Handle(gw, task_id, body["callbackToken"], body["subscribeToken"])
-    handle.expected = {
-        "id": task_id,
-        "state": "queued",
-        "expiresAtMs": gw.gateway.clock() + ttl_ms,
-        "attempts": 0,
-        "maxAttempts": max_attempts,
-        "progress": 0,
-        "version": 0,
-    }
-    assert body["task"] == handle.expected
-    return handle
 
 
 @asynccontextmanager
@@ -165,7 +178,7 @@ def stamped(event: dict[str, Any], at_ms: int) -> dict[str, Any]:
 
 async def test_started_progress_succeeded(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-1")
+        t = await Handle.create(gw, "r-1")
         t0 = clock()
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
@@ -186,7 +199,7 @@ async def test_started_progress_succeeded(database_url: str, clock: FakeClock) -
 
 async def test_requeued_then_failed(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-2", max_attempts=2)
+        t = await Handle.create(gw, "r-2", max_attempts=2)
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         t.becomes(progress=30)
@@ -204,7 +217,7 @@ async def test_requeued_then_failed(database_url: str, clock: FakeClock) -> None
 
 async def test_failed_not_retryable(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-3", max_attempts=5)
+        t = await Handle.create(gw, "r-3", max_attempts=5)
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         t.becomes(state="failed", error="fatal")
@@ -214,7 +227,7 @@ async def test_failed_not_retryable(database_url: str, clock: FakeClock) -> None
 async def test_callback_at_the_deadline_expires(database_url: str, clock: FakeClock) -> None:
     # The sweeper is off so that only the callback can expire the task.
     async with gateway(database_url, clock, sweep_interval_ms=0) as gw:
-        t = await create(gw, "r-4", ttl_ms=1_000)
+        t = await Handle.create(gw, "r-4", ttl_ms=1_000)
         deadline = t.expected["expiresAtMs"]
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
@@ -223,7 +236,7 @@ async def test_callback_at_the_deadline_expires(database_url: str, clock: FakeCl
         await t.expect(progress(10), "progress", changed=True)
         clock.advance(1)  # exactly at expiresAtMs (the reference's >=)
         t.becomes(state="expired")
-        await t.expect(SUCCEED, "expired", changed=True, notify=True, callbackId="late-1")
+        await t.expect(SUCCEED, "expired", changed=True, notify=True, callback_id="late-1")
         assert await t.get() == t.expected
         history = await t.history()
         # The late callback is not recorded; the expiry is, pinned to the deadline.
@@ -236,7 +249,7 @@ async def test_callback_at_the_deadline_expires(database_url: str, clock: FakeCl
             changed=False,
             duplicate=True,
             duplicate_callback=True,
-            callbackId="late-1",
+            callback_id="late-1",
         )
         # Anything else on an expired task is a terminal conflict (there is no way to send an expire).
         await t.expect(SUCCEED, "terminal-conflict", changed=False)
@@ -248,7 +261,7 @@ async def test_callback_at_the_deadline_expires(database_url: str, clock: FakeCl
 
 async def test_callback_after_the_deadline_expires_a_queued_task(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock, sweep_interval_ms=0) as gw:
-        t = await create(gw, "r-5", ttl_ms=1_000)
+        t = await Handle.create(gw, "r-5", ttl_ms=1_000)
         deadline = t.expected["expiresAtMs"]
         clock.advance(5_000)
         t.becomes(state="expired")
@@ -263,8 +276,8 @@ async def test_callback_after_the_deadline_expires_a_queued_task(database_url: s
 async def test_sweeper_expires_at_the_deadline(database_url: str, clock: FakeClock) -> None:
     # Default settings: the background sweeper runs.
     async with running_gateway(database_url, clock=clock) as gw:
-        t = await create(gw, "r-6", ttl_ms=1_000)
-        other = await create(gw, "r-6-live", ttl_ms=10_000)
+        t = await Handle.create(gw, "r-6", ttl_ms=1_000)
+        other = await Handle.create(gw, "r-6-live", ttl_ms=10_000)
         deadline = t.expected["expiresAtMs"]
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
@@ -299,7 +312,7 @@ async def test_sweeper_expires_at_the_deadline(database_url: str, clock: FakeClo
 
 async def test_duplicate_result_and_terminal_conflict(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-7")
+        t = await Handle.create(gw, "r-7")
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         t.becomes(state="succeeded", progress=100, resultRef="s3://bucket/r", resultHash="sha256:aa")
@@ -318,7 +331,7 @@ async def test_duplicate_result_and_terminal_conflict(database_url: str, clock: 
 
 async def test_terminal_conflict_on_failed(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-8", max_attempts=1)
+        t = await Handle.create(gw, "r-8", max_attempts=1)
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         t.becomes(state="failed", error="no")
@@ -331,7 +344,7 @@ async def test_already_running_not_running_stale_and_duplicate_progress(
     database_url: str, clock: FakeClock
 ) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-9")
+        t = await Handle.create(gw, "r-9")
         # Progress, succeed and fail on a queued task are not-running.
         await t.expect(progress(10), "not-running", changed=False)
         await t.expect(SUCCEED, "not-running", changed=False)
@@ -349,7 +362,7 @@ async def test_already_running_not_running_stale_and_duplicate_progress(
 
 async def test_not_startable(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-10", max_attempts=2)
+        t = await Handle.create(gw, "r-10", max_attempts=2)
         # No callback sequence makes a queued task with attempts == maxAttempts: seed it in the store.
         async with gw.gateway.db.write() as conn:
             await conn.execute(update(tasks_table).where(tasks_table.c.id == "r-10").values(attempts=2))
@@ -360,9 +373,9 @@ async def test_not_startable(database_url: str, clock: FakeClock) -> None:
 
 async def test_duplicate_callback(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-11")
+        t = await Handle.create(gw, "r-11")
         t.becomes(state="running", attempts=1)
-        await t.expect(START, "started", changed=True, callbackId="cb-1")
+        await t.expect(START, "started", changed=True, callback_id="cb-1")
         clock.advance(5)
         await t.expect(
             START,
@@ -370,10 +383,10 @@ async def test_duplicate_callback(database_url: str, clock: FakeClock) -> None:
             changed=False,
             duplicate=True,
             duplicate_callback=True,
-            callbackId="cb-1",
+            callback_id="cb-1",
         )
         t.becomes(progress=20)
-        await t.expect(progress(20), "progress", changed=True, callbackId="cb-2", attempt=1)
+        await t.expect(progress(20), "progress", changed=True, callback_id="cb-2", attempt=1)
         # The same body as parsed JSON (other key order, spacing, 20.0 for 20) is the same callback.
         raw = (
             b'{ "event" : {"cursor":"c", "progress": 20.0, "type":"progress"}, "attempt":1, '
@@ -392,18 +405,18 @@ async def test_duplicate_callback(database_url: str, clock: FakeClock) -> None:
             "task": t.expected,
         }
         # A callback id is remembered even when its event changed nothing.
-        await t.expect(progress(10), "stale-progress", changed=False, callbackId="cb-3")
+        await t.expect(progress(10), "stale-progress", changed=False, callback_id="cb-3")
         await t.expect(
             progress(10),
             "duplicate-callback",
             changed=False,
             duplicate=True,
             duplicate_callback=True,
-            callbackId="cb-3",
+            callback_id="cb-3",
         )
         # The callback id comes first: a retried callback whose attempt is now stale is still a duplicate.
         t.becomes(state="queued", progress=0, error="e")
-        await t.expect(failure(True, "e"), "requeued", changed=True, callbackId="cb-4", attempt=1)
+        await t.expect(failure(True, "e"), "requeued", changed=True, callback_id="cb-4", attempt=1)
         t.becomes(state="running", attempts=2)
         await t.expect(START, "started", changed=True)
         await t.expect(
@@ -412,7 +425,7 @@ async def test_duplicate_callback(database_url: str, clock: FakeClock) -> None:
             changed=False,
             duplicate=True,
             duplicate_callback=True,
-            callbackId="cb-4",
+            callback_id="cb-4",
             attempt=1,
         )
         assert await t.get() == t.expected
@@ -424,14 +437,14 @@ async def test_duplicate_callback(database_url: str, clock: FakeClock) -> None:
 
 async def test_callback_id_reused(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        a = await create(gw, "r-12a")
-        b = await create(gw, "r-12b")
+        a = await Handle.create(gw, "r-12a")
+        b = await Handle.create(gw, "r-12b")
         a.becomes(state="running", attempts=1)
-        await a.expect(START, "started", changed=True, callbackId="shared")
+        await a.expect(START, "started", changed=True, callback_id="shared")
         # Same id, another event: 409, nothing changes.
-        error(await a.post(progress(10), callbackId="shared"), 409, "callback-id-reused")
+        error(await a.post(progress(10), callback_id="shared"), 409, "callback-id-reused")
         # Same id and event on another task: ids are global, and the task id is part of the body.
-        error(await b.post(START, callbackId="shared"), 409, "callback-id-reused")
+        error(await b.post(START, callback_id="shared"), 409, "callback-id-reused")
         assert await a.get() == a.expected
         assert await b.get() == b.expected
         assert [e["version"] for e in await a.history()] == [1]
@@ -440,19 +453,19 @@ async def test_callback_id_reused(database_url: str, clock: FakeClock) -> None:
 
 async def test_callback_id_reused_with_another_attempt(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-13")
+        t = await Handle.create(gw, "r-13")
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         t.becomes(progress=10)
-        await t.expect(progress(10), "progress", changed=True, callbackId="p", attempt=1)
-        error(await t.post(progress(10), callbackId="p"), 409, "callback-id-reused")
-        error(await t.post(progress(10), callbackId="p", attempt=2), 409, "callback-id-reused")
+        await t.expect(progress(10), "progress", changed=True, callback_id="p", attempt=1)
+        error(await t.post(progress(10), callback_id="p"), 409, "callback-id-reused")
+        error(await t.post(progress(10), callback_id="p", attempt=2), 409, "callback-id-reused")
         assert await t.get() == t.expected
 
 
 async def test_stale_attempt(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-14", max_attempts=3)
+        t = await Handle.create(gw, "r-14", max_attempts=3)
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         t.becomes(state="queued", progress=0, error="retry")
@@ -461,13 +474,13 @@ async def test_stale_attempt(database_url: str, clock: FakeClock) -> None:
         await t.expect(START, "started", changed=True)
         # The worker of attempt 1 cannot write into attempt 2, whatever the event.
         for event in (progress(60), SUCCEED, failure(False)):
-            error(await t.post(event, attempt=1, callbackId="old-worker"), 409, "stale-attempt")
+            error(await t.post(event, attempt=1, callback_id="old-worker"), 409, "stale-attempt")
         error(await t.post(progress(60), attempt=3), 409, "stale-attempt")
         assert await t.get() == t.expected
         assert [e["version"] for e in await t.history()] == [1, 2, 3]
         # The stale callback did not burn its callback id: the same id with the current attempt works.
         t.becomes(progress=60)
-        await t.expect(progress(60), "progress", changed=True, attempt=2, callbackId="old-worker")
+        await t.expect(progress(60), "progress", changed=True, attempt=2, callback_id="old-worker")
         # Fencing comes before the state machine: attempt 2 of a task that moved on is still checked.
         t.becomes(state="succeeded", progress=100, resultRef="s3://bucket/r", resultHash="sha256:aa")
         await t.expect(SUCCEED, "succeeded", changed=True, notify=True, attempt=2)
@@ -483,59 +496,57 @@ async def test_stale_attempt(database_url: str, clock: FakeClock) -> None:
 async def test_stale_attempt_after_the_deadline_changes_nothing(database_url: str, clock: FakeClock) -> None:
     """Fencing comes before the state machine, so a stale callback does not even expire the task."""
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-14b", ttl_ms=1_000)
+        t = await Handle.create(gw, "r-14b", ttl_ms=1_000)
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         clock.advance(2_000)
-        error(await t.post(progress(10), attempt=7, callbackId="late"), 409, "stale-attempt")
+        error(await t.post(progress(10), attempt=7, callback_id="late"), 409, "stale-attempt")
         assert await t.get() == t.expected
         t.becomes(state="expired")
-        await t.expect(progress(10), "expired", changed=True, notify=True, attempt=1, callbackId="late")
+        await t.expect(progress(10), "expired", changed=True, notify=True, attempt=1, callback_id="late")
 
 
 async def test_create_is_idempotent_for_the_same_parameters(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-15", ttl_ms=5_000, max_attempts=3)
+        t = await Handle.create(gw, "r-15", ttl_ms=5_000, max_attempts=3)
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         clock.advance(1_000)
-        again = await gw.client.post("/v1/tasks", json={"id": "r-15", "ttlMs": 5_000, "maxAttempts": 3})
-        assert again.status_code == 200, again.text
-        body = again.json()
-        assert set(body) == {"task", "callbackToken", "subscribeToken"}
+        again = await create_task(gw, "r-15", ttl_ms=5_000, max_attempts=3, expect=200)
+        assert set(again) == {"task", "callbackToken", "subscribeToken"}
         # The same task as it stands (not reset, deadline unchanged).
-        assert body["task"] == t.expected
+        assert again.task == t.expected
         # Fresh tokens that work.
-        cb = {"Authorization": f"Bearer {body['callbackToken']}"}
-        answer = await gw.client.post("/v1/tasks/r-15/callbacks", json={"event": progress(5)}, headers=cb)
-        assert answer.status_code == 200 and answer.json()["reason"] == "progress", answer.text
-        sub = {"Authorization": f"Bearer {body['subscribeToken']}"}
+        answer = await post_callback(gw, "r-15", again.callback_token, progress(5))
+        assert answer["reason"] == "progress", answer
+        sub = bearer(again.subscribe_token)
         assert (await gw.client.get("/v1/tasks/r-15", headers=sub)).json()["progress"] == 5
         # maxAttempts 3.0 is the same JSON number as 3.
-        again = await gw.client.post("/v1/tasks", json={"id": "r-15", "ttlMs": 5_000, "maxAttempts": 3.0})
-        assert again.status_code == 200, again.text
+        same_number = await gw.client.post(
+            "/v1/tasks", json={"id": "r-15", "ttlMs": 5_000, "maxAttempts": 3.0}
+        )
+        assert same_number.status_code == 200, same_number.text
 
 
 async def test_task_exists(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "r-16", ttl_ms=5_000, max_attempts=3)
-        for params in ({"ttlMs": 6_000, "maxAttempts": 3}, {"ttlMs": 5_000, "maxAttempts": 2}):
-            answer = await gw.client.post("/v1/tasks", json={"id": "r-16", **params})
+        t = await Handle.create(gw, "r-16", ttl_ms=5_000, max_attempts=3)
+        for ttl_ms, max_attempts in ((6_000, 3), (5_000, 2)):
+            answer = await create_task(gw, "r-16", ttl_ms=ttl_ms, max_attempts=max_attempts, expect=None)
             error(answer, 409, "task-exists")
         assert await t.get() == t.expected
 
 
 async def test_create_without_id_generates_one(sqlite_url: str, clock: FakeClock) -> None:
     async with gateway(sqlite_url, clock) as gw:
-        first = await gw.client.post("/v1/tasks", json={"ttlMs": 1_000, "maxAttempts": 1})
-        second = await gw.client.post("/v1/tasks", json={"ttlMs": 1_000, "maxAttempts": 1})
-        assert first.status_code == second.status_code == 201
-        ids = {first.json()["task"]["id"], second.json()["task"]["id"]}
+        first = await create_task(gw, None, ttl_ms=1_000, max_attempts=1)
+        second = await create_task(gw, None, ttl_ms=1_000, max_attempts=1)
+        ids = {first.task["id"], second.task["id"]}
         assert len(ids) == 2 and all(ids)
 
 
 async def _succeeded(gw: Running, task_id: str) -> Handle:
-    t = await create(gw, task_id)
+    t = await Handle.create(gw, task_id)
     t.becomes(state="running", attempts=1)
     await t.expect(START, "started", changed=True)
     t.becomes(state="succeeded", progress=100, resultRef=f"s3://b/{task_id}", resultHash=f"h-{task_id}")
@@ -556,7 +567,7 @@ async def test_deliveries(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
         a = await _succeeded(gw, "d-a")
         b = await _succeeded(gw, "d-b")
-        queued = await create(gw, "d-q")
+        queued = await Handle.create(gw, "d-q")
         at = clock()
         receipt = {
             "taskId": "d-a",
@@ -602,13 +613,13 @@ async def test_deliveries(database_url: str, clock: FakeClock) -> None:
 
 async def test_not_succeeded_for_failed_and_expired(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock, sweep_interval_ms=0) as gw:
-        f = await create(gw, "n-f", max_attempts=1)
+        f = await Handle.create(gw, "n-f", max_attempts=1)
         f.becomes(state="running", attempts=1)
         await f.expect(START, "started", changed=True)
         f.becomes(state="failed", error="x")
         await f.expect(failure(False, "x"), "failed", changed=True, notify=True)
         error(await deliver(gw, "n-f", "kf"), 409, "not-succeeded")
-        e = await create(gw, "n-e", ttl_ms=10)
+        e = await Handle.create(gw, "n-e", ttl_ms=10)
         clock.advance(10)
         e.becomes(state="expired")
         await e.expect(START, "expired", changed=True, notify=True)
@@ -622,7 +633,7 @@ async def test_drain_returns_each_notification_once_in_the_reference_order(
     # by code point "\ue000" would come before "😀" (U+1F600, D83D DE00 in UTF-16).
     ids_by_time = ["b", "\ue000", "a", "😀", "B"]
     async with gateway(database_url, clock) as gw:
-        handles = [await create(gw, task_id) for task_id in ids_by_time]
+        handles = [await Handle.create(gw, task_id) for task_id in ids_by_time]
         assert (await gw.client.post("/v1/notifications/drain")).json() == []
         finished: dict[str, dict[str, Any]] = {}
         for i, t in enumerate(handles):
@@ -657,7 +668,7 @@ async def test_drain_returns_each_notification_once_in_the_reference_order(
 
 async def test_concurrent_drains_return_each_notification_once(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        handles = [await create(gw, f"cd-{i:02d}", max_attempts=1) for i in range(12)]
+        handles = [await Handle.create(gw, f"cd-{i:02d}", max_attempts=1) for i in range(12)]
         for t in handles:
             assert (await t.post(START)).status_code == 200
             assert (await t.post(failure(False))).status_code == 200
@@ -679,11 +690,11 @@ async def test_concurrent_drains_return_each_notification_once(database_url: str
 
 async def test_concurrent_callbacks_with_one_callback_id(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "cc-1")
+        t = await Handle.create(gw, "cc-1")
         answers: list[httpx.Response] = []
 
         async def send() -> None:
-            answers.append(await t.post(START, callbackId="same"))
+            answers.append(await t.post(START, callback_id="same"))
 
         async with anyio.create_task_group() as tg:
             for _ in range(10):
@@ -697,12 +708,12 @@ async def test_concurrent_callbacks_with_one_callback_id(database_url: str, cloc
 async def test_concurrent_reuse_of_a_callback_id_on_two_tasks(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
         for round_ in range(5):
-            a = await create(gw, f"cr-{round_}-a")
-            b = await create(gw, f"cr-{round_}-b")
+            a = await Handle.create(gw, f"cr-{round_}-a")
+            b = await Handle.create(gw, f"cr-{round_}-b")
             answers: dict[str, httpx.Response] = {}
 
             async def send(t: Handle, callback_id: str, answers: dict[str, httpx.Response] = answers) -> None:
-                answers[t.id] = await t.post(START, callbackId=callback_id)
+                answers[t.id] = await t.post(START, callback_id=callback_id)
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(send, a, f"race-{round_}")
@@ -717,12 +728,12 @@ async def test_concurrent_reuse_of_a_callback_id_on_two_tasks(database_url: str,
 
 async def test_concurrent_callbacks_keep_versions_contiguous(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock, retention_versions=100) as gw:  # the whole history as a delta
-        t = await create(gw, "cv-1")
+        t = await Handle.create(gw, "cv-1")
         assert (await t.post(START)).status_code == 200
         answers: list[httpx.Response] = []
 
         async def send(n: int) -> None:
-            answers.append(await t.post(progress(n), callbackId=f"p-{n}"))
+            answers.append(await t.post(progress(n), callback_id=f"p-{n}"))
 
         async with anyio.create_task_group() as tg:
             for n in range(1, 21):
@@ -743,7 +754,7 @@ async def test_concurrent_callbacks_keep_versions_contiguous(database_url: str, 
 
 async def test_events_caught_up_delta_and_snapshots(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
-        t = await create(gw, "e-1", max_attempts=1)
+        t = await Handle.create(gw, "e-1", max_attempts=1)
         answer = await t.events(0)
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"mode": "caught-up", "version": 0, "events": [], "task": t.expected}
@@ -799,7 +810,7 @@ async def test_events_caught_up_delta_and_snapshots(database_url: str, clock: Fa
 
 async def test_events_retention_is_a_setting(sqlite_url: str, clock: FakeClock) -> None:
     async with gateway(sqlite_url, clock, retention_versions=2) as gw:
-        t = await create(gw, "e-2")
+        t = await Handle.create(gw, "e-2")
         t.becomes(state="running", attempts=1)
         await t.expect(START, "started", changed=True)
         for n in (10, 20):
@@ -811,7 +822,7 @@ async def test_events_retention_is_a_setting(sqlite_url: str, clock: FakeClock) 
 
 async def test_events_bad_cursor(sqlite_url: str, clock: FakeClock) -> None:
     async with gateway(sqlite_url, clock) as gw:
-        t = await create(gw, "e-3")
+        t = await Handle.create(gw, "e-3")
         for cursor in ("-1", "abc", "1.5", "1e3"):
             message = error(await t.events(cursor), 400, "invalid-request")
             assert "cursor" in message, message

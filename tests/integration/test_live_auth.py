@@ -15,21 +15,20 @@ import pytest
 
 from tests.integration.test_live_support import (
     closed_with,
-    create_task,
     live_gateway,
     recv_frame,
     socket,
     ws_url,
 )
-from tests.support import Running, mint
+from tests.support import Running, bearer, create_task, mint
 
 API_KEY = "live-api-key"
 APP = "https://app.example"
 
 
 async def two_tasks(gw: Running) -> tuple[dict[str, Any], dict[str, Any]]:
-    mine = await create_task(gw, "mine", api_key=API_KEY)
-    theirs = await create_task(gw, "theirs", api_key=API_KEY)
+    mine = await create_task(gw, "mine", headers=bearer(API_KEY))
+    theirs = await create_task(gw, "theirs", headers=bearer(API_KEY))
     return mine, theirs
 
 

@@ -20,16 +20,15 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from tests.integration.test_live_support import (
     StreamCheck,
-    create_task,
     get_task,
     live_gateway,
     loads,
-    post_event,
     read_to_close,
     recv_frame,
     socket,
     ws_url,
 )
+from tests.support import create_task, post_callback
 
 SUBSCRIBERS = 1_000
 CONNECTING = 50  # handshakes in flight at once
@@ -46,8 +45,8 @@ async def test_callbacks_are_answered_and_fanned_out_while_a_subscriber_is_not_r
         hub = gw.gateway.hub
         fan = await create_task(gw, "fan")
         jam = await create_task(gw, "jam", max_attempts=1_000)
-        await post_event(gw, "fan", fan["callbackToken"], {"type": "start", "worker": "w1"})  # v1
-        await post_event(gw, "jam", jam["callbackToken"], {"type": "start", "worker": "w1"})  # v1
+        await post_callback(gw, "fan", fan["callbackToken"], {"type": "start", "worker": "w1"})  # v1
+        await post_callback(gw, "jam", jam["callbackToken"], {"type": "start", "worker": "w1"})  # v1
 
         connected = anyio.Event()
         n_connected = 0
@@ -112,18 +111,20 @@ async def test_callbacks_are_answered_and_fanned_out_while_a_subscriber_is_not_r
                     assert sent < 1_000, "the slow subscriber's socket never filled"
                     if progress == 100:
                         token = jam["callbackToken"]
-                        await post_event(gw, "jam", token, {"type": "fail", "error": "e", "retryable": True})
-                        await post_event(gw, "jam", token, {"type": "start", "worker": "w"})
+                        await post_callback(
+                            gw, "jam", token, {"type": "fail", "error": "e", "retryable": True}
+                        )
+                        await post_callback(gw, "jam", token, {"type": "start", "worker": "w"})
                         progress = 0
                     progress += 1
                     sent += 1
                     event = {"type": "progress", "progress": progress, "cursor": f"{sent}{JAM_PAD}"}
-                    await post_event(gw, "jam", jam["callbackToken"], event)
+                    await post_callback(gw, "jam", jam["callbackToken"], event)
                 tg.start_soon(slow_subscriber, slow)
 
                 for version in FAN_VERSIONS:
                     event = {"type": "progress", "progress": version * 10, "cursor": f"fan-{version}"}
-                    answer = await post_event(gw, "fan", fan["callbackToken"], event)
+                    answer = await post_callback(gw, "fan", fan["callbackToken"], event)
                     assert answer["task"]["version"] == version
                     log.append(("answered", version))
                     await everyone_has[version].wait()
@@ -131,7 +132,7 @@ async def test_callbacks_are_answered_and_fanned_out_while_a_subscriber_is_not_r
                 release.set()
 
                 done = {"type": "succeed", "resultRef": "s3://fan", "resultHash": "h"}
-                await post_event(gw, "fan", fan["callbackToken"], done)  # v5: the fast sockets close
+                await post_callback(gw, "fan", fan["callbackToken"], done)  # v5: the fast sockets close
 
         for version in FAN_VERSIONS:
             answered = log.index(("answered", version))

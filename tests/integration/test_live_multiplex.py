@@ -18,14 +18,12 @@ import pytest
 
 from tests.integration.test_live_support import (
     StreamCheck,
-    create_task,
     live_gateway,
-    post_event,
     recv_frame,
     socket,
     ws_url,
 )
-from tests.support import mint
+from tests.support import bearer, create_task, mint, post_callback
 
 API_KEY = "live-api-key"
 VALID = 120
@@ -45,11 +43,11 @@ async def test_two_hundred_subscriptions_on_one_socket_valid_ones_stream_invalid
 
         async def make(task_id: str) -> None:
             async with limiter:
-                made[task_id] = await create_task(gw, task_id, api_key=API_KEY)
+                made[task_id] = await create_task(gw, task_id, headers=bearer(API_KEY))
 
         async def post(task_id: str, event: dict[str, Any]) -> None:
             async with limiter:
-                await post_event(gw, task_id, made[task_id]["callbackToken"], event)
+                await post_callback(gw, task_id, made[task_id]["callbackToken"], event)
 
         async with anyio.create_task_group() as tg:
             for task_id in ids:

@@ -19,15 +19,14 @@ import pytest
 
 from tests.integration.test_live_support import (
     StreamCheck,
-    create_task,
     get_task,
     live_gateway,
-    post_event,
     read_to_close,
     recv_frame,
     socket,
     ws_url,
 )
+from tests.support import create_task, post_callback
 
 CALLBACKS = 300
 SUBSCRIBERS = 30
@@ -74,7 +73,7 @@ async def test_subscribers_joining_during_a_burst_see_each_version_once_in_order
         async def post(event: dict[str, Any]) -> None:
             nonlocal answered, newest
             async with limiter:
-                answer = await post_event(gw, "race", token, event)
+                answer = await post_callback(gw, "race", token, event)
             newest = max(newest, answer["task"]["version"])
             answered += 1
             for threshold, ready in waiting:
@@ -103,7 +102,7 @@ async def test_subscribers_joining_during_a_burst_see_each_version_once_in_order
             async with anyio.create_task_group() as tg:
                 for i in range(SUBSCRIBERS):
                     tg.start_soon(subscriber, i)
-                await post_event(gw, "race", token, {"type": "start", "worker": "w0"})
+                await post_callback(gw, "race", token, {"type": "start", "worker": "w0"})
                 async with anyio.create_task_group() as burst:
                     for event in events:
                         burst.start_soon(post, event)
@@ -111,9 +110,9 @@ async def test_subscribers_joining_during_a_burst_see_each_version_once_in_order
                     await ready.wait()
                 # Then the task is succeeded: from whatever state the burst left it in.
                 if (await get_task(gw, "race"))["state"] == "queued":
-                    await post_event(gw, "race", token, {"type": "start", "worker": "last"})
+                    await post_callback(gw, "race", token, {"type": "start", "worker": "last"})
                 done = {"type": "succeed", "resultRef": "s3://race", "resultHash": "h"}
-                assert (await post_event(gw, "race", token, done))["reason"] == "succeeded"
+                assert (await post_callback(gw, "race", token, done))["reason"] == "succeeded"
 
         final = await get_task(gw, "race")
         assert final["state"] == "succeeded"

@@ -14,15 +14,14 @@ import pytest
 
 from tests.integration.test_live_support import (
     StreamCheck,
-    create_task,
     get_task,
     live_gateway,
-    post_event,
     read_to_close,
     recv_frame,
     socket,
     ws_url,
 )
+from tests.support import create_task, post_callback
 
 RETENTION = 8  # the default
 
@@ -41,14 +40,14 @@ async def test_a_cut_client_resumes_with_a_delta_or_a_retention_snapshot_and_end
         token, sub = made["callbackToken"], made["subscribeToken"]
         url = ws_url(gw, "/v1/tasks/recon/ws", token=sub)
         with anyio.fail_after(30):
-            await post_event(gw, "recon", token, {"type": "start", "worker": "w1"})  # v1
+            await post_callback(gw, "recon", token, {"type": "start", "worker": "w1"})  # v1
             near = StreamCheck("recon", 0, retention=RETENTION)
             far = StreamCheck("recon", 0, retention=RETENTION)
             async with socket(url) as ws_near, socket(url) as ws_far:
                 near.feed(await recv_frame(ws_near))
                 far.feed(await recv_frame(ws_far))
                 for p in (10, 20, 30, 40):  # v2..v5, not waiting for anyone to read them
-                    await post_event(gw, "recon", token, progress(p))
+                    await post_callback(gw, "recon", token, progress(p))
                 # ``near`` stops in the middle of what is arriving; ``far`` has applied all of it.
                 while near.version < 3:
                     near.feed(await recv_frame(ws_near))
@@ -61,7 +60,7 @@ async def test_a_cut_client_resumes_with_a_delta_or_a_retention_snapshot_and_end
             assert hub.stats()["subscriptions"] == 0
 
             for p in (50, 60, 70):  # v6..v8: near missed 5 versions, within the retention window
-                await post_event(gw, "recon", token, progress(p))
+                await post_callback(gw, "recon", token, progress(p))
             near_cursor = near.version
             near = StreamCheck("recon", near_cursor, base=near.task, retention=RETENTION)
             async with socket(ws_url(gw, "/v1/tasks/recon/ws", token=sub, cursor=near_cursor)) as ws_near:
@@ -70,7 +69,7 @@ async def test_a_cut_client_resumes_with_a_delta_or_a_retention_snapshot_and_end
                 assert [e["version"] for e in near.resume["events"]] == [4, 5, 6, 7, 8]
 
                 for p in range(71, 81):  # v9..v18: far is now 13 versions behind
-                    await post_event(gw, "recon", token, progress(p))
+                    await post_callback(gw, "recon", token, progress(p))
                 far_cursor = far.version
                 far = StreamCheck("recon", far_cursor, base=far.task, retention=RETENTION)
                 async with socket(ws_url(gw, "/v1/tasks/recon/ws", token=sub, cursor=far_cursor)) as ws_far:
@@ -79,9 +78,9 @@ async def test_a_cut_client_resumes_with_a_delta_or_a_retention_snapshot_and_end
                     assert far.resume["type"] == "snapshot" and far.resume["reason"] == "retention"
                     assert far.version == 18
 
-                    await post_event(gw, "recon", token, progress(90))
+                    await post_callback(gw, "recon", token, progress(90))
                     done = {"type": "succeed", "resultRef": "s3://recon", "resultHash": "sha256:1"}
-                    await post_event(gw, "recon", token, done)  # v20
+                    await post_callback(gw, "recon", token, done)  # v20
                     assert await read_to_close(ws_near, near) == 1000
                     assert await read_to_close(ws_far, far) == 1000
 

@@ -15,13 +15,12 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.integration.test_live_support import (
-    create_task,
     live_gateway,
-    post_event,
     recv_frame,
     sse_frames,
     ws_url,
 )
+from tests.support import create_task, post_callback
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +34,7 @@ async def test_open_subscribers_get_1001_when_the_server_stops(database_url: str
         async with httpx.AsyncClient(timeout=10) as sse_client, anyio.create_task_group() as tg:
             async with live_gateway(database_url) as gw:
                 made = await create_task(gw, "open")
-                await post_event(gw, "open", made["callbackToken"], {"type": "start", "worker": "w1"})
+                await post_callback(gw, "open", made["callbackToken"], {"type": "start", "worker": "w1"})
                 single = await connect(ws_url(gw, "/v1/tasks/open/ws", cursor=1))
                 multi = await connect(ws_url(gw, "/v1/ws"))
                 assert (await recv_frame(single))["type"] == "caught-up"

@@ -16,6 +16,7 @@ Two scenarios, each against a real server with ``subscription_backlog=32``:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,16 +28,15 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.integration.test_live_support import (
     StreamCheck,
-    create_task,
     get_task,
     live_gateway,
     loads,
-    post_event,
     recv_frame,
     socket,
     wait_until,
     ws_url,
 )
+from tests.support import create_task, post_callback
 
 TASKS = 4
 CYCLES = 25  # per task: 25 x (start + 18 progress + fail) = 500 entries
@@ -71,7 +71,9 @@ def cycle_events(cycle: int) -> list[dict[str, Any]]:
     return events
 
 
-async def subscribe(ws: ClientConnection, tasks: dict[str, dict[str, Any]], cursors: dict[str, int]) -> None:
+async def subscribe(
+    ws: ClientConnection, tasks: Mapping[str, Mapping[str, Any]], cursors: dict[str, int]
+) -> None:
     for task_id, made in tasks.items():
         await ws.send(
             f'{{"type":"subscribe","taskId":"{task_id}","cursor":{cursors[task_id]},'
@@ -101,12 +103,13 @@ async def run_stalled(db_url: str) -> Stalled:
             """One task's entries, each callback answered before the next is sent."""
             for cycle in range(CYCLES):
                 for event in cycle_events(cycle):
-                    answer = await post_event(gw, task_id, token, event)
+                    answer = await post_callback(gw, task_id, token, event)
                     assert answer["changed"] is True, answer
                     sample()
-            await post_event(gw, task_id, token, {"type": "start", "worker": "last"})
+            await post_callback(gw, task_id, token, {"type": "start", "worker": "last"})
             done = {"type": "succeed", "resultRef": f"s3://{task_id}", "resultHash": "h"}
-            assert (await post_event(gw, task_id, token, done))["task"]["version"] == final_versions[task_id]
+            answer = await post_callback(gw, task_id, token, done)
+            assert answer["task"]["version"] == final_versions[task_id]
 
         with anyio.fail_after(SCENARIO_DEADLINE_S):
             async with (
@@ -233,20 +236,20 @@ async def test_a_subscriber_that_falls_behind_gets_one_conflated_snapshot_then_t
             ) as ws:
                 check = StreamCheck("behind", 0)
                 check.feed(await recv_frame(ws))
-                await post_event(gw, "behind", token, {"type": "start", "worker": "w1"})
+                await post_callback(gw, "behind", token, {"type": "start", "worker": "w1"})
                 progress, sent = 0, 0
                 # Publish until the gateway, unable to write, collapses the backlog (bounded in count).
                 while hub.stats()["conflations"] == 0:
                     assert sent < 2_000, "the socket never filled"
                     if progress == 100:
-                        await post_event(
+                        await post_callback(
                             gw, "behind", token, {"type": "fail", "error": "e", "retryable": True}
                         )
-                        await post_event(gw, "behind", token, {"type": "start", "worker": "w"})
+                        await post_callback(gw, "behind", token, {"type": "start", "worker": "w"})
                         progress = 0
                     progress += 1
                     sent += 1
-                    await post_event(
+                    await post_callback(
                         gw,
                         "behind",
                         token,
@@ -258,7 +261,7 @@ async def test_a_subscriber_that_falls_behind_gets_one_conflated_snapshot_then_t
                     if progress == 100:
                         break
                     progress += 1
-                    await post_event(
+                    await post_callback(
                         gw, "behind", token, {"type": "progress", "progress": progress, "cursor": "x"}
                     )
                     assert hub.stats()["pending_max"] <= BACKLOG
@@ -270,7 +273,7 @@ async def test_a_subscriber_that_falls_behind_gets_one_conflated_snapshot_then_t
                 assert check.types[-1] == "snapshot"
 
                 done = {"type": "succeed", "resultRef": "s3://behind", "resultHash": "h"}
-                assert (await post_event(gw, "behind", token, done))["task"]["version"] == newest + 1
+                assert (await post_callback(gw, "behind", token, done))["task"]["version"] == newest + 1
                 frames_after = []
                 try:
                     async for raw in ws:

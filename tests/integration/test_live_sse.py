@@ -11,13 +11,11 @@ import pytest
 
 from tests.integration.test_live_support import (
     StreamCheck,
-    create_task,
     get_task,
     live_gateway,
-    post_event,
     sse_frames,
 )
-from tests.support import Running, bearer
+from tests.support import Running, bearer, create_task, post_callback
 
 
 def progress(p: int) -> dict[str, Any]:
@@ -43,7 +41,7 @@ async def test_a_stream_resumed_with_last_event_id_continues_without_a_gap_and_e
         hub = gw.gateway.hub
         made = await create_task(gw, "sse")
         token, sub = made["callbackToken"], made["subscribeToken"]
-        await post_event(gw, "sse", token, {"type": "start", "worker": "w1"})  # v1
+        await post_callback(gw, "sse", token, {"type": "start", "worker": "w1"})  # v1
         with anyio.fail_after(20):
             first = StreamCheck("sse", 0)
             async with stream(gw, "sse", sub) as response:
@@ -53,7 +51,7 @@ async def test_a_stream_resumed_with_last_event_id_continues_without_a_gap_and_e
                 feed(first, *await anext(events))
                 assert first.resume is not None and first.resume["type"] == "delta"
                 for p in (10, 20, 30):  # v2..v4, each read live
-                    await post_event(gw, "sse", token, progress(p))
+                    await post_callback(gw, "sse", token, progress(p))
                     feed(first, *await anext(events))
                 assert first.event_versions == [2, 3, 4]
                 await events.aclose()
@@ -61,7 +59,7 @@ async def test_a_stream_resumed_with_last_event_id_continues_without_a_gap_and_e
             await hub.idle()
 
             for p in (40, 50):  # v5, v6 while away
-                await post_event(gw, "sse", token, progress(p))
+                await post_callback(gw, "sse", token, progress(p))
             resumed = StreamCheck("sse", first.version, base=first.task, retention=8)
             async with stream(gw, "sse", sub, headers={"Last-Event-ID": str(first.version)}) as response:
                 assert response.status_code == 200
@@ -69,9 +67,9 @@ async def test_a_stream_resumed_with_last_event_id_continues_without_a_gap_and_e
                 feed(resumed, *await anext(events))
                 assert resumed.resume is not None and resumed.resume["type"] == "delta"
                 assert [e["version"] for e in resumed.resume["events"]] == [5, 6]
-                await post_event(gw, "sse", token, progress(60))  # v7
+                await post_callback(gw, "sse", token, progress(60))  # v7
                 done = {"type": "succeed", "resultRef": "s3://sse", "resultHash": "h"}
-                await post_event(gw, "sse", token, done)  # v8
+                await post_callback(gw, "sse", token, done)  # v8
                 # The stream ends by itself after the terminal frame.
                 async for name, ident, data in events:
                     feed(resumed, name, ident, data)
@@ -85,9 +83,9 @@ async def test_cursor_query_and_a_finished_task(sqlite_url: str) -> None:
     async with live_gateway(sqlite_url) as gw:
         made = await create_task(gw, "done")
         token, sub = made["callbackToken"], made["subscribeToken"]
-        await post_event(gw, "done", token, {"type": "start", "worker": "w1"})
-        await post_event(gw, "done", token, progress(50))
-        await post_event(gw, "done", token, {"type": "fail", "error": "disk full", "retryable": False})
+        await post_callback(gw, "done", token, {"type": "start", "worker": "w1"})
+        await post_callback(gw, "done", token, progress(50))
+        await post_callback(gw, "done", token, {"type": "fail", "error": "disk full", "retryable": False})
         final = await get_task(gw, "done")
         assert final["state"] == "failed" and final["version"] == 3
         with anyio.fail_after(10):
@@ -105,8 +103,8 @@ async def test_cursor_query_and_a_finished_task(sqlite_url: str) -> None:
 @pytest.mark.anyio
 async def test_stream_refusals_are_http_errors(sqlite_url: str) -> None:
     async with live_gateway(sqlite_url, api_key="live-key") as gw:
-        made = await create_task(gw, "guarded", api_key="live-key")
-        other = await create_task(gw, "other", api_key="live-key")
+        made = await create_task(gw, "guarded", headers=bearer("live-key"))
+        other = await create_task(gw, "other", headers=bearer("live-key"))
         cases = [
             ({}, 401, "unauthorized"),
             ({"token": other["subscribeToken"]}, 403, "forbidden"),

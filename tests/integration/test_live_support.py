@@ -23,8 +23,14 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from gateway.machine import Task, apply_event, event_from_json, task_to_json
-from tests.support import Running, bearer, running_gateway
+from gateway.frames import task_from_json
+from gateway.machine import apply_event, event_from_json, task_to_json
+from tests.support import Running, bearer, post_callback, running_gateway
+from tests.support import create_task as create_task
+
+# Creating a task and posting a callback are tests.support's (create_task, post_callback); the two names
+# stay importable from here for test files written against this module.
+post_event = post_callback
 
 RESUME_TYPES = ("caught-up", "delta", "snapshot")
 # Bounds one wait for one thing that is expected to happen promptly (a frame, a close).
@@ -44,52 +50,10 @@ def ws_url(gw: Running, path: str, **query: Any) -> str:
     return f"{url}?{urlencode(params)}" if params else url
 
 
-async def create_task(
-    gw: Running,
-    task_id: str,
-    *,
-    ttl_ms: int = 600_000,
-    max_attempts: int = 3,
-    api_key: str | None = None,
-) -> dict[str, Any]:
-    """Create a task; returns the answer (``task``, ``callbackToken``, ``subscribeToken``)."""
-    answer = await gw.client.post(
-        "/v1/tasks",
-        json={"id": task_id, "ttlMs": ttl_ms, "maxAttempts": max_attempts},
-        headers=bearer(api_key) if api_key else None,
-    )
-    assert answer.status_code == 201, answer.text
-    return dict(answer.json())
-
-
-async def post_event(gw: Running, task_id: str, token: str, event: dict[str, Any]) -> dict[str, Any]:
-    """Post one callback; asserts a 200 and returns the answer."""
-    answer = await gw.client.post(
-        f"/v1/tasks/{task_id}/callbacks", json={"event": event}, headers=bearer(token)
-    )
-    assert answer.status_code == 200, answer.text
-    return dict(answer.json())
-
-
 async def get_task(gw: Running, task_id: str, token: str | None = None) -> dict[str, Any]:
     answer = await gw.client.get(f"/v1/tasks/{task_id}", headers=bearer(token) if token else None)
     assert answer.status_code == 200, answer.text
     return dict(answer.json())
-
-
-def task_from_json(data: dict[str, Any]) -> Task:
-    return Task(
-        id=data["id"],
-        state=data["state"],
-        expires_at_ms=data["expiresAtMs"],
-        attempts=data["attempts"],
-        max_attempts=data["maxAttempts"],
-        progress=data["progress"],
-        version=data["version"],
-        result_ref=data.get("resultRef"),
-        result_hash=data.get("resultHash"),
-        error=data.get("error"),
-    )
 
 
 def replay(task: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:

@@ -18,17 +18,15 @@ from gateway.sweeper import sweep_once
 from tests.integration.test_live_support import (
     StreamCheck,
     closed_with,
-    create_task,
     get_task,
     live_gateway,
-    post_event,
     read_to_close,
     recv_frame,
     socket,
     sse_frames,
     ws_url,
 )
-from tests.support import FakeClock, Running
+from tests.support import FakeClock, Running, create_task, post_callback
 
 TTL_MS = 60_000
 
@@ -37,12 +35,12 @@ async def finish(gw: Running, clock: FakeClock, task_id: str, how: str) -> dict[
     """Bring a task to a terminal state with a few entries before it; returns the final task."""
     made = await create_task(gw, task_id, ttl_ms=TTL_MS)
     token = made["callbackToken"]
-    await post_event(gw, task_id, token, {"type": "start", "worker": "w1"})
-    await post_event(gw, task_id, token, {"type": "progress", "progress": 30, "cursor": "c"})
+    await post_callback(gw, task_id, token, {"type": "start", "worker": "w1"})
+    await post_callback(gw, task_id, token, {"type": "progress", "progress": 30, "cursor": "c"})
     if how == "succeeded":
-        await post_event(gw, task_id, token, {"type": "succeed", "resultRef": "s3://r", "resultHash": "h"})
+        await post_callback(gw, task_id, token, {"type": "succeed", "resultRef": "s3://r", "resultHash": "h"})
     elif how == "failed":
-        await post_event(gw, task_id, token, {"type": "fail", "error": "bad input", "retryable": False})
+        await post_callback(gw, task_id, token, {"type": "fail", "error": "bad input", "retryable": False})
     else:
         clock.advance(TTL_MS)
         assert await sweep_once(gw.gateway.book) == 1
@@ -81,7 +79,7 @@ async def test_a_socket_opened_on_a_finished_task_gets_its_resume_frame_then_100
 async def test_an_open_socket_gets_the_terminal_entry_then_1000(sqlite_url: str, clock: FakeClock) -> None:
     async with live_gateway(sqlite_url, clock=clock) as gw:
         made = await create_task(gw, "live-end", ttl_ms=TTL_MS)
-        await post_event(gw, "live-end", made["callbackToken"], {"type": "start", "worker": "w1"})
+        await post_callback(gw, "live-end", made["callbackToken"], {"type": "start", "worker": "w1"})
         with anyio.fail_after(10):
             check = StreamCheck("live-end", 1)
             async with socket(ws_url(gw, "/v1/tasks/live-end/ws", cursor=1)) as ws:
@@ -124,9 +122,9 @@ async def test_a_subscriber_that_connects_as_the_task_finishes_still_gets_1000(
     async with live_gateway(sqlite_url) as gw:
         made = await create_task(gw, "edge")
         token = made["callbackToken"]
-        await post_event(gw, "edge", token, {"type": "start", "worker": "w1"})  # v1
+        await post_callback(gw, "edge", token, {"type": "start", "worker": "w1"})  # v1
         done = {"type": "succeed", "resultRef": "s3://edge", "resultHash": "h"}
-        await hold_resume_until_committed(gw, lambda: post_event(gw, "edge", token, done))
+        await hold_resume_until_committed(gw, lambda: post_callback(gw, "edge", token, done))
         check = StreamCheck("edge", 1)
         with anyio.fail_after(10):
             if transport == "ws":

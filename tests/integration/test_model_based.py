@@ -44,8 +44,8 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from gateway.book import task_from_row
 from gateway.machine import task_to_json
+from gateway.store.sql import task_from_row
 from gateway.store.tables import entries as entries_table
 from gateway.store.tables import tasks as tasks_table
 from gateway.sweeper import sweep_once
@@ -370,7 +370,7 @@ class Driver:
         Read from the store in two queries (``GET /events?cursor=0`` would answer a snapshot past
         ``retention_versions`` entries, and one request per task would make the test slow).
         """
-        async with self.gw.gateway.book.db.read() as conn:
+        async with self.gw.gateway.db.read() as conn:
             task_rows = (await conn.execute(select(tasks_table))).all()
             entry_rows = (
                 await conn.execute(

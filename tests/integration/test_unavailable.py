@@ -21,12 +21,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import asyncpg
 import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.support import PG_ADMIN_URL, Running, bearer, postgres_database, running_gateway
+from tests.support import Running, bearer, pg_admin, postgres_database, running_gateway
 
 pytestmark = pytest.mark.postgres
 
@@ -47,18 +46,10 @@ def _database_name(url: str) -> str:
     return url.rsplit("/", 1)[1]
 
 
-async def _admin(sql: str, *args: Any) -> None:
-    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
-    try:
-        await conn.execute(sql, *args)
-    finally:
-        await conn.close()
-
-
 async def allow_connections(name: str, allowed: bool) -> None:
-    await _admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
+    await pg_admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
     if not allowed:
-        await _admin(
+        await pg_admin(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = $1 AND pid <> pg_backend_pid()",
             name,

@@ -137,6 +137,11 @@ class FakeBook:
         self.calls.append(("resume", task_id, cursor, task.version))
         return Resume(mode, reason, task, found)
 
+    async def versions(self, task_ids: list[str]) -> dict[str, int]:
+        await self._point("versions")
+        self.calls.append(("versions", ",".join(task_ids), 0, 0))
+        return {i: self.current(i).version for i in task_ids if i in self.states}
+
     async def entries_between(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         await self._point("entries")
         self.current(task_id)

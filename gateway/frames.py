@@ -1,0 +1,80 @@
+"""Server frames (protocol.md, WebSocket): pure encoding, no I/O.
+
+An ``event`` frame is encoded once per entry, by the process that commits it; the same text goes to every
+subscriber of that process and, as the bus message, to every other process, which sends it unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.machine import Task, task_to_json
+
+if TYPE_CHECKING:
+    from gateway.book import Resume
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One server frame: its ``type``, the cursor it leaves the client at, and its JSON text."""
+
+    type: str
+    version: int
+    text: str
+
+
+def event_frame(task: Task, encoded_event: bytes) -> Frame:
+    text = b'{"type":"event","taskId":%b,"version":%d,"event":%b,"task":%b}' % (
+        orjson.dumps(task.id),
+        task.version,
+        encoded_event,
+        orjson.dumps(task_to_json(task)),
+    )
+    return Frame("event", task.version, text.decode())
+
+
+def resume_frame(resume: Resume) -> Frame:
+    task = resume.task
+    head: dict[str, Any] = {"type": resume.mode, "taskId": task.id, "version": task.version}
+    if resume.reason is not None:
+        head["reason"] = resume.reason
+    head["task"] = task_to_json(task)
+    text = orjson.dumps(head)
+    if resume.mode == "delta":
+        text = text[:-1] + b',"events":' + resume.entries_json() + b"}"
+    return Frame(resume.mode, task.version, text.decode())
+
+
+def snapshot_frame(task: Task, reason: str) -> Frame:
+    body = {"type": "snapshot", "taskId": task.id, "version": task.version, "reason": reason}
+    body["task"] = task_to_json(task)
+    return Frame("snapshot", task.version, orjson.dumps(body).decode())
+
+
+def error_frame(code: str, message: str, task_id: str | None = None) -> Frame:
+    body: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    if task_id is not None:
+        body["taskId"] = task_id
+    return Frame("error", -1, orjson.dumps(body).decode())
+
+
+PONG = Frame("pong", -1, '{"type":"pong"}')
+
+
+def task_from_json(data: dict[str, Any]) -> Task:
+    """The inverse of :func:`gateway.machine.task_to_json` (a task carried in a frame)."""
+    return Task(
+        id=data["id"],
+        state=data["state"],
+        expires_at_ms=data["expiresAtMs"],
+        attempts=data["attempts"],
+        max_attempts=data["maxAttempts"],
+        progress=data["progress"],
+        version=data["version"],
+        result_ref=data.get("resultRef"),
+        result_hash=data.get("resultHash"),
+        error=data.get("error"),
+    )

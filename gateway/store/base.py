@@ -1,0 +1,114 @@
+"""The store interface: the statements the book runs, behind a transaction.
+
+The book (``gateway.book``) holds the rules: dedup order, attempt fencing, the outbox, receipts. A store
+holds the statements, inside one transaction at a time: ``read()`` sees one consistent state, ``write()``
+commits everything done in it together or nothing. Implementations, side by side:
+
+- :class:`gateway.store.sql.SqlStore`: SQLite (the default) and PostgreSQL, through SQLAlchemy;
+- :class:`gateway.store.memory.MemoryStore`: the in-memory twin, for tests of the layers above.
+
+Every implementation passes one conformance suite (``tests/integration/test_store_conformance.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.machine import Task, Transition
+
+
+class StoreRace(Exception):
+    """A concurrent transaction inserted the same key first (a callback id, a task id, an idempotency key).
+
+    Nothing of the losing transaction was written; run it again and it sees the winner's row."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTask:
+    task: Task
+    # What the task was created with, so that a repeated create can be told apart from a conflicting one.
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    task_id: str
+    result_ref: str
+    result_hash: str
+    idempotency_key: str
+    delivered_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    task_id: str
+    state: str
+    at_ms: int
+    version: int
+
+
+class ReadTx(Protocol):
+    async def task(self, task_id: str) -> StoredTask | None:
+        """The task, or ``None``."""
+
+    async def entries(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        """History entries ``after < version <= upto`` as ``(version, event JSON as stored)``, in order."""
+
+    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """The current version of each of these tasks that exists."""
+
+
+class WriteTx(ReadTx, Protocol):
+    async def lock_task(self, task_id: str) -> StoredTask | None:
+        """The task, locked against concurrent writers until the transaction ends."""
+
+    async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
+        """A new task; :class:`StoreRace` (at the latest on commit) when the id exists."""
+
+    async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
+        """A transition with an entry: the task row (checked at the version before), its history entry and,
+        when it notifies, its outbox row."""
+
+    async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
+        """Several ``record`` calls (transition, encoded event, notification time) as set-based statements."""
+
+    async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
+        """Up to ``limit`` live tasks past their deadline, earliest first, locked; rows another transaction
+        holds are skipped, so that processes sweeping together take different tasks."""
+
+    async def callback_digest(self, callback_id: str) -> str | None:
+        """The body digest a callback id was first seen with, or ``None``."""
+
+    async def insert_callback(self, callback_id: str, task_id: str, at_ms: int, digest: str) -> None: ...
+
+    async def receipt(self, idempotency_key: str) -> Receipt | None: ...
+
+    async def insert_receipt(self, receipt: Receipt) -> None: ...
+
+    async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
+        """Mark every pending notification drained; returns them with their insertion order."""
+
+    async def notify(self, channel: str, payloads: Sequence[str]) -> None:
+        """Messages delivered to the channel's listeners, in order, when (and only if) this transaction
+        commits.
+
+        Only PostgreSQL has this (``pg_notify``); elsewhere it raises ``NotImplementedError``."""
+
+
+class Store(Protocol):
+    async def open(self) -> None:
+        """Make the store ready (migrate the schema, take any process lock)."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self, deadline_s: float = 3.0) -> None:
+        """Answer within ``deadline_s`` or raise (``TimeoutError``, a driver error)."""
+
+    def read(self) -> AbstractAsyncContextManager[ReadTx]: ...
+
+    def write(self) -> AbstractAsyncContextManager[WriteTx]:
+        """A transaction that commits when the block ends without an exception; a lost race on a unique
+        key raises :class:`StoreRace` with nothing written."""

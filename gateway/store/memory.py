@@ -1,0 +1,159 @@
+"""The store's in-memory twin: the same interface and answers as the SQL store, nothing on disk.
+
+Transactions run one at a time under one lock (serialisable by construction); a write transaction keeps
+an undo list and rolls back every change when its block raises. It is for tests of the layers above the
+store and for trying the gateway without a file; it keeps nothing across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.machine import Task, Transition
+from gateway.store.base import Notification, Receipt, StoredTask, StoreRace
+from gateway.store.tables import ACTIVE_STATES
+
+
+@dataclass
+class _Data:
+    tasks: dict[str, StoredTask] = field(default_factory=dict)
+    entries: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
+    callbacks: dict[str, str] = field(default_factory=dict)
+    receipts: dict[str, Receipt] = field(default_factory=dict)
+    # (id, notification, drained) in insertion order; (task, state, version) is unique, as in SQL.
+    outbox: list[tuple[int, Notification, bool]] = field(default_factory=list)
+    outbox_keys: set[tuple[str, str, int]] = field(default_factory=set)
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._data = _Data()
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def ping(self, deadline_s: float = 3.0) -> None:
+        pass
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[MemoryTx]:
+        async with self._lock:
+            yield MemoryTx(self._data, [])
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[MemoryTx]:
+        async with self._lock:
+            tx = MemoryTx(self._data, [])
+            try:
+                yield tx
+            except BaseException:
+                for undo in reversed(tx.undo):
+                    undo()
+                raise
+
+
+class MemoryTx:
+    def __init__(self, data: _Data, undo: list[Callable[[], Any]]) -> None:
+        self.data = data
+        self.undo = undo
+
+    async def task(self, task_id: str) -> StoredTask | None:
+        return self.data.tasks.get(task_id)
+
+    async def entries(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        found = self.data.entries.get(task_id, [])
+        return [(v, raw) for v, raw in found if after < v <= upto]
+
+    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
+        stored = self.data.tasks
+        return {i: stored[i].task.version for i in task_ids if i in stored}
+
+    async def lock_task(self, task_id: str) -> StoredTask | None:
+        return self.data.tasks.get(task_id)
+
+    async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
+        if task.id in self.data.tasks:
+            raise StoreRace(f"task {task.id} exists")
+        self.data.tasks[task.id] = StoredTask(task, ttl_ms)
+        self.data.entries[task.id] = []
+        self.undo.append(lambda: (self.data.tasks.pop(task.id), self.data.entries.pop(task.id)))
+
+    async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
+        entry = transition.entry
+        assert entry is not None
+        task = transition.task
+        before = self.data.tasks[task.id]
+        if before.task.version != task.version - 1:
+            raise RuntimeError(f"task {task.id} changed under its lock")
+        key = (task.id, task.state, task.version)
+        if transition.notify and key in self.data.outbox_keys:
+            raise StoreRace(f"notification {key} exists")
+        self.data.tasks[task.id] = StoredTask(task, before.ttl_ms)
+        history = self.data.entries[task.id]
+        history.append((entry.version, encoded_event))
+
+        def undo() -> None:
+            self.data.tasks[task.id] = before
+            history.pop()
+
+        self.undo.append(undo)
+        if transition.notify:
+            notification = Notification(task.id, task.state, int(notify_at_ms), task.version)
+            self.data.outbox.append((len(self.data.outbox) + 1, notification, False))
+            self.data.outbox_keys.add(key)
+
+            def forget() -> None:
+                self.data.outbox.pop()
+                self.data.outbox_keys.discard(key)
+
+            self.undo.append(forget)
+
+    async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
+        for transition, encoded_event, notify_at_ms in items:
+            await self.record(transition, encoded_event, notify_at_ms)
+
+    async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
+        due = [
+            s.task
+            for s in self.data.tasks.values()
+            if s.task.state in ACTIVE_STATES and s.task.expires_at_ms <= now_ms
+        ]
+        due.sort(key=lambda t: t.expires_at_ms)
+        return due[:limit]
+
+    async def callback_digest(self, callback_id: str) -> str | None:
+        return self.data.callbacks.get(callback_id)
+
+    async def insert_callback(self, callback_id: str, task_id: str, at_ms: int, digest: str) -> None:
+        if callback_id in self.data.callbacks:
+            raise StoreRace(f"callback {callback_id} exists")
+        self.data.callbacks[callback_id] = digest
+        self.undo.append(lambda: self.data.callbacks.pop(callback_id))
+
+    async def receipt(self, idempotency_key: str) -> Receipt | None:
+        return self.data.receipts.get(idempotency_key)
+
+    async def insert_receipt(self, receipt: Receipt) -> None:
+        key = receipt.idempotency_key
+        if key in self.data.receipts:
+            raise StoreRace(f"receipt {key} exists")
+        self.data.receipts[key] = receipt
+        self.undo.append(lambda: self.data.receipts.pop(key))
+
+    async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
+        before = list(self.data.outbox)
+        taken = [(i, n) for i, n, drained in before if not drained]
+        self.data.outbox[:] = [(i, n, True) for i, n, _ in before]
+        self.undo.append(lambda: self.data.outbox.__setitem__(slice(None), before))
+        return taken
+
+    async def notify(self, channel: str, payloads: Sequence[str]) -> None:
+        raise NotImplementedError("the in-memory store has no NOTIFY")

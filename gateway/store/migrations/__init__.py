@@ -1,0 +1,1 @@
+"""The Alembic migrations of the gateway's schema, run by :func:`gateway.store.migrate.migrate`."""

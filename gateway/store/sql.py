@@ -1,0 +1,278 @@
+"""The store on SQLite or PostgreSQL: the book's statements in SQLAlchemy Core.
+
+A transaction is one :class:`~gateway.store.database.Database` connection. On PostgreSQL a task is locked
+with ``SELECT ... FOR UPDATE`` and due tasks are claimed with ``FOR UPDATE SKIP LOCKED``, so several gateway
+processes sweep without waiting on each other; on SQLite writes are serialised by the database anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import Row, bindparam, func, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from gateway.machine import Task, Transition
+from gateway.store.base import Notification, Receipt, StoredTask, StoreRace
+from gateway.store.database import Database
+from gateway.store.tables import ACTIVE_STATES, callbacks, deliveries, entries, outbox, tasks
+
+# ``IN (...)`` lists are sent in chunks of this size (SQLite's default limit is 32,766 parameters).
+_IN_CHUNK = 500
+
+
+class SqlStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def open(self) -> None:
+        await self.db.open()
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def ping(self, deadline_s: float = 3.0) -> None:
+        await self.db.ping(deadline_s)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[SqlTx]:
+        async with self.db.read() as conn:
+            yield SqlTx(conn, self.db.is_sqlite)
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[SqlTx]:
+        try:
+            async with self.db.write() as conn:
+                yield SqlTx(conn, self.db.is_sqlite)
+        except IntegrityError as exc:
+            raise StoreRace(str(exc.orig)) from exc
+
+
+class SqlTx:
+    __slots__ = ("conn", "is_sqlite")
+
+    def __init__(self, conn: AsyncConnection, is_sqlite: bool) -> None:
+        self.conn = conn
+        self.is_sqlite = is_sqlite
+
+    # --- reads ----------------------------------------------------------------------------------------
+
+    async def task(self, task_id: str) -> StoredTask | None:
+        return await self._select_task(task_id, lock=False)
+
+    async def entries(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        result = await self.conn.execute(
+            select(entries.c.version, entries.c.event)
+            .where(entries.c.task_id == task_id, entries.c.version > after, entries.c.version <= upto)
+            .order_by(entries.c.version)
+        )
+        return [(r.version, r.event) for r in result]
+
+    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        ids = [i for i in task_ids if "\x00" not in i]
+        for start in range(0, len(ids), _IN_CHUNK):
+            chunk = ids[start : start + _IN_CHUNK]
+            result = await self.conn.execute(select(tasks.c.id, tasks.c.version).where(tasks.c.id.in_(chunk)))
+            found.update((r.id, r.version) for r in result)
+        return found
+
+    # --- writes ---------------------------------------------------------------------------------------
+
+    async def lock_task(self, task_id: str) -> StoredTask | None:
+        return await self._select_task(task_id, lock=True)
+
+    async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
+        await self.conn.execute(
+            insert(tasks).values(**_task_values(task), ttl_ms=ttl_ms, created_at_ms=created_at_ms)
+        )
+
+    async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
+        entry = transition.entry
+        assert entry is not None
+        task = transition.task
+        result = await self.conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task.id, tasks.c.version == task.version - 1)
+            .values(**_task_values(task))
+        )
+        if result.rowcount != 1:  # the row lock makes this impossible; never write over a concurrent change
+            raise RuntimeError(f"task {task.id} changed under its lock")
+        await self.conn.execute(
+            insert(entries).values(
+                task_id=task.id,
+                version=entry.version,
+                type=entry.event.type,
+                at_ms=entry.event.at_ms,
+                event=encoded_event,
+            )
+        )
+        if transition.notify:
+            await self.conn.execute(
+                insert(outbox).values(
+                    task_id=task.id, state=task.state, at_ms=notify_at_ms, version=task.version
+                )
+            )
+
+    async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
+        if len(items) <= 1:
+            for transition, encoded_event, notify_at_ms in items:
+                await self.record(transition, encoded_event, notify_at_ms)
+            return
+        # Set-based: one executemany per table instead of three statements per transition.
+        result = await self.conn.execute(_UPDATE_AT_VERSION, [_update_params(t) for t, _, _ in items])
+        if self.conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(items):
+            raise RuntimeError("a task changed under its lock")
+        await self.conn.execute(
+            insert(entries),
+            [
+                {
+                    "task_id": t.task.id,
+                    "version": t.entry.version,
+                    "type": t.entry.event.type,
+                    "at_ms": t.entry.event.at_ms,
+                    "event": encoded,
+                }
+                for t, encoded, _ in items
+                if t.entry is not None
+            ],
+        )
+        notified = [
+            {"task_id": t.task.id, "state": t.task.state, "at_ms": at, "version": t.task.version}
+            for t, _, at in items
+            if t.notify
+        ]
+        if notified:
+            await self.conn.execute(insert(outbox), notified)
+
+    async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
+        # The partial index ix_tasks_live_deadline answers this in O(batch), whatever the table's size.
+        query = (
+            select(tasks)
+            .where(tasks.c.state.in_(ACTIVE_STATES), tasks.c.expires_at_ms <= now_ms)
+            .order_by(tasks.c.expires_at_ms)
+            .limit(limit)
+        )
+        if not self.is_sqlite:
+            query = query.with_for_update(skip_locked=True)
+        return [task_from_row(row) for row in await self.conn.execute(query)]
+
+    async def callback_digest(self, callback_id: str) -> str | None:
+        result = await self.conn.execute(
+            select(callbacks.c.digest).where(callbacks.c.callback_id == callback_id)
+        )
+        digest: str | None = result.scalar_one_or_none()
+        return digest
+
+    async def insert_callback(self, callback_id: str, task_id: str, at_ms: int, digest: str) -> None:
+        await self.conn.execute(
+            insert(callbacks).values(callback_id=callback_id, task_id=task_id, at_ms=at_ms, digest=digest)
+        )
+
+    async def receipt(self, idempotency_key: str) -> Receipt | None:
+        row = (
+            await self.conn.execute(select(deliveries).where(deliveries.c.idempotency_key == idempotency_key))
+        ).first()
+        if row is None:
+            return None
+        return Receipt(row.task_id, row.result_ref, row.result_hash, row.idempotency_key, row.delivered_at_ms)
+
+    async def insert_receipt(self, receipt: Receipt) -> None:
+        await self.conn.execute(
+            insert(deliveries).values(
+                idempotency_key=receipt.idempotency_key,
+                task_id=receipt.task_id,
+                result_ref=receipt.result_ref,
+                result_hash=receipt.result_hash,
+                delivered_at_ms=receipt.delivered_at_ms,
+            )
+        )
+
+    async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
+        result = await self.conn.execute(
+            update(outbox)
+            .where(outbox.c.drained_at_ms.is_(None))
+            .values(drained_at_ms=now_ms)
+            .returning(outbox.c.id, outbox.c.task_id, outbox.c.state, outbox.c.at_ms, outbox.c.version)
+        )
+        return [(r.id, Notification(r.task_id, r.state, r.at_ms, r.version)) for r in result.all()]
+
+    async def notify(self, channel: str, payloads: Sequence[str]) -> None:
+        if self.is_sqlite:
+            raise NotImplementedError("SQLite has no NOTIFY")
+        if len(payloads) == 1:
+            await self.conn.execute(select(func.pg_notify(channel, payloads[0])))
+        elif payloads:  # one statement for a batch; unnest keeps the array's order
+            await self.conn.execute(_NOTIFY_MANY, {"channel": channel, "payloads": list(payloads)})
+
+    async def _select_task(self, task_id: str, *, lock: bool) -> StoredTask | None:
+        if "\x00" in task_id:  # no task has one (create refuses it), and PostgreSQL text cannot hold it
+            return None
+        query = select(tasks).where(tasks.c.id == task_id)
+        if lock:
+            query = query.with_for_update()
+        row = (await self.conn.execute(query)).first()
+        return None if row is None else StoredTask(task_from_row(row), row.ttl_ms)
+
+
+_NOTIFY_MANY = text(
+    "SELECT pg_notify(:channel, p) "
+    "FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS u(p, n) ORDER BY n"
+)
+_TASK_COLUMNS = (
+    "state",
+    "expires_at_ms",
+    "attempts",
+    "max_attempts",
+    "progress",
+    "version",
+    "result_ref",
+    "result_hash",
+    "error",
+)
+# A task row written at the version before, for many rows at once (executemany).
+_UPDATE_AT_VERSION = (
+    update(tasks)
+    .where(tasks.c.id == bindparam("w_id"), tasks.c.version == bindparam("w_before"))
+    .values({name: bindparam(f"v_{name}") for name in _TASK_COLUMNS})
+)
+
+
+def _update_params(transition: Transition) -> dict[str, Any]:
+    task = transition.task
+    params = {f"v_{name}": value for name, value in _task_values(task).items() if name != "id"}
+    return {"w_id": task.id, "w_before": task.version - 1, **params}
+
+
+def _task_values(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "state": task.state,
+        "expires_at_ms": task.expires_at_ms,
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "progress": task.progress,
+        "version": task.version,
+        "result_ref": task.result_ref,
+        "result_hash": task.result_hash,
+        "error": task.error,
+    }
+
+
+def task_from_row(row: Row[Any]) -> Task:
+    """A ``tasks`` row as the machine's task."""
+    return Task(
+        id=row.id,
+        state=row.state,
+        expires_at_ms=row.expires_at_ms,
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        progress=row.progress,
+        version=row.version,
+        result_ref=row.result_ref,
+        result_hash=row.result_hash,
+        error=row.error,
+    )

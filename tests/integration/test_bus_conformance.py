@@ -1,0 +1,274 @@
+"""One conformance suite for every bus that links processes: LISTEN/NOTIFY, Redis pub/sub and the
+in-memory twin.
+
+Two gateways (each a whole app under its own uvicorn server, its own pool and its own bus listener) share
+one PostgreSQL database, as two processes would. What a subscriber of one must see when callbacks are
+posted to the other: every entry, in order, with no gap, however the bus behaves: a frame too big for a
+message, a listener whose connection is cut, a message that is lost. The local bus, which links nothing,
+is checked for the one thing it promises: this process's subscribers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from gateway.bus.base import MAX_PAYLOAD_BYTES, News
+from gateway.bus.postgres import APPLICATION_NAME
+from gateway.sweeper import sweep_once
+from tests.integration.test_live_support import (
+    StreamCheck,
+    create_task,
+    get_task,
+    live_gateway,
+    post_event,
+    read_to_close,
+    recv_frame,
+    socket,
+    ws_url,
+)
+from tests.support import FakeClock, Running, postgres_database
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+REDIS_URL = os.environ.get("GATEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+STEPS = 6
+WITHIN_S = 15.0
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+def bus_url(kind: str) -> str | None:
+    # Unset on PostgreSQL means LISTEN/NOTIFY.
+    return {"postgres": None, "redis": REDIS_URL, "memory": "memory://conformance"}[kind]
+
+
+async def redis_or_skip() -> None:
+    client = Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+    try:
+        await client.ping()
+    except OSError as exc:  # redis' ConnectionError is an OSError
+        message = f"Redis is not reachable at {REDIS_URL} ({exc}); start it to run this test"
+        if os.environ.get("CI"):
+            pytest.fail(message + " (CI must run every Redis test)")
+        pytest.skip(message)
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(params=["postgres", "redis", "memory"])
+async def pair(request: pytest.FixtureRequest, pg_url: str) -> AsyncIterator[tuple[Running, Running]]:
+    """Two gateways on one database, on the bus of the test's parameter; the second checks the store for
+    lost messages every 300 ms."""
+    if request.param == "redis":
+        await redis_or_skip()
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(live_gateway(pg_url, bus_url=bus_url(request.param)))
+        second = await stack.enter_async_context(
+            live_gateway(pg_url, bus_url=bus_url(request.param), reconcile_interval_ms=300)
+        )
+        yield first, second
+
+
+async def watch_to_end(gw: Running, task_id: str, token: str, opened: anyio.Event) -> StreamCheck:
+    check = StreamCheck(task_id, 0)
+    async with socket(ws_url(gw, f"/v1/tasks/{task_id}/ws", cursor=0, token=token)) as ws:
+        check.feed(await recv_frame(ws))
+        opened.set()
+        with anyio.fail_after(WITHIN_S):
+            assert await read_to_close(ws, check) == 1000
+    return check
+
+
+async def watched_run(
+    writer: Running, reader: Running, task_id: str, during: Any = None, **drive_args: Any
+) -> StreamCheck:
+    """Subscribe on ``reader``, then post a task's whole life to ``writer`` (calling ``during(step)`` before
+    each progress step); returns the subscriber's checked stream, which must end at the stored task."""
+    created = await create_task(writer, task_id)
+    opened = anyio.Event()
+    checks: list[StreamCheck] = []
+
+    async def subscriber() -> None:
+        checks.append(await watch_to_end(reader, task_id, created["subscribeToken"], opened))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(subscriber)
+        with anyio.fail_after(WITHIN_S):
+            await opened.wait()
+        token = created["callbackToken"]
+        await post_event(writer, task_id, token, {"type": "start", "worker": "w1"})
+        for step in range(1, STEPS + 1):
+            if during is not None:
+                await during(step)
+            await post_event(
+                writer, task_id, token, {"type": "progress", "progress": step, "cursor": f"c{step}"}
+            )
+        result_ref = drive_args.get("result_ref", "s3://r")
+        await post_event(
+            writer, task_id, token, {"type": "succeed", "resultRef": result_ref, "resultHash": "sha256:1"}
+        )
+    (check,) = checks
+    check.assert_final(await get_task(reader, task_id))
+    assert check.event_versions == list(range(1, STEPS + 3))
+    return check
+
+
+async def test_entries_reach_the_subscribers_of_another_process(pair: tuple[Running, Running]) -> None:
+    first, second = pair
+    await watched_run(first, second, "across")
+    await watched_run(second, first, "back")
+
+
+async def test_a_frame_too_big_for_a_message_comes_from_the_store(pair: tuple[Running, Running]) -> None:
+    """PostgreSQL refuses NOTIFY payloads of 8000 bytes: such an entry travels as id and version, and the
+    other process reads it from the store (its subscriber sees the exact frame all the same)."""
+    big = "s3://bucket/" + "x" * (MAX_PAYLOAD_BYTES + 100)
+    first, second = pair
+    await watched_run(first, second, "big", result_ref=big)
+    final = await get_task(second, "big")
+    assert final["resultRef"] == big
+
+
+async def test_a_listener_cut_off_catches_up_from_the_store(
+    pair: tuple[Running, Running], pg_url: str
+) -> None:
+    """The second gateway's bus connection is killed mid-run (a network blip, a failover): it reconnects by
+    itself and reads from the store what was committed meanwhile; its subscriber sees no gap."""
+    first, second = pair
+    bus = second.gateway.bus
+    connections_before = bus.reconnects
+
+    async def cut(step: int) -> None:
+        kind = bus_url_of(second)
+        if kind is not None and kind.startswith("memory://"):
+            # The twin loses what is sent while it is disconnected and reconnects when told.
+            if step == 1:
+                bus.disconnect()
+            elif step == STEPS:
+                bus.reconnect()
+            return
+        if step != 1:
+            return
+        if kind is None:
+            conn = await asyncpg.connect(pg_url, timeout=5)
+            try:
+                killed = await conn.fetchval(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = $1 AND datname = current_database()",
+                    APPLICATION_NAME,
+                )
+            finally:
+                await conn.close()
+            assert killed == 2  # one listener per gateway
+        else:
+            client = Redis.from_url(REDIS_URL)
+            try:
+                assert await client.client_kill_filter(_type="pubsub") >= 2
+            finally:
+                await client.aclose()
+
+    await watched_run(first, second, "cut", during=cut)
+    assert bus.reconnects > connections_before
+    # Operators see it: the listener is connected again, and has connected more than once.
+    metrics = (await second.client.get("/metrics")).text.splitlines()
+    assert "gateway_bus_connected 1.0" in metrics, metrics
+    connects = next(line for line in metrics if line.startswith("gateway_bus_connects "))
+    assert float(connects.split()[1]) >= 2, connects
+
+
+def bus_url_of(gw: Running) -> str | None:
+    return gw.gateway.settings.bus_url  # type: ignore[no-any-return]
+
+
+async def test_a_lost_message_is_found_by_the_periodic_check(pair: tuple[Running, Running]) -> None:
+    """The messages of one entry are lost (Redis down at that moment, say): no later entry reveals the gap,
+    so only the second gateway's periodic check of the store can find it, and its subscriber must get it."""
+    first, second = pair
+    bus = first.gateway.bus
+    publish, announce = bus.publish, bus.announce
+    created = await create_task(first, "lost")
+    opened = anyio.Event()
+    checks: list[StreamCheck] = []
+
+    async def subscriber() -> None:
+        checks.append(await watch_to_end(second, "lost", created["subscribeToken"], opened))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(subscriber)
+        with anyio.fail_after(WITHIN_S):
+            await opened.wait()
+        token = created["callbackToken"]
+        await post_event(first, "lost", token, {"type": "start", "worker": "w1"})
+        dropped: list[News] = []
+
+        async def drop_announce(tx: Any, news: list[News]) -> None:
+            dropped.extend(news)
+
+        bus.publish, bus.announce = dropped.append, drop_announce  # type: ignore[method-assign]
+        try:
+            await post_event(first, "lost", token, {"type": "progress", "progress": 1, "cursor": "c1"})
+        finally:
+            bus.publish, bus.announce = publish, announce  # type: ignore[method-assign]
+        assert {n.version for n in dropped} == {2}  # its announcement and its publish
+        # The hub has no event for "caught up", so this polls its state (bounded), not a guessed time.
+        with anyio.fail_after(WITHIN_S):
+            while not handed_out(second, "lost", 2):  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        await post_event(first, "lost", token, {"type": "succeed", "resultRef": "r", "resultHash": "h"})
+    (check,) = checks
+    assert check.event_versions == [1, 2, 3]
+    check.assert_final(await get_task(second, "lost"))
+
+
+def handed_out(gw: Running, task_id: str, version: int) -> bool:
+    """Whether the gateway's hub has handed ``version`` of the task to its subscribers."""
+    channel = gw.gateway.hub._channels.get(task_id)
+    return channel is not None and channel.version >= version
+
+
+async def test_the_local_bus_serves_its_own_process(sqlite_url: str) -> None:
+    async with live_gateway(sqlite_url) as gw:
+        assert type(gw.gateway.bus).__name__ == "LocalBus"
+        await watched_run(gw, gw, "local")
+
+
+async def test_tasks_expired_in_one_batch_reach_the_other_process(pg_url: str) -> None:
+    """One expiry pass writes several tasks in one transaction (one NOTIFY statement for the batch on
+    PostgreSQL): each subscriber of the other process gets its task's expire entry and the close."""
+    clock = FakeClock()
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(live_gateway(pg_url, clock=clock))
+        second = await stack.enter_async_context(live_gateway(pg_url, clock=clock))
+        ids = [f"batch-{i}" for i in range(5)]
+        created = {task_id: await create_task(first, task_id, ttl_ms=1_000) for task_id in ids}
+        checks: list[StreamCheck] = []
+        async with anyio.create_task_group() as tg:
+            opened = [anyio.Event() for _ in ids]
+            for task_id, ready in zip(ids, opened, strict=True):
+
+                async def subscriber(task_id: str = task_id, ready: anyio.Event = ready) -> None:
+                    token = created[task_id]["subscribeToken"]
+                    checks.append(await watch_to_end(second, task_id, token, ready))
+
+                tg.start_soon(subscriber)
+            with anyio.fail_after(WITHIN_S):
+                for ready in opened:
+                    await ready.wait()
+            clock.advance(5_000)
+            assert await sweep_once(first.gateway.book) == len(ids)
+        for check in checks:
+            assert check.types == ["caught-up", "event"]
+            check.assert_final(await get_task(second, check.task_id))
+            assert check.task is not None and check.task["state"] == "expired"

@@ -1,0 +1,228 @@
+"""One conformance suite for every store: the in-memory twin, SQLite and PostgreSQL.
+
+Each test drives the store interface (``gateway.store.base``) directly, or the book over it where the
+property is the book's (expiry by concurrent passes), and checks what a user of the gateway would see if
+the store got it wrong: a lost or doubled entry, a callback applied twice, a notification drained twice, a
+rolled-back change left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import asyncpg
+import orjson
+import pytest
+
+from gateway.book import Book
+from gateway.machine import Progress, Start, apply_event, create_task, event_to_json, expire_task
+from gateway.store import Database
+from gateway.store.base import Receipt, Store, StoreRace
+from gateway.store.memory import MemoryStore
+from gateway.store.sql import SqlStore
+from tests.support import FakeClock, postgres_database
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "memory":
+        yield "memory"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        with postgres_database() as url:
+            yield url
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[Store]:
+    opened: Store = MemoryStore() if store_url == "memory" else SqlStore(Database(store_url))
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+def queued(task_id: str, *, now: int = 1_000, ttl_ms: int = 60_000) -> tuple:  # type: ignore[type-arg]
+    return create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=3), ttl_ms, now
+
+
+async def add(store: Store, task_id: str, **kwargs: int) -> None:
+    task, ttl_ms, now = queued(task_id, **kwargs)
+    async with store.write() as tx:
+        await tx.insert_task(task, ttl_ms, now)
+
+
+async def test_a_task_reads_back_as_written_and_an_id_is_taken_once(store: Store) -> None:
+    await add(store, "t1", ttl_ms=5_000)
+    async with store.read() as tx:
+        stored = await tx.task("t1")
+        assert stored is not None and stored.ttl_ms == 5_000
+        assert stored.task == queued("t1", ttl_ms=5_000)[0]
+        assert await tx.task("nope") is None
+        assert await tx.task("nul\x00id") is None  # no task has one; PostgreSQL text cannot hold it
+    with pytest.raises(StoreRace):
+        await add(store, "t1")
+    async with store.read() as tx:
+        assert await tx.versions(["t1", "nope"]) == {"t1": 0}
+
+
+async def test_a_transaction_that_raises_leaves_nothing_behind(store: Store) -> None:
+    await add(store, "t1")
+    start = apply_event(queued("t1")[0], Start(2_000, "w1"))
+    with pytest.raises(RuntimeError, match="boom"):
+        async with store.write() as tx:
+            locked = await tx.lock_task("t1")
+            assert locked is not None
+            await tx.record(start, orjson.dumps(event_to_json(start.entry.event)), 2_000)  # type: ignore[union-attr]
+            await tx.insert_callback("cb-1", "t1", 2_000, "digest")
+            await tx.insert_task(queued("t2")[0], 60_000, 1_000)
+            raise RuntimeError("boom")
+    async with store.read() as tx:
+        assert (await tx.task("t1")).task.version == 0  # type: ignore[union-attr]
+        assert await tx.entries("t1", 0, 100) == []
+        assert await tx.task("t2") is None
+    async with store.write() as tx:
+        assert await tx.callback_digest("cb-1") is None
+
+
+async def test_entries_append_in_order_with_the_task_and_the_outbox(store: Store) -> None:
+    await add(store, "t1")
+    task = queued("t1")[0]
+    encoded: list[bytes] = []
+    for event in (Start(2_000, "w1"), Progress(2_100, 50, "c"), Progress(2_200, 70, "d")):
+        transition = apply_event(task, event)
+        raw = orjson.dumps(event_to_json(event))
+        async with store.write() as tx:
+            await tx.lock_task("t1")
+            await tx.record(transition, raw, event.at_ms)
+        task = transition.task
+        encoded.append(raw)
+    expired = expire_task(task)
+    async with store.write() as tx:
+        await tx.record(expired, orjson.dumps(event_to_json(expired.entry.event)), 9_999)  # type: ignore[union-attr]
+    async with store.read() as tx:
+        assert (await tx.task("t1")).task == expired.task  # type: ignore[union-attr]
+        assert [v for v, _ in await tx.entries("t1", 0, 100)] == [1, 2, 3, 4]
+        assert await tx.entries("t1", 1, 3) == [(2, encoded[1]), (3, encoded[2])]
+    async with store.write() as tx:
+        drained = await tx.drain(10_000)
+    assert [(n.task_id, n.state, n.at_ms, n.version) for _, n in drained] == [("t1", "expired", 9_999, 4)]
+    # A stale transition (written against an old version) is refused, never written over a newer row.
+    with pytest.raises(RuntimeError, match="changed under its lock"):
+        async with store.write() as tx:
+            await tx.record(apply_event(queued("t1")[0], Start(3_000, "w2")), b"{}", 3_000)
+
+
+async def test_callback_ids_and_receipts_are_kept_once(store: Store) -> None:
+    await add(store, "t1")
+    async with store.write() as tx:
+        await tx.insert_callback("cb-1", "t1", 2_000, "d1")
+        receipt = Receipt("t1", "s3://r", "sha256:1", "key-1", 3_000)
+        await tx.insert_receipt(receipt)
+    async with store.write() as tx:
+        assert await tx.callback_digest("cb-1") == "d1"
+        assert await tx.callback_digest("cb-2") is None
+        assert await tx.receipt("key-1") == receipt
+        assert await tx.receipt("key-2") is None
+    with pytest.raises(StoreRace):
+        async with store.write() as tx:
+            await tx.insert_callback("cb-1", "t1", 2_001, "d2")
+    with pytest.raises(StoreRace):
+        async with store.write() as tx:
+            await tx.insert_receipt(Receipt("t1", "x", "y", "key-1", 4_000))
+
+
+async def test_a_drain_takes_each_notification_once_and_a_failed_drain_gives_them_back(store: Store) -> None:
+    for task_id in ("a", "b"):
+        await add(store, task_id, ttl_ms=10)
+        async with store.write() as tx:
+            (task,) = await tx.claim_due(2_000, 10)
+            transition = expire_task(task)
+            await tx.record(transition, b'{"type":"expire","atMs":1010}', task.expires_at_ms)
+    with pytest.raises(RuntimeError):
+        async with store.write() as tx:
+            assert len(await tx.drain(5_000)) == 2
+            raise RuntimeError("the answer never left")
+    async with store.write() as tx:
+        first = await tx.drain(6_000)
+    async with store.write() as tx:
+        second = await tx.drain(7_000)
+    assert sorted(n.task_id for _, n in first) == ["a", "b"]
+    assert second == []
+
+
+async def test_claim_due_takes_live_overdue_tasks_earliest_first(store: Store) -> None:
+    for i, ttl in enumerate([30, 10, 20, 10_000]):
+        await add(store, f"t{i}", ttl_ms=ttl)
+    async with store.write() as tx:
+        due = await tx.claim_due(1_000 + 25, 10)
+        assert [t.id for t in due] == ["t1", "t2"]
+        assert [t.id for t in await tx.claim_due(1_000 + 100, 2)] == ["t1", "t2"]
+
+
+async def test_concurrent_expiry_passes_expire_each_task_once(store: Store) -> None:
+    """Several passes at once (processes sweeping together): every due task expired exactly once, with
+    one notification each, and the passes' counts add up."""
+    clock = FakeClock(1_000)
+    book = Book(store, clock)
+    for i in range(60):
+        task_id = f"due-{i:02d}"
+        async with store.write() as tx:
+            await tx.insert_task(create_task(id=task_id, now_ms=1_000, ttl_ms=10, max_attempts=1), 10, 1_000)
+    clock.advance(100)
+    counts: list[int] = []
+
+    async def sweep() -> None:
+        total = 0
+        while (n := await book.expire_due(7)) > 0:
+            total += n
+        counts.append(total)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(sweep)
+    assert sum(counts) == 60
+    async with store.read() as tx:
+        for i in range(60):
+            entries = await tx.entries(f"due-{i:02d}", 0, 100)
+            assert [orjson.loads(raw)["type"] for _, raw in entries] == ["expire"]
+    notifications = await book.drain()
+    assert sorted(n.task_id for n in notifications) == [f"due-{i:02d}" for i in range(60)]
+
+
+async def test_notify_reaches_listeners_on_commit_only(store: Store, store_url: str) -> None:
+    if not store_url.startswith("postgresql"):
+        async with store.write() as tx:
+            with pytest.raises(NotImplementedError):
+                await tx.notify("task_gateway_test", ["x"])
+        return
+    heard: list[str] = []
+    got = anyio.Event()
+    listener = await asyncpg.connect(store_url, timeout=5)
+    try:
+
+        def hear(*args: object) -> None:
+            heard.append(str(args[-1]))
+            if len(heard) == 6:
+                got.set()
+
+        await listener.add_listener("task_gateway_test", hear)
+        with pytest.raises(RuntimeError):
+            async with store.write() as tx:
+                await tx.notify("task_gateway_test", ["rolled back"])
+                raise RuntimeError("roll back")
+        async with store.write() as tx:
+            await tx.notify("task_gateway_test", ["committed"])
+            await tx.notify("task_gateway_test", [f"batch-{i}" for i in range(5)])
+            assert heard == []  # not before the commit
+        with anyio.fail_after(5):
+            await got.wait()
+        assert heard == ["committed"] + [f"batch-{i}" for i in range(5)]
+    finally:
+        await listener.close()
