@@ -91,8 +91,9 @@ def _serve(args: argparse.Namespace) -> int:
     config = server_config(
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True
     )
-    GatewayServer(config, app).run()
-    return 0
+    server = GatewayServer(config, app)
+    server.run()
+    return 1 if server.failed else 0
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -104,7 +104,7 @@ class PayloadTooLarge(GatewayError):
 
 
 class Unavailable(GatewayError):
-    """The database cannot be reached; nothing was written."""
+    """The database cannot be reached: retry (idempotently: a callbackId, an Idempotency-Key)."""
 
     status = 503
     close_code = 1013

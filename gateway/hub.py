@@ -103,14 +103,13 @@ class Channel:
     a message ahead of a missing version waits here while the hub reads the missing entries from the store,
     once for the task, however many subscribers it has."""
 
-    __slots__ = ("ahead", "last", "subscriptions", "task_id", "want")
+    __slots__ = ("ahead", "last", "subscriptions", "task_id")
 
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
         self.subscriptions: set[Subscription] = set()
         # The last state handed to the subscriptions; None until a message or a resume read tells.
         self.last: Task | None = None
-        self.want = 0  # the highest version heard of
         self.ahead: dict[int, News] = {}
 
     @property
@@ -132,10 +131,6 @@ class Channel:
             self.hand_out(news.task, news.frame)
         for version in [v for v in self.ahead if v <= self.version]:
             del self.ahead[version]
-
-    @property
-    def behind(self) -> bool:
-        return self.want > self.version
 
 
 class Hub:
@@ -171,7 +166,6 @@ class Hub:
                 return
             if len(channel.ahead) < MAX_AHEAD:
                 channel.ahead[news.version] = news
-        channel.want = max(channel.want, news.version)
         self._schedule(channel.task_id)
 
     def publish(self, task: Task, entry: Entry, encoded_event: bytes) -> None:
@@ -183,11 +177,17 @@ class Hub:
         self._resync = True
         self._wakeup.set()
 
-    def seed(self, task: Task) -> None:
-        """A resume read's state, for a channel that has heard nothing yet."""
-        channel = self._channels.get(task.id)
-        if channel is not None and channel.last is None:
-            channel.last = task
+    def seed(self, task_id: str) -> None:
+        """A subscription of the task has its resume state: once every subscription of a channel that has
+        heard nothing yet has one, the oldest of them is where the channel stands (each subscription drops
+        what it already has). Never newer: a subscription whose read was older would miss the entries in
+        between, since the channel hands out only what follows its state."""
+        channel = self._channels.get(task_id)
+        if channel is None or channel.last is not None:
+            return
+        states = [s.last for s in channel.subscriptions]
+        if states and all(state is not None for state in states):
+            channel.last = min(states, key=lambda state: state.version)  # type: ignore[union-attr]
             channel.drain_ahead()
 
     def _schedule(self, task_id: str) -> None:
@@ -234,7 +234,6 @@ class Hub:
                 channel = self._channels.get(task_id)
                 version = stored.get(task_id)
                 if channel is not None and version is not None and version > channel.version:
-                    channel.want = max(channel.want, version)
                     self._schedule(task_id)
 
     async def catch_up(self, task_id: str) -> None:
@@ -244,8 +243,7 @@ class Hub:
         if channel is None:
             return
         self.catch_ups += 1
-        base = channel.last
-        if base is None:
+        if channel.last is None:
             # Nothing handed out yet: the subscriptions' resume reads cover the past; hand out the newest
             # entry, so that one whose read came before it still gets it (it fills any gap itself).
             try:
@@ -253,20 +251,24 @@ class Hub:
             except GatewayError:
                 return
             found = await self.book.entries_between(task_id, task.version - 1, task.version)
-            if channel.last is None and found:
-                channel.hand_out(task, event_frame(task, found[-1][1]))
-        else:
-            found = await self.book.entries_between(task_id, base.version, 2**62)
-            task = base
-            for version, raw in found:
-                task = apply_event(task, event_from_json(orjson.loads(raw))).task
-                if task.version != version:  # history is whole, so this cannot happen; stay exact regardless
-                    log.error("hub: history of %s does not replay at version %d", task_id, version)
-                    break
-                if version == channel.version + 1:
-                    channel.hand_out(task, event_frame(task, raw))
+            if channel.last is None:
+                if found:
+                    channel.hand_out(task, event_frame(task, found[-1][1]))
+                channel.drain_ahead()
+                return
+            # A state was handed out or seeded during the reads: go on from it.
+        base = channel.last
+        assert base is not None
+        found = await self.book.entries_between(task_id, base.version, 2**62)
+        task = base
+        for version, raw in found:
+            task = apply_event(task, event_from_json(orjson.loads(raw))).task
+            if task.version != version:  # history is whole, so this cannot happen; stay exact regardless
+                log.error("hub: history of %s does not replay at version %d", task_id, version)
+                break
+            if version == channel.version + 1:
+                channel.hand_out(task, event_frame(task, raw))
         channel.drain_ahead()
-        channel.want = channel.version  # the store was read: nothing newer exists that we heard of
 
     # --- subscriptions ----------------------------------------------------------------------------------
 
@@ -373,7 +375,7 @@ class Feed:
         if not subscription.active:  # unsubscribed or released while the state was being read
             return subscription
         subscription.last = resume.task
-        self.hub.seed(resume.task)
+        self.hub.seed(task_id)
         subscription.head.append(resume_frame(resume))
         # Entries committed while the state was read are already in the resume frame.
         while subscription.pending and subscription.pending[0].task.version <= resume.task.version:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 import asyncpg  # type: ignore[import-untyped]
@@ -23,6 +23,8 @@ log = logging.getLogger("gateway.bus")
 
 # How the listening connection shows in pg_stat_activity.
 APPLICATION_NAME = "task-gateway-bus"
+# A listening connection that lasted this long was healthy: the next reconnect starts from a short pause.
+STABLE_S = 10.0
 
 
 class PostgresBus:
@@ -50,34 +52,42 @@ class PostgresBus:
         self._on_news = on_news
         started = False
         delay = 0.1
+
+        def listening() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                task_status.started()
+
         try:
             while True:
+                listened_since = None
                 try:
                     conn = await asyncpg.connect(
                         self.dsn,
                         timeout=self.connect_timeout_s,
                         server_settings={"application_name": APPLICATION_NAME},
                     )
-                except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-                    if not started:  # the gateway starts anyway: the store answers 503 until it is back
-                        task_status.started()
-                        started = True
+                    try:
+                        listened_since = anyio.current_time()
+                        await self._listen(conn, on_resync, listening)
+                    finally:
+                        self.connected = False
+                        conn.terminate()
+                except Exception as exc:  # any failure of the connection: listen again, after a pause
                     log.warning("bus: cannot listen on PostgreSQL (%s); retrying in %.1fs", exc, delay)
-                    await anyio.sleep(delay * random.uniform(0.5, 1.0))
-                    delay = min(delay * 2, self.backoff_max_s)
-                    continue
-                try:
-                    await self._listen(conn, on_resync, task_status if not started else None)
-                    started = True
+                listening()  # the gateway starts anyway: the store answers 503 until it is back
+                # A connection that stayed up a while resets the backoff; one that keeps failing at once
+                # (accepted, then dropped) backs off like one that cannot connect.
+                if listened_since is not None and anyio.current_time() - listened_since >= STABLE_S:
                     delay = 0.1
-                finally:
-                    self.connected = False
-                    conn.terminate()
+                await anyio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, self.backoff_max_s)
         finally:
             self._on_news = None
 
     async def _listen(
-        self, conn: asyncpg.Connection, on_resync: OnResync, task_status: TaskStatus[None] | None
+        self, conn: asyncpg.Connection, on_resync: OnResync, listening: Callable[[], None]
     ) -> None:
         lost = anyio.Event()
         conn.add_termination_listener(lambda _conn: lost.set())
@@ -87,20 +97,15 @@ class PostgresBus:
             log.info("bus: listening on PostgreSQL again; catching up from the store")
         self.reconnects += 1
         on_resync()  # whatever was committed before LISTEN took effect is read from the store
-        if task_status is not None:
-            task_status.started()
+        listening()
         while not lost.is_set():
             with anyio.move_on_after(self.keepalive_s):
                 await lost.wait()
             if lost.is_set():
                 break
-            try:
-                with anyio.fail_after(self.keepalive_s):
-                    await conn.execute("SELECT 1")
-            except (OSError, asyncpg.PostgresError, TimeoutError, asyncpg.InterfaceError) as exc:
-                log.warning("bus: the listening connection failed (%s); reconnecting", exc)
-                return
-        log.warning("bus: the listening connection was closed; reconnecting")
+            with anyio.fail_after(self.keepalive_s):
+                await conn.execute("SELECT 1")
+        raise ConnectionError("the listening connection was closed")
 
     def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         if self._on_news is None:

@@ -27,6 +27,8 @@ log = logging.getLogger("gateway.bus")
 
 # Messages waiting to be published; past this the oldest are dropped (the store covers them).
 MAX_OUTGOING = 10_000
+# A subscription that lasted this long was healthy: the next reconnect starts from a short pause.
+STABLE_S = 10.0
 
 
 class RedisBus:
@@ -104,6 +106,7 @@ class RedisBus:
         started = False
         delay = 0.1
         while True:
+            subscribed_at: float | None = None
             client = Redis.from_url(self.url, socket_timeout=None, socket_connect_timeout=5)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
@@ -114,8 +117,7 @@ class RedisBus:
                 if not started:
                     task_status.started()
                     started = True
-                delay = 0.1
-                last_ping = anyio.current_time()
+                subscribed_at = last_ping = anyio.current_time()
                 while True:
                     message = await pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
@@ -124,7 +126,7 @@ class RedisBus:
                         with anyio.fail_after(self.keepalive_s):
                             await pubsub.ping()
                         last_ping = anyio.current_time()
-            except (RedisError, OSError, TimeoutError) as exc:
+            except Exception as exc:  # any failure of the connection: listen again, after a pause
                 if not started:  # the gateway starts anyway; the store check covers the outage
                     task_status.started()
                     started = True
@@ -134,6 +136,9 @@ class RedisBus:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                     await client.aclose()
+            # A subscription that stayed up a while resets the backoff; one that fails at once backs off.
+            if subscribed_at is not None and anyio.current_time() - subscribed_at >= STABLE_S:
+                delay = 0.1
             await anyio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.backoff_max_s)
 

@@ -3,17 +3,19 @@ owns every long-lived thing (the database, the sweeper)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 import httpx
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
@@ -75,6 +77,9 @@ class Gateway:
         self.tokens = Tokens(secret, grace_s=settings.token_grace_s)
         self.guard = Guard(settings, self.tokens)
         self.demo_workers = 0
+        # Set when a background part failed for good (see _essential); on_fatal asks the server to stop.
+        self.fatal: BaseException | None = None
+        self.on_fatal: Callable[[], None] | None = None
         self.app: Starlette | None = None
         self._background: TaskGroup | None = None
 
@@ -100,6 +105,29 @@ class Gateway:
 
         self._background.start_soon(run)
 
+    async def _essential(
+        self,
+        name: str,
+        work: Callable[..., Awaitable[None]],
+        *args: Any,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run a background part the gateway cannot serve without. Each handles the failures it expects
+        (a database or bus outage) itself; one that still ends with an exception leaves a process that
+        would answer but no longer push or expire, so the process stops instead (``fatal``, readiness
+        fails, the server exits with an error) and its supervisor starts a whole one."""
+        try:
+            if "task_status" in inspect.signature(work).parameters:
+                await work(*args, task_status=task_status)
+            else:
+                task_status.started()
+                await work(*args)
+        except Exception as exc:
+            log.critical("%s failed; stopping this process so that it is restarted whole", name, exc_info=exc)
+            self.fatal = exc
+            if self.on_fatal is not None:
+                self.on_fatal()
+
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         self.settings.check_bind()
@@ -107,14 +135,22 @@ class Gateway:
         try:
             async with anyio.create_task_group() as tg:
                 self._background = tg
-                await tg.start(self.bus.run, self.hub.receive, self.hub.resync)
+                await tg.start(
+                    self._essential, "the bus listener", self.bus.run, self.hub.receive, self.hub.resync
+                )
                 # On a bus shared with other processes a message can be lost: check the store now and then.
                 reconcile_s = self.settings.reconcile_interval_ms / 1000 if self.bus.shared else None
-                tg.start_soon(self.hub.run, reconcile_s)
-                tg.start_soon(self.hub.watch_writes, self.settings.write_timeout_ms / 1000)
+                tg.start_soon(self._essential, "the hub's catch-up", self.hub.run, reconcile_s)
+                tg.start_soon(
+                    self._essential,
+                    "the write watchdog",
+                    self.hub.watch_writes,
+                    self.settings.write_timeout_ms / 1000,
+                )
                 if self.settings.sweep_interval_ms > 0:
+                    interval_s = self.settings.sweep_interval_ms / 1000
                     tg.start_soon(
-                        run_sweeper, self.book, self.settings.sweep_interval_ms / 1000, self.metrics
+                        self._essential, "the sweeper", run_sweeper, self.book, interval_s, self.metrics
                     )
                 yield
                 self._background = None
@@ -184,7 +220,12 @@ async def _database_error(request: Request, exc: Exception) -> Response:
     if not database_unavailable(exc):
         return await _internal_error(request, exc)
     log.warning("database unavailable: %s", exc)
-    return await _gateway_error(request, Unavailable("the database is unreachable; nothing was written"))
+    # Usually nothing was written; a connection lost during the commit itself leaves the outcome unknown,
+    # which is why callbacks carry a callbackId and deliveries an Idempotency-Key: a retry is applied once.
+    message = (
+        "the database is unreachable; retry the request (a retry with the same callbackId is applied once)"
+    )
+    return await _gateway_error(request, Unavailable(message))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

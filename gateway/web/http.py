@@ -129,6 +129,8 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         return JSON({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        if gw.fatal is not None:
+            raise Unavailable("this process is stopping: a background part failed")
         await gw.db.ping()
         return JSON({"status": "ready"})
 

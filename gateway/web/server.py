@@ -27,7 +27,17 @@ def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvico
 class GatewayServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
-        self._hub = app.state.gateway.hub
+        self.gateway = app.state.gateway
+        self._hub = self.gateway.hub
+        self.gateway.on_fatal = self._stop
+
+    def _stop(self) -> None:
+        self.should_exit = True
+
+    @property
+    def failed(self) -> bool:
+        """Whether the server did not start, or stopped because a part of the gateway failed."""
+        return not self.started or self.gateway.fatal is not None
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:

@@ -8,13 +8,19 @@ its subscribers first, who reconnect to another process (or the next deployment)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
+import secrets
 import signal
 import socket
+import sys
 import threading
+import time
 from multiprocessing.process import BaseProcess
 from types import FrameType
+
+from pydantic import SecretStr
 
 from gateway.settings import Settings
 
@@ -22,13 +28,25 @@ log = logging.getLogger("gateway")
 
 # How long a stop waits for a child to close its sockets before it is killed.
 STOP_GRACE_S = 15.0
-# A child that dies is restarted, but not faster than this (a crash loop must not spin the CPU).
-RESTART_DELAY_S = 1.0
+# How often the parent looks at its children.
+WATCH_S = 0.5
+# A child that dies is restarted after a pause that doubles while children keep dying (a crash loop must
+# not spin the CPU), back to the first once a child has lived a while.
+RESTART_DELAY_S = (1.0, 30.0)
+STABLE_S = 60.0
 
 
 def serve_workers(settings: Settings, workers: int) -> int:
     from gateway.web.server import bind_socket
 
+    if settings.secret is None:
+        # Every child must sign and accept the same tokens: one random secret for all, made here.
+        settings = settings.model_copy(update={"secret": SecretStr(secrets.token_urlsafe(32))})
+        log.warning(
+            "GATEWAY_SECRET is not set: the %d workers share a random secret made at start; tokens stop "
+            "working when the gateway restarts",
+            workers,
+        )
     sock = bind_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     log.info("%d worker processes on http://%s:%d", workers, host, port)
@@ -40,29 +58,43 @@ def serve_workers(settings: Settings, workers: int) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
 
-    def start(index: int) -> BaseProcess:
+    def start(index: int) -> tuple[BaseProcess, float]:
         child = context.Process(target=_child, args=(settings, sock), name=f"gateway-worker-{index}")
         child.start()
-        return child
+        return child, time.monotonic()
 
     children = [start(i) for i in range(workers)]
+    delay = RESTART_DELAY_S[0]
+    restart_at: dict[int, float] = {}
     try:
-        while not stop.wait(RESTART_DELAY_S):
-            for index, child in enumerate(children):
-                if not child.is_alive():
+        while not stop.wait(WATCH_S):
+            now = time.monotonic()
+            for index, (child, started) in enumerate(children):
+                if child.is_alive():
+                    continue
+                if index not in restart_at:
+                    if now - started >= STABLE_S:
+                        delay = RESTART_DELAY_S[0]
                     log.warning(
-                        "worker %d (pid %s) exited with %s; starting it again",
+                        "worker %d (pid %s) exited with %s; starting it again in %.0f s",
                         index,
                         child.pid,
                         child.exitcode,
+                        delay,
                     )
+                    restart_at[index] = now + delay
+                    delay = min(delay * 2, RESTART_DELAY_S[1])
+                elif now >= restart_at[index]:
+                    del restart_at[index]
                     children[index] = start(index)
     finally:
-        for child in children:
+        for child, _ in children:
             if child.is_alive():
                 child.terminate()  # SIGTERM: the child's uvicorn shuts down gracefully
-        for child in children:
-            child.join(STOP_GRACE_S)
+        deadline = time.monotonic() + STOP_GRACE_S  # one deadline for all, not one per child
+        for child, _ in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+        for child, _ in children:
             if child.is_alive():
                 child.kill()
                 child.join()
@@ -73,6 +105,7 @@ def serve_workers(settings: Settings, workers: int) -> int:
 
 
 def _child(settings: Settings, sock: socket.socket) -> None:
+    _die_with_parent()
     from gateway.web.app import create_app
     from gateway.web.server import GatewayServer, server_config
 
@@ -81,4 +114,19 @@ def _child(settings: Settings, sock: socket.socket) -> None:
     config = server_config(
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True
     )
-    GatewayServer(config, app).run(sockets=[sock])
+    server = GatewayServer(config, app)
+    server.run(sockets=[sock])
+    if server.failed:
+        sys.exit(1)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send this child SIGTERM if the parent dies (killed with SIGKILL, say), so that no
+    orphan keeps the port; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

@@ -6,7 +6,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.support import running_gateway
+from tests.support import SECRET, error, running_gateway
 
 
 @pytest.mark.anyio
@@ -135,3 +135,33 @@ async def test_metrics_show_the_hub_and_405_names_the_allowed_methods(sqlite_url
         wrong = await gw.client.delete("/v1/tasks/t")
         assert (wrong.status_code, wrong.json()["error"]["code"]) == (405, "method-not-allowed")
         assert set(wrong.headers["allow"].split(", ")) == {"GET", "HEAD"}  # Starlette orders them as a set
+
+
+@pytest.mark.anyio
+async def test_a_background_part_that_fails_stops_the_process(sqlite_url: str) -> None:
+    """The hub's catch-up loop dies of an unexpected error: the process must not go on answering while it
+    no longer pushes entries. It stops by itself, marked failed (``gateway serve`` then exits 1, so that
+    its supervisor restarts it whole)."""
+    from gateway import Settings, create_app
+    from gateway.web.server import GatewayServer, server_config
+
+    app = create_app(Settings(database_url=sqlite_url, secret=SECRET))
+    gw = app.state.gateway
+
+    async def run(reconcile_s: float | None) -> None:
+        raise RuntimeError("a bug in the catch-up loop")
+
+    gw.hub.run = run
+    server = GatewayServer(server_config(app, "127.0.0.1", 0, log_level="critical"), app)
+    with anyio.fail_after(20):
+        await server.serve()  # returns by itself
+    assert server.started and server.failed
+    assert isinstance(gw.fatal, RuntimeError)
+
+
+@pytest.mark.anyio
+async def test_readiness_fails_once_a_background_part_has_failed(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        assert (await gw.client.get("/readyz")).status_code == 200
+        gw.gateway.fatal = RuntimeError("the sweeper died")
+        error(await gw.client.get("/readyz"), 503, "unavailable")

@@ -308,8 +308,15 @@ async def test_workers_flag_runs_several_processes(pg_url: str, tmp_path: Path) 
     port = free_port()
     url, ws_base = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
     task_id = unique("workers")
+    # No GATEWAY_SECRET: the workers must still share one (made by the parent), or a token issued by one
+    # worker would be refused by the other.
     parent = await spawn_gateway(
-        "workers", pg_url, tmp_path / "workers.log", port=port, args=["--workers", "2"]
+        "workers",
+        pg_url,
+        tmp_path / "workers.log",
+        port=port,
+        args=["--workers", "2"],
+        env={"GATEWAY_SECRET": ""},
     )
     failed = False
     try:

@@ -25,6 +25,7 @@ import anyio.lowlevel
 import orjson
 import pytest
 
+from gateway.bus.base import News
 from gateway.errors import InvalidRequest, UnknownTask
 from gateway.hub import PONG, Feed, Frame, Hub, Subscription, error_frame, event_frame
 from gateway.machine import Entry, Progress, Start, Succeed, event_to_json, resume_mode, task_to_json
@@ -403,6 +404,58 @@ async def test_a_resync_finds_a_lost_tail_that_no_later_entry_reveals(
     assert sorted(c[1] for c in book.calls if c[0] == "entries") == ["t", "u"]
     for feed in feeds.values():
         await assert_quiet(feed)
+
+
+async def test_a_later_resume_read_does_not_hide_an_entry_from_an_earlier_one(
+    book: FakeBook, hub: Hub, line: Line
+) -> None:
+    """Two connections subscribe to a task no one here watched: B reads v3, then v4 is committed, A reads
+    v4, and only then is v4 published. The channel must not take A's newer state as where everyone
+    stands: B would drop nothing and never get v4 (it is terminal: nothing later would reveal the gap)."""
+    line.commit_many("t", 3)
+    reached, release = gate(book, "resume:task-read")
+    first, second = Feed(hub, book), Feed(hub, book)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first.subscribe, "t", 3)
+        with anyio.fail_after(TIMEOUT_S):
+            await reached.wait()  # B has read v3
+        book.hooks.clear()
+        last = line.commit("t", Succeed(2_000, "s3://r", "sha256:1"), publish=False)  # v4
+        await second.subscribe("t", 3)  # A reads v4
+        line.publish(last)
+        release.set()
+    b_frames = await frames(first, 2)
+    assert [(f.type, f.version) for f in b_frames] == [("caught-up", 3), ("event", 4)]
+    check_event(book, "t", b_frames[1], 4)
+    assert [(f.type, f.version) for f in await frames(second)] == [("delta", 4)]
+    await assert_quiet(first)
+    await assert_quiet(second)
+
+
+async def test_a_bare_wake_up_is_handed_out_when_a_resume_lands_during_its_read(
+    book: FakeBook, hub: Hub, line: Line
+) -> None:
+    """A message too big for the bus arrives as id and version only, while the one subscription's resume
+    read (v3) is in flight; the hub reads v4 from the store and, meanwhile, the resume completes. v4 must
+    still be handed out at once, not left for the next periodic check."""
+    line.commit_many("t", 3)
+    resumed, resume_release = gate(book, "resume:task-read")
+    feed = Feed(hub, book)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(feed.subscribe, "t", 3)
+        with anyio.fail_after(TIMEOUT_S):
+            await resumed.wait()
+        reading, read_release = gate(book, "entries")
+        line.commit("t", Succeed(2_000, "s3://r", "sha256:1"), publish=False)
+        hub.receive(News("t", 4))  # a bare wake-up
+        with anyio.fail_after(TIMEOUT_S):
+            await reading.wait()  # the hub has read the task; its entry is next
+        resume_release.set()
+    read_release.set()
+    got = await frames(feed, 2)
+    assert [(f.type, f.version) for f in got] == [("caught-up", 3), ("event", 4)]
+    check_event(book, "t", got[1], 4)
+    await assert_quiet(feed)
 
 
 async def test_gap_filled_while_more_entries_arrive(book: FakeBook, hub: Hub, line: Line) -> None:
