@@ -19,7 +19,7 @@ import anyio
 import orjson
 
 from gateway.bus.base import Bus, News
-from gateway.errors import Conflict, UnknownTask
+from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.frames import event_frame
 from gateway.machine import (
     Event,
@@ -35,7 +35,7 @@ from gateway.machine import (
 )
 from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
 
-__all__ = ["Book", "CallbackOutcome", "Delivery", "Notification", "Receipt", "Resume"]
+__all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Notification", "Receipt", "Resume"]
 
 Clock = Callable[[], int]
 
@@ -71,6 +71,17 @@ _RACE_RETRIES = 3
 class CallbackOutcome:
     transition: Transition
     duplicate_callback: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackRequest:
+    """One worker callback to apply: its event is made with the gateway's time once the task is locked."""
+
+    task_id: str
+    make_event: Callable[[int], Event]
+    callback_id: str | None = None
+    digest: str = ""
+    attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +182,6 @@ class Book:
 
         return await self._write(work)
 
-    @_shielded
     async def callback(
         self,
         task_id: str,
@@ -181,40 +191,77 @@ class Book:
         digest: str = "",
         attempt: int | None = None,
     ) -> CallbackOutcome:
-        """Apply one worker callback, stamped with the gateway's clock once the task is locked.
+        """Apply one worker callback (a batch of one: see :meth:`callbacks`); raises its error."""
+        (outcome,) = await self.callbacks(
+            [CallbackRequest(task_id, make_event, callback_id, digest, attempt)]
+        )
+        if isinstance(outcome, GatewayError):
+            raise outcome
+        return outcome
 
-        Order (protocol.md): the callback id first (global; same body = same callback, another body is a
-        conflict), then ``attempt`` fencing, then the state machine. A callback id is remembered even when
-        the event changed nothing, never when the event was rejected.
+    @_shielded
+    async def callbacks(self, requests: Sequence[CallbackRequest]) -> list[CallbackOutcome | GatewayError]:
+        """Apply worker callbacks in arrival order, in one transaction and one commit (group commit); each
+        gets its own outcome, or the error that refused it (a refused callback writes nothing, so it never
+        fails its neighbours). Each is stamped with the gateway's clock once its task is locked.
+
+        Order for each (protocol.md): the callback id first (global; same body = same callback, another
+        body is a conflict), then ``attempt`` fencing, then the state machine. A callback id is remembered
+        even when the event changed nothing, never when the event was rejected. The tasks are locked and
+        the callback ids looked up once for the whole batch; the writes are set-based.
         """
 
-        async def work(tx: WriteTx, commit: _Commit) -> CallbackOutcome:
-            stored = await tx.lock_task(task_id)
-            if stored is None:
-                raise UnknownTask(task_id)
-            task = stored.task
-            if callback_id is not None:
-                seen = await tx.callback_digest(callback_id)
-                if seen is not None:
-                    if seen != digest:
-                        raise Conflict(
-                            "callback-id-reused",
-                            f"callbackId {callback_id!r} was already used with another body",
-                        )
-                    return CallbackOutcome(Transition(task, False, True, False, "duplicate-callback"), True)
-            if attempt is not None and attempt != task.attempts:
-                raise Conflict(
-                    "stale-attempt",
-                    f"attempt {attempt} is not the task's current attempt ({task.attempts})",
-                )
-            now = self.clock()
-            transition = apply_event(task, make_event(now))
-            await self._record(tx, commit, transition, notify_at_ms=now)
-            if callback_id is not None:
-                await tx.insert_callback(callback_id, task_id, now, digest)
-            return CallbackOutcome(transition, False)
+        async def work(tx: WriteTx, commit: _Commit) -> list[CallbackOutcome | GatewayError]:
+            tasks = {
+                i: stored.task for i, stored in (await tx.lock_tasks([r.task_id for r in requests])).items()
+            }
+            ids = [r.callback_id for r in requests if r.callback_id is not None]
+            digests = await tx.callback_digests(ids) if ids else {}
+            outcomes: list[CallbackOutcome | GatewayError] = []
+            transitions: list[tuple[Transition, float]] = []
+            seen: list[tuple[str, str, int, str]] = []
+            for request in requests:
+                try:
+                    outcome, at = self._decide(request, tasks, digests)
+                except GatewayError as exc:
+                    outcomes.append(exc)
+                    continue
+                outcomes.append(outcome)
+                if outcome.duplicate_callback:
+                    continue
+                tasks[request.task_id] = outcome.transition.task
+                transitions.append((outcome.transition, at))
+                if request.callback_id is not None:
+                    digests[request.callback_id] = request.digest
+                    seen.append((request.callback_id, request.task_id, at, request.digest))
+            await self._record_many(tx, commit, transitions)
+            await tx.insert_callbacks(seen)
+            return outcomes
 
         return await self._write(work)
+
+    def _decide(
+        self, request: CallbackRequest, tasks: dict[str, Task], digests: dict[str, str]
+    ) -> tuple[CallbackOutcome, int]:
+        task = tasks.get(request.task_id)
+        if task is None:
+            raise UnknownTask(request.task_id)
+        if request.callback_id is not None:
+            seen = digests.get(request.callback_id)
+            if seen is not None:
+                if seen != request.digest:
+                    raise Conflict(
+                        "callback-id-reused",
+                        f"callbackId {request.callback_id!r} was already used with another body",
+                    )
+                return CallbackOutcome(Transition(task, False, True, False, "duplicate-callback"), True), 0
+        if request.attempt is not None and request.attempt != task.attempts:
+            raise Conflict(
+                "stale-attempt",
+                f"attempt {request.attempt} is not the task's current attempt ({task.attempts})",
+            )
+        now = self.clock()
+        return CallbackOutcome(apply_event(task, request.make_event(now)), False), now
 
     @_shielded
     async def expire_due(self, limit: int = EXPIRY_BATCH) -> int:

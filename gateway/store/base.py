@@ -65,6 +65,10 @@ class WriteTx(ReadTx, Protocol):
     async def lock_task(self, task_id: str) -> StoredTask | None:
         """The task, locked against concurrent writers until the transaction ends."""
 
+    async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
+        """The tasks that exist among these, each locked until the transaction ends, in id order (so that
+        concurrent batches lock in one order and cannot deadlock)."""
+
     async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
         """A new task; :class:`StoreRace` (at the latest on commit) when the id exists."""
 
@@ -73,7 +77,9 @@ class WriteTx(ReadTx, Protocol):
         when it notifies, its outbox row."""
 
     async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
-        """Several ``record`` calls (transition, encoded event, notification time) as set-based statements."""
+        """Several ``record`` calls (transition, encoded event, notification time), in order, as set-based
+        statements: one task row write per task (from its version before the first to its last state),
+        every entry, every notification. Several transitions of one task follow each other's versions."""
 
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
         """Up to ``limit`` live tasks past their deadline, earliest first, locked; rows another transaction
@@ -83,6 +89,12 @@ class WriteTx(ReadTx, Protocol):
         """The body digest a callback id was first seen with, or ``None``."""
 
     async def insert_callback(self, callback_id: str, task_id: str, at_ms: int, digest: str) -> None: ...
+
+    async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
+        """``callback_digest`` for many ids in one query: the ones seen, with their digests."""
+
+    async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
+        """Many ``insert_callback`` rows (callback id, task id, at, digest) at once."""
 
     async def receipt(self, idempotency_key: str) -> Receipt | None: ...
 

@@ -79,6 +79,10 @@ class MemoryTx:
     async def lock_task(self, task_id: str) -> StoredTask | None:
         return self.data.tasks.get(task_id)
 
+    async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
+        stored = self.data.tasks
+        return {i: stored[i] for i in sorted(set(task_ids)) if i in stored}
+
     async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
         if task.id in self.data.tasks:
             raise StoreRace(f"task {task.id} exists")
@@ -137,6 +141,14 @@ class MemoryTx:
             raise StoreRace(f"callback {callback_id} exists")
         self.data.callbacks[callback_id] = digest
         self.undo.append(lambda: self.data.callbacks.pop(callback_id))
+
+    async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
+        seen = self.data.callbacks
+        return {i: seen[i] for i in callback_ids if i in seen}
+
+    async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
+        for callback_id, task_id, at_ms, digest in rows:
+            await self.insert_callback(callback_id, task_id, at_ms, digest)
 
     async def receipt(self, idempotency_key: str) -> Receipt | None:
         return self.data.receipts.get(idempotency_key)

@@ -85,6 +85,18 @@ class SqlTx:
     async def lock_task(self, task_id: str) -> StoredTask | None:
         return await self._select_task(task_id, lock=True)
 
+    async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
+        found: dict[str, StoredTask] = {}
+        ids = sorted({i for i in task_ids if "\x00" not in i})
+        for start in range(0, len(ids), _IN_CHUNK):
+            query = select(tasks).where(tasks.c.id.in_(ids[start : start + _IN_CHUNK])).order_by(tasks.c.id)
+            if not self.is_sqlite:
+                query = query.with_for_update()
+            found.update(
+                (row.id, StoredTask(task_from_row(row), row.ttl_ms)) for row in await self.conn.execute(query)
+            )
+        return found
+
     async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
         await self.conn.execute(
             insert(tasks).values(**_task_values(task), ttl_ms=ttl_ms, created_at_ms=created_at_ms)
@@ -122,9 +134,16 @@ class SqlTx:
             for transition, encoded_event, notify_at_ms in items:
                 await self.record(transition, encoded_event, notify_at_ms)
             return
-        # Set-based: one executemany per table instead of three statements per transition.
-        result = await self.conn.execute(_UPDATE_AT_VERSION, [_update_params(t) for t, _, _ in items])
-        if self.conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(items):
+        # Set-based: one executemany per table instead of three statements per transition, and one row
+        # write per task, from the version before its first transition to its last state.
+        first: dict[str, Transition] = {}
+        last: dict[str, Transition] = {}
+        for transition, _, _ in items:
+            first.setdefault(transition.task.id, transition)
+            last[transition.task.id] = transition
+        params = [_update_params(last[i].task, first[i].task.version - 1) for i in first]
+        result = await self.conn.execute(_UPDATE_AT_VERSION, params)
+        if self.conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(params):
             raise RuntimeError("a task changed under its lock")
         await self.conn.execute(
             insert(entries),
@@ -171,6 +190,23 @@ class SqlTx:
         await self.conn.execute(
             insert(callbacks).values(callback_id=callback_id, task_id=task_id, at_ms=at_ms, digest=digest)
         )
+
+    async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        ids = sorted(set(callback_ids))
+        for start in range(0, len(ids), _IN_CHUNK):
+            query = select(callbacks.c.callback_id, callbacks.c.digest).where(
+                callbacks.c.callback_id.in_(ids[start : start + _IN_CHUNK])
+            )
+            found.update((row.callback_id, row.digest) for row in await self.conn.execute(query))
+        return found
+
+    async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
+        if rows:
+            await self.conn.execute(
+                insert(callbacks),
+                [{"callback_id": c, "task_id": t, "at_ms": at, "digest": d} for c, t, at, d in rows],
+            )
 
     async def receipt(self, idempotency_key: str) -> Receipt | None:
         row = (
@@ -241,10 +277,9 @@ _UPDATE_AT_VERSION = (
 )
 
 
-def _update_params(transition: Transition) -> dict[str, Any]:
-    task = transition.task
+def _update_params(task: Task, before: int) -> dict[str, Any]:
     params = {f"v_{name}": value for name, value in _task_values(task).items() if name != "id"}
-    return {"w_id": task.id, "w_before": task.version - 1, **params}
+    return {"w_id": task.id, "w_before": before, **params}
 
 
 def _task_values(task: Task) -> dict[str, Any]:

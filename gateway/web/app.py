@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.book import Book
 from gateway.bus import Bus, bus_for
+from gateway.committer import Committer
 from gateway.demo import run_demo_worker
 from gateway.errors import CLOSE_FORBIDDEN, Forbidden, GatewayError, MethodNotAllowed, NotFound, Unavailable
 from gateway.hub import Hub
@@ -64,6 +65,7 @@ class Gateway:
         self.bus: Bus = bus_for(settings.bus_url, settings.database_url)
         self.book = Book(self.store, clock, bus=self.bus, retention_versions=settings.retention_versions)
         self.hub = Hub(self.book)
+        self.committer = Committer(self.book)
         self.metrics.watch_hub(self.hub.stats)
         self.metrics.watch_bus(self.bus)
         if settings.secret is not None:
@@ -141,6 +143,7 @@ class Gateway:
                 # On a bus shared with other processes a message can be lost: check the store now and then.
                 reconcile_s = self.settings.reconcile_interval_ms / 1000 if self.bus.shared else None
                 tg.start_soon(self._essential, "the hub's catch-up", self.hub.run, reconcile_s)
+                tg.start_soon(self._essential, "the group committer", self.committer.run)
                 tg.start_soon(
                     self._essential,
                     "the write watchdog",

@@ -15,6 +15,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from gateway.book import CallbackRequest
 from gateway.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.errors import InvalidRequest, NotFound, PayloadTooLarge, Unavailable
 from gateway.machine import is_blank, task_to_json
@@ -98,13 +99,9 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "callback")
         body = wire.parse_callback(await read_body(request, settings.max_body_bytes))
-        outcome = await book.callback(
-            task_id,
-            body.event.at,
-            callback_id=body.callbackId,
-            digest=body.digest(task_id) if body.callbackId is not None else "",
-            attempt=body.attempt,
-        )
+        digest = body.digest(task_id) if body.callbackId is not None else ""
+        callback_request = CallbackRequest(task_id, body.event.at, body.callbackId, digest, body.attempt)
+        outcome = await gw.committer.submit(callback_request)
         metrics.callbacks.labels(outcome.transition.reason).inc()
         metrics.callback_seconds.observe(time.perf_counter() - started)
         return JSON(wire.callback_json(outcome))

@@ -16,7 +16,8 @@ import asyncpg
 import orjson
 import pytest
 
-from gateway.book import Book
+from gateway.book import Book, CallbackRequest
+from gateway.errors import GatewayError
 from gateway.machine import Progress, Start, apply_event, create_task, event_to_json, expire_task
 from gateway.store import Database
 from gateway.store.base import Receipt, Store, StoreRace
@@ -226,3 +227,51 @@ async def test_notify_reaches_listeners_on_commit_only(store: Store, store_url: 
         assert heard == ["committed"] + [f"batch-{i}" for i in range(5)]
     finally:
         await listener.close()
+
+
+async def test_batch_reads_and_writes_match_the_single_ones(store: Store) -> None:
+    """The set-based statements of group commit: locks and dedup lookups for many ids at once, several
+    transitions of one task in one batch (their versions follow each other), many callback ids at once."""
+    for task_id in ("b", "a", "c"):
+        await add(store, task_id)
+    async with store.write() as tx:
+        locked = await tx.lock_tasks(["c", "a", "nope", "a"])
+        assert sorted(locked) == ["a", "c"] and locked["a"].task == queued("a")[0]
+        first = apply_event(locked["a"].task, Start(2_000, "w1"))
+        second = apply_event(first.task, Progress(2_100, 30, "x"))
+        third = apply_event(second.task, Progress(2_200, 60, "y"))
+        other = apply_event(locked["c"].task, Start(2_050, "w2"))
+        items = [(t, orjson.dumps(event_to_json(t.entry.event)), 0) for t in (first, other, second, third)]  # type: ignore[union-attr]
+        await tx.record_many(items)
+        await tx.insert_callbacks([("cb-1", "a", 2_000, "d1"), ("cb-2", "c", 2_050, "d2")])
+    async with store.write() as tx:
+        assert await tx.callback_digests(["cb-2", "cb-1", "cb-3"]) == {"cb-1": "d1", "cb-2": "d2"}
+        assert (await tx.task("a")).task == third.task  # type: ignore[union-attr]
+        assert (await tx.task("c")).task == other.task  # type: ignore[union-attr]
+        assert [v for v, _ in await tx.entries("a", 0, 10)] == [1, 2, 3]
+        assert [v for v, _ in await tx.entries("c", 0, 10)] == [1]
+    with pytest.raises(StoreRace):
+        async with store.write() as tx:
+            await tx.insert_callbacks([("cb-4", "a", 3_000, "d4"), ("cb-1", "a", 3_000, "d1")])
+    async with store.write() as tx:
+        assert await tx.callback_digests(["cb-4"]) == {}  # the whole batch rolled back
+
+
+async def test_a_group_commit_gives_each_callback_its_own_outcome(store: Store) -> None:
+    book = Book(store, FakeClock())
+    await book.create("a", 600_000, 3)
+    outcomes = await book.callbacks(
+        [
+            CallbackRequest("a", lambda now: Start(now, "w1"), "s", "d1"),
+            CallbackRequest("a", lambda now: Progress(now, 101, "c"), "bad", "d2", attempt=1),
+            CallbackRequest("a", lambda now: Start(now, "w1"), "s", "d1"),
+            CallbackRequest("a", lambda now: Progress(now, 40, "c"), "p", "d3", attempt=1),
+            CallbackRequest("zz", lambda now: Start(now, "w1"), "u", "d4"),
+        ]
+    )
+    reasons = [o.code if isinstance(o, GatewayError) else o.transition.reason for o in outcomes]
+    assert reasons == ["started", "invalid-request", "duplicate-callback", "progress", "unknown-task"]
+    async with store.read() as tx:
+        assert [v for v, _ in await tx.entries("a", 0, 10)] == [1, 2]
+    async with store.write() as tx:
+        assert sorted(await tx.callback_digests(["s", "bad", "p", "u"])) == ["p", "s"]
