@@ -6,6 +6,7 @@ subscriber of that process and, as the bus message, to every other process, whic
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,17 @@ def error_frame(code: str, message: str, task_id: str | None = None) -> Frame:
 
 
 PONG = Frame("pong", -1, '{"type":"pong"}')
+
+
+def text_frame(payload: bytes) -> bytes:
+    """A complete, unmasked, final WebSocket text frame (RFC 6455 5.2), as a server sends it: framed once,
+    the same bytes are valid on every socket (per-message compression is off)."""
+    n = len(payload)
+    if n < 126:
+        return struct.pack("!BB", 0x81, n) + payload
+    if n < 65536:
+        return struct.pack("!BBH", 0x81, 126, n) + payload
+    return struct.pack("!BBQ", 0x81, 127, n) + payload
 
 
 def task_from_json(data: dict[str, Any]) -> Task:

@@ -31,7 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 import orjson
@@ -39,8 +39,17 @@ import orjson
 from gateway.book import Book
 from gateway.bus.base import News
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.frames import PONG, Frame, error_frame, event_frame, resume_frame, snapshot_frame
+from gateway.frames import PONG, Frame, error_frame, event_frame, resume_frame, snapshot_frame, text_frame
 from gateway.machine import Entry, Task, apply_event, event_from_json
+
+
+class DirectWriter(Protocol):
+    """A socket that can take already-framed bytes now (``gateway.web.protocol``)."""
+
+    def can_write(self) -> bool: ...
+
+    def write(self, data: bytes) -> None: ...
+
 
 __all__ = ["PONG", "Feed", "Frame", "Hub", "Subscription", "error_frame", "event_frame"]
 
@@ -52,10 +61,22 @@ MAX_AHEAD = 64
 RECONCILE_CHUNK = 1000
 
 
-@dataclass(frozen=True, slots=True)
 class Published:
-    task: Task
-    frame: Frame
+    """A committed entry as every subscription of its task gets it: the task after it, its frame, and
+    that frame as WebSocket bytes (framed once, on first use, for every socket written to directly)."""
+
+    __slots__ = ("_wire", "frame", "task")
+
+    def __init__(self, task: Task, frame: Frame) -> None:
+        self.task = task
+        self.frame = frame
+        self._wire: bytes | None = None
+
+    @property
+    def wire(self) -> bytes:
+        if self._wire is None:
+            self._wire = text_frame(self.frame.text.encode())
+        return self._wire
 
 
 class Subscription:
@@ -76,6 +97,23 @@ class Subscription:
 
     def offer(self, item: Published) -> None:
         if self.conflated:
+            return
+        feed = self.feed
+        if (
+            feed.direct is not None
+            and not self.pending
+            and not self.head
+            and self.last is not None
+            and item.task.version == self.last.version + 1
+            and not item.task.terminal  # the writer closes or unsubscribes after a terminal frame
+            and feed.quiet()
+            and feed.direct.can_write()
+        ):
+            # The fast path: nothing of this connection is queued or in flight, and its transport has
+            # room: the entry's bytes go out now, with no wake-up of the connection's writer.
+            feed.direct.write(item.wire)
+            self.last = item.task
+            feed.hub.direct_writes += 1
             return
         if len(self.pending) >= self.backlog:
             self.pending.clear()
@@ -145,6 +183,7 @@ class Hub:
         self.feeds: set[Feed] = set()
         self.conflations = 0
         self.catch_ups = 0
+        self.direct_writes = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._due: deque[str] = deque()
@@ -297,6 +336,7 @@ class Hub:
             "control_max": max((len(f.control) for f in self.feeds), default=0),
             "conflations": self.conflations,
             "catch_ups": self.catch_ups,
+            "direct_writes": self.direct_writes,
         }
 
     def attach(self, feed: Feed) -> None:
@@ -346,6 +386,9 @@ class Feed:
         self.subscriptions: dict[str, Subscription] = {}
         self.control: deque[Frame] = deque()
         self.close_code: int | None = None
+        # Where the socket can be written to directly (gateway.web.protocol); None for SSE and in tests.
+        self.direct: DirectWriter | None = None
+        self._in_next = False  # a frame is being prepared (it may read the store): nothing may overtake it
         # Set by the writer around each send; the hub's watchdog stalls a feed stuck in one send.
         self.writing_since: float | None = None
         self.on_stall: Callable[[], object] | None = None
@@ -387,6 +430,17 @@ class Feed:
         subscription = self.subscriptions.pop(task_id, None)
         if subscription is not None:
             self.hub.remove(subscription)
+
+    def quiet(self) -> bool:
+        """Nothing of this connection is queued, being prepared or being sent: a frame written now directly
+        cannot overtake another."""
+        return (
+            not self.control
+            and not self._ready
+            and self.writing_since is None
+            and not self._in_next
+            and self.close_code is None
+        )
 
     def send_control(self, frame: Frame) -> bool:
         """Queue a pong or an error frame; ``False`` when the peer is not reading its answers."""
@@ -432,7 +486,11 @@ class Feed:
             subscription.queued = False
             if not subscription.active:
                 continue
-            frame = await self._next_frame(subscription)
+            self._in_next = True
+            try:
+                frame = await self._next_frame(subscription)
+            finally:
+                self._in_next = False
             if not subscription.active:
                 continue  # unsubscribed or replaced while its store read ran: its frame is not sent
             if subscription.has_work():

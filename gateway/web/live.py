@@ -33,6 +33,7 @@ from gateway.errors import (
 from gateway.hub import PONG, Feed, Frame, error_frame
 from gateway.store.database import database_unavailable
 from gateway.web.http import parse_cursor
+from gateway.web.protocol import DIRECT
 
 if TYPE_CHECKING:
     from gateway.web.app import Gateway
@@ -173,6 +174,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
         await ws.accept()
         task_id = ws.path_params["task_id"]
         feed = new_feed()
+        feed.direct = ws.scope.get("extensions", {}).get(DIRECT)
         try:
             try:
                 if not origin_allowed(ws, settings.allowed_origins):
@@ -197,6 +199,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             await refuse(ws, Forbidden("origin not allowed"), None)
             return
         feed = new_feed()
+        feed.direct = ws.scope.get("extensions", {}).get(DIRECT)
         try:
             await pump(ws, feed, single=False)
         finally:

@@ -10,6 +10,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway.errors import CLOSE_GOING_AWAY
+from gateway.web.protocol import GatewayWebSocketProtocol
 
 # How long shutdown waits for sockets to say goodbye before uvicorn closes what is left.
 GOODBYE_S = 2.0
@@ -21,6 +22,7 @@ def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvico
     Per-message deflate is off: it costs a compressor per socket (memory) and a compression per frame
     per subscriber (CPU), the two things fan-out has to keep small; task frames are a few hundred bytes.
     """
+    options.setdefault("ws", GatewayWebSocketProtocol)
     return uvicorn.Config(app, host=host, port=port, ws_per_message_deflate=False, **options)
 
 

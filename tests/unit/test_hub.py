@@ -1097,3 +1097,65 @@ async def test_fake_book_answers_as_book(book: FakeBook, line: Line) -> None:
     assert await book.get("t") == book.state_at("t", 10)
     with pytest.raises(UnknownTask):
         await book.get("nope")
+
+
+# --- the direct path: entries written straight to a socket that has room -------------------------------
+
+
+class FakeSocket:
+    """A socket the hub may write framed bytes to while ``room`` is True (its buffer has space)."""
+
+    def __init__(self) -> None:
+        self.room = True
+        self.sent: list[bytes] = []
+
+    def can_write(self) -> bool:
+        return self.room
+
+    def write(self, data: bytes) -> None:
+        assert self.room
+        self.sent.append(data)
+
+
+def unframe(data: bytes) -> Frame:
+    """A server's unmasked text frame back to its JSON (RFC 6455 5.2), as a client would read it."""
+    assert data[0] == 0x81 and not data[1] & 0x80  # FIN + text, unmasked
+    n, at = data[1], 2
+    if n == 126:
+        n, at = int.from_bytes(data[2:4]), 4
+    elif n == 127:
+        n, at = int.from_bytes(data[2:10]), 10
+    assert len(data) == at + n
+    body = orjson.loads(data[at:])
+    return Frame(body["type"], body["version"], data[at:].decode())
+
+
+async def test_entries_go_straight_to_a_socket_with_room_and_queue_in_order_when_it_has_none(
+    book: FakeBook, hub: Hub, line: Line
+) -> None:
+    """The stream a client reads is whole whichever way each frame went: written directly (no wake-up of
+    the connection's writer) while the socket has room, queued for the writer while it has none, and a
+    later entry never overtakes a queued one."""
+    feed = Feed(hub, book)  # type: ignore[arg-type]
+    sock = FakeSocket()
+    feed.direct = sock
+    await feed.subscribe("t", 0)
+    received = await frames(feed)  # the resume frame goes through the writer
+    line.commit_many("t", 3)  # 1..3: straight to the socket
+    assert [unframe(b).version for b in sock.sent] == [1, 2, 3]
+    await assert_quiet(feed)
+    sock.room = False
+    line.commit_many("t", 2)  # 4, 5: no room, queued
+    sock.room = True
+    line.commit("t")  # 6: room again, but 4 and 5 wait in the queue: it must not overtake them
+    assert len(sock.sent) == 3
+    received += [unframe(b) for b in sock.sent] + await frames(feed, 3)
+    assert check_stream(book, "t", 0, received) == 6
+    assert [f.version for f in received] == [0, 1, 2, 3, 4, 5, 6]
+    line.commit("t")  # 7: the queue is empty again: straight to the socket
+    assert [unframe(b).version for b in sock.sent] == [1, 2, 3, 7]
+    assert hub.stats()["direct_writes"] == 4
+    # The terminal entry goes through the writer, which ends the stream after it.
+    line.commit("t", Succeed(9_000, "s3://r", "sha256:1"))
+    (last,) = await frames(feed)
+    check_event(book, "t", last, 8)
