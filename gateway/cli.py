@@ -93,6 +93,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     server = GatewayServer(config, app)
     server.run()
+    if not server.started:
+        return 3  # could not start (uvicorn's code)
     return 1 if server.failed else 0
 
 

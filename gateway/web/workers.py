@@ -34,6 +34,8 @@ WATCH_S = 0.5
 # not spin the CPU), back to the first once a child has lived a while.
 RESTART_DELAY_S = (1.0, 30.0)
 STABLE_S = 60.0
+# The exit code of a process that could not start (uvicorn's).
+STARTUP_FAILED = 3
 
 
 def serve_workers(settings: Settings, workers: int) -> int:
@@ -64,14 +66,23 @@ def serve_workers(settings: Settings, workers: int) -> int:
         return child, time.monotonic()
 
     children = [start(i) for i in range(workers)]
+    first_run = set(range(workers))  # workers still in the launch of the gateway itself
     delay = RESTART_DELAY_S[0]
     restart_at: dict[int, float] = {}
+    code = 0
     try:
         while not stop.wait(WATCH_S):
             now = time.monotonic()
             for index, (child, started) in enumerate(children):
                 if child.is_alive():
                     continue
+                if index in first_run and child.exitcode == STARTUP_FAILED:
+                    # It could not start (a bad setting, the database unreachable): so could no other.
+                    log.error("worker %d could not start (see above); stopping the gateway", index)
+                    code = STARTUP_FAILED
+                    stop.set()
+                    break
+                first_run.discard(index)
                 if index not in restart_at:
                     if now - started >= STABLE_S:
                         delay = RESTART_DELAY_S[0]
@@ -101,7 +112,7 @@ def serve_workers(settings: Settings, workers: int) -> int:
         sock.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return 0
+    return code
 
 
 def _child(settings: Settings, sock: socket.socket) -> None:
@@ -116,6 +127,8 @@ def _child(settings: Settings, sock: socket.socket) -> None:
     )
     server = GatewayServer(config, app)
     server.run(sockets=[sock])
+    if not server.started:
+        sys.exit(STARTUP_FAILED)
     if server.failed:
         sys.exit(1)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -385,6 +386,26 @@ async def test_workers_flag_runs_several_processes(pg_url: str, tmp_path: Path) 
         await parent.stop()
         if failed:
             print_tails([parent])
+
+
+async def test_workers_that_cannot_start_stop_the_gateway_instead_of_looping(tmp_path: Path) -> None:
+    """A database nobody serves (a typo in the URL): the workers fail at start, and so would every restart,
+    so the gateway stops with uvicorn's start-up failure code rather than restart them for ever."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = s.getsockname()[1]  # closed again: nothing listens there
+    url = f"postgresql://postgres@127.0.0.1:{nobody}/gateway"
+    with anyio.fail_after(TEST_S):
+        result = await anyio.run_process(
+            [*GATEWAY_CLI, "serve", "--workers", "2", "--port", str(free_port()), "--database-url", url],
+            check=False,
+            env=gateway_environ(),
+            cwd=tmp_path,
+        )
+    output = (result.stdout + result.stderr).decode(errors="replace")
+    assert result.returncode == 3, output
+    assert "could not start" in output, output
+    assert output.count("starting it again") == 0, output
 
 
 # --- SQLite: one process ------------------------------------------------------------------------------------
