@@ -24,6 +24,7 @@ models.
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from pathlib import Path
 
@@ -43,6 +44,9 @@ BASELINE = "0001"
 # Any fixed 64-bit number; the same key 0.1.0 held around its create_all, so that a 0.1.0 process and a
 # newer one starting together on a database also take turns.
 MIGRATION_LOCK_KEY = 0x7461736B67617465
+
+
+log = logging.getLogger("gateway.store")
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -97,8 +101,18 @@ def _in_process_lock() -> asyncio.Lock:
 
 
 def _upgrade(conn: Connection) -> None:
+    # Alembic's own lines ("Context impl ...") are noise at every start; one line says what changed.
+    logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
     config = alembic_config(conn)
     schema = inspect(conn)
-    if schema.has_table("tasks") and not schema.has_table("alembic_version"):
+    before: str | None = None
+    if schema.has_table("alembic_version"):
+        before = MigrationContext.configure(conn).get_current_revision()
+    elif schema.has_table("tasks"):
         command.stamp(config, BASELINE)
+        before = f"{BASELINE} (a 0.1.0 database)"
+    head = head_revision()
+    if before == head:
+        return  # the usual start: nothing to do, nothing to say
     command.upgrade(config, "head")
+    log.info("database schema migrated from %s to %s", before or "nothing", head)

@@ -26,7 +26,6 @@ import orjson
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -36,7 +35,6 @@ from sqlmodel import SQLModel
 from gateway.store import async_url
 from gateway.store.migrate import (
     MIGRATION_LOCK_KEY,
-    alembic_config,
     current_revision,
     head_revision,
     migrate,
@@ -322,7 +320,8 @@ async def test_a_database_of_0_1_0_upgrades_with_its_data_kept(database_url: str
 
 
 def running_upgrades(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Running upgrade")]
+    """The migrations that ran (the gateway says so in one line each time it migrates)."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("database schema migrated")]
 
 
 @pytest.mark.postgres
@@ -373,16 +372,15 @@ async def test_engines_migrating_at_once_migrate_once(
     """Three engines of one process on one empty database: one migrates, the others find it at head."""
     engines = [create_async_engine(async_url(postgres_url)) for _ in range(3)]
     try:
-        with caplog.at_level(logging.INFO, logger="alembic.runtime.migration"):
+        with caplog.at_level(logging.INFO, logger="gateway.store"):
             await asyncio.gather(*(migrate(engine) for engine in engines))
         assert await version_rows(engines[0]) == [head_revision()]
         assert await diff_with_models(engines[0]) == []
     finally:
         for engine in engines:
             await engine.dispose()
-    # Each revision ran once.
-    revisions = list(ScriptDirectory.from_config(alembic_config()).walk_revisions())
-    assert len(running_upgrades(caplog)) == len(revisions), running_upgrades(caplog)
+    # One engine migrated (all the way to head); the others found the database at head.
+    assert len(running_upgrades(caplog)) == 1, running_upgrades(caplog)
 
 
 @pytest.mark.anyio
