@@ -59,6 +59,10 @@ log = logging.getLogger("gateway.hub")
 MAX_AHEAD = 64
 # The task ids of one reconcile query.
 RECONCILE_CHUNK = 1000
+# Fan-out holds the event loop for at most this long at a time (then callbacks and the rest run), checking
+# the clock every so many subscriptions.
+FLUSH_SLICE_S = 0.005
+FLUSH_CHECK_EVERY = 32
 
 
 class Published:
@@ -95,26 +99,33 @@ class Subscription:
         self.queued = False
         self.active = True
 
-    def offer(self, item: Published) -> None:
+    def offer(self, items: Sequence[Published]) -> None:
+        """The entries of one fan-out round, consecutive versions in order."""
         if self.conflated:
             return
         feed = self.feed
-        if (
-            feed.direct is not None
-            and not self.pending
-            and not self.head
-            and self.last is not None
-            and item.task.version == self.last.version + 1
-            and not item.task.terminal  # the writer closes or unsubscribes after a terminal frame
-            and feed.quiet()
-            and feed.direct.can_write()
-        ):
-            # The fast path: nothing of this connection is queued or in flight, and its transport has
-            # room: the entry's bytes go out now, with no wake-up of the connection's writer.
-            feed.direct.write(item.wire)
-            self.last = item.task
-            feed.hub.direct_writes += 1
-            return
+        last = self.last
+        if feed.direct is not None and last is not None and not self.pending and not self.head:
+            fresh = items[max(0, last.version + 1 - items[0].task.version) :]
+            if (
+                fresh
+                and fresh[0].task.version == last.version + 1
+                and not fresh[-1].task.terminal  # the writer closes or unsubscribes after a terminal frame
+                and feed.quiet()
+                and feed.direct.can_write()
+            ):
+                # The fast path: nothing of this connection is queued or in flight, and its transport
+                # has room: the entries' bytes go out now, in one write, with no wake-up of its writer.
+                feed.direct.write(fresh[0].wire if len(fresh) == 1 else b"".join(i.wire for i in fresh))
+                self.last = fresh[-1].task
+                feed.hub.direct_writes += len(fresh)
+                return
+        for item in items:
+            self._queue(item)
+            if self.conflated:
+                return
+
+    def _queue(self, item: Published) -> None:
         if len(self.pending) >= self.backlog:
             self.pending.clear()
             self.conflated = True
@@ -141,24 +152,32 @@ class Channel:
     a message ahead of a missing version waits here while the hub reads the missing entries from the store,
     once for the task, however many subscribers it has."""
 
-    __slots__ = ("ahead", "last", "subscriptions", "task_id")
+    __slots__ = ("ahead", "flushing", "hub", "last", "outbox", "round", "subscriptions", "task_id")
 
-    def __init__(self, task_id: str) -> None:
+    def __init__(self, task_id: str, hub: Hub) -> None:
         self.task_id = task_id
+        self.hub = hub
         self.subscriptions: set[Subscription] = set()
         # The last state handed to the subscriptions; None until a message or a resume read tells.
         self.last: Task | None = None
         self.ahead: dict[int, News] = {}
+        # Entries handed out, not yet offered to the subscriptions (the next fan-out round).
+        self.outbox: list[Published] = []
+        # The round being offered: its subscriptions, its entries and how far it has gone.
+        self.round: tuple[tuple[Subscription, ...], list[Published], int] | None = None
+        self.flushing = False
 
     @property
     def version(self) -> int:
         return -1 if self.last is None else self.last.version
 
     def hand_out(self, task: Task, frame: Frame) -> None:
+        """The next entry of the task: offered to every subscription in the next fan-out round."""
         self.last = task
-        item = Published(task, frame)
-        for subscription in tuple(self.subscriptions):
-            subscription.offer(item)
+        self.outbox.append(Published(task, frame))
+        if not self.flushing:
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self.hub.flush, self)
 
     def drain_ahead(self) -> None:
         while self.ahead:
@@ -309,12 +328,38 @@ class Hub:
                 channel.hand_out(task, event_frame(task, raw))
         channel.drain_ahead()
 
+    def flush(self, channel: Channel) -> None:
+        """Offer a channel's entries to its subscriptions, a slice of at most ``FLUSH_SLICE_S`` at a time.
+
+        Between slices the event loop runs everything else, callbacks first among it: fan-out never holds
+        the loop for long, however many subscribers a task has. Entries that arrive during a round form the
+        next one, so when fan-out falls behind, each subscriber gets several entries in one write (or, past
+        its backlog, one conflated snapshot): the work per entry shrinks as the load grows."""
+        if channel.round is None:
+            items, channel.outbox = channel.outbox, []
+            if not items:
+                channel.flushing = False
+                return
+            channel.round = (tuple(channel.subscriptions), items, 0)
+        subscriptions, items, done = channel.round
+        deadline = time.perf_counter() + FLUSH_SLICE_S
+        count = len(subscriptions)
+        while done < count:
+            subscription = subscriptions[done]
+            done += 1
+            if subscription.active:
+                subscription.offer(items)
+            if done % FLUSH_CHECK_EVERY == 0 and time.perf_counter() >= deadline:
+                break
+        channel.round = (subscriptions, items, done) if done < count else None
+        asyncio.get_running_loop().call_soon(self.flush, channel)
+
     # --- subscriptions ----------------------------------------------------------------------------------
 
     def add(self, subscription: Subscription) -> None:
         channel = self._channels.get(subscription.task_id)
         if channel is None:
-            channel = self._channels[subscription.task_id] = Channel(subscription.task_id)
+            channel = self._channels[subscription.task_id] = Channel(subscription.task_id, self)
         channel.subscriptions.add(subscription)
 
     def remove(self, subscription: Subscription) -> None:

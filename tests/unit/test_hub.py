@@ -94,6 +94,11 @@ def line(book: FakeBook, hub: Hub) -> Line:
     return Line(book, hub)
 
 
+async def settle() -> None:
+    """Let the hub's fan-out round run: entries handed out are offered on the next turn of the loop."""
+    await anyio.lowlevel.checkpoint()
+
+
 async def take(feed: Feed, n: int = 1) -> list[Item]:
     """The next ``n`` items of the feed; fails if they do not come."""
     items: list[Item] = []
@@ -291,6 +296,7 @@ async def test_entries_committed_while_the_resume_state_is_read_no_gap_no_repeat
         line.commit("t")  # 11
         held = line.commit("t", publish=False)  # 12
         line.commit("t")  # 13
+        await settle()
         # Live entries collect from the start: 11 in the backlog; 13 waits in the task's channel for 12.
         assert hub.stats()["pending_max"] == 1
         release.set()
@@ -498,6 +504,7 @@ async def test_a_backlog_past_its_bound_collapses_into_one_conflated_snapshot(
     stream = await frames(feed)
     for _ in range(BACKLOG + extra):
         line.commit("t")
+        await settle()
         assert hub.stats()["pending_max"] <= BACKLOG
     assert hub.stats()["conflations"] == 1
     newest = book.current("t").version
@@ -521,6 +528,7 @@ async def test_a_backlog_at_its_bound_is_not_conflated(book: FakeBook, hub: Hub,
     await feed.subscribe("t", 0)
     stream = await frames(feed)
     line.commit_many("t", BACKLOG)
+    await settle()
     assert hub.stats()["pending_max"] == BACKLOG
     stream += await frames(feed, BACKLOG)
     assert hub.stats()["conflations"] == 0
@@ -1117,6 +1125,20 @@ class FakeSocket:
         self.sent.append(data)
 
 
+def split_frames(data: bytes) -> list[bytes]:
+    """One write may carry several frames (a round's entries for one socket): split them."""
+    frames: list[bytes] = []
+    while data:
+        n, at = data[1], 2
+        if n == 126:
+            n, at = int.from_bytes(data[2:4]), 4
+        elif n == 127:
+            n, at = int.from_bytes(data[2:10]), 10
+        frames.append(data[: at + n])
+        data = data[at + n :]
+    return frames
+
+
 def unframe(data: bytes) -> Frame:
     """A server's unmasked text frame back to its JSON (RFC 6455 5.2), as a client would read it."""
     assert data[0] == 0x81 and not data[1] & 0x80  # FIN + text, unmasked
@@ -1141,21 +1163,58 @@ async def test_entries_go_straight_to_a_socket_with_room_and_queue_in_order_when
     feed.direct = sock
     await feed.subscribe("t", 0)
     received = await frames(feed)  # the resume frame goes through the writer
-    line.commit_many("t", 3)  # 1..3: straight to the socket
-    assert [unframe(b).version for b in sock.sent] == [1, 2, 3]
+    line.commit_many("t", 3)  # 1..3: straight to the socket, in one write
+    await settle()
+    assert [unframe(f).version for b in sock.sent for f in split_frames(b)] == [1, 2, 3]
     await assert_quiet(feed)
     sock.room = False
     line.commit_many("t", 2)  # 4, 5: no room, queued
+    await settle()
     sock.room = True
     line.commit("t")  # 6: room again, but 4 and 5 wait in the queue: it must not overtake them
-    assert len(sock.sent) == 3
-    received += [unframe(b) for b in sock.sent] + await frames(feed, 3)
+    await settle()
+    direct = [unframe(f) for b in sock.sent for f in split_frames(b)]
+    assert len(direct) == 3
+    received += direct + await frames(feed, 3)
     assert check_stream(book, "t", 0, received) == 6
     assert [f.version for f in received] == [0, 1, 2, 3, 4, 5, 6]
     line.commit("t")  # 7: the queue is empty again: straight to the socket
-    assert [unframe(b).version for b in sock.sent] == [1, 2, 3, 7]
+    await settle()
+    assert [unframe(f).version for b in sock.sent for f in split_frames(b)] == [1, 2, 3, 7]
     assert hub.stats()["direct_writes"] == 4
     # The terminal entry goes through the writer, which ends the stream after it.
     line.commit("t", Succeed(9_000, "s3://r", "sha256:1"))
     (last,) = await frames(feed)
     check_event(book, "t", last, 8)
+
+
+async def test_fan_out_yields_the_loop_and_entries_that_pile_up_go_out_together(
+    book: FakeBook, hub: Hub, line: Line, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fan-out to many subscribers runs in slices, so other work (a callback's answer) runs in between;
+    entries committed while a round is under way form the next one, and each socket gets them in one write:
+    the more fan-out falls behind, the less it costs per entry. (A slice of zero seconds makes the slicing
+    visible: it yields after every few subscriptions.)"""
+    import gateway.hub as hub_module
+
+    monkeypatch.setattr(hub_module, "FLUSH_SLICE_S", 0.0)
+    sockets: list[FakeSocket] = []
+    for _ in range(10 * hub_module.FLUSH_CHECK_EVERY):
+        feed = Feed(hub, book)  # type: ignore[arg-type]
+        feed.direct = sock = FakeSocket()
+        sockets.append(sock)
+        await feed.subscribe("t", 0)
+        await take(feed)
+    line.commit("t")  # 1
+    await settle()
+    reached = sum(1 for sock in sockets if sock.sent)
+    assert 0 < reached < len(sockets)  # a slice, not the whole round: the loop ran other work since
+    line.commit_many("t", 2)  # 2, 3: while the round of 1 is still going
+    with anyio.fail_after(TIMEOUT_S):
+        while not all(len(sock.sent) == 2 for sock in sockets):
+            await settle()
+    for sock in sockets:
+        first, second = ([unframe(f).version for f in split_frames(b)] for b in sock.sent)
+        assert (first, second) == ([1], [2, 3])
+    assert hub.stats()["direct_writes"] == 3 * len(sockets)
+    assert hub.stats()["pending_total"] == 0  # nothing went the slow way
