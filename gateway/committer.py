@@ -32,6 +32,11 @@ class Committer:
         self._queue: deque[tuple[CallbackRequest, asyncio.Future[CallbackOutcome]]] = deque()
         self._wakeup = asyncio.Event()
         self._running = False
+        self.in_flight = 0
+
+    def busy(self) -> bool:
+        """Whether callbacks are waiting for their batch or its commit (fan-out yields to them)."""
+        return self.in_flight > 0
 
     async def submit(self, request: CallbackRequest) -> CallbackOutcome:
         """Apply one callback with whatever else is queued; its outcome, or the error that refused it."""
@@ -48,8 +53,12 @@ class Committer:
         future: asyncio.Future[CallbackOutcome] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
         self._wakeup.set()
-        # Shielded: a client that hangs up does not take its callback out of a batch being committed.
-        return await asyncio.shield(future)
+        self.in_flight += 1
+        try:
+            # Shielded: a client that hangs up does not take its callback out of a batch being committed.
+            return await asyncio.shield(future)
+        finally:
+            self.in_flight -= 1
 
     async def run(self) -> None:
         self._running = True

@@ -63,18 +63,28 @@ RECONCILE_CHUNK = 1000
 # the clock every so many subscriptions.
 FLUSH_SLICE_S = 0.005
 FLUSH_CHECK_EVERY = 32
+# While callbacks are being answered, fan-out pauses this long after each slice: at most half the loop.
+FLUSH_YIELD_S = 0.005
 
 
 class Published:
     """A committed entry as every subscription of its task gets it: the task after it, its frame, and
     that frame as WebSocket bytes (framed once, on first use, for every socket written to directly)."""
 
-    __slots__ = ("_wire", "frame", "task")
+    __slots__ = ("_conflated", "_wire", "frame", "task")
 
     def __init__(self, task: Task, frame: Frame) -> None:
         self.task = task
         self.frame = frame
         self._wire: bytes | None = None
+        self._conflated: bytes | None = None
+
+    @property
+    def conflated_wire(self) -> bytes:
+        """A ``snapshot`` (``reason: conflated``) of the task after this entry, as WebSocket bytes."""
+        if self._conflated is None:
+            self._conflated = text_frame(snapshot_frame(self.task, "conflated").text.encode())
+        return self._conflated
 
     @property
     def wire(self) -> bytes:
@@ -116,9 +126,16 @@ class Subscription:
             ):
                 # The fast path: nothing of this connection is queued or in flight, and its transport
                 # has room: the entries' bytes go out now, in one write, with no wake-up of its writer.
-                feed.direct.write(fresh[0].wire if len(fresh) == 1 else b"".join(i.wire for i in fresh))
+                if len(fresh) > self.backlog:
+                    # Fan-out fell this far behind: the latest state instead (one snapshot, framed once
+                    # for the whole round), as a backlog past its bound would get; no store read.
+                    feed.direct.write(fresh[-1].conflated_wire)
+                    feed.hub.conflations += 1
+                    feed.hub.direct_writes += 1
+                else:
+                    feed.direct.write(fresh[0].wire if len(fresh) == 1 else b"".join(i.wire for i in fresh))
+                    feed.hub.direct_writes += len(fresh)
                 self.last = fresh[-1].task
-                feed.hub.direct_writes += len(fresh)
                 return
         for item in items:
             self._queue(item)
@@ -209,6 +226,8 @@ class Hub:
         self._due_set: set[str] = set()
         self._resync = False
         self._wakeup = asyncio.Event()
+        # Whether callbacks are being answered now (the app counts them); fan-out yields to them.
+        self.callbacks_waiting: Callable[[], bool] = lambda: False
 
     # --- news from the bus ------------------------------------------------------------------------------
 
@@ -352,7 +371,13 @@ class Hub:
             if done % FLUSH_CHECK_EVERY == 0 and time.perf_counter() >= deadline:
                 break
         channel.round = (subscriptions, items, done) if done < count else None
-        asyncio.get_running_loop().call_soon(self.flush, channel)
+        loop = asyncio.get_running_loop()
+        if channel.round is not None and self.callbacks_waiting():
+            # Callbacks first: while one is being answered, fan-out takes at most half of the loop. The
+            # entries that pile up meanwhile go out together in the next round (or as one snapshot).
+            loop.call_later(FLUSH_YIELD_S, self.flush, channel)
+        else:
+            loop.call_soon(self.flush, channel)
 
     # --- subscriptions ----------------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ class Gateway:
         self.book = Book(self.store, clock, bus=self.bus, retention_versions=settings.retention_versions)
         self.hub = Hub(self.book)
         self.committer = Committer(self.book)
+        self.hub.callbacks_waiting = self.committer.busy
         self.metrics.watch_hub(self.hub.stats)
         self.metrics.watch_bus(self.bus)
         if settings.secret is not None:

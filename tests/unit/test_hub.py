@@ -1218,3 +1218,53 @@ async def test_fan_out_yields_the_loop_and_entries_that_pile_up_go_out_together(
         assert (first, second) == ([1], [2, 3])
     assert hub.stats()["direct_writes"] == 3 * len(sockets)
     assert hub.stats()["pending_total"] == 0  # nothing went the slow way
+
+
+async def test_fan_out_pauses_between_slices_while_callbacks_are_answered(
+    book: FakeBook, hub: Hub, line: Line, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Callbacks first: while callbacks wait for their answers, fan-out takes a slice and then leaves the
+    loop alone for a while; once none waits, it goes on at once. (Slices of zero seconds and a long pause
+    make it visible.)"""
+    import gateway.hub as hub_module
+
+    monkeypatch.setattr(hub_module, "FLUSH_SLICE_S", 0.0)
+    monkeypatch.setattr(hub_module, "FLUSH_YIELD_S", 0.3)
+    waiting = [True]
+    hub.callbacks_waiting = lambda: waiting[0]
+    sockets = []
+    for _ in range(4 * hub_module.FLUSH_CHECK_EVERY):
+        feed = Feed(hub, book)  # type: ignore[arg-type]
+        feed.direct = sock = FakeSocket()
+        sockets.append(sock)
+        await feed.subscribe("t", 0)
+        await take(feed)
+    line.commit("t")
+    for _ in range(5):
+        await settle()
+    assert sum(1 for sock in sockets if sock.sent) == hub_module.FLUSH_CHECK_EVERY  # one slice, then a pause
+    waiting[0] = False  # the pause under way ends in its time; after it, no more pauses
+    with anyio.fail_after(TIMEOUT_S):
+        while not all(sock.sent for sock in sockets):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+async def test_a_socket_far_behind_within_one_round_gets_one_conflated_snapshot_without_a_store_read(
+    book: FakeBook, hub: Hub, line: Line
+) -> None:
+    feed = Feed(hub, book, backlog=BACKLOG)  # type: ignore[arg-type]
+    feed.direct = sock = FakeSocket()
+    await feed.subscribe("t", 0)
+    await take(feed)
+    book.calls.clear()
+    line.commit_many("t", BACKLOG + 3)  # one round of more entries than the backlog holds
+    await settle()
+    (write,) = sock.sent
+    (frame,) = [unframe(f) for f in split_frames(write)]
+    body = parse(frame)
+    assert (body["type"], body["reason"], body["version"]) == ("snapshot", "conflated", BACKLOG + 3)
+    assert body["task"] == task_to_json(book.current("t"))
+    assert [c for c in book.calls if c[0] in ("get", "entries")] == []
+    line.commit("t")
+    await settle()
+    assert unframe(sock.sent[-1]).version == BACKLOG + 4  # and then on, entry by entry
