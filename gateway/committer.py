@@ -62,6 +62,7 @@ class Committer:
 
     async def run(self) -> None:
         self._running = True
+        batch: list[tuple[CallbackRequest, asyncio.Future[CallbackOutcome]]] = []
         try:
             while True:
                 if not self._queue:
@@ -87,6 +88,11 @@ class Committer:
                         future.set_result(outcome)
         finally:
             self._running = False
+            for _, future in batch:  # cancelled during a commit: its outcome is not known here
+                if not future.done():
+                    future.set_exception(
+                        Unavailable("the gateway is stopping; retry (a retry is applied once)")
+                    )
             while self._queue:
                 _, future = self._queue.popleft()
                 if not future.done():

@@ -26,6 +26,7 @@ from typing import ClassVar
 # WebSocket close codes, named once (protocol.md, "Close codes").
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
+CLOSE_INTERNAL_ERROR = 1011
 CLOSE_SLOW_CONSUMER = 4008
 CLOSE_INVALID_REQUEST = 4400
 CLOSE_UNAUTHORIZED = 4401

@@ -38,7 +38,7 @@ import orjson
 
 from gateway.book import Book
 from gateway.bus.base import News
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import CLOSE_INTERNAL_ERROR, GatewayError, InvalidRequest
 from gateway.frames import PONG, Frame, error_frame, event_frame, resume_frame, snapshot_frame, text_frame
 from gateway.machine import Entry, Task, apply_event, event_from_json
 
@@ -46,7 +46,7 @@ from gateway.machine import Entry, Task, apply_event, event_from_json
 class DirectWriter(Protocol):
     """A socket that can take already-framed bytes now (``gateway.web.protocol``)."""
 
-    def can_write(self) -> bool: ...
+    def can_write(self, size: int) -> bool: ...
 
     def write(self, data: bytes) -> None: ...
 
@@ -116,27 +116,30 @@ class Subscription:
         feed = self.feed
         last = self.last
         if feed.direct is not None and last is not None and not self.pending and not self.head:
-            fresh = items[max(0, last.version + 1 - items[0].task.version) :]
-            if (
-                fresh
-                and fresh[0].task.version == last.version + 1
-                and not fresh[-1].task.terminal  # the writer closes or unsubscribes after a terminal frame
-                and feed.quiet()
-                and feed.direct.can_write()
-            ):
+            start = last.version + 1 - items[0].task.version
+            count = len(items) - start
+            if 0 <= start < len(items) and not items[-1].task.terminal and feed.quiet():
                 # The fast path: nothing of this connection is queued or in flight, and its transport
                 # has room: the entries' bytes go out now, in one write, with no wake-up of its writer.
-                if len(fresh) > self.backlog:
+                # (A terminal entry takes the writer's way: it closes or unsubscribes after it.)
+                data: bytes | None = None
+                if count > self.backlog:
                     # Fan-out fell this far behind: the latest state instead (one snapshot, framed once
                     # for the whole round), as a backlog past its bound would get; no store read.
-                    feed.direct.write(fresh[-1].conflated_wire)
-                    feed.hub.conflations += 1
-                    feed.hub.direct_writes += 1
+                    data = items[-1].conflated_wire
+                elif count == 1:
+                    data = items[start].wire
                 else:
-                    feed.direct.write(fresh[0].wire if len(fresh) == 1 else b"".join(i.wire for i in fresh))
-                    feed.hub.direct_writes += len(fresh)
-                self.last = fresh[-1].task
-                return
+                    data = b"".join(i.wire for i in items[start:])
+                if feed.direct.can_write(len(data)):
+                    feed.direct.write(data)
+                    self.last = items[-1].task
+                    if count > self.backlog:
+                        feed.hub.conflations += 1
+                        feed.hub.direct_writes += 1
+                    else:
+                        feed.hub.direct_writes += count
+                    return
         for item in items:
             self._queue(item)
             if self.conflated:
@@ -367,7 +370,13 @@ class Hub:
             subscription = subscriptions[done]
             done += 1
             if subscription.active:
-                subscription.offer(items)
+                try:
+                    subscription.offer(items)
+                except Exception:  # never leave the task's fan-out stuck: this connection starts over
+                    log.exception(
+                        "hub: offering %s to a subscription failed; closing its connection", items[0].task.id
+                    )
+                    subscription.feed.close(CLOSE_INTERNAL_ERROR)
             if done % FLUSH_CHECK_EVERY == 0 and time.perf_counter() >= deadline:
                 break
         channel.round = (subscriptions, items, done) if done < count else None
@@ -407,6 +416,7 @@ class Hub:
             "conflations": self.conflations,
             "catch_ups": self.catch_ups,
             "direct_writes": self.direct_writes,
+            "outbox_max": max((len(c.outbox) for c in self._channels.values()), default=0),
         }
 
     def attach(self, feed: Feed) -> None:
@@ -532,6 +542,9 @@ class Feed:
         self._wakeup.set()
 
     def stall(self) -> None:
+        # The send it cancels took a frame out of the queue that will never be written: from now on
+        # nothing may be written directly either (it would follow a gap); the connection closes with 4008.
+        self.direct = None
         self.writing_since = None
         if self.on_stall is not None:
             self.on_stall()

@@ -27,14 +27,15 @@ class DirectWriter:
     def __init__(self, protocol: GatewayWebSocketProtocol) -> None:
         self._protocol = protocol
 
-    def can_write(self) -> bool:
+    def can_write(self, size: int) -> bool:
+        """Whether ``size`` more bytes fit now: the connection is open and its buffer stays within bound."""
         p = self._protocol
         return (
             p.handshake_complete
             and not p.close_sent
             and not p.disconnected
             and not p.transport.is_closing()
-            and p.transport.get_write_buffer_size() <= BUFFER_LIMIT
+            and p.transport.get_write_buffer_size() + size <= BUFFER_LIMIT
         )
 
     def write(self, data: bytes) -> None:

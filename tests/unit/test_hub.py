@@ -1115,10 +1115,11 @@ class FakeSocket:
 
     def __init__(self) -> None:
         self.room = True
+        self.limit = 1 << 30  # bytes one write may take now
         self.sent: list[bytes] = []
 
-    def can_write(self) -> bool:
-        return self.room
+    def can_write(self, size: int) -> bool:
+        return self.room and size <= self.limit
 
     def write(self, data: bytes) -> None:
         assert self.room
@@ -1268,3 +1269,38 @@ async def test_a_socket_far_behind_within_one_round_gets_one_conflated_snapshot_
     line.commit("t")
     await settle()
     assert unframe(sock.sent[-1]).version == BACKLOG + 4  # and then on, entry by entry
+
+
+async def test_after_a_stalled_send_nothing_is_written_directly(book: FakeBook, hub: Hub, line: Line) -> None:
+    """The watchdog cancelled a send that had taken entry 1 from the queue (the peer stopped reading): that
+    frame is never written, so entry 2 must not go out directly either (the peer would see a gap before
+    its 4008); the connection is on its way to closing."""
+    feed = Feed(hub, book)  # type: ignore[arg-type]
+    feed.direct = sock = FakeSocket()
+    await feed.subscribe("t", 0)
+    await take(feed)
+    sock.room = False
+    line.commit("t")  # 1: queued
+    await settle()
+    await take(feed)  # the writer took it ...
+    feed.writing_since = time.monotonic()  # ... and its send is stuck
+    feed.stall()  # the watchdog cancels it
+    sock.room = True
+    line.commit("t")  # 2
+    await settle()
+    assert sock.sent == []
+
+
+async def test_a_write_that_would_overfill_the_socket_takes_the_queue(
+    book: FakeBook, hub: Hub, line: Line
+) -> None:
+    feed = Feed(hub, book)  # type: ignore[arg-type]
+    feed.direct = sock = FakeSocket()
+    await feed.subscribe("t", 0)
+    received = await frames(feed)
+    sock.limit = 10  # less than one frame fits
+    line.commit_many("t", 2)
+    await settle()
+    assert sock.sent == []
+    received += await frames(feed, 2)
+    assert check_stream(book, "t", 0, received) == 2
