@@ -22,17 +22,18 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
-SECRET = "bench-secret-0123456789abcdef0123456789"
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+import harness
+from harness import free_port, wait_port
+
+PG_ADMIN = harness.PG_ADMIN
 
 FLOOR_SERVER = r"""
 import asyncio, json, sqlite3, sys, time
@@ -45,7 +46,8 @@ from starlette.routing import Route
 kind, target, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 SCHEMA = [
     "CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, state TEXT, progress BIGINT, version BIGINT)",
-    "CREATE TABLE IF NOT EXISTS entries (task_id TEXT, version BIGINT, event BYTEA, PRIMARY KEY (task_id, version))",
+    "CREATE TABLE IF NOT EXISTS entries (task_id TEXT, version BIGINT, event BYTEA,"
+    " PRIMARY KEY (task_id, version))",
     "CREATE TABLE IF NOT EXISTS callbacks (callback_id TEXT PRIMARY KEY, task_id TEXT, digest TEXT)",
 ]
 db = None
@@ -90,8 +92,9 @@ async def callback(request: Request):
         async with pool.acquire() as conn, conn.transaction():
             version = await conn.fetchval("SELECT version FROM tasks WHERE id = $1 FOR UPDATE", task_id)
             await conn.fetchval("SELECT digest FROM callbacks WHERE callback_id = $1", cid)
-            await conn.execute("UPDATE tasks SET state = 'running', progress = $1, version = $2 WHERE id = $3",
-                               progress, version + 1, task_id)
+            await conn.execute(
+                "UPDATE tasks SET state = 'running', progress = $1, version = $2 WHERE id = $3",
+                progress, version + 1, task_id)
             await conn.execute("INSERT INTO entries VALUES ($1, $2, $3)", task_id, version + 1, raw.encode())
             await conn.execute("INSERT INTO callbacks VALUES ($1, $2, 'd')", cid, task_id)
     return ok({"changed": True, "reason": "progress"})
@@ -123,24 +126,6 @@ app = Starlette(routes=[Route("/v1/tasks", create, methods=["POST"]),
                 lifespan=lifespan)
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def wait_port(port: int, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 # --- the client (its own process) -------------------------------------------------------------------
@@ -211,65 +196,41 @@ async def client_main(port: int, connections: int, seconds: float) -> None:
     print(json.dumps({"per_s": done[0] / elapsed, "errors": errors}), flush=True)
 
 
-async def measure(port: int, args: argparse.Namespace) -> dict[str, float]:
-    client = await asyncio.create_subprocess_exec(
-        sys.executable,
-        __file__,
-        "client",
-        str(port),
-        str(args.connections),
-        str(args.seconds),
+async def measure(port: int, args: argparse.Namespace) -> dict[str, Any]:
+    client = await harness.spawn(
+        [sys.executable, __file__, "client", str(port), str(args.connections), str(args.seconds)],
         stdout=asyncio.subprocess.PIPE,
     )
-    out, _ = await client.communicate()
-    result: dict[str, float] = json.loads(out.decode().strip().splitlines()[-1])
+    try:
+        out, _ = await asyncio.wait_for(client.communicate(), args.seconds + 60)
+    finally:
+        await harness.stop(client, 5)
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
 
 
 @contextlib.asynccontextmanager
 async def server(command: list[str], port: int, env: dict[str, str] | None = None) -> AsyncIterator[None]:
-    process = subprocess.Popen(command, env=env)  # noqa: ASYNC220  (started once, before the measurement)
+    process = await harness.spawn(command, env=env)
     try:
-        await wait_port(port)
+        await wait_port(port, process=process)
         yield
     finally:
-        process.terminate()
-        process.wait(10)
+        await harness.stop(process)
 
 
 @contextlib.asynccontextmanager
-async def pg_database() -> AsyncIterator[str]:
-    import asyncpg
-
-    name = f"gw_bench_cb_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(PG_ADMIN)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield PG_ADMIN.rsplit("/", 1)[0] + "/" + name
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+async def pg_database(admin_url: str = PG_ADMIN) -> AsyncIterator[str]:
+    async with harness.pg_database(admin_url, "gw_bench_cb") as url:
+        yield url
 
 
-async def run_gateway(database_url: str, args: argparse.Namespace) -> dict[str, float]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    env.update(GATEWAY_SECRET=SECRET, GATEWAY_LOG_LEVEL="warning")
-    command = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--database-url",
-        database_url,
-    ]
-    async with server(command, port, env):
-        return await measure(port, args)
+async def run_gateway(database_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    async with harness.gateway(database_url) as gateway:
+        return await measure(gateway.port, args)
 
 
-async def run_floor(kind: str, target: str, args: argparse.Namespace) -> dict[str, float]:
+async def run_floor(kind: str, target: str, args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     async with server([sys.executable, "-c", FLOOR_SERVER, kind, target, str(port)], port):
         return await measure(port, args)
@@ -277,7 +238,7 @@ async def run_floor(kind: str, target: str, args: argparse.Namespace) -> dict[st
 
 async def main(args: argparse.Namespace) -> None:
     only = set(args.only.split(","))
-    rows: list[tuple[str, dict[str, float], dict[str, float] | None]] = []
+    rows: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
     with tempfile.TemporaryDirectory() as tmp:
         if "none" in only:
             rows.append(("no database (HTTP alone)", await run_floor("none", "", args), None))
@@ -292,16 +253,16 @@ async def main(args: argparse.Namespace) -> None:
                 floor = await run_floor("postgresql", url, args)
             rows.append(("PostgreSQL", gateway, floor))
     print(
-        f"callbacks/s: {args.connections} keep-alive connections, {args.seconds:.0f} s each, {os.cpu_count()} cores"
+        f"callbacks/s: {args.connections} keep-alive connections, {args.seconds:.0f} s each, "
+        f"{os.cpu_count()} cores"
     )
     print(f"{'':28}{'gateway':>10}{'floor':>10}{'ratio':>8}")
     for name, first, floor in rows:
         if floor is None:
             print(f"{name:<28}{'':>10}{first['per_s']:>10.0f}")
         else:
-            print(
-                f"{name:<28}{first['per_s']:>10.0f}{floor['per_s']:>10.0f}{first['per_s'] / floor['per_s']:>8.2f}"
-            )
+            ratio = first["per_s"] / floor["per_s"]
+            print(f"{name:<28}{first['per_s']:>10.0f}{floor['per_s']:>10.0f}{ratio:>8.2f}")
         for label, result in (("gateway", first), ("floor", floor)):
             if result and result.get("errors"):
                 print(f"  {label} errors: {result['errors']}")
@@ -311,8 +272,12 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "client":
         asyncio.run(client_main(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
         sys.exit(0)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--only", default="none,sqlite,postgresql")
-    asyncio.run(main(parser.parse_args()))
+    try:
+        asyncio.run(main(parser.parse_args()))
+    finally:
+        harness.kill_all()
+        harness.drop_leftover_databases()

@@ -33,7 +33,8 @@ async def fill(url: str, live: int, due: int) -> None:
         # Tasks in the shape the gateway writes them: live ones far from their deadline, due ones past it.
         insert = (
             "INSERT INTO tasks (id, state, expires_at_ms, attempts, max_attempts, progress, version, ttl_ms,"
-            " created_at_ms) SELECT $1 || g, $2, $3::bigint + g, 0, 1, 0, 0, 1, 0 FROM generate_series(1, $4) g"
+            " created_at_ms) SELECT $1 || g, $2, $3::bigint + g, 0, 1, 0, 0, 1, 0"
+            " FROM generate_series(1, $4) g"
         )
         if live:
             await conn.execute(insert, "live-", "queued", NOW + 3_600_000, live)

@@ -63,8 +63,10 @@ RECONCILE_CHUNK = 1000
 # the clock every so many subscriptions.
 FLUSH_SLICE_S = 0.005
 FLUSH_CHECK_EVERY = 32
-# While callbacks are being answered, fan-out pauses this long after each slice: at most half the loop.
+# While callbacks are being answered, fan-out looks again this often, and takes a slice at least this
+# often whatever the callbacks (so that it always progresses, at a tenth of the loop at the least).
 FLUSH_YIELD_S = 0.005
+FLUSH_MAX_PAUSE_S = 0.05
 
 
 class Published:
@@ -172,7 +174,17 @@ class Channel:
     a message ahead of a missing version waits here while the hub reads the missing entries from the store,
     once for the task, however many subscribers it has."""
 
-    __slots__ = ("ahead", "flushing", "hub", "last", "outbox", "round", "subscriptions", "task_id")
+    __slots__ = (
+        "ahead",
+        "flushing",
+        "hub",
+        "last",
+        "outbox",
+        "round",
+        "sliced_at",
+        "subscriptions",
+        "task_id",
+    )
 
     def __init__(self, task_id: str, hub: Hub) -> None:
         self.task_id = task_id
@@ -186,6 +198,7 @@ class Channel:
         # The round being offered: its subscriptions, its entries and how far it has gone.
         self.round: tuple[tuple[Subscription, ...], list[Published], int] | None = None
         self.flushing = False
+        self.sliced_at = 0.0  # when its fan-out last took a slice of the loop
 
     @property
     def version(self) -> int:
@@ -357,6 +370,15 @@ class Hub:
         the loop for long, however many subscribers a task has. Entries that arrive during a round form the
         next one, so when fan-out falls behind, each subscriber gets several entries in one write (or, past
         its backlog, one conflated snapshot): the work per entry shrinks as the load grows."""
+        loop = asyncio.get_running_loop()
+        now = time.perf_counter()
+        if self.callbacks_waiting() and now - channel.sliced_at < FLUSH_MAX_PAUSE_S:
+            # Callbacks first: while one is being answered fan-out waits (a slice at least every
+            # FLUSH_MAX_PAUSE_S, so that it always progresses). The entries that pile up meanwhile go out
+            # together in the next round, or as one conflated snapshot: fan-out is shed, never callbacks.
+            loop.call_later(FLUSH_YIELD_S, self.flush, channel)
+            return
+        channel.sliced_at = now
         if channel.round is None:
             items, channel.outbox = channel.outbox, []
             if not items:
@@ -364,7 +386,7 @@ class Hub:
                 return
             channel.round = (tuple(channel.subscriptions), items, 0)
         subscriptions, items, done = channel.round
-        deadline = time.perf_counter() + FLUSH_SLICE_S
+        deadline = now + FLUSH_SLICE_S
         count = len(subscriptions)
         while done < count:
             subscription = subscriptions[done]
@@ -380,13 +402,7 @@ class Hub:
             if done % FLUSH_CHECK_EVERY == 0 and time.perf_counter() >= deadline:
                 break
         channel.round = (subscriptions, items, done) if done < count else None
-        loop = asyncio.get_running_loop()
-        if channel.round is not None and self.callbacks_waiting():
-            # Callbacks first: while one is being answered, fan-out takes at most half of the loop. The
-            # entries that pile up meanwhile go out together in the next round (or as one snapshot).
-            loop.call_later(FLUSH_YIELD_S, self.flush, channel)
-        else:
-            loop.call_soon(self.flush, channel)
+        loop.call_soon(self.flush, channel)
 
     # --- subscriptions ----------------------------------------------------------------------------------
 

@@ -1,0 +1,773 @@
+"""Every benchmark workload in one command: one table of figures beside their floors, and docs/benchmarks.md.
+
+    python bench/all.py [--procs 4] [--pg-admin-url URL] [--only 1,2,3,4,5]
+    python bench/all.py --smoke
+
+Each figure is printed beside its floor measured in the same run (the same machine, the same noise) and
+the ratio, with the target it is held to; targets are printed, never asserted. The run starts everything
+it needs (gateways as ``gateway serve``, the floor servers, the client processes, a PostgreSQL database of
+its own per run) and ends every process and drops every database it made, however it ends.
+
+``--smoke`` runs every workload tiny (about 10 s of load, small N) and checks only that each produced a
+figure and that no frame was lost or reordered (no subscriber failed to connect or missed its end); it
+exits 1 otherwise, and does not write docs/benchmarks.md. A full run writes docs/benchmarks.md (not with
+``--only``) and exits 1 if a workload could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import callbacks
+import fanout
+import harness
+from harness import Clients, rss_bytes
+
+DOCS = harness.ROOT / "docs" / "benchmarks.md"
+TERMINATED = threading.Event()  # SIGTERM was received
+PACKAGES = ("uvicorn", "starlette", "websockets", "sqlalchemy", "asyncpg", "aiosqlite", "httpx", "orjson")
+
+WORKLOADS = {
+    1: (
+        "callbacks/s",
+        "callbacks/s of one gateway process on SQLite and on PostgreSQL (keep-alive connections, each "
+        "driving tasks of its own through start and progress 1..100, every callback a real change with a "
+        "unique callbackId), beside a bare-driver Starlette handler doing the same transaction per callback "
+        "(sqlite3 / asyncpg) and the same handler with no database (what HTTP alone costs here).",
+    ),
+    2: (
+        "fan-out",
+        "one task with N subscribers in client processes, callbacks at a fixed rate: the gateway process's "
+        "CPU (utime + stime from /proc) per delivered frame, the callbacks' own HTTP and commit included, "
+        "beside a raw `websockets` `broadcast()` server sending frames of the same size; and the frames "
+        "lost or out of order, checked per subscriber by the client processes (versions 1, 2, 3, ... "
+        "after the resume frame; a `conflated` snapshot may jump ahead; a socket the server ends early "
+        "with a reason, such as 4008, is counted apart). Subscribers connect 200 at a time per client "
+        "process; a subscription refused with `unavailable` (1013, try again) is retried after a backoff, "
+        "as a client would, and the retries are counted.",
+    ),
+    3: (
+        "idle memory",
+        "the gateway's RSS growth divided by N once N sockets have subscribed and received their resume "
+        "frame and a first event frame, beside the raw `websockets` server holding the same sockets "
+        "(a hello, then one broadcast message).",
+    ),
+    4: (
+        "callback latency",
+        "callback p99 (and p50, and the rate achieved of the 50/s asked, one callback after the other, "
+        "each sent when due or as soon as the previous one is answered, for a fixed time) on one task "
+        "with N subscribers, beside the same callbacks with no subscriber: the answer should follow the "
+        "commit, not the fan-out.",
+    ),
+    5: (
+        "reconnect storm",
+        "N subscribers with cursors (half a few versions behind: `delta`; half far behind: `snapshot`) "
+        "connecting at once (every client process opens all its sockets at the same instant) to tasks "
+        "with history: the time until every one has its resume frame (retries after a refusal "
+        "included), beside opening N sockets to the raw `websockets` server (the same accept backlog, "
+        "2048, as uvicorn's) and getting one message each.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    callback_seconds: float
+    callback_connections: int
+    fanout: tuple[tuple[int, int, float], ...]  # (subscribers, callbacks, rate)
+    memory_n: int
+    latency_n: int
+    latency_seconds: float
+    latency_rate: float
+    storm_n: int
+    storm_tasks: int
+    procs: int
+    step_timeout_s: float
+    total_timeout_s: float
+
+
+FULL = Config(
+    callback_seconds=5.0,
+    callback_connections=32,
+    fanout=((100, 300, 50.0), (1000, 100, 10.0), (5000, 30, 2.0)),
+    memory_n=10_000,
+    latency_n=5000,
+    latency_seconds=10.0,
+    latency_rate=50.0,
+    storm_n=5000,
+    storm_tasks=10,
+    procs=4,
+    step_timeout_s=180.0,
+    total_timeout_s=1800.0,
+)
+SMOKE = Config(
+    callback_seconds=0.5,
+    callback_connections=8,
+    fanout=((10, 20, 50.0), (50, 20, 50.0), (100, 20, 50.0)),
+    memory_n=200,
+    latency_n=100,
+    latency_seconds=1.0,
+    latency_rate=50.0,
+    storm_n=200,
+    storm_tasks=2,
+    procs=2,
+    step_timeout_s=30.0,
+    total_timeout_s=120.0,
+)
+
+
+@dataclass
+class Row:
+    workload: int
+    measure: str
+    figure: float | None
+    floor: float | None
+    unit: str
+    target: str
+    digits: int = 1
+    ratio: float | None = None  # figure / floor unless given
+
+    def ratio_value(self) -> float | None:
+        if self.ratio is not None:
+            return self.ratio
+        if self.figure is None or self.floor is None or not self.floor:
+            return None
+        return self.figure / self.floor
+
+    def cells(self) -> tuple[str, str, str, str, str]:
+        def number(value: float | None) -> str:
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                return "-"
+            return f"{value:,.{self.digits}f}" + (f" {self.unit}" if self.unit else "")
+
+        ratio = self.ratio_value()
+        return (
+            self.measure,
+            number(self.figure),
+            number(self.floor),
+            "-" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}x",
+            self.target,
+        )
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the smoke checks that failed
+    failures: list[str] = field(default_factory=list)  # workloads that could not run
+
+    def figure(self, what: str, value: float | None) -> None:
+        """A figure must exist: a finite positive number."""
+        if value is None or not math.isfinite(value) or value <= 0:
+            self.problems.append(f"{what}: no figure ({value})")
+
+    def gateway_logs(self, workload: str) -> None:
+        """What the workload's gateways logged, as details (a run should log nothing at warning)."""
+        kinds: dict[str, int] = {}
+        for summary in harness.GATEWAY_LOGS:
+            for kind, count in summary["kinds"].items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        harness.GATEWAY_LOGS.clear()
+        for kind, count in sorted(kinds.items(), key=lambda item: -item[1])[:3]:
+            self.details.append(f"{workload}: the gateway logged {count} x `{kind.strip()}`")
+
+    def frames(self, what: str, stats: dict[str, Any]) -> None:
+        """No frame lost or out of order, every subscriber connected and complete."""
+        for key in (
+            "lost",
+            "out_of_order",
+            "failed",
+            "incomplete",
+            "unexpected",
+            "resume_mismatch",
+            "bad_close",
+        ):
+            if stats.get(key):
+                self.problems.append(f"{what}: {key} = {stats[key]} {stats.get('errors') or ''}".rstrip())
+        if stats.get("timed_out"):
+            self.problems.append(f"{what}: the subscribers did not all finish in time")
+
+
+def frames_summary(stats: dict[str, Any]) -> str:
+    text = (
+        f"{stats['deliveries']:,} frames to {stats['connected']:,}/{stats['subscribers']:,} subscribers, "
+        f"{stats['gaps']} gaps ({stats['missing']} versions), {stats['reorders']} reorders, "
+        f"{stats['tail_missing']} versions missing at the end, {stats['conflated']} conflated snapshots"
+    )
+    if stats.get("cut"):
+        text += (
+            f", {stats['cut']} sockets ended early by the server with a reason "
+            f"(close codes {stats['closes']}; {stats['cut_missing']} versions not sent to them)"
+        )
+    if stats.get("retries"):
+        text += f", {stats['retries']} subscribe attempts refused or failed and retried"
+    if stats.get("failed"):
+        text += f", {stats['failed']} failed to connect"
+    if stats.get("errors"):
+        text += f" ({'; '.join(stats['errors'][:3])})"
+    if stats.get("resume_mismatch"):
+        text += f", {stats['resume_mismatch']} whose first frame was not the resume frame expected"
+    return text
+
+
+def need_fds(n: int) -> None:
+    limit = harness.raise_nofile(n + 1024)
+    if limit < n + 256:
+        raise RuntimeError(
+            f"RLIMIT_NOFILE is {limit}, too low for {n:,} sockets in one process: raise the hard limit "
+            f"(ulimit -Hn) to {n + 1024} or more"
+        )
+
+
+# --- 1. callbacks/s ----------------------------------------------------------------------------------
+
+
+async def workload_callbacks(cfg: Config, admin_url: str, report: Report) -> None:
+    args = argparse.Namespace(seconds=cfg.callback_seconds, connections=cfg.callback_connections)
+
+    def add(name: str, gateway: dict[str, Any], floor: dict[str, Any]) -> None:
+        report.rows.append(
+            Row(
+                1,
+                f"callbacks/s, {name} (floor: bare-driver handler)",
+                gateway["per_s"],
+                floor["per_s"],
+                "/s",
+                ">= 1.0x",
+                0,
+            )
+        )
+        report.figure(f"callbacks/s {name} gateway", gateway["per_s"])
+        report.figure(f"callbacks/s {name} bare driver", floor["per_s"])
+        share = gateway["per_s"] / bare["per_s"] if bare["per_s"] else math.nan
+        report.details.append(
+            f"callbacks/s {name}: {cfg.callback_connections} keep-alive connections, "
+            f"{cfg.callback_seconds:g} s per server; the gateway does {share:.2f}x the no-database handler"
+        )
+        for label, result in (("gateway", gateway), ("bare driver", floor)):
+            if result.get("errors"):
+                report.details.append(
+                    f"callbacks/s {name} {label}: answers other than 200: {result['errors']}"
+                )
+
+    bare = await callbacks.run_floor("none", "", args)
+    report.figure("callbacks/s no-database handler", bare["per_s"])
+    try:
+        with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+            gateway = await callbacks.run_gateway(f"sqlite:///{Path(tmp) / 'gw.db'}", args)
+            floor = await callbacks.run_floor("sqlite", str(Path(tmp) / "floor.db"), args)
+        add("SQLite", gateway, floor)
+        async with harness.pg_database(admin_url, "gw_bench_all") as url:
+            gateway = await callbacks.run_gateway(url, args)
+        async with harness.pg_database(admin_url, "gw_bench_all") as url:
+            floor = await callbacks.run_floor("postgresql", url, args)
+        add("PostgreSQL", gateway, floor)
+    finally:
+        report.rows.append(
+            Row(1, "callbacks/s, no-database handler (HTTP alone)", bare["per_s"], None, "/s", "(ceiling)", 0)
+        )
+
+
+# --- 2. fan-out --------------------------------------------------------------------------------------
+
+
+async def workload_fanout(cfg: Config, admin_url: str, report: Report) -> None:
+    for n, count, rate in cfg.fanout:
+        need_fds(n)
+        gateway = await fanout.bench_gateway(n, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s)
+        floor = await fanout.bench_floor(n, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s)
+        report.rows.append(
+            Row(
+                2,
+                f"fan-out N={n:,}: server CPU per frame",
+                gateway["cpu_us_per_frame"],
+                floor["cpu_us_per_frame"],
+                "us",
+                "<= 1.3x",
+            )
+        )
+        report.rows.append(
+            Row(
+                2,
+                f"fan-out N={n:,}: frames lost + out of order",
+                gateway["lost"] + gateway["out_of_order"],
+                floor["lost"] + floor["out_of_order"],
+                "",
+                "0",
+                0,
+                ratio=math.nan,
+            )
+        )
+        report.figure(f"fan-out N={n} gateway CPU/frame", gateway["cpu_us_per_frame"])
+        report.figure(f"fan-out N={n} floor CPU/frame", floor["cpu_us_per_frame"])
+        report.frames(f"fan-out N={n} gateway", gateway)
+        report.frames(f"fan-out N={n} floor", floor)
+        report.details.append(
+            f"fan-out N={n:,}, {count} callbacks at {rate:g}/s, {cfg.procs} client processes: gateway "
+            f"{frames_summary(gateway)}; callbacks p50 {gateway['callback_p50_ms']:.1f} ms, p99 "
+            f"{gateway['callback_p99_ms']:.1f} ms | floor {frames_summary(floor)}"
+        )
+
+
+# --- 3. idle memory ----------------------------------------------------------------------------------
+
+
+async def warm_up(url: str) -> None:
+    """One socket opened, read and closed, so that what a first connection loads is not counted per socket."""
+    from websockets.asyncio.client import connect
+
+    async with connect(url, compression=None, ping_interval=None) as ws:
+        await asyncio.wait_for(ws.recv(), 10)
+
+
+async def idle_gateway(n: int, cfg: Config) -> dict[str, Any]:
+    import httpx
+
+    task_id = f"idle-{uuid.uuid4().hex[:8]}"
+    async with contextlib.AsyncExitStack() as stack:
+        server = await stack.enter_async_context(harness.gateway())
+        http = await stack.enter_async_context(httpx.AsyncClient(base_url=server.http, timeout=60))
+        made = await fanout.create_task(http, task_id)
+        url = f"{server.ws}/v1/tasks/{task_id}/ws?cursor=0&token={made['subscribeToken']}"
+        await warm_up(url)
+        await asyncio.sleep(0.2)
+        rss_before = rss_bytes(server.pid)
+        clients = await Clients.start(
+            [(url, n, "caught-up")],
+            procs=cfg.procs,
+            stream=True,
+            final=1,
+            hold=True,
+            timeout_s=cfg.step_timeout_s,
+        )
+        stack.push_async_callback(clients.close)
+        await clients.connect(cfg.step_timeout_s)
+        rss_resumed = rss_bytes(server.pid)
+        await fanout.post_callbacks(http, task_id, made["callbackToken"], fanout.plan(2)[:1], 1.0)
+        stats = await clients.done(cfg.step_timeout_s)
+        await asyncio.sleep(0.2)
+        rss_after = rss_bytes(server.pid)
+    return {
+        **stats,
+        "bytes_per_subscriber": (rss_after - rss_before) / n,
+        "resumed_bytes_per_subscriber": (rss_resumed - rss_before) / n,
+    }
+
+
+async def idle_floor(n: int, cfg: Config) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+
+    async with contextlib.AsyncExitStack() as stack:
+        server = await stack.enter_async_context(harness.floor_server())
+        publisher = await stack.enter_async_context(connect(f"{server.ws}/publish", compression=None))
+        await warm_up(f"{server.ws}/")
+        await asyncio.sleep(0.2)
+        rss_before = rss_bytes(server.pid)
+        clients = await Clients.start(
+            [(f"{server.ws}/", n, "hello")],
+            procs=cfg.procs,
+            stream=True,
+            final=1,
+            hold=True,
+            timeout_s=cfg.step_timeout_s,
+        )
+        stack.push_async_callback(clients.close)
+        await clients.connect(cfg.step_timeout_s)
+        rss_resumed = rss_bytes(server.pid)
+        await publisher.send(fanout.sample_frame(1))
+        stats = await clients.done(cfg.step_timeout_s)
+        await asyncio.sleep(0.2)
+        rss_after = rss_bytes(server.pid)
+    return {
+        **stats,
+        "bytes_per_subscriber": (rss_after - rss_before) / n,
+        "resumed_bytes_per_subscriber": (rss_resumed - rss_before) / n,
+    }
+
+
+async def workload_memory(cfg: Config, admin_url: str, report: Report) -> None:
+    n = cfg.memory_n
+    need_fds(n)
+    gateway = await idle_gateway(n, cfg)
+    floor = await idle_floor(n, cfg)
+    report.rows.append(
+        Row(
+            3,
+            f"idle memory per subscriber, N={n:,}",
+            gateway["bytes_per_subscriber"] / 1024,
+            floor["bytes_per_subscriber"] / 1024,
+            "KiB",
+            "<= 1.5x",
+        )
+    )
+    report.figure("idle memory gateway", gateway["bytes_per_subscriber"])
+    report.figure("idle memory floor", floor["bytes_per_subscriber"])
+    report.frames("idle memory gateway", gateway)
+    report.frames("idle memory floor", floor)
+    report.details.append(
+        f"idle memory N={n:,}: after the resume frames alone, gateway "
+        f"{gateway['resumed_bytes_per_subscriber'] / 1024:.1f} KiB, floor "
+        f"{floor['resumed_bytes_per_subscriber'] / 1024:.1f} KiB per subscriber; "
+        f"{gateway['connected']:,} and {floor['connected']:,} sockets connected"
+    )
+
+
+# --- 4. callback latency under fan-out ---------------------------------------------------------------
+
+
+async def workload_latency(cfg: Config, admin_url: str, report: Report) -> None:
+    n, seconds, rate = cfg.latency_n, cfg.latency_seconds, cfg.latency_rate
+    need_fds(n)
+    count = int(seconds * rate) + 1
+    runs = {}
+    for subscribers in (0, n):
+        runs[subscribers] = await fanout.bench_gateway(
+            subscribers, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s, seconds=seconds
+        )
+    alone, loaded = runs[0], runs[n]
+    report.rows.append(
+        Row(
+            4,
+            f"callback p99 at N={n:,} (floor: N=0)",
+            loaded["callback_p99_ms"],
+            alone["callback_p99_ms"],
+            "ms",
+            "flat (~1.0x)",
+        )
+    )
+    report.rows.append(
+        Row(
+            4,
+            f"callbacks/s achieved at N={n:,} of {rate:g} asked (floor: N=0)",
+            loaded["achieved_rate"],
+            alone["achieved_rate"],
+            "/s",
+            f"{rate:g}/s",
+        )
+    )
+    report.figure("callback p99 at N", loaded["callback_p99_ms"])
+    report.figure("callback p99 at 0", alone["callback_p99_ms"])
+    report.frames(f"callback latency N={n}", loaded)
+    report.details.append(
+        f"callback latency, {rate:g}/s asked for {seconds:g} s, one after the other: "
+        f"N=0 {alone['timed']} callbacks, p50 {alone['callback_p50_ms']:.1f} ms, "
+        f"p99 {alone['callback_p99_ms']:.1f} ms, {alone['achieved_rate']:.1f}/s; N={n:,} {loaded['timed']} "
+        f"callbacks, p50 {loaded['callback_p50_ms']:.1f} ms, p99 {loaded['callback_p99_ms']:.1f} ms, "
+        f"{loaded['achieved_rate']:.1f}/s; {frames_summary(loaded)}; gateway CPU per callback: "
+        f"{alone['cpu_us_per_callback']:,.0f} us at N=0 (what every fan-out figure carries besides "
+        f"its frames), {loaded['cpu_us_per_callback']:,.0f} us at N={n:,}"
+    )
+
+
+# --- 5. reconnect storm ------------------------------------------------------------------------------
+
+STORM_HISTORY = 40  # versions of each task before the storm
+STORM_BEHIND = 3  # the delta half's cursor is this many versions behind (retention keeps 8)
+
+
+async def storm(groups: list[tuple[str, int, str | None]], cfg: Config) -> dict[str, Any]:
+    clients = await Clients.start(
+        groups, procs=cfg.procs, hold=True, concurrency=0, timeout_s=cfg.step_timeout_s
+    )
+    try:
+        overflows = harness.listen_overflows()
+        go = time.monotonic()
+        lines = await clients.connect(cfg.step_timeout_s)
+        seconds = max(line["t"] for line in lines) - go
+        after = harness.listen_overflows()
+        stats = await clients.done(cfg.step_timeout_s)
+    finally:
+        await clients.close()
+    dropped = after - overflows if after is not None and overflows is not None else None
+    return {**stats, "seconds": seconds, "listen_overflows": dropped}
+
+
+async def storm_gateway(cfg: Config) -> dict[str, Any]:
+    import httpx
+
+    n, tasks = cfg.storm_n, max(1, min(cfg.storm_tasks, cfg.storm_n // 2))
+    async with harness.gateway() as server, httpx.AsyncClient(base_url=server.http, timeout=60) as http:
+        groups: list[tuple[str, int, str | None]] = []
+        per_task = [n // tasks + (1 if i < n % tasks else 0) for i in range(tasks)]
+        for i, count in enumerate(per_task):
+            task_id = f"storm-{uuid.uuid4().hex[:8]}-{i}"
+            made = await fanout.create_task(http, task_id)
+            events = fanout.plan(STORM_HISTORY + 1)[:STORM_HISTORY]  # start, progress...: not terminal
+            await fanout.post_callbacks(http, task_id, made["callbackToken"], events, 1e9)
+            base = f"{server.ws}/v1/tasks/{task_id}/ws?token={made['subscribeToken']}&cursor="
+            groups.append((base + str(STORM_HISTORY - STORM_BEHIND), count // 2, "delta"))
+            groups.append((base + "1", count - count // 2, "snapshot"))
+        return await storm(groups, cfg)
+
+
+async def storm_floor(cfg: Config) -> dict[str, Any]:
+    async with harness.floor_server() as server:
+        return await storm([(f"{server.ws}/", cfg.storm_n, "hello")], cfg)
+
+
+async def workload_storm(cfg: Config, admin_url: str, report: Report) -> None:
+    n = cfg.storm_n
+    need_fds(n)
+    gateway = await storm_gateway(cfg)
+    floor = await storm_floor(cfg)
+    report.rows.append(
+        Row(
+            5,
+            f"reconnect storm, N={n:,}: until every resume frame",
+            gateway["seconds"],
+            floor["seconds"],
+            "s",
+            "<= 2x",
+            2,
+        )
+    )
+    report.figure("reconnect storm gateway", gateway["seconds"])
+    report.figure("reconnect storm floor", floor["seconds"])
+    report.frames("reconnect storm gateway", gateway)
+    report.frames("reconnect storm floor", floor)
+    report.details.append(
+        f"reconnect storm N={n:,} over {cfg.storm_tasks} tasks of {STORM_HISTORY} versions, all at once from "
+        f"{cfg.procs} client processes: gateway resume frames {gateway['resume']}, "
+        f"{gateway['retries']} attempts retried, {gateway['failed']} failed; floor {floor['resume']}, "
+        f"{floor['retries']} retried, {floor['failed']} failed; "
+        f"connections dropped by a full accept queue (kernel ListenOverflows, machine-wide, retried by "
+        f"TCP after 1 s, 3 s, ...): gateway {gateway['listen_overflows']}, floor {floor['listen_overflows']}"
+    )
+    for label, result in (("gateway", gateway), ("floor", floor)):
+        if result["errors"]:
+            report.details.append(f"reconnect storm {label}: {'; '.join(result['errors'])}")
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+Workload = Callable[[Config, str, Report], Coroutine[Any, Any, None]]
+RUNNERS: dict[int, Workload] = {
+    1: workload_callbacks,
+    2: workload_fanout,
+    3: workload_memory,
+    4: workload_latency,
+    5: workload_storm,
+}
+
+
+def table(rows: list[Row], markdown: bool) -> str:
+    header = ("measure", "figure", "floor", "ratio", "target")
+    cells = [r.cells() for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", "--:", "--:", "--:", "---"]) + "|"]
+        lines += ["| " + " | ".join(c) + " |" for c in cells]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *cells, strict=True)]
+    align = ["<", ">", ">", ">", "<"]
+
+    def line(values: tuple[str, ...]) -> str:
+        return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, align, widths, strict=True)).rstrip()
+
+    return "\n".join([line(header), line(tuple("-" * w for w in widths)), *(line(c) for c in cells)])
+
+
+def machine(pg_version: str) -> list[tuple[str, str]]:
+    memory = "?"
+    with contextlib.suppress(OSError):
+        for text in Path("/proc/meminfo").read_text().splitlines():
+            if text.startswith("MemTotal:"):
+                memory = f"{int(text.split()[1]) / 1024 / 1024:.1f} GiB"
+    model = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for text in Path("/proc/cpuinfo").read_text().splitlines():
+            if text.startswith("model name"):
+                model = text.split(":", 1)[1].strip()
+                break
+    versions = []
+    for name in PACKAGES:
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name} (not installed)")
+    commit = "?"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(
+            ["git", "-C", str(harness.ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(harness.ROOT), "status", "--porcelain", "--", "gateway", "bench"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        if dirty:
+            commit += " (with uncommitted changes to gateway/ or bench/)"
+    return [
+        (
+            "cores",
+            f"{os.cpu_count()} ({model}); shared and noisy: every figure is beside a floor of the same run",
+        ),
+        ("memory", memory),
+        ("kernel", f"{platform.system()} {platform.release()}"),
+        ("Python", f"{platform.python_implementation()} {platform.python_version()}"),
+        ("packages", ", ".join(versions)),
+        ("PostgreSQL", pg_version),
+        ("file descriptors", f"soft limit {harness.raise_nofile(0)} (raised by the bench)"),
+        ("commit", commit),
+    ]
+
+
+def write_docs(report: Report, cfg: Config, facts: list[tuple[str, str]], elapsed: float) -> None:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `python bench/all.py` (do not edit by hand); "
+        f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {elapsed:.0f} s.",
+        "",
+        "## The machine",
+        "",
+        *(f"- {name}: {value}" for name, value in facts),
+        "",
+        "## How to reproduce",
+        "",
+        "```sh",
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]'",
+        "# PostgreSQL at 127.0.0.1:5432, user postgres, trust (or GATEWAY_TEST_PG_URL / --pg-admin-url)",
+        f".venv/bin/python bench/all.py          # every workload, this file (~{elapsed / 60:.0f} min)",
+        ".venv/bin/python bench/all.py --smoke  # every workload tiny: figures and frame order checked (CI)",
+        "```",
+        "",
+        "The gateway runs as a user runs it: `python -m gateway.cli serve --port P --database-url ...` with "
+        "`GATEWAY_SECRET` set and `GATEWAY_LOG_LEVEL=warning`, in open mode on loopback, on a SQLite file of "
+        "its own (workloads 2 to 5) or a PostgreSQL database made for the run and dropped after it. The "
+        "subscribers are `websockets` clients in "
+        f"{cfg.procs} separate processes. The floors are measured in the same run, one after the other on "
+        "the same machine; a ratio is figure / floor. Targets are the performance issue's; they are "
+        "printed, never asserted.",
+        "`bench/fanout.py`, `bench/callbacks.py` and `bench/expiry.py` run single workloads with more "
+        "options.",
+        "",
+        "## Results",
+        "",
+        table(report.rows, markdown=True),
+        "",
+        *(f"- {d}" for d in report.details),
+        "",
+        "## What each workload measures",
+        "",
+        *(f"{i}. **{name}**: {text}" for i, (name, text) in WORKLOADS.items()),
+        "",
+    ]
+    if report.failures:
+        lines += ["## Workloads that did not run", "", *(f"- {f}" for f in report.failures), ""]
+    DOCS.write_text("\n".join(lines))
+
+
+async def run(args: argparse.Namespace) -> int:
+    cfg = SMOKE if args.smoke else FULL
+    if args.procs:
+        cfg = Config(**{**cfg.__dict__, "procs": args.procs})
+    only = sorted({int(x) for x in args.only.split(",")}) if args.only else sorted(RUNNERS)
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+
+    def terminate() -> None:
+        TERMINATED.set()
+        main_task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, terminate)
+    # Children inherit the limit: raise it before any gateway, floor or client process starts.
+    harness.raise_nofile(max(cfg.memory_n, cfg.storm_n, cfg.latency_n, *(n for n, _, _ in cfg.fanout)) + 1024)
+    report = Report()
+    started = time.monotonic()
+    try:
+        pg_version = await harness.postgres_version(args.pg_admin_url)
+        for name in await harness.drop_stale_databases(args.pg_admin_url):
+            print(f"dropped {name}, left by a bench that was killed", flush=True)
+    except Exception as exc:
+        pg_version = f"unreachable ({type(exc).__name__}: {exc})"
+        report.problems.append(f"PostgreSQL at {args.pg_admin_url} is unreachable: {exc}")
+    mode = "smoke" if args.smoke else "full"
+    print(f"bench/all.py ({mode}): workloads {', '.join(map(str, only))}; {os.cpu_count()} cores", flush=True)
+    try:
+        async with asyncio.timeout(cfg.total_timeout_s):
+            for number in only:
+                name = WORKLOADS[number][0]
+                t0 = time.monotonic()
+                print(f"[{time.monotonic() - started:6.1f} s] {number}. {name} ...", flush=True)
+                try:
+                    await RUNNERS[number](cfg, args.pg_admin_url, report)
+                except Exception as exc:
+                    traceback.print_exc()
+                    report.failures.append(f"{number}. {name}: {type(exc).__name__}: {exc}")
+                finally:
+                    report.gateway_logs(name)
+                took = time.monotonic() - t0
+                print(f"[{time.monotonic() - started:6.1f} s] {number}. {name} took {took:.1f} s", flush=True)
+    except TimeoutError:
+        report.failures.append(f"the run passed its total time bound of {cfg.total_timeout_s:.0f} s")
+    elapsed = time.monotonic() - started
+    print()
+    print(table(report.rows, markdown=False))
+    print()
+    for detail in report.details:
+        print(f"- {detail}")
+    for failure in report.failures:
+        print(f"FAILED {failure}")
+    if args.smoke:
+        problems = report.failures + report.problems
+        for problem in report.problems:
+            print(f"CHECK {problem}")
+        verdict = "FAILED" if problems else "passed"
+        print(f"smoke {verdict}: {len(report.rows)} figures, {elapsed:.1f} s")
+        return 1 if problems else 0
+    if args.only:
+        print("(--only: docs/benchmarks.md not written)")
+    else:
+        write_docs(report, cfg, machine(pg_version), elapsed)
+        print(f"wrote {DOCS.relative_to(harness.ROOT)} ({elapsed:.0f} s)")
+    return 1 if report.failures else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
+    parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
+    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-5)")
+    parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
+    args = parser.parse_args()
+    status = 1
+    try:
+        status = asyncio.run(run(args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("terminated" if TERMINATED.is_set() else "interrupted", file=sys.stderr)
+        status = 143 if TERMINATED.is_set() else 130
+    finally:
+        harness.kill_all()
+        for name in harness.drop_leftover_databases():
+            print(f"dropped leftover database {name}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,543 @@
+"""What every benchmark needs: processes that die with the bench, databases dropped however it ends, the
+gateway started as a user starts it, the raw ``websockets`` floor server, /proc readings, and the subscriber
+client processes (``bench/subscribers.py``) driven over their stdin and stdout.
+
+Every process is started through :func:`spawn`: it is killed by the kernel if the bench dies (Linux
+``PR_SET_PDEATHSIG``), and :func:`kill_all` ends whatever is still running. Every PostgreSQL database is
+made through :func:`pg_database`: dropped at the end of its block, and by :func:`drop_leftover_databases`
+if the block never got to run its end (call it after the event loop stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import math
+import os
+import re
+import resource
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TICKS = os.sysconf("SC_CLK_TCK")
+SECRET = "bench-secret-0123456789abcdef0123456789"
+PG_ADMIN = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+SUBSCRIBERS = BENCH_DIR / "subscribers.py"
+# uvicorn's accept backlog (its default); the floor server gets the same, so that a storm of connections
+# meets the same kernel queue on both sides.
+BACKLOG = 2048
+
+# --- processes ---------------------------------------------------------------------------------------
+
+_processes: set[asyncio.subprocess.Process] = set()
+
+try:
+    _libc: Any = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover  (not Linux)
+    _libc = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the bench's process ends, however it ends."""
+    if _libc is not None:
+        _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+async def spawn(command: Sequence[str], **options: Any) -> asyncio.subprocess.Process:
+    process = await asyncio.create_subprocess_exec(*command, preexec_fn=_die_with_parent, **options)
+    _processes.add(process)
+    return process
+
+
+async def stop(process: asyncio.subprocess.Process, grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; waits for the process to be gone."""
+    try:
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), grace_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await asyncio.wait_for(process.wait(), 5)
+    finally:
+        _processes.discard(process)
+
+
+def kill_all() -> None:
+    """Kill every process :func:`spawn` started that is still running (synchronous: for the very end)."""
+    for process in list(_processes):
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(process.pid, 0)
+        _processes.discard(process)
+
+
+def raise_nofile(wanted: int) -> int:
+    """Raise the soft file-descriptor limit towards ``wanted`` (children inherit it); returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= wanted:
+        return soft
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        with contextlib.suppress(ValueError, OSError):  # only a privileged process may raise its hard limit
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+            return wanted
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+
+# --- PostgreSQL --------------------------------------------------------------------------------------
+
+_databases: set[tuple[str, str]] = set()
+
+
+@contextlib.asynccontextmanager
+async def pg_database(admin_url: str = PG_ADMIN, prefix: str = "gw_bench") -> AsyncIterator[str]:
+    """A database of the run's own, dropped at the end. Its name carries this process's id
+    (``{prefix}_p{pid}_{random}``), so that :func:`drop_stale_databases` can tell one whose bench was
+    killed (SIGKILL leaves no chance to drop it) from one a running bench uses."""
+    import asyncpg
+
+    name = f"{prefix}_p{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(admin_url, timeout=5)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        _databases.add((admin_url, name))
+        try:
+            yield admin_url.rsplit("/", 1)[0] + "/" + name
+        finally:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            _databases.discard((admin_url, name))
+    finally:
+        await admin.close()
+
+
+STALE = re.compile(r"^gw_bench\w*_p(\d+)_[0-9a-f]{8}$")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def drop_stale_databases(admin_url: str = PG_ADMIN) -> list[str]:
+    """Drop the databases of benches that died without dropping them: named by :func:`pg_database`, by a
+    process of this machine that is gone. (PostgreSQL is on loopback: the process ids are this host's.)"""
+    import asyncpg
+
+    admin = await asyncpg.connect(admin_url, timeout=5)
+    dropped = []
+    try:
+        for (name,) in await admin.fetch("SELECT datname FROM pg_database WHERE datname LIKE 'gw\\_bench%'"):
+            match = STALE.match(name)
+            if match and not alive(int(match.group(1))):
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                dropped.append(name)
+    finally:
+        await admin.close()
+    return dropped
+
+
+def drop_leftover_databases() -> list[str]:
+    """Drop the databases whose block did not end (the loop was stopped under it). Synchronous."""
+    if not _databases:
+        return []
+    import asyncpg
+
+    async def drop() -> list[str]:
+        dropped = []
+        for admin_url, name in list(_databases):
+            with contextlib.suppress(Exception):
+                admin = await asyncpg.connect(admin_url, timeout=5)
+                try:
+                    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    dropped.append(name)
+                    _databases.discard((admin_url, name))
+                finally:
+                    await admin.close()
+        return dropped
+
+    return asyncio.run(drop())
+
+
+async def postgres_version(admin_url: str = PG_ADMIN) -> str:
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_url, timeout=5)
+    try:
+        return str(await conn.fetchval("SHOW server_version"))
+    finally:
+        await conn.close()
+
+
+# --- servers -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    port: int
+    process: asyncio.subprocess.Process
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+def gateway_env(bus: str | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    env.update(GATEWAY_SECRET=SECRET, GATEWAY_LOG_LEVEL="warning")
+    if bus is not None:
+        env["GATEWAY_BUS_URL"] = bus
+    env.update(extra or {})
+    return env
+
+
+def gateway_command(port: int, database_url: str) -> list[str]:
+    """``gateway serve`` as a user runs it (this interpreter's, so that the venv's gateway runs)."""
+    return [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--database-url", database_url]
+
+
+async def wait_port(
+    port: int, timeout_s: float = 30.0, process: asyncio.subprocess.Process | None = None
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.returncode is not None:
+            raise RuntimeError(f"the server on port {port} exited with {process.returncode}")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port} after {timeout_s:.0f} s")
+
+
+async def wait_http(
+    url: str, timeout_s: float = 30.0, process: asyncio.subprocess.Process | None = None
+) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5) as http:
+        while time.monotonic() < deadline:
+            if process is not None and process.returncode is not None:
+                raise RuntimeError(f"the gateway exited with {process.returncode} before it answered")
+            try:
+                if (await http.get(url + "/healthz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"the gateway at {url} did not answer /healthz in {timeout_s:.0f} s")
+
+
+# What the gateways of this run logged (at warning and above), one summary per process that logged.
+GATEWAY_LOGS: list[dict[str, Any]] = []
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    database_url: str | None = None, *, bus: str | None = None, env: dict[str, str] | None = None
+) -> AsyncIterator[Server]:
+    """``gateway serve`` on a free loopback port, on ``database_url`` or a SQLite file of its own. Its log
+    goes to a file; what it logged is summed up in :data:`GATEWAY_LOGS` and on stderr once it stopped."""
+    with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+        port = free_port()
+        url = database_url or f"sqlite:///{tmp}/bench.db"
+        log_path = Path(tmp) / "gateway.log"
+        with log_path.open("wb") as log:
+            process = await spawn(gateway_command(port, url), env=gateway_env(bus, env), stderr=log)
+        try:
+            await wait_http(f"http://127.0.0.1:{port}", process=process)
+            yield Server(port, process)
+        finally:
+            await stop(process)
+            summarize_log(port, log_path.read_text(errors="replace"))
+
+
+def summarize_log(port: int, text: str) -> None:
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return
+    heads = [line for line in lines if line.split(":", 1)[0] in ("ERROR", "WARNING", "CRITICAL")]
+    kinds: dict[str, int] = {}
+    for line in heads:
+        kinds[line[:90]] = kinds.get(line[:90], 0) + 1
+    summary = {"port": port, "lines": len(lines), "messages": len(heads), "kinds": kinds}
+    GATEWAY_LOGS.append(summary)
+    print(f"gateway on port {port} logged {len(lines)} lines ({len(heads)} messages):", file=sys.stderr)
+    for kind, count in list(kinds.items())[:5]:
+        print(f"  {count} x {kind}", file=sys.stderr)
+
+
+# The floor: a raw ``websockets`` server. A subscriber gets a hello on connecting (its "resume frame"),
+# then every message of the publisher connection (path /publish), sent with ``broadcast()``.
+FLOOR_SERVER = """
+import asyncio, sys
+from websockets.asyncio.server import serve, broadcast
+HELLO = '{"type":"hello","version":0}'
+subscribers = set()
+async def handler(ws):
+    if ws.request.path == "/publish":
+        async for message in ws:
+            broadcast(subscribers, message)
+        return
+    await ws.send(HELLO)
+    subscribers.add(ws)
+    try:
+        await ws.wait_closed()
+    finally:
+        subscribers.discard(ws)
+async def main():
+    async with serve(handler, "127.0.0.1", int(sys.argv[1]), ping_interval=20, compression=None,
+                     backlog=int(sys.argv[2])):
+        print("ready", flush=True)
+        await asyncio.Future()
+asyncio.run(main())
+"""
+
+
+@contextlib.asynccontextmanager
+async def floor_server() -> AsyncIterator[Server]:
+    port = free_port()
+    process = await spawn(
+        [sys.executable, "-c", FLOOR_SERVER, str(port), str(BACKLOG)], stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the floor server did not start: {line!r}")
+        yield Server(port, process)
+    finally:
+        await stop(process)
+
+
+# --- subscriber processes ----------------------------------------------------------------------------
+
+# Summed across client processes.
+COUNTS = (
+    "subscribers",
+    "connected",
+    "failed",
+    "resume_mismatch",
+    "deliveries",
+    "gaps",
+    "missing",
+    "reorders",
+    "conflated",
+    "unexpected",
+    "incomplete",
+    "tail_missing",
+    "cut",
+    "cut_missing",
+    "bad_close",
+    "retries",
+)
+
+
+def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {key: 0 for key in COUNTS}
+    total["resume"] = {}
+    total["closes"] = {}
+    total["errors"] = []
+    for part in parts:
+        for key in COUNTS:
+            total[key] += part.get(key, 0)
+        for group in ("resume", "closes"):
+            for kind, n in part.get(group, {}).items():
+                total[group][kind] = total[group].get(kind, 0) + n
+        total["errors"] += [e for e in part.get("errors", []) if e not in total["errors"]]
+    total["errors"] = total["errors"][:5]
+    total["lost"] = total["missing"] + total["tail_missing"]
+    total["out_of_order"] = total["reorders"]
+    return total
+
+
+class Clients:
+    """Subscriber sockets spread over client processes (``bench/subscribers.py``), each of which checks, per
+    subscriber, that versions arrive as last+1 (a ``conflated`` snapshot may jump ahead).
+
+    ``groups``: ``(url, count, expected resume frame type or None)``; every process gets its share of each.
+    ``stream``: read the frames after the resume frame, up to ``final`` (the version at which a subscriber
+    is complete; if not known yet, given later with :meth:`final`); without it a subscriber is complete
+    once it has its resume frame.
+    ``hold``: a complete subscriber keeps its socket until :meth:`close`.
+    ``concurrency``: handshakes in flight per process (0: all at once).
+    """
+
+    def __init__(self, processes: list[asyncio.subprocess.Process], started: float) -> None:
+        self.processes = processes
+        self.started = started
+
+    @classmethod
+    async def start(
+        cls,
+        groups: Sequence[tuple[str, int, str | None]],
+        *,
+        procs: int,
+        stream: bool = False,
+        final: int | None = None,
+        hold: bool = False,
+        concurrency: int = 200,
+        expect_close: int | None = None,
+        timeout_s: float = 180.0,
+    ) -> Clients:
+        total = sum(count for _, count, _ in groups)
+        procs = max(1, min(procs, total))
+        shares: list[list[tuple[str, int, str | None]]] = [[] for _ in range(procs)]
+        for url, count, expect in groups:
+            for i in range(procs):
+                n = count // procs + (1 if i < count % procs else 0)
+                if n:
+                    shares[i].append((url, n, expect))
+        processes = []
+        try:
+            for share in shares:
+                spec = {
+                    "groups": share,
+                    "final": final,
+                    "stream": stream,
+                    "hold": hold,
+                    "concurrency": concurrency,
+                    "expect_close": expect_close,
+                    "timeout_s": timeout_s,
+                }
+                processes.append(
+                    await spawn(
+                        [sys.executable, str(SUBSCRIBERS), json.dumps(spec)],
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        limit=2**20,
+                    )
+                )
+            clients = cls(processes, time.monotonic())
+            await clients.expect("loaded", 60)
+            return clients
+        except BaseException:
+            for process in processes:
+                await stop(process, 2)
+            raise
+
+    async def _line(self, process: asyncio.subprocess.Process, state: str) -> dict[str, Any]:
+        assert process.stdout is not None
+        raw = await process.stdout.readline()
+        if not raw:
+            raise RuntimeError(f"a client process ended (exit {await process.wait()}) before {state!r}")
+        message: dict[str, Any] = json.loads(raw)
+        if message.get("state") != state:
+            raise RuntimeError(f"a client process said {message} where {state!r} was expected")
+        return message
+
+    async def expect(self, state: str, timeout_s: float) -> list[dict[str, Any]]:
+        """The next line of every process, which must be ``state``."""
+        return list(
+            await asyncio.wait_for(asyncio.gather(*(self._line(p, state) for p in self.processes)), timeout_s)
+        )
+
+    async def tell(self, command: str) -> None:
+        for process in self.processes:
+            assert process.stdin is not None
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                process.stdin.write(command.encode() + b"\n")
+        for process in self.processes:
+            assert process.stdin is not None
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                await process.stdin.drain()
+
+    async def connect(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Tell every process to connect now; returns their "ready" lines (``t``: the monotonic time at
+        which the process's last subscriber had its resume frame)."""
+        await self.tell("go")
+        return await self.expect("ready", timeout_s)
+
+    async def final(self, version: int) -> None:
+        """The version at which every streaming subscriber is complete."""
+        await self.tell(f"final {version}")
+
+    async def done(self, timeout_s: float) -> dict[str, Any]:
+        """Wait until every subscriber is complete (or, past ``timeout_s``, stop them); merged counts."""
+        try:
+            parts = await self.expect("done", timeout_s)
+        except TimeoutError:
+            await self.tell("stop")
+            parts = await self.expect("done", 30)
+            merged = merge_stats([p["stats"] for p in parts])
+            merged["timed_out"] = True
+            return merged
+        return merge_stats([p["stats"] for p in parts])
+
+    async def close(self) -> None:
+        """Tell held sockets to close; wait for the processes to exit."""
+        await self.tell("stop")
+        for process in self.processes:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), 30)
+            await stop(process, 5)
+
+
+def listen_overflows() -> int | None:
+    """The kernel's count of connections dropped because an accept queue was full (system-wide)."""
+    try:
+        lines = [line.split() for line in Path("/proc/net/netstat").read_text().splitlines()]
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names and names[0] == "TcpExt:" and "ListenOverflows" in names:
+            return int(values[names.index("ListenOverflows")])
+    return None
