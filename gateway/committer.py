@@ -41,13 +41,10 @@ class Committer:
     async def submit(self, request: CallbackRequest) -> CallbackOutcome:
         """Apply one callback with whatever else is queued; its outcome, or the error that refused it."""
         if not self._running:  # not started (an app without its lifespan): a batch of one
-            return await self.book.callback(
-                request.task_id,
-                request.make_event,
-                callback_id=request.callback_id,
-                digest=request.digest,
-                attempt=request.attempt,
-            )
+            (outcome,) = await self.book.callbacks([request])
+            if isinstance(outcome, GatewayError):
+                raise outcome
+            return outcome
         if len(self._queue) >= self.max_queued:
             raise Unavailable("too many callbacks waiting for the database; retry shortly")
         future: asyncio.Future[CallbackOutcome] = asyncio.get_running_loop().create_future()
