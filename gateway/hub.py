@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import anyio
@@ -105,8 +105,9 @@ class Subscription:
         self.feed = feed
         self.backlog = backlog
         self.last: Task | None = None  # None while the resume state is being read
-        self.pending: deque[Published] = deque()
-        self.head: deque[Frame] = deque()  # frames that go before ``pending``: resume, gap fill
+        # Made when first needed and dropped when emptied: an idle socket holds no deque (624 bytes each).
+        self.pending: deque[Published] | None = None
+        self.head: deque[Frame] | None = None  # frames that go before ``pending``: resume, gap fill
         self.conflated = False
         self.queued = False
         self.active = True
@@ -148,14 +149,45 @@ class Subscription:
                 return
 
     def _queue(self, item: Published) -> None:
+        if self.pending is None:
+            self.pending = deque()
         if len(self.pending) >= self.backlog:
-            self.pending.clear()
+            self.pending = None
             self.conflated = True
             self.feed.hub.conflations += 1
         else:
             self.pending.append(item)
         if self.last is not None:
             self.feed.wake(self)
+
+    def push_head(self, frames: Iterable[Frame]) -> None:
+        if self.head is None:
+            self.head = deque()
+        self.head.extend(frames)
+
+    def pop_head(self) -> Frame:
+        assert self.head
+        frame = self.head.popleft()
+        if not self.head:
+            self.head = None
+        return frame
+
+    def pop_pending(self) -> Published:
+        assert self.pending
+        item = self.pending.popleft()
+        if not self.pending:
+            self.pending = None
+        return item
+
+    def unpop_pending(self, item: Published) -> None:
+        if self.pending is None:
+            self.pending = deque()
+        self.pending.appendleft(item)
+
+    def drop_pending_through(self, version: int) -> None:
+        """Drop the pending entries at or below ``version`` (a resume frame or a snapshot covered them)."""
+        while self.pending and self.pending[0].task.version <= version:
+            self.pop_pending()
 
     def has_work(self) -> bool:
         return bool(self.head or self.pending or self.conflated)
@@ -426,9 +458,9 @@ class Hub:
         return {
             "connections": len(self.feeds),
             "subscriptions": len(subscriptions),
-            "pending_total": sum(len(s.pending) for s in subscriptions),
-            "pending_max": max((len(s.pending) for s in subscriptions), default=0),
-            "control_max": max((len(f.control) for f in self.feeds), default=0),
+            "pending_total": sum(len(s.pending or ()) for s in subscriptions),
+            "pending_max": max((len(s.pending or ()) for s in subscriptions), default=0),
+            "control_max": max((len(f.control or ()) for f in self.feeds), default=0),
             "conflations": self.conflations,
             "catch_ups": self.catch_ups,
             "direct_writes": self.direct_writes,
@@ -480,7 +512,7 @@ class Feed:
         self.max_subscriptions = max_subscriptions
         self.max_control = max_control
         self.subscriptions: dict[str, Subscription] = {}
-        self.control: deque[Frame] = deque()
+        self.control: deque[Frame] | None = None  # made when needed, dropped when emptied
         self.close_code: int | None = None
         # Where the socket can be written to directly (gateway.web.protocol); None for SSE and in tests.
         self.direct: DirectWriter | None = None
@@ -488,8 +520,10 @@ class Feed:
         # Set by the writer around each send; the hub's watchdog stalls a feed stuck in one send.
         self.writing_since: float | None = None
         self.on_stall: Callable[[], object] | None = None
-        self._ready: deque[Subscription] = deque()
-        self._wakeup = asyncio.Event()
+        self._ready: deque[Subscription] | None = None  # made when needed, dropped when emptied
+        self._waiter: asyncio.Future[None] | None = None  # next() waiting for work
+        # Called whenever there is work for the writer (the WebSocket endpoint starts one then).
+        self.on_work: Callable[[], object] | None = None
         hub.attach(self)
 
     async def subscribe(self, task_id: str, cursor: int) -> Subscription:
@@ -515,10 +549,9 @@ class Feed:
             return subscription
         subscription.last = resume.task
         self.hub.seed(task_id)
-        subscription.head.append(resume_frame(resume))
+        subscription.push_head((resume_frame(resume),))
         # Entries committed while the state was read are already in the resume frame.
-        while subscription.pending and subscription.pending[0].task.version <= resume.task.version:
-            subscription.pending.popleft()
+        subscription.drop_pending_through(resume.task.version)
         self.wake(subscription)
         return subscription
 
@@ -540,22 +573,37 @@ class Feed:
 
     def send_control(self, frame: Frame) -> bool:
         """Queue a pong or an error frame; ``False`` when the peer is not reading its answers."""
-        if len(self.control) >= self.max_control:
+        if self.control is None:
+            self.control = deque()
+        elif len(self.control) >= self.max_control:
             return False
         self.control.append(frame)
-        self._wakeup.set()
+        self._signal()
         return True
 
     def wake(self, subscription: Subscription) -> None:
         if not subscription.queued:
             subscription.queued = True
+            if self._ready is None:
+                self._ready = deque()
             self._ready.append(subscription)
-        self._wakeup.set()
+        self._signal()
 
     def close(self, code: int) -> None:
         if self.close_code is None:
             self.close_code = code
-        self._wakeup.set()
+        self._signal()
+
+    def _signal(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if self.on_work is not None:
+            self.on_work()
+
+    def has_work(self) -> bool:
+        """Whether :meth:`next` would return at once (a frame to send, or the end)."""
+        return self.close_code is not None or bool(self.control) or bool(self._ready)
 
     def stall(self) -> None:
         # The send it cancels took a frame out of the queue that will never be written: from now on
@@ -576,12 +624,20 @@ class Feed:
             if self.close_code is not None:
                 return None
             if self.control:
-                return None, self.control.popleft()
+                answer = self.control.popleft()
+                if not self.control:
+                    self.control = None
+                return None, answer
             if not self._ready:
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
                 continue
             subscription = self._ready.popleft()
+            if not self._ready:
+                self._ready = None
             subscription.queued = False
             if not subscription.active:
                 continue
@@ -599,7 +655,7 @@ class Feed:
 
     async def _next_frame(self, sub: Subscription) -> Frame | None:
         if sub.head:
-            return sub.head.popleft()
+            return sub.pop_head()
         assert sub.last is not None
         if sub.conflated:
             sub.conflated = False
@@ -609,23 +665,22 @@ class Feed:
             sub.last = task
             return snapshot_frame(task, "conflated")
         last = sub.last.version
-        while sub.pending and sub.pending[0].task.version <= last:
-            sub.pending.popleft()  # the resume frame, a snapshot or a gap fill already covered it
+        sub.drop_pending_through(last)  # the resume frame, a snapshot or a gap fill already covered it
         if not sub.pending:
             return None
-        item = sub.pending.popleft()
+        item = sub.pop_pending()
         if item.task.version == last + 1:
             sub.last = item.task
             return item.frame
         # A gap (entries committed concurrently can be published out of order): fill it from the store,
         # or, past the backlog's bound, send the state instead, so that a gap never costs more memory.
-        sub.pending.appendleft(item)
+        sub.unpop_pending(item)
         if item.task.version - 1 - last > sub.backlog:
             sub.conflated = True
             self.hub.conflations += 1
             return None
         self._fill(sub, await self.book.entries_between(sub.task_id, last, item.task.version - 1))
-        return sub.head.popleft() if sub.head else None
+        return sub.pop_head() if sub.head else None
 
     @staticmethod
     def _fill(sub: Subscription, entries: Sequence[tuple[int, bytes]]) -> None:
@@ -641,5 +696,5 @@ class Feed:
         if not frames:
             sub.conflated = True
             return
-        sub.head.extend(frames)
+        sub.push_head(frames)
         sub.last = task

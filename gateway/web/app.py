@@ -24,7 +24,9 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from gateway.book import Book
 from gateway.bus import Bus, bus_for
@@ -174,8 +176,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         async with gw.running():
             yield
 
-    app = Starlette(
-        routes=[*routes(gw), *live_routes(gw)],
+    sockets = live_routes(gw)
+    app = GatewayApp(
+        routes=[*routes(gw), *sockets],
         lifespan=lifespan,
         exception_handlers={
             GatewayError: _gateway_error,
@@ -199,7 +202,36 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     if gw.settings.open_mode:
         app.add_middleware(_OpenModeGuard, allowed_origins=gw.settings.allowed_origins)
     app.add_middleware(_CountRequests, metrics=gw.metrics)
+    app.sockets = tuple(route for route in sockets if isinstance(route, WebSocketRoute))
+    app.socket_guard = (
+        _OpenModeGuard(app.router, gw.settings.allowed_origins) if gw.settings.open_mode else None
+    )
     return app
+
+
+class GatewayApp(Starlette):
+    """Starlette, except that a WebSocket goes straight to its endpoint: past the HTTP middleware and
+    Starlette's error, exception and routing layers, whose coroutine frames a socket would otherwise hold
+    for its whole life (about 5 KiB of an idle subscriber's memory). What those layers do for a socket is
+    done here: the open-mode guard, and a socket with no route is left to Starlette (it refuses it)."""
+
+    sockets: tuple[WebSocketRoute, ...] = ()
+    socket_guard: _OpenModeGuard | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            guard = self.socket_guard
+            if guard is not None and guard.problem(scope) is not None:
+                await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN})
+                return
+            for route in self.sockets:
+                match, child = route.matches(scope)
+                if match is Match.FULL:
+                    scope.update(child)
+                    scope["app"] = self
+                    await route.endpoint(WebSocket(scope, receive, send))
+                    return
+        await super().__call__(scope, receive, send)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
@@ -267,17 +299,20 @@ class _OpenModeGuard:
         self.app = app
         self.allowed = allowed_origins
 
+    def problem(self, scope: Scope) -> str | None:
+        """Why this request or socket is refused, or ``None``."""
+        headers = Headers(scope=scope)
+        if not is_loopback(_hostname(headers.get("host", ""))):
+            return "with no API key the gateway answers only to loopback names (Host)"
+        origin = headers.get("origin")
+        unsafe = scope["type"] == "websocket" or scope["method"] not in ("GET", "HEAD", "OPTIONS")
+        if origin and unsafe and not self._origin_ok(origin):
+            return "origin not allowed"
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            headers = Headers(scope=scope)
-            problem = None
-            if not is_loopback(_hostname(headers.get("host", ""))):
-                problem = "with no API key the gateway answers only to loopback names (Host)"
-            else:
-                origin = headers.get("origin")
-                unsafe = scope["type"] == "websocket" or scope["method"] not in ("GET", "HEAD", "OPTIONS")
-                if origin and unsafe and not self._origin_ok(origin):
-                    problem = "origin not allowed"
+            problem = self.problem(scope)
             if problem is not None:
                 if scope["type"] == "websocket":
                     await send({"type": "websocket.close", "code": CLOSE_FORBIDDEN})

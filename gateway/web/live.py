@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -23,6 +24,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gateway.errors import (
+    CLOSE_INTERNAL_ERROR,
     CLOSE_NORMAL,
     CLOSE_SLOW_CONSUMER,
     Forbidden,
@@ -38,6 +40,7 @@ from gateway.web.protocol import DIRECT
 if TYPE_CHECKING:
     from gateway.web.app import Gateway
 
+log = logging.getLogger("gateway")
 UNAVAILABLE = "the database is unreachable; try again"
 # A close code of our own for "the peer went away": nothing is sent then.
 _GONE = -1
@@ -72,11 +75,19 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
         await ws.close(exc.close_code)
 
     async def pump(ws: WebSocket, feed: Feed, *, single: bool) -> None:
-        """Send the feed's frames while reading the peer's messages, until either side ends."""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read, ws, feed, single)
-            code = await write(ws, feed, single=single)
-            tg.cancel_scope.cancel()
+        """Read the peer's messages while a writer sends the feed's frames, until either side ends.
+
+        The connection's own task reads; the writer is a task that runs only while frames wait for it (most
+        go out through the hub's direct writes), so an idle socket holds one task, not two."""
+        writer = _Writer(feed, lambda: write(ws, feed, single=single))
+        try:
+            with anyio.CancelScope() as reading:
+                writer.on_end = reading.cancel
+                writer.start()
+                await read(ws, feed, single)
+            code = await writer.result()
+        finally:
+            writer.cancel()
         if code == _GONE:
             return
         grace = 1.0
@@ -89,12 +100,16 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
                 await ws.close(code)
 
-    async def write(ws: WebSocket, feed: Feed, *, single: bool) -> int:
+    async def write(ws: WebSocket, feed: Feed, *, single: bool) -> int | None:
+        """Send what the feed has; ``None`` once it has nothing more for now, else how the socket ends."""
         # A send that makes no progress for write_timeout is cancelled by the hub's watchdog (one timer
         # for all sockets, instead of a timeout scope around every frame).
         with anyio.CancelScope() as scope:
             feed.on_stall = scope.cancel
             while True:
+                if not feed.has_work():
+                    feed.on_stall = None
+                    return None
                 item = await feed.next()
                 if item is None:
                     return feed.close_code if feed.close_code is not None else _GONE
@@ -259,6 +274,56 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
         WebSocketRoute("/v1/ws", multi_socket),
         Route("/v1/tasks/{task_id}/stream", stream, methods=["GET"]),
     ]
+
+
+class _Writer:
+    """A connection's writer task, started when its feed has work and ended when it has none."""
+
+    __slots__ = ("_code", "_done", "_feed", "_task", "_write", "on_end")
+
+    def __init__(self, feed: Feed, write: Callable[[], Awaitable[int | None]]) -> None:
+        self._feed = feed
+        self._write = write
+        self._task: asyncio.Task[None] | None = None
+        self._code: int | None = None
+        self._done: asyncio.Future[None] | None = None
+        self.on_end: Callable[[], object] | None = None
+        feed.on_work = self.start
+
+    def start(self) -> None:
+        if self._task is None and self._code is None and self._feed.has_work():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        code: int | None = _GONE
+        try:
+            code = await self._write()
+        except Exception:
+            log.exception("sending to a WebSocket failed")
+            code = CLOSE_INTERNAL_ERROR
+        finally:
+            self._task = None
+            if code is not None:
+                self._code = code
+                self._feed.on_work = None
+                if self._done is not None and not self._done.done():
+                    self._done.set_result(None)
+                if self.on_end is not None:
+                    self.on_end()
+        self.start()  # work that came while the last frame was being sent
+
+    async def result(self) -> int:
+        """How the socket ends, once the reading side has ended (the feed is closed then)."""
+        self.start()
+        while self._code is None:
+            self._done = asyncio.get_running_loop().create_future()
+            await self._done
+        return self._code
+
+    def cancel(self) -> None:
+        self._feed.on_work = None
+        if self._task is not None:
+            self._task.cancel()
 
 
 def _message(raw: str | bytes) -> dict[str, Any]:
