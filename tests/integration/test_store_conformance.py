@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import asyncpg
 import orjson
 import pytest
@@ -352,7 +353,7 @@ async def test_concurrent_relay_claims_take_each_notification_once(store: Store)
             if not claimed:
                 return
             taken.extend(c.outbox_id for c in claimed)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     async with anyio.create_task_group() as tg:
         for _ in range(4):
