@@ -173,6 +173,30 @@ async def test_a_receiver_that_hangs_is_given_up_on_and_tried_again(sqlite_url: 
     assert_tries_are_one_notification_each(receiver.tries)
 
 
+async def test_a_stopped_gateway_hands_back_what_it_was_sending(sqlite_url: str) -> None:
+    """A graceful stop in the middle of a POST gives the notification back: the next start sends it at
+    once, not after the hold (timeout + 5 s, here more than a minute) runs out."""
+    release = anyio.Event()
+
+    async def hang_first(msg_id: str, attempt: int) -> int:
+        if attempt == 1:
+            await release.wait()
+        return 200
+
+    receiver = Receiver(SECRET, hang_first)
+    settings = FAST | {"notify_timeout_ms": 60_000}
+    async with serving_receiver(receiver) as hook_url:
+        try:
+            async with running_gateway(sqlite_url, notify_url=hook_url, **settings) as gw:
+                await finish(gw, "t1")
+                await until(lambda: sum(receiver.active.values()) == 1)
+            async with running_gateway(sqlite_url, notify_url=hook_url, **settings):
+                await receiver.until(lambda: len(receiver.delivered) == 1, within_s=20)
+        finally:
+            release.set()
+    assert [b["taskId"] for b in receiver.delivered.values()] == ["t1"]
+
+
 # --- a receiver killed and restarted ----------------------------------------------------------------------
 
 
