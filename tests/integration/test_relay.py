@@ -26,6 +26,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from gateway.relay import webhook_id
 from gateway.store.base import Notification
+from tests.history import History
 from tests.processes import GatewayProcess, free_port, gateway_environ, gateway_processes
 from tests.receiver import Receiver, Try, read_log, serving_receiver
 from tests.support import GATEWAY_CLI, Running, create_task, post_callback, postgres_database, running_gateway
@@ -274,6 +275,12 @@ async def test_every_notification_of_200_tasks_arrives_through_a_receiver_killed
     assert by_id == dict(expected(item) for item in drained)  # every notification, exactly its fields
     assert len(by_id) == 200 and restarts == 2
     assert Counter(b["state"] for b in by_id.values()) == {"succeeded": 140, "failed": 40, "expired": 20}
+    seen = History()  # tests/history.py: at most one notification per terminal state, deduplicated by id
+    for t in answered:
+        seen.notification(t.body, t.msg_id)
+    for item in drained:
+        seen.notification(item)
+    seen.check()
     duplicates = len(answered) - len(by_id)
     print(f"200 notifications: {len(tries)} tries answered, {duplicates} duplicates (deduplicated by id)")
 
