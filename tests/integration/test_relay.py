@@ -259,7 +259,7 @@ async def test_every_notification_of_200_tasks_arrives_through_a_receiver_killed
             tg.start_soon(lambda: run_all(work, 200))
             for kill_after in (60, 130):
                 async with receiver_process(port, log, tmp_path / f"receiver{restarts}.log") as process:
-                    await until(lambda n=kill_after: len(delivered()) >= n, within_s=60)  # type: ignore[misc]
+                    await until(lambda n=kill_after: len(delivered()) >= n, within_s=60)
                     await process.kill()
                 restarts += 1
                 # Down: the relay's tries fail (connection refused) and are retried with backoff.
