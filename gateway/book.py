@@ -108,10 +108,11 @@ class Delivery:
 class _Commit:
     """What one write transaction committed, to publish once it has."""
 
-    __slots__ = ("news",)
+    __slots__ = ("news", "notified")
 
     def __init__(self) -> None:
         self.news: list[News] = []
+        self.notified = 0
 
 
 class Book:
@@ -127,6 +128,8 @@ class Book:
         self.clock = clock
         self.bus = bus
         self.retention_versions = retention_versions
+        # Called after a commit that wrote notifications to the outbox (the webhook relay's wake-up).
+        self.on_notifications: Callable[[], None] | None = None
 
     # --- reads ---------------------------------------------------------------------------------------
 
@@ -331,6 +334,8 @@ class Book:
             if self.bus is not None:
                 for news in commit.news:
                     self.bus.publish(news)
+            if commit.notified and self.on_notifications is not None:
+                self.on_notifications()
             return result
         raise AssertionError("unreachable")
 
@@ -355,6 +360,7 @@ class Book:
             await tx.record(*items[0])
         else:
             await tx.record_many(items)
+        commit.notified += sum(1 for t, _, _ in items if t.notify)
         if self.bus is not None:
             news = [News.of(t.task, event_frame(t.task, encoded)) for t, encoded, _ in items]
             await self.bus.announce(tx, news)

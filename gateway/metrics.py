@@ -32,6 +32,22 @@ class Metrics:
         self.notifications_drained = Counter(
             "gateway_notifications_drained", "Notifications taken from the outbox", registry=self.registry
         )
+        self.notifications_relayed = Counter(
+            "gateway_notifications_relayed",
+            "Notifications the webhook receiver answered 2xx",
+            registry=self.registry,
+        )
+        self.notification_relay_failures = Counter(
+            "gateway_notification_relay_failures",
+            "Webhook tries that failed, by reason (timeout, connection, 4xx, 5xx...); each is retried",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.notifications_relay_pending = Gauge(
+            "gateway_notifications_relay_pending",
+            "Notifications not relayed yet (all processes), as of the relay's last look",
+            registry=self.registry,
+        )
 
         self.slow_consumers = Counter(
             "gateway_slow_consumers_closed", "Connections closed with 4008", registry=self.registry
@@ -60,6 +76,15 @@ class Metrics:
             "gateway_bus_connects", "Times the bus listener connected since start", registry=self.registry
         )
         connects.set_function(lambda: float(bus.reconnects))
+
+    def watch_relay(self, in_flight: Callable[[], int]) -> None:
+        """Export how many notifications this process's relay is sending now."""
+        gauge = Gauge(
+            "gateway_notifications_relay_in_flight",
+            "Webhook POSTs this process has under way",
+            registry=self.registry,
+        )
+        gauge.set_function(lambda: float(in_flight()))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

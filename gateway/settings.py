@@ -7,11 +7,22 @@ print in a log or a repr.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_DATABASE_URL = "sqlite:///gateway.db"
 
@@ -34,7 +45,17 @@ _ENV = {
     "bus_url": "GATEWAY_BUS_URL",
     "workers": "GATEWAY_WORKERS",
     "reconcile_interval_ms": "GATEWAY_RECONCILE_INTERVAL_MS",
+    "notify_url": "GATEWAY_NOTIFY_URL",
+    "notify_secret": "GATEWAY_NOTIFY_SECRET",
+    "notify_timeout_ms": "GATEWAY_NOTIFY_TIMEOUT_MS",
+    "notify_retry_min_ms": "GATEWAY_NOTIFY_RETRY_MIN_MS",
+    "notify_retry_max_ms": "GATEWAY_NOTIFY_RETRY_MAX_MS",
+    "notify_concurrency": "GATEWAY_NOTIFY_CONCURRENCY",
+    "notify_poll_ms": "GATEWAY_NOTIFY_POLL_MS",
 }
+
+# A webhook secret: "whsec_" + base64 of this many random bytes (Standard Webhooks: 24 to 64).
+NOTIFY_KEY_BYTES = (24, 64)
 
 
 class ConfigError(Exception):
@@ -73,6 +94,19 @@ class Settings(BaseModel):
     reconcile_interval_ms: int = Field(5_000, ge=100)
     # Processes `gateway serve` runs on one port (PostgreSQL only: a SQLite file serves one process).
     workers: int = Field(1, ge=1, le=256)
+    # The webhook relay (gateway.relay): every terminal notification POSTed to this URL, signed with the
+    # secret ("whsec_" + base64), until the receiver answers 2xx. None: no relay.
+    notify_url: str | None = None
+    notify_secret: SecretStr | None = None
+    # One try, connection to answer; a process sending a notification holds it this long plus 5 s.
+    notify_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+    # Retries wait a random time up to min(max, min * 2^(tries - 1)) ("full jitter").
+    notify_retry_min_ms: int = Field(500, ge=1)
+    notify_retry_max_ms: int = Field(60_000, ge=1)
+    # Notifications one process sends at once.
+    notify_concurrency: int = Field(8, ge=1, le=256)
+    # How often the relay looks for notifications it was not woken for (other processes', retries).
+    notify_poll_ms: int = Field(1_000, ge=10)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
@@ -90,7 +124,8 @@ class Settings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{_ENV.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" for e in exc.errors()
+                f"{_ENV.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" if e["loc"] else e["msg"]
+                for e in exc.errors()
             )
             raise ConfigError(problems) from None
 
@@ -100,6 +135,42 @@ class Settings(BaseModel):
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("must not be blank (leave it unset instead)")
         return value
+
+    @field_validator("notify_url")
+    @classmethod
+    def _a_web_address(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL with a host, got {value!r}")
+        return value
+
+    @field_validator("notify_secret")
+    @classmethod
+    def _a_webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            webhook_key(value.get_secret_value())
+        return value
+
+    @model_validator(mode="after")
+    def _relay_is_signed(self) -> Settings:
+        if self.notify_url is not None and self.notify_secret is None:
+            raise ValueError(
+                "GATEWAY_NOTIFY_URL is set but GATEWAY_NOTIFY_SECRET is not: the relay signs every "
+                "notification so that its receiver can tell it from a forgery; set GATEWAY_NOTIFY_SECRET "
+                "to whsec_ + base64 of 32 random bytes"
+            )
+        if self.notify_retry_max_ms < self.notify_retry_min_ms:
+            raise ValueError("GATEWAY_NOTIFY_RETRY_MAX_MS must not be below GATEWAY_NOTIFY_RETRY_MIN_MS")
+        return self
+
+    @property
+    def notify_key(self) -> bytes | None:
+        """The relay's signing key (the secret's base64 decoded), or ``None`` without a relay."""
+        if self.notify_url is None or self.notify_secret is None:
+            return None
+        return webhook_key(self.notify_secret.get_secret_value())
 
     @property
     def open_mode(self) -> bool:
@@ -134,6 +205,23 @@ class Settings(BaseModel):
     @property
     def demo_enabled(self) -> bool:
         return self.open_mode if self.demo is None else self.demo
+
+
+def webhook_key(secret: str) -> bytes:
+    """The key bytes of a Standard Webhooks secret, ``whsec_`` + base64; ``ValueError`` saying what is wrong
+    (never the secret itself)."""
+    prefix = "whsec_"
+    if not secret.startswith(prefix):
+        raise ValueError("must be whsec_ followed by base64 (e.g. whsec_$(openssl rand -base64 32))")
+    encoded = secret[len(prefix) :].strip()
+    try:
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the part after whsec_ is not valid base64") from None
+    low, high = NOTIFY_KEY_BYTES
+    if not low <= len(key) <= high:
+        raise ValueError(f"the key must be {low} to {high} bytes (32 random bytes is usual), got {len(key)}")
+    return key
 
 
 def is_loopback(host: str) -> bool:

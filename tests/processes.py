@@ -41,6 +41,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from gateway.machine import TERMINAL
+from tests.history import History
 from tests.integration.test_live_support import STEP_S, StreamCheck, loads
 from tests.support import GATEWAY_CLI, bearer
 
@@ -515,8 +516,12 @@ class ResumingSubscriber:
         *,
         retention: int | None = None,
         reconnect_delay_s: float = 0.1,
+        history: History | None = None,
+        name: str | None = None,
     ) -> None:
         self.ws_base = ws_base
+        self.history = history
+        self.name = name or f"subscriber-{id(self):x}"
         self.task_id = task_id
         self.token = token
         self.retention = retention
@@ -556,6 +561,8 @@ class ResumingSubscriber:
                     try:
                         async for raw in ws:
                             frame = loads(raw)
+                            if self.history is not None:
+                                self.history.frame(self.name, frame, self.task_id)
                             check.feed(frame)
                             if len(check.types) == 1:
                                 self.resumes.append(frame["type"])
@@ -620,8 +627,10 @@ class CallbackPoster:
         timeout_s: float = 5.0,
         retry_delay_s: float = 0.05,
         give_up_s: float = 30.0,
+        history: History | None = None,
     ) -> None:
         self.client = client
+        self.history = history
         self.task_id = task_id
         self.token = token
         self.url = url
@@ -657,14 +666,20 @@ class CallbackPoster:
                 )
             except httpx.TransportError:
                 self.answers["transport"] += 1
+                if self.history is not None:
+                    self.history.callback(self.task_id, callback_id, event, None)
                 await anyio.sleep(delay)
                 continue
             self.answers[str(answer.status_code)] += 1
             if answer.status_code < 300:
                 result: dict[str, Any] = answer.json()
+                if self.history is not None:
+                    self.history.callback(self.task_id, callback_id, event, answer.status_code, result)
                 self.applied.append((callback_id, event))
                 self.duplicates += bool(result.get("duplicateCallback"))
                 return result
+            if self.history is not None:
+                self.history.callback(self.task_id, callback_id, event, answer.status_code)
             if answer.status_code < 500:
                 raise AssertionError(f"{callback_id} refused: {answer.status_code} {answer.text}")
             if answer.status_code == 503:

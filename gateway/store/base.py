@@ -50,6 +50,16 @@ class Notification:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A notification the webhook relay has claimed to send: its outbox row and which try this is."""
+
+    outbox_id: int
+    notification: Notification
+    # Tries so far, this one included (1 on the first).
+    attempt: int
+
+
 class ReadTx(Protocol):
     async def task(self, task_id: str) -> StoredTask | None:
         """The task, or ``None``."""
@@ -59,6 +69,9 @@ class ReadTx(Protocol):
 
     async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         """The current version of each of these tasks that exists."""
+
+    async def relay_pending(self) -> int:
+        """How many notifications the webhook relay has not sent yet."""
 
 
 class WriteTx(ReadTx, Protocol):
@@ -102,6 +115,19 @@ class WriteTx(ReadTx, Protocol):
 
     async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
         """Mark every pending notification drained; returns them with their insertion order."""
+
+    async def claim_relay(self, now_ms: int, lease_until_ms: int, limit: int) -> list[Outgoing]:
+        """Up to ``limit`` notifications not relayed yet whose ``relay_next_at_ms`` has come, oldest due
+        first; each is leased (``relay_next_at_ms = lease_until_ms``) and its attempts counted, so that no
+        other claim takes it before the lease ends. Rows another transaction holds are skipped (processes
+        relaying together take different notifications). Independent of the drain."""
+
+    async def relay_sent(self, outbox_ids: Sequence[int], now_ms: int) -> None:
+        """Mark these notifications relayed: no claim takes them again."""
+
+    async def relay_later(self, outbox_id: int, next_at_ms: int) -> None:
+        """Move a notification not relayed yet to ``next_at_ms`` (a retry's backoff, or a lease given back
+        early); one already relayed stays so."""
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         """Messages delivered to the channel's listeners, in order, when (and only if) this transaction

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.machine import Task, Transition
-from gateway.store.base import Notification, Receipt, StoredTask, StoreRace
+from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace
 from gateway.store.tables import ACTIVE_STATES
 
 
@@ -27,6 +27,8 @@ class _Data:
     # (id, notification, drained) in insertion order; (task, state, version) is unique, as in SQL.
     outbox: list[tuple[int, Notification, bool]] = field(default_factory=list)
     outbox_keys: set[tuple[str, str, int]] = field(default_factory=set)
+    # The relay's mark of each outbox row, by id: (relayed at or None, attempts, next at).
+    relay: dict[int, tuple[int | None, int, int]] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -111,12 +113,15 @@ class MemoryTx:
         self.undo.append(undo)
         if transition.notify:
             notification = Notification(task.id, task.state, int(notify_at_ms), task.version)
-            self.data.outbox.append((len(self.data.outbox) + 1, notification, False))
+            outbox_id = len(self.data.outbox) + 1
+            self.data.outbox.append((outbox_id, notification, False))
             self.data.outbox_keys.add(key)
+            self.data.relay[outbox_id] = (None, 0, 0)
 
             def forget() -> None:
                 self.data.outbox.pop()
                 self.data.outbox_keys.discard(key)
+                self.data.relay.pop(outbox_id)
 
             self.undo.append(forget)
 
@@ -166,6 +171,39 @@ class MemoryTx:
         self.data.outbox[:] = [(i, n, True) for i, n, _ in before]
         self.undo.append(lambda: self.data.outbox.__setitem__(slice(None), before))
         return taken
+
+    async def relay_pending(self) -> int:
+        return sum(1 for relayed, _, _ in self.data.relay.values() if relayed is None)
+
+    async def claim_relay(self, now_ms: int, lease_until_ms: int, limit: int) -> list[Outgoing]:
+        notifications = {i: n for i, n, _ in self.data.outbox}
+        due = sorted(
+            (next_at, i)
+            for i, (relayed, _, next_at) in self.data.relay.items()
+            if relayed is None and next_at <= now_ms
+        )[:limit]
+        claimed = []
+        for _, i in due:
+            _, attempts, _ = self._set_relay(i, lambda r: (None, r[1] + 1, lease_until_ms))
+            claimed.append(Outgoing(i, notifications[i], attempts))
+        return claimed
+
+    async def relay_sent(self, outbox_ids: Sequence[int], now_ms: int) -> None:
+        for i in set(outbox_ids):
+            if i in self.data.relay and self.data.relay[i][0] is None:
+                self._set_relay(i, lambda r: (now_ms, r[1], r[2]))
+
+    async def relay_later(self, outbox_id: int, next_at_ms: int) -> None:
+        if outbox_id in self.data.relay and self.data.relay[outbox_id][0] is None:
+            self._set_relay(outbox_id, lambda r: (None, r[1], next_at_ms))
+
+    def _set_relay(
+        self, outbox_id: int, change: Callable[[tuple[int | None, int, int]], tuple[int | None, int, int]]
+    ) -> tuple[int | None, int, int]:
+        before = self.data.relay[outbox_id]
+        after = self.data.relay[outbox_id] = change(before)
+        self.undo.append(lambda: self.data.relay.__setitem__(outbox_id, before))
+        return after
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         raise NotImplementedError("the in-memory store has no NOTIFY")

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.machine import Task, Transition
-from gateway.store.base import Notification, Receipt, StoredTask, StoreRace
+from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace
 from gateway.store.database import Database
 from gateway.store.tables import ACTIVE_STATES, callbacks, deliveries, entries, outbox, tasks
 
@@ -79,6 +79,12 @@ class SqlTx:
             result = await self.conn.execute(select(tasks.c.id, tasks.c.version).where(tasks.c.id.in_(chunk)))
             found.update((r.id, r.version) for r in result)
         return found
+
+    async def relay_pending(self) -> int:
+        result = await self.conn.execute(
+            select(func.count()).select_from(outbox).where(outbox.c.relayed_at_ms.is_(None))
+        )
+        return int(result.scalar_one())
 
     # --- writes ---------------------------------------------------------------------------------------
 
@@ -235,6 +241,46 @@ class SqlTx:
             .returning(outbox.c.id, outbox.c.task_id, outbox.c.state, outbox.c.at_ms, outbox.c.version)
         )
         return [(r.id, Notification(r.task_id, r.state, r.at_ms, r.version)) for r in result.all()]
+
+    async def claim_relay(self, now_ms: int, lease_until_ms: int, limit: int) -> list[Outgoing]:
+        # The partial index ix_outbox_relay_due answers this in O(batch): relayed rows are not in it.
+        query = (
+            select(outbox.c.id, outbox.c.task_id, outbox.c.state, outbox.c.at_ms, outbox.c.version)
+            .add_columns(outbox.c.relay_attempts)
+            .where(outbox.c.relayed_at_ms.is_(None), outbox.c.relay_next_at_ms <= now_ms)
+            .order_by(outbox.c.relay_next_at_ms, outbox.c.id)
+            .limit(limit)
+        )
+        if not self.is_sqlite:
+            query = query.with_for_update(skip_locked=True)
+        rows = (await self.conn.execute(query)).all()
+        if not rows:
+            return []
+        await self.conn.execute(
+            update(outbox)
+            .where(outbox.c.id.in_([r.id for r in rows]))
+            .values(relay_next_at_ms=lease_until_ms, relay_attempts=outbox.c.relay_attempts + 1)
+        )
+        return [
+            Outgoing(r.id, Notification(r.task_id, r.state, r.at_ms, r.version), r.relay_attempts + 1)
+            for r in rows
+        ]
+
+    async def relay_sent(self, outbox_ids: Sequence[int], now_ms: int) -> None:
+        ids = sorted(set(outbox_ids))
+        for start in range(0, len(ids), _IN_CHUNK):
+            await self.conn.execute(
+                update(outbox)
+                .where(outbox.c.id.in_(ids[start : start + _IN_CHUNK]), outbox.c.relayed_at_ms.is_(None))
+                .values(relayed_at_ms=now_ms)
+            )
+
+    async def relay_later(self, outbox_id: int, next_at_ms: int) -> None:
+        await self.conn.execute(
+            update(outbox)
+            .where(outbox.c.id == outbox_id, outbox.c.relayed_at_ms.is_(None))
+            .values(relay_next_at_ms=next_at_ms)
+        )
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         if self.is_sqlite:

@@ -62,7 +62,10 @@ class CallbackRow(SQLModel, table=True):
 
 
 class OutboxRow(SQLModel, table=True):
-    """A notification of a terminal transition; drained once by the drain route."""
+    """A notification of a terminal transition. Two consumers take it, each once and independently of the
+    other: the drain route (``drained_at_ms``) and the webhook relay (``relayed_at_ms``, with its attempts
+    and ``relay_next_at_ms``, the time before which no process may send it: a retry's backoff, or the lease
+    of the process that is sending it now)."""
 
     __tablename__ = "outbox"
     __table_args__ = (
@@ -72,6 +75,14 @@ class OutboxRow(SQLModel, table=True):
             "id",
             sqlite_where=text("drained_at_ms IS NULL"),
             postgresql_where=text("drained_at_ms IS NULL"),
+        ),
+        # The relay's question: which notifications not relayed yet are due now?
+        Index(
+            "ix_outbox_relay_due",
+            "relay_next_at_ms",
+            "id",
+            sqlite_where=text("relayed_at_ms IS NULL"),
+            postgresql_where=text("relayed_at_ms IS NULL"),
         ),
     )
 
@@ -84,6 +95,13 @@ class OutboxRow(SQLModel, table=True):
     at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
     version: int = Field(sa_column=Column(BigInteger, nullable=False))
     drained_at_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
+    relayed_at_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
+    relay_attempts: int = Field(
+        default=0, sa_column=Column(BigInteger, nullable=False, default=0, server_default="0")
+    )
+    relay_next_at_ms: int = Field(
+        default=0, sa_column=Column(BigInteger, nullable=False, default=0, server_default="0")
+    )
 
 
 class DeliveryRow(SQLModel, table=True):

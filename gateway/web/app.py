@@ -1,5 +1,5 @@
 """The application: ``create_app`` wires settings, database, book, tokens and routes, and its lifespan
-owns every long-lived thing (the database, the sweeper)."""
+owns every long-lived thing (the database, the sweeper, the webhook relay)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from gateway.demo import run_demo_worker
 from gateway.errors import CLOSE_FORBIDDEN, Forbidden, GatewayError, MethodNotAllowed, NotFound, Unavailable
 from gateway.hub import Hub
 from gateway.metrics import Metrics
+from gateway.relay import Relay
 from gateway.settings import Settings, is_loopback
 from gateway.store import Database
 from gateway.store.database import database_unavailable
@@ -69,6 +70,9 @@ class Gateway:
         self.hub = Hub(self.book)
         self.committer = Committer(self.book)
         self.hub.callbacks_waiting = self.committer.busy
+        self.relay = Relay.from_settings(self.store, settings, self.metrics)
+        if self.relay is not None:
+            self.book.on_notifications = self.relay.wake
         self.metrics.watch_hub(self.hub.stats)
         self.metrics.watch_bus(self.bus)
         if settings.secret is not None:
@@ -158,6 +162,8 @@ class Gateway:
                     tg.start_soon(
                         self._essential, "the sweeper", run_sweeper, self.book, interval_s, self.metrics
                     )
+                if self.relay is not None:
+                    tg.start_soon(self._essential, "the webhook relay", self.relay.run)
                 yield
                 self._background = None
                 tg.cancel_scope.cancel()

@@ -32,6 +32,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
+from tests.history import History
 from tests.integration.test_live_support import STEP_S, StreamCheck, loads, read_to_close
 from tests.processes import (
     STARTUP_COMPLETE,
@@ -170,6 +171,7 @@ async def test_a_process_killed_mid_run_loses_nothing(bus: str | None, pg_url: s
     # Retention over the longest history: a resume is a delta, and the whole history reads as one.
     env = {**await bus_environ(bus), "GATEWAY_RETENTION_VERSIONS": "1000"}
     run = unique("kill")
+    seen = History()
     tasks, per_task = 4, 3
     kill_after = 6  # callbacks answered per task (of 21) before the kill
     started = time.monotonic()
@@ -180,15 +182,27 @@ async def test_a_process_killed_mid_run_loses_nothing(bus: str | None, pg_url: s
             httpx.AsyncClient(timeout=STEP_S) as client,
         ):
             made = [await create(client, gws[0].url, f"{run}-{i}") for i in range(tasks)]
+            for m in made:
+                seen.created(m["task"])
             subscribers = [
-                ResumingSubscriber(lb.ws_url, m["task"]["id"], m["subscribeToken"], m["task"], retention=1000)
-                for m in made
-                for _ in range(per_task)
+                ResumingSubscriber(
+                    lb.ws_url,
+                    m["task"]["id"],
+                    m["subscribeToken"],
+                    m["task"],
+                    retention=1000,
+                    history=seen,
+                    name=f"sub-{i}-{j}",
+                )
+                for i, m in enumerate(made)
+                for j in range(per_task)
             ]
             # A client per worker, so that their keep-alive connections spread over the processes too.
             worker_clients = [httpx.AsyncClient() for _ in made]
             posters = [
-                CallbackPoster(c, m["task"]["id"], m["callbackToken"], lambda: lb.url, timeout_s=5.0)
+                CallbackPoster(
+                    c, m["task"]["id"], m["callbackToken"], lambda: lb.url, timeout_s=5.0, history=seen
+                )
                 for c, m in zip(worker_clients, made, strict=True)
             ]
             halfway = anyio.Event()
@@ -227,7 +241,12 @@ async def test_a_process_killed_mid_run_loses_nothing(bus: str | None, pg_url: s
             assert all(gw.running for gw in gws if gw is not victim), "only the victim may be gone"
             finals = {m["task"]["id"]: await get_task(client, survivor.url, m["task"]["id"]) for m in made}
             histories = {m["task"]["id"]: await history(client, survivor.url, m["task"]["id"]) for m in made}
+            for item in await drain(client, survivor.url):
+                seen.notification(item)
 
+    for task_id, entries in histories.items():
+        seen.final(task_id, entries)
+    seen.check()  # tests/history.py: the invariants over every frame and answer the clients saw
     assert victim_sockets >= 1
     assert applied_at_kill < sum(len(p.applied) for p in posters), "the kill came after the run"
     for poster in posters:
@@ -281,6 +300,13 @@ async def test_short_ttls_expire_once_across_three_processes(pg_url: str, tmp_pa
             second = await drain(client, gws[1].url)
             third = await drain(client, gws[2].url)
             swept = [await sweeper_count(client, gw.url) for gw in gws]
+            seen = History()
+            for i, m in enumerate(made):
+                seen.created(m["task"])
+                seen.final(ids[i], await history(client, gws[i % 3].url, ids[i]))
+            for item in first + second + third:
+                seen.notification(item)
+            seen.check()
 
     deadlines = {m["task"]["id"]: m["task"]["expiresAtMs"] for m in made}
     assert sorted(n["taskId"] for n in first) == sorted(ids), first

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import asyncpg
 import orjson
 import pytest
@@ -275,3 +276,86 @@ async def test_a_group_commit_gives_each_callback_its_own_outcome(store: Store) 
         assert [v for v, _ in await tx.entries("a", 0, 10)] == [1, 2]
     async with store.write() as tx:
         assert sorted(await tx.callback_digests(["s", "bad", "p", "u"])) == ["p", "s"]
+
+
+# --- the webhook relay's claims on the outbox -----------------------------------------------------------
+
+
+async def notified(store: Store, *task_ids: str) -> None:
+    """A terminal notification for each of these tasks (each created and expired)."""
+    for task_id in task_ids:
+        await add(store, task_id, ttl_ms=10)
+        async with store.write() as tx:
+            (task,) = [t for t in await tx.claim_due(2_000, 100) if t.id == task_id]
+            await tx.record(expire_task(task), b'{"type":"expire","atMs":1010}', task.expires_at_ms)
+
+
+async def test_the_relay_and_the_drain_each_take_every_notification(store: Store) -> None:
+    """Two consumers of one outbox: what the drain took is still to relay, and what the relay sent is
+    still to drain. A claim leases what it takes (attempts counted); a lease that ran out, or a retry that
+    fell due, is claimed again; a sent notification never."""
+    await notified(store, "a", "b")
+    async with store.write() as tx:
+        assert [n.task_id for _, n in await tx.drain(3_000)] == ["a", "b"]
+    async with store.read() as tx:
+        assert await tx.relay_pending() == 2
+    async with store.write() as tx:
+        claimed = await tx.claim_relay(10_000, 20_000, 10)
+    assert [(c.notification.task_id, c.notification.state, c.attempt) for c in claimed] == [
+        ("a", "expired", 1),
+        ("b", "expired", 1),
+    ]
+    assert claimed[0].notification.at_ms == 1_010 and claimed[0].notification.version == 1
+    async with store.write() as tx:
+        assert await tx.claim_relay(19_999, 40_000, 10) == []  # leased until 20,000
+        await tx.relay_sent([claimed[0].outbox_id], 15_000)
+        await tx.relay_later(claimed[1].outbox_id, 30_000)  # b failed: tried again at 30,000
+    async with store.read() as tx:
+        assert await tx.relay_pending() == 1
+    async with store.write() as tx:
+        assert await tx.claim_relay(29_999, 40_000, 10) == []
+        (again,) = await tx.claim_relay(30_000, 40_000, 10)
+    assert (again.outbox_id, again.notification.task_id, again.attempt) == (claimed[1].outbox_id, "b", 2)
+    async with store.write() as tx:
+        await tx.relay_sent([again.outbox_id, again.outbox_id], 41_000)
+        await tx.relay_later(again.outbox_id, 0)  # too late: a sent notification stays sent
+    async with store.write() as tx:
+        assert await tx.claim_relay(10**12, 10**12, 10) == []
+    async with store.read() as tx:
+        assert await tx.relay_pending() == 0
+    await notified(store, "c")  # the drain still takes what the relay sent, and only that is new to it
+    async with store.write() as tx:
+        assert [n.task_id for _, n in await tx.drain(50_000)] == ["c"]
+
+
+async def test_a_rolled_back_claim_leaves_the_notification_unclaimed(store: Store) -> None:
+    await notified(store, "a")
+    with pytest.raises(RuntimeError):
+        async with store.write() as tx:
+            assert len(await tx.claim_relay(10_000, 20_000, 10)) == 1
+            raise RuntimeError("the claim never committed")
+    async with store.write() as tx:
+        (claimed,) = await tx.claim_relay(10_000, 20_000, 10)
+    assert claimed.attempt == 1
+
+
+async def test_concurrent_relay_claims_take_each_notification_once(store: Store) -> None:
+    """Relays claiming together (several processes on PostgreSQL: SKIP LOCKED and the lease written in the
+    claiming transaction): every notification is claimed by exactly one of them."""
+    task_ids = [f"n-{i:02d}" for i in range(40)]
+    await notified(store, *task_ids)
+    taken: list[int] = []
+
+    async def claimer() -> None:
+        while True:
+            async with store.write() as tx:
+                claimed = await tx.claim_relay(10_000, 10**12, 3)
+            if not claimed:
+                return
+            taken.extend(c.outbox_id for c in claimed)
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(claimer)
+    assert len(taken) == len(set(taken)) == 40
