@@ -83,6 +83,17 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         }
         return JSON(answer, status_code=201 if created else 200)
 
+    async def list_tasks(request: Request) -> Response:
+        guard.management(request)
+        query = wire.parse_task_list_query(request.query_params)
+        # One more than the page, to know whether another page follows.
+        found = await book.list_tasks(state=query.state, after=query.after(), limit=query.limit + 1)
+        return JSON(wire.task_page_json(found, query.limit))
+
+    async def tasks(request: Request) -> Response:
+        # One route for both methods, so that another method is answered 405 with both in Allow.
+        return await (list_tasks(request) if request.method in ("GET", "HEAD") else create_task(request))
+
     async def get_task(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "subscribe")
@@ -157,7 +168,7 @@ def routes(gw: Gateway) -> list[Route | Mount]:
     return [
         Route("/", index, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
-        Route("/v1/tasks", create_task, methods=["POST"]),
+        Route("/v1/tasks", tasks, methods=["GET", "POST"]),
         Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
         Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
         Route("/v1/tasks/{task_id}/callbacks", callback, methods=["POST"]),
