@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import sys
 import time
@@ -20,6 +21,7 @@ from gateway.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.errors import InvalidRequest, NotFound, PayloadTooLarge, Unavailable
 from gateway.machine import is_blank, task_to_json
 from gateway.web import wire
+from gateway.web.openapi import openapi_document
 
 if TYPE_CHECKING:
     from gateway.web.app import Gateway
@@ -165,8 +167,18 @@ def routes(gw: Gateway) -> list[Route | Mount]:
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
+    document = orjson.dumps(openapi_document(_version()))
+
+    async def openapi_json(request: Request) -> Response:
+        return JSON(document)
+
+    async def api_page(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "api.html")
+
     return [
         Route("/", index, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/docs", api_page, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
         Route("/v1/tasks", tasks, methods=["GET", "POST"]),
         Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
@@ -180,6 +192,13 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),
     ]
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("task-gateway")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
+        return "0+unknown"
 
 
 def parse_cursor(raw: str | None) -> int:

@@ -304,6 +304,14 @@ def notification_json(n: Notification) -> dict[str, Any]:
 # tests check every answer of a real server against them.
 
 Absent = SkipJsonSchema[None]  # a field that is left out of the JSON rather than sent as null
+
+
+def _drop_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+# The default of an absent field: not in the schema, where ``null`` would contradict the field's type.
+ABSENT: Any = Field(default=None, json_schema_extra=_drop_default)
 Reason = Literal[
     "started",
     "progress",
@@ -346,7 +354,6 @@ class _Answer(BaseModel):
 class TaskJson(_Answer):
     """A task, without its history."""
 
-    model_config = ConfigDict(title="Task")
 
     id: str
     state: State
@@ -355,9 +362,9 @@ class TaskJson(_Answer):
     maxAttempts: int
     progress: int = Field(ge=0, le=100)
     version: int = Field(ge=0, description="how many entries the task's history holds")
-    resultRef: str | Absent = None
-    resultHash: str | Absent = None
-    error: str | Absent = None
+    resultRef: str | Absent = ABSENT
+    resultHash: str | Absent = ABSENT
+    error: str | Absent = ABSENT
 
 
 class StartEvent(StartBody):
@@ -389,7 +396,6 @@ StoredEvent = Annotated[
 class EntryJson(_Answer):
     """One history entry: the event that moved the task to ``version``, stamped by the gateway."""
 
-    model_config = ConfigDict(title="Entry")
 
     version: int
     event: StoredEvent
@@ -404,7 +410,7 @@ class Created(_Answer):
 class ResumeAnswer(_Answer):
     mode: Literal["caught-up", "delta", "snapshot"]
     version: int
-    reason: Literal["retention", "cursor-ahead"] | Absent = None
+    reason: Literal["retention", "cursor-ahead"] | Absent = ABSENT
     task: TaskJson
     events: list[EntryJson] = Field(description="the entries after the cursor, for a delta; else empty")
 
@@ -419,7 +425,6 @@ class CallbackAnswer(_Answer):
 
 
 class ReceiptJson(_Answer):
-    model_config = ConfigDict(title="Receipt")
 
     taskId: str
     resultRef: str
@@ -436,7 +441,6 @@ class DeliveryAnswer(_Answer):
 
 
 class NotificationJson(_Answer):
-    model_config = ConfigDict(title="Notification")
 
     taskId: str
     state: Literal["succeeded", "failed", "expired"]
@@ -455,7 +459,6 @@ class ErrorDetail(_Answer):
 
 
 class ErrorAnswer(_Answer):
-    model_config = ConfigDict(title="Error")
 
     error: ErrorDetail
 
