@@ -64,6 +64,17 @@ def _static_dir() -> Path:
 STATIC_DIR = _static_dir()
 
 
+class _StaticFiles(StaticFiles):
+    """``static/``, with TypeScript declarations (``gateway-client.d.ts``) as text rather than what the
+    platform's MIME table says of ``.ts`` (an MPEG transport stream)."""
+
+    def file_response(self, full_path: Any, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(full_path, *args, **kwargs)
+        if str(full_path).endswith(".ts"):
+            response.headers["content-type"] = "application/typescript; charset=utf-8"
+        return response
+
+
 def routes(gw: Gateway) -> list[Route | Mount]:
     guard, book, metrics, settings = gw.guard, gw.book, gw.metrics, gw.settings
 
@@ -179,7 +190,7 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         Route("/", index, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         Route("/docs", api_page, methods=["GET"]),
-        Mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
+        Mount("/static", _StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
         Route("/v1/tasks", tasks, methods=["GET", "POST"]),
         Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
         Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
