@@ -5,6 +5,7 @@ which installs TypeScript from the npm registry once, outside git)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,3 +36,20 @@ def test_tsc_accepts_the_types_the_usage_and_the_react_example() -> None:
         [str(ROOT / "tests" / "types" / "check")], capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_types_declare_every_public_method_and_option_of_the_client() -> None:
+    """The declarations follow gateway-client.js: a method or option added there and not here fails."""
+    source = (ROOT / "static" / "gateway-client.js").read_text()
+    types = (ROOT / "static" / "gateway-client.d.ts").read_text()
+    methods = set(re.findall(r"^  ([a-zA-Z]\w*)\(", source, re.MULTILINE)) - {"constructor"}
+    assert {"subscribe", "unsubscribe", "onState", "close"} <= methods
+    for method in sorted(methods):
+        assert re.search(rf"^  {method}\(", types, re.MULTILINE), f"GatewayClient.{method} is not declared"
+    options = set(re.findall(r"@property \{[^}]*\} \[(\w+)", source))
+    assert {"WebSocket", "heartbeatMs"} <= options
+    for option in sorted(options):
+        assert re.search(rf"^  {option}\?:", types, re.MULTILINE), f"ClientOptions.{option} is not declared"
+    exports = set(re.findall(r"^export (?:class|function) (\w+)", source, re.MULTILINE))
+    for name in sorted(exports):
+        assert re.search(rf"^export (?:declare )?(?:class|function) {name}\b", types, re.MULTILINE), name
