@@ -162,6 +162,12 @@ class Book:
         async with self.store.read() as tx:
             return await tx.versions(task_ids)
 
+    @_shielded
+    async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
+        """Up to ``limit`` tasks in id order after ``after``, only those in ``state`` if given."""
+        async with self.store.read() as tx:
+            return await tx.list_tasks(state=state, after=after, limit=limit)
+
     # --- writes --------------------------------------------------------------------------------------
 
     @_shielded

@@ -73,6 +73,14 @@ class ReadTx(Protocol):
     async def relay_pending(self) -> int:
         """How many notifications the webhook relay has not sent yet."""
 
+    async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
+        """One page of the operators' task list: up to ``limit`` tasks in id order, only those whose id
+        comes after ``after`` when it is given, only those in ``state`` when it is given.
+
+        Id order is the database's: code point order on SQLite, in memory and on a PostgreSQL database
+        with the ``C`` collation; another collation orders differently but pages the same way (each task
+        once), since the comparison and the order use one collation."""
+
 
 class WriteTx(ReadTx, Protocol):
     async def lock_task(self, task_id: str) -> StoredTask | None:

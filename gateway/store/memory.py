@@ -78,6 +78,15 @@ class MemoryTx:
         stored = self.data.tasks
         return {i: stored[i].task.version for i in task_ids if i in stored}
 
+    async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
+        found = sorted(
+            (s.task for s in self.data.tasks.values()),
+            key=lambda t: t.id,
+        )
+        return [t for t in found if (state is None or t.state == state) and (after is None or t.id > after)][
+            :limit
+        ]
+
     async def lock_task(self, task_id: str) -> StoredTask | None:
         return self.data.tasks.get(task_id)
 

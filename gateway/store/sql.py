@@ -86,6 +86,15 @@ class SqlTx:
         )
         return int(result.scalar_one())
 
+    async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
+        # Keyset pagination over the primary key: each page is one index range, however deep it is.
+        query = select(tasks).order_by(tasks.c.id).limit(limit)
+        if state is not None:
+            query = query.where(tasks.c.state == state)
+        if after is not None:
+            query = query.where(tasks.c.id > after)
+        return [task_from_row(row) for row in await self.conn.execute(query)]
+
     # --- writes ---------------------------------------------------------------------------------------
 
     async def lock_task(self, task_id: str) -> StoredTask | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import sys
 import time
@@ -20,6 +21,7 @@ from gateway.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.errors import InvalidRequest, NotFound, PayloadTooLarge, Unavailable
 from gateway.machine import is_blank, task_to_json
 from gateway.web import wire
+from gateway.web.openapi import openapi_document
 
 if TYPE_CHECKING:
     from gateway.web.app import Gateway
@@ -62,6 +64,17 @@ def _static_dir() -> Path:
 STATIC_DIR = _static_dir()
 
 
+class _StaticFiles(StaticFiles):
+    """``static/``, with TypeScript declarations (``gateway-client.d.ts``) as text rather than what the
+    platform's MIME table says of ``.ts`` (an MPEG transport stream)."""
+
+    def file_response(self, full_path: Any, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(full_path, *args, **kwargs)
+        if str(full_path).endswith(".ts"):
+            response.headers["content-type"] = "application/typescript; charset=utf-8"
+        return response
+
+
 def routes(gw: Gateway) -> list[Route | Mount]:
     guard, book, metrics, settings = gw.guard, gw.book, gw.metrics, gw.settings
 
@@ -82,6 +95,17 @@ def routes(gw: Gateway) -> list[Route | Mount]:
             "subscribeToken": gw.tokens.issue(task.id, "subscribe", body.ttlMs),
         }
         return JSON(answer, status_code=201 if created else 200)
+
+    async def list_tasks(request: Request) -> Response:
+        guard.management(request)
+        query = wire.parse_task_list_query(request.query_params)
+        # One more than the page, to know whether another page follows.
+        found = await book.list_tasks(state=query.state, after=query.after(), limit=query.limit + 1)
+        return JSON(wire.task_page_json(found, query.limit))
+
+    async def tasks(request: Request) -> Response:
+        # One route for both methods, so that another method is answered 405 with both in Allow.
+        return await (list_tasks(request) if request.method in ("GET", "HEAD") else create_task(request))
 
     async def get_task(request: Request) -> Response:
         task_id = request.path_params["task_id"]
@@ -154,10 +178,20 @@ def routes(gw: Gateway) -> list[Route | Mount]:
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
+    document = orjson.dumps(openapi_document(_version()))
+
+    async def openapi_json(request: Request) -> Response:
+        return JSON(document)
+
+    async def api_page(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "api.html")
+
     return [
         Route("/", index, methods=["GET"]),
-        Mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
-        Route("/v1/tasks", create_task, methods=["POST"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/docs", api_page, methods=["GET"]),
+        Mount("/static", _StaticFiles(directory=STATIC_DIR, check_dir=False), name="static"),
+        Route("/v1/tasks", tasks, methods=["GET", "POST"]),
         Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
         Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
         Route("/v1/tasks/{task_id}/callbacks", callback, methods=["POST"]),
@@ -169,6 +203,13 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics_text, methods=["GET"]),
     ]
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("task-gateway")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
+        return "0+unknown"
 
 
 def parse_cursor(raw: str | None) -> int:

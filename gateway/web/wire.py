@@ -8,7 +8,10 @@ JSON number here so that the machine decides, as the reference does.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -23,11 +26,12 @@ from pydantic import (
     StrictStr,
     ValidationError,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from gateway.book import CallbackOutcome, Delivery, Notification, Resume
 from gateway.errors import InvalidRequest
-from gateway.machine import Event, Fail, Progress, Start, Succeed, task_to_json
+from gateway.machine import Event, Fail, Progress, Start, Succeed, Task, task_to_json
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,9 +71,10 @@ def _text(value: str) -> str:
 
 
 Text = Annotated[StrictStr, AfterValidator(_text)]
-Number = Annotated[float, PlainValidator(_number)]
-StoredCount = Annotated[float, PlainValidator(_stored_count)]
-Milliseconds = Annotated[int, PlainValidator(_milliseconds)]
+# The JSON schema of each: what a client may send (the custom validators decide the rest).
+Number = Annotated[float, PlainValidator(_number, json_schema_input_type=float)]
+StoredCount = Annotated[float, PlainValidator(_stored_count, json_schema_input_type=float)]
+Milliseconds = Annotated[int, PlainValidator(_milliseconds, json_schema_input_type=float)]
 
 
 class _Body(BaseModel):
@@ -135,6 +140,63 @@ class CallbackBody(_Body):
             {"taskId": task_id, "event": event, "attempt": self.attempt}, option=orjson.OPT_SORT_KEYS
         )
         return hashlib.sha256(canonical).hexdigest()
+
+
+# --- the operators' task list (GET /v1/tasks) ---------------------------------------------------------
+
+State = Literal["queued", "running", "succeeded", "failed", "expired"]
+MAX_PAGE = 500
+_PAGE_CURSOR_PREFIX = "1:"
+
+
+def page_cursor(last_id: str) -> str:
+    """An opaque cursor for the page after the task ``last_id`` (clients must not build or read it)."""
+    return base64.urlsafe_b64encode((_PAGE_CURSOR_PREFIX + last_id).encode()).decode().rstrip("=")
+
+
+def _after_id(cursor: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raw = ""
+    if not raw.startswith(_PAGE_CURSOR_PREFIX) or "\x00" in raw:
+        raise PydanticCustomError("page_cursor", "not a cursor from this list; pass nextCursor as it came")
+    return raw[len(_PAGE_CURSOR_PREFIX) :]
+
+
+class TaskListQuery(BaseModel):
+    """The query of ``GET /v1/tasks``: query strings are text, so numbers are read from their digits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state: State | None = Field(default=None, description="only tasks in this state")
+    cursor: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None, description="the nextCursor of the page before (opaque); absent for the first page"
+    )
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = Field(default=50, description="tasks per page")
+
+    def after(self) -> str | None:
+        """The id the page starts after, from the cursor."""
+        return None if self.cursor is None else _after_id(self.cursor)
+
+
+def parse_task_list_query(params: Mapping[str, str]) -> TaskListQuery:
+    query = _validate(TaskListQuery, dict(params))
+    try:
+        query.after()
+    except PydanticCustomError as exc:
+        raise InvalidRequest(f"cursor: {exc.message()}") from None
+    return query
+
+
+def task_page_json(tasks: list[Task], limit: int) -> dict[str, Any]:
+    """A page of at most ``limit`` tasks from ``tasks`` (fetched with one more, to know if more follow)."""
+    page = tasks[:limit]
+    more = len(tasks) > limit
+    return {
+        "tasks": [task_to_json(t) for t in page],
+        "nextCursor": page_cursor(page[-1].id) if more and page else None,
+    }
 
 
 def parse_json(raw: bytes) -> Any:
@@ -235,3 +297,175 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
 
 def notification_json(n: Notification) -> dict[str, Any]:
     return {"taskId": n.task_id, "state": n.state, "atMs": n.at_ms, "version": n.version}
+
+
+# --- answer shapes, for the OpenAPI document (gateway.web.openapi) ---------------------------------------
+# The routes above build their answers with orjson for speed; these models describe the same JSON, and the
+# tests check every answer of a real server against them.
+
+Absent = SkipJsonSchema[None]  # a field that is left out of the JSON rather than sent as null
+
+
+def _drop_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+# The default of an absent field: not in the schema, where ``null`` would contradict the field's type.
+ABSENT: Any = Field(default=None, json_schema_extra=_drop_default)
+Reason = Literal[
+    "started",
+    "progress",
+    "succeeded",
+    "failed",
+    "requeued",
+    "expired",
+    "duplicate-result",
+    "duplicate-expire",
+    "terminal-conflict",
+    "already-running",
+    "not-startable",
+    "not-running",
+    "stale-progress",
+    "duplicate-progress",
+    "duplicate-callback",
+]
+ErrorCode = Literal[
+    "invalid-request",
+    "unauthorized",
+    "forbidden",
+    "unknown-task",
+    "task-exists",
+    "key-reused-for-other-task",
+    "not-succeeded",
+    "callback-id-reused",
+    "stale-attempt",
+    "payload-too-large",
+    "not-found",
+    "method-not-allowed",
+    "unavailable",
+    "internal",
+]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskJson(_Answer):
+    """A task, without its history."""
+
+    id: str
+    state: State
+    expiresAtMs: int = Field(description="the deadline for a result, in epoch milliseconds")
+    attempts: int
+    maxAttempts: int
+    progress: int = Field(ge=0, le=100)
+    version: int = Field(ge=0, description="how many entries the task's history holds")
+    resultRef: str | Absent = ABSENT
+    resultHash: str | Absent = ABSENT
+    error: str | Absent = ABSENT
+
+
+class StartEvent(StartBody):
+    atMs: int
+
+
+class ProgressEvent(ProgressBody):
+    atMs: int
+
+
+class SucceedEvent(SucceedBody):
+    atMs: int
+
+
+class FailEvent(FailBody):
+    atMs: int
+
+
+class ExpireEvent(_Body):
+    type: Literal["expire"]
+    atMs: int
+
+
+StoredEvent = Annotated[
+    StartEvent | ProgressEvent | SucceedEvent | FailEvent | ExpireEvent, Field(discriminator="type")
+]
+
+
+class EntryJson(_Answer):
+    """One history entry: the event that moved the task to ``version``, stamped by the gateway."""
+
+    version: int
+    event: StoredEvent
+
+
+class Created(_Answer):
+    task: TaskJson
+    callbackToken: str = Field(description="for the worker: POST /v1/tasks/{task_id}/callbacks")
+    subscribeToken: str = Field(description="for subscribers: reads, WebSocket, SSE")
+
+
+class ResumeAnswer(_Answer):
+    mode: Literal["caught-up", "delta", "snapshot"]
+    version: int
+    reason: Literal["retention", "cursor-ahead"] | Absent = ABSENT
+    task: TaskJson
+    events: list[EntryJson] = Field(description="the entries after the cursor, for a delta; else empty")
+
+
+class CallbackAnswer(_Answer):
+    changed: bool
+    duplicate: bool
+    duplicateCallback: bool
+    notify: bool
+    reason: Reason
+    task: TaskJson
+
+
+class ReceiptJson(_Answer):
+    taskId: str
+    resultRef: str
+    resultHash: str
+    idempotencyKey: str
+    deliveredAtMs: int
+
+
+class DeliveryAnswer(_Answer):
+    ok: bool
+    duplicate: bool
+    reason: Literal["delivered", "duplicate-delivery"]
+    receipt: ReceiptJson
+
+
+class NotificationJson(_Answer):
+    taskId: str
+    state: Literal["succeeded", "failed", "expired"]
+    atMs: int
+    version: int
+
+
+class TaskPage(_Answer):
+    tasks: list[TaskJson]
+    nextCursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
+
+
+class ErrorDetail(_Answer):
+    code: ErrorCode
+    message: str
+
+
+class ErrorAnswer(_Answer):
+    error: ErrorDetail
+
+
+class Status(_Answer):
+    status: Literal["ok", "ready"]
+
+
+class DemoStatus(_Answer):
+    enabled: bool
+
+
+class DemoCreated(_Answer):
+    task: TaskJson
+    subscribeToken: str

@@ -338,7 +338,7 @@ async def test_unknown_route_and_wrong_method(sqlite_url: str, clock: FakeClock)
         ):
             error(await gw.client.request(method, path), 404, "not-found")
         for method, path in (
-            ("GET", "/v1/tasks"),
+            ("DELETE", "/v1/tasks"),
             ("PUT", "/v1/tasks"),
             ("DELETE", "/v1/tasks/t"),
             ("POST", "/v1/tasks/t"),

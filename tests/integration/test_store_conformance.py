@@ -359,3 +359,31 @@ async def test_concurrent_relay_claims_take_each_notification_once(store: Store)
         for _ in range(4):
             tg.start_soon(claimer)
     assert len(taken) == len(set(taken)) == 40
+
+
+async def test_the_task_list_pages_through_every_task_once_in_id_order(store: Store) -> None:
+    ids = [f"task-{n:02d}" for n in range(12)]
+    for task_id in reversed(ids):  # inserted out of order: the order is the ids', not the insertions'
+        await add(store, task_id)
+    start = apply_event(queued("task-03")[0], Start(2_000, "w1"))
+    async with store.write() as tx:
+        await tx.record(start, orjson.dumps(event_to_json(start.entry.event)), 2_000)  # type: ignore[union-attr]
+
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        async with store.read() as tx:
+            page = await tx.list_tasks(state=None, after=after, limit=5)
+        seen += [t.id for t in page]
+        if len(page) < 5:
+            break
+        after = page[-1].id
+    assert seen == ids
+    async with store.read() as tx:
+        assert [t.id for t in await tx.list_tasks(state="running", after=None, limit=5)] == ["task-03"]
+        running = (await tx.list_tasks(state="running", after=None, limit=5))[0]
+        assert running == start.task  # the whole task, as stored
+        queued_ids = [t.id for t in await tx.list_tasks(state="queued", after="task-09", limit=5)]
+        assert queued_ids == ["task-10", "task-11"]
+        assert await tx.list_tasks(state="succeeded", after=None, limit=5) == []
+        assert await tx.list_tasks(state=None, after="task-11", limit=5) == []

@@ -1,0 +1,399 @@
+"""The OpenAPI 3.1 document of the HTTP routes, built from the wire models (``gateway.web.wire``).
+
+One table, :data:`OPERATIONS`, says for each route what it takes (credentials, query, body) and what it
+answers (status and model); the schemas come from pydantic's ``model_json_schema`` of the same models that
+validate requests, so the document cannot drift from the checks. The tests hold the table to the app's
+routes (every route documented, every documented path a route) and every answer of a real server to its
+model. WebSocket routes have no place in OpenAPI 3.1: they are listed under ``x-websockets``, and
+``docs/protocol.md`` describes their frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from gateway.web import wire
+
+REF = "#/components/schemas/{model}"
+
+# Security schemes: who may call what (docs/protocol.md, Tokens and auth).
+API_KEY = "apiKey"
+SUBSCRIBE = "subscribeToken"
+SUBSCRIBE_QUERY = "subscribeTokenQuery"
+CALLBACK = "callbackToken"
+SECURITY_SCHEMES: dict[str, dict[str, Any]] = {
+    API_KEY: {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "`Authorization: Bearer $GATEWAY_API_KEY`, from the header only. With no API key "
+        "configured (open mode, loopback only) these routes take no credential.",
+    },
+    SUBSCRIBE: {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": "the task's subscribeToken (JWT, scope `subscribe`); the API key also reads any task",
+    },
+    SUBSCRIBE_QUERY: {
+        "type": "apiKey",
+        "in": "query",
+        "name": "token",
+        "description": "the task's subscribeToken in the URL, where a browser cannot set headers",
+    },
+    CALLBACK: {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": "the task's callbackToken (JWT, scope `callback`); never the API key",
+    },
+}
+
+# What each error status means, by code (docs/protocol.md, Errors).
+ERRORS: dict[int, str] = {
+    400: "`invalid-request`: malformed JSON, a wrong type, an unknown or missing field, a value out of range",
+    401: "`unauthorized`: no credential, or a malformed, expired or badly signed one",
+    403: "`forbidden`: a valid credential for another task or scope, or an origin not allowed",
+    404: "`unknown-task`: no such task (checked after the credential, so ids cannot be probed); "
+    "`not-found` for an unknown route",
+    405: "`method-not-allowed`",
+    409: "a conflict, named by its code",
+    413: "`payload-too-large`: the body is over `GATEWAY_MAX_BODY_BYTES`",
+    503: "`unavailable`: the database cannot be reached; nothing was written; retry after `Retry-After`",
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str  # "query" or "header"
+    description: str
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    answers: dict[int, type[BaseModel] | None]
+    errors: dict[int, str] = field(default_factory=dict)  # status: the codes it can carry, beyond ERRORS
+    security: tuple[str, ...] = ()
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    params: tuple[Param, ...] = ()
+    media_type: str = "application/json"
+    tags: tuple[str, ...] = ()
+    description: str = ""
+
+
+_TASK = "/v1/tasks/{task_id}"
+_CURSOR = Param(
+    "cursor",
+    "query",
+    "the last version the client holds (default 0)",
+    {"type": "integer", "minimum": 0, "default": 0},
+)
+_READ_ERRORS = {401: "", 403: "", 404: "", 503: ""}
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "post",
+        "/v1/tasks",
+        "Create a task",
+        {201: wire.Created, 200: wire.Created},
+        {
+            400: "",
+            401: "",
+            403: "",
+            409: "`task-exists`: this id exists with other parameters",
+            413: "",
+            503: "",
+        },
+        security=(API_KEY,),
+        body=wire.CreateBody,
+        tags=("backend",),
+        description="A queued task at version 0 and its two tokens. The same id with the same parameters "
+        "again answers 200 with the same task and fresh tokens; without `id` the gateway names the task.",
+    ),
+    Operation(
+        "get",
+        "/v1/tasks",
+        "List tasks",
+        {200: wire.TaskPage},
+        {400: "", 401: "", 403: "", 503: ""},
+        security=(API_KEY,),
+        query=wire.TaskListQuery,
+        tags=("operator",),
+        description="Every task, a page at a time, in id order; follow `nextCursor` until it is null.",
+    ),
+    Operation(
+        "get",
+        _TASK,
+        "Read a task",
+        {200: wire.TaskJson},
+        _READ_ERRORS,
+        security=(SUBSCRIBE, SUBSCRIBE_QUERY, API_KEY),
+        tags=("subscriber",),
+    ),
+    Operation(
+        "get",
+        _TASK + "/events",
+        "Resume from a cursor",
+        {200: wire.ResumeAnswer},
+        {400: "", **_READ_ERRORS},
+        security=(SUBSCRIBE, SUBSCRIBE_QUERY, API_KEY),
+        params=(_CURSOR,),
+        tags=("subscriber",),
+        description="`caught-up` (nothing missed), `delta` (the missed entries) or `snapshot` (the whole "
+        "state: `retention` when the cursor is too far behind, `cursor-ahead` when it is past the task).",
+    ),
+    Operation(
+        "get",
+        _TASK + "/stream",
+        "Server-sent events",
+        {200: None, 204: None},
+        {400: "", **_READ_ERRORS},
+        security=(SUBSCRIBE, SUBSCRIBE_QUERY, API_KEY),
+        params=(
+            _CURSOR,
+            Param(
+                "Last-Event-ID",
+                "header",
+                "set by EventSource on a reconnect: the last version applied (wins over ?cursor=)",
+                {"type": "integer", "minimum": 0},
+            ),
+        ),
+        media_type="text/event-stream",
+        tags=("subscriber",),
+        description="The frames of the single-task WebSocket, each an SSE event named by its type with "
+        "`id:` its version. 204 when a reconnecting EventSource already holds the last version of a "
+        "finished task.",
+    ),
+    Operation(
+        "post",
+        _TASK + "/callbacks",
+        "Report a worker event",
+        {200: wire.CallbackAnswer},
+        {
+            400: "",
+            401: "",
+            403: "",
+            404: "",
+            409: "`callback-id-reused`: this callbackId came with another body; "
+            "`stale-attempt`: attempt is not the task's current one",
+            413: "",
+            503: "",
+        },
+        security=(CALLBACK,),
+        body=wire.CallbackBody,
+        tags=("worker",),
+        description="The gateway stamps the event with its own clock (`atMs` is refused). Every outcome "
+        "the state machine reaches is a 200 with its `reason`, a change or not.",
+    ),
+    Operation(
+        "post",
+        _TASK + "/deliveries",
+        "Take the result",
+        {200: wire.DeliveryAnswer},
+        {
+            400: "",
+            401: "",
+            403: "",
+            404: "",
+            409: "`not-succeeded`: the task has not succeeded; "
+            "`key-reused-for-other-task`: this Idempotency-Key was used for another task",
+            503: "",
+        },
+        security=(API_KEY,),
+        params=(
+            Param(
+                "Idempotency-Key",
+                "header",
+                "the same key returns the same receipt; another key delivers again",
+                {"type": "string", "minLength": 1, "maxLength": 256},
+                required=True,
+            ),
+        ),
+        tags=("backend",),
+    ),
+    Operation(
+        "post",
+        "/v1/notifications/drain",
+        "Drain terminal notifications",
+        {200: None},
+        {401: "", 403: "", 503: ""},
+        security=(API_KEY,),
+        tags=("backend",),
+        description="Each notification of a task reaching succeeded, failed or expired, once, by task id "
+        "then time.",
+    ),
+    Operation(
+        "get",
+        "/v1/demo",
+        "Whether demo tasks are on",
+        {200: wire.DemoStatus},
+        tags=("dashboard",),
+    ),
+    Operation(
+        "post",
+        "/v1/demo/tasks",
+        "Start a demo task",
+        {201: wire.DemoCreated},
+        {403: "", 404: "`not-found`: demo tasks are off", 503: "also: too many demo tasks are running"},
+        tags=("dashboard",),
+        description="A task driven by a simulated worker through the public callback route.",
+    ),
+    Operation("get", "/healthz", "The process is alive", {200: wire.Status}, tags=("operator",)),
+    Operation("get", "/readyz", "The database answers", {200: wire.Status}, {503: ""}, tags=("operator",)),
+    Operation(
+        "get",
+        "/metrics",
+        "Prometheus metrics",
+        {200: None},
+        media_type="text/plain; version=0.0.4",
+        tags=("operator",),
+    ),
+)
+
+# Answers that are not one model: their schema is built here from models.
+_LIST_OF = {("/v1/notifications/drain", "post"): wire.NotificationJson}
+
+WEBSOCKETS: tuple[dict[str, str], ...] = (
+    {
+        "path": "/v1/tasks/{task_id}/ws",
+        "summary": "One task: ?cursor=N&token=T; the resume frame, then every entry; closes 1000 when done",
+    },
+    {
+        "path": "/v1/ws",
+        "summary": "Many tasks on one socket: subscribe, unsubscribe and ping messages",
+    },
+)
+
+
+def _models() -> list[type[BaseModel]]:
+    found: list[type[BaseModel]] = [wire.ErrorAnswer, *_LIST_OF.values()]
+    for op in OPERATIONS:
+        found += [m for m in op.answers.values() if m is not None]
+        if op.body is not None:
+            found.append(op.body)
+    return list(dict.fromkeys(found))
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _parameters(op: Operation) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if "{task_id}" in op.path:
+        out.append(
+            {
+                "name": "task_id",
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "maxLength": 128},
+            }
+        )
+    if op.query is not None:
+        schema = op.query.model_json_schema()
+        required = set(schema.get("required", ()))
+        for name, prop in schema["properties"].items():
+            prop = dict(prop)
+            description = prop.pop("description", "")
+            prop.pop("title", None)
+            out.append(
+                {
+                    "name": name,
+                    "in": "query",
+                    "required": name in required,
+                    "description": description,
+                    "schema": prop,
+                }
+            )
+    for p in op.params:
+        item: dict[str, Any] = {"name": p.name, "in": p.where, "description": p.description}
+        item["schema"] = p.schema
+        if p.required:
+            item["required"] = True
+        out.append(item)
+    return out
+
+
+def _responses(op: Operation) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for status, model in op.answers.items():
+        answer: dict[str, Any] = {"description": "OK" if status < 300 else ""}
+        if status == 201:
+            answer["description"] = "created"
+        elif status == 204:
+            answer["description"] = "no content"
+        list_of = _LIST_OF.get((op.path, op.method))
+        if model is not None:
+            answer["content"] = {op.media_type: {"schema": _ref(model)}}
+        elif list_of is not None:
+            answer["content"] = {op.media_type: {"schema": {"type": "array", "items": _ref(list_of)}}}
+        elif status != 204:
+            answer["content"] = {op.media_type: {"schema": {"type": "string"}}}
+        out[str(status)] = answer
+    for status, codes in sorted({**op.errors, 405: ""}.items()):
+        if not codes:
+            description = ERRORS[status]
+        else:  # a 409's codes are all it can be; elsewhere they add to the status's usual meaning
+            description = codes if status == 409 else f"{ERRORS[status]}; {codes}"
+        answer = {
+            "description": description,
+            "content": {"application/json": {"schema": _ref(wire.ErrorAnswer)}},
+        }
+        if status == 503:
+            answer["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+        out[str(status)] = answer
+    return out
+
+
+def _operation(op: Operation) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "operationId": f"{op.method}{op.path}".replace("/", "_").replace("{", "").replace("}", ""),
+        "summary": op.summary,
+        "tags": list(op.tags),
+        "responses": _responses(op),
+    }
+    if op.description:
+        out["description"] = op.description
+    parameters = _parameters(op)
+    if parameters:
+        out["parameters"] = parameters
+    if op.body is not None:
+        out["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(op.body)}},
+        }
+    # Any one of the schemes will do; none listed is a route anyone may call.
+    out["security"] = [{name: []} for name in op.security]
+    return out
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The whole document: every operation, and the schemas of every model they name."""
+    _, schemas = models_json_schema([(m, "validation") for m in _models()], ref_template=REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "task-gateway",
+            "version": version,
+            "description": "HTTP callbacks in, live task state out. Every error is "
+            '`{"error": {"code", "message"}}`. The protocol, WebSocket frames and close codes included, is '
+            "docs/protocol.md in the repository.",
+            "license": {"name": "MIT", "identifier": "MIT"},
+        },
+        "paths": paths,
+        "components": {"schemas": schemas.get("$defs", {}), "securitySchemes": SECURITY_SCHEMES},
+        "x-websockets": list(WEBSOCKETS),
+    }

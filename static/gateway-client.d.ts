@@ -1,0 +1,156 @@
+// Types for gateway-client.js (served beside it at /static/gateway-client.d.ts). Checked in CI with
+// `tsc --strict` against tests/types/, which uses the client as an application would.
+
+/** A task's state; the last three are terminal. */
+export type TaskState = "queued" | "running" | "succeeded" | "failed" | "expired";
+
+/** A task as the gateway sends it (no history). */
+export interface Task {
+  id: string;
+  state: TaskState;
+  /** The deadline for a result, in epoch milliseconds. */
+  expiresAtMs: number;
+  attempts: number;
+  maxAttempts: number;
+  /** 0 to 100. */
+  progress: number;
+  /** How many entries the task's history holds: the cursor a client keeps. */
+  version: number;
+  resultRef?: string;
+  resultHash?: string;
+  error?: string;
+}
+
+/** A history event, stamped by the gateway's clock. */
+export type TaskEvent =
+  | { type: "start"; atMs: number; worker: string }
+  | { type: "progress"; atMs: number; progress: number; cursor: string }
+  | { type: "succeed"; atMs: number; resultRef: string; resultHash: string }
+  | { type: "fail"; atMs: number; error: string; retryable: boolean }
+  | { type: "expire"; atMs: number };
+
+/** One history entry: the event that moved the task to `version`. */
+export interface Entry {
+  version: number;
+  event: TaskEvent;
+}
+
+interface FrameBase {
+  taskId: string;
+  /** The cursor the client holds once it has applied this frame. */
+  version: number;
+  task: Task;
+}
+
+/** Nothing was missed since the cursor. */
+export interface CaughtUpFrame extends FrameBase {
+  type: "caught-up";
+}
+
+/** The entries missed since the cursor. */
+export interface DeltaFrame extends FrameBase {
+  type: "delta";
+  events: Entry[];
+}
+
+/** The whole state instead of entries: the cursor was too old, ahead of the task, or the client was slow. */
+export interface SnapshotFrame extends FrameBase {
+  type: "snapshot";
+  reason: "retention" | "cursor-ahead" | "conflated";
+}
+
+/** One new entry, at version last + 1, with the task after it. */
+export interface EventFrame extends FrameBase {
+  type: "event";
+  event: TaskEvent;
+}
+
+/** A frame handed to a listener: the resume frame of a subscription, then its events, in order. */
+export type Frame = CaughtUpFrame | DeltaFrame | SnapshotFrame | EventFrame;
+
+export type FrameListener = (frame: Frame, task: Task) => void;
+
+export type ConnectionState = "connecting" | "connected" | "reconnecting" | "offline";
+
+/** Why a subscription ended without its task finishing (it is not retried). */
+export interface SubscriptionError {
+  code: "unauthorized" | "forbidden" | "unknown-task" | "invalid-request";
+  message: string;
+}
+
+export interface SubscribeOptions {
+  /** Start from this version instead of the one kept in storage (default: kept, else 0). */
+  cursor?: number;
+  onError?: (error: SubscriptionError) => void;
+}
+
+/** The part of `Storage` the client uses to keep cursors across reloads. */
+export interface CursorStorage {
+  getItem(key: string): string | null;
+  setItem(key: string, value: string): void;
+}
+
+export interface ClientOptions {
+  /** The WebSocket class (default: the global one). */
+  WebSocket?: typeof WebSocket;
+  /** For the SSE fallback (default: the global one); null turns the fallback off. */
+  EventSource?: typeof EventSource | null;
+  /** Where cursors survive a reload (default: sessionStorage); null keeps them in memory only. */
+  storage?: CursorStorage | null;
+  /** First reconnect wait in ms (full jitter), default 250. */
+  backoffBaseMs?: number;
+  /** Longest reconnect wait in ms, default 10000. */
+  backoffCapMs?: number;
+  /** WebSocket attempts that never opened before falling back to SSE, default 2. */
+  sseAfterFailures?: number;
+  /** App-level ping period in ms, default 25000. */
+  heartbeatMs?: number;
+  /** A source of numbers in [0, 1), for tests. */
+  random?: () => number;
+}
+
+export class GatewayClient {
+  /** @param baseUrl the gateway, e.g. "https://gateway.example" (http(s) or ws(s)) */
+  constructor(baseUrl: string, options?: ClientOptions);
+
+  readonly baseUrl: string;
+  readonly transport: "websocket" | "sse";
+  readonly state: ConnectionState;
+  readonly online: boolean;
+
+  /**
+   * Watch one task: `onFrame` gets every frame of it, in order, with the task after the frame.
+   * @param token the task's subscribe token (null where the gateway runs open)
+   * @returns a function that stops watching
+   */
+  subscribe(taskId: string, token: string | null, onFrame: FrameListener, options?: SubscribeOptions): () => void;
+  unsubscribe(taskId: string): void;
+  /** The last version applied for a task, or null. */
+  cursor(taskId: string): number | null;
+  /** Be told of connection state changes; returns a function that stops telling. */
+  onState(listener: (state: ConnectionState) => void): () => void;
+  /** Whether the network is up (watchBrowser calls this from `online`/`offline`). */
+  setOnline(online: boolean): void;
+  /** Reconnect at once instead of waiting out the backoff. */
+  reconnectNow(): void;
+  /** Close everything; the client does not reconnect after this. */
+  close(): void;
+}
+
+/** The window events watchBrowser listens to. */
+export interface BrowserWindow {
+  addEventListener(type: "online" | "offline", listener: () => void): void;
+  removeEventListener(type: "online" | "offline", listener: () => void): void;
+  document?: {
+    visibilityState: string;
+    addEventListener(type: "visibilitychange", listener: () => void): void;
+    removeEventListener(type: "visibilitychange", listener: () => void): void;
+  };
+  navigator?: { onLine: boolean };
+}
+
+/**
+ * Browser habits: reconnect at once when the network comes back or the page becomes visible, and show
+ * `offline` while the browser says so. Returns a function that removes the listeners.
+ */
+export function watchBrowser(client: GatewayClient, win?: BrowserWindow): () => void;

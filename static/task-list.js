@@ -1,0 +1,118 @@
+/**
+ * "All tasks" on the dashboard: the operators' list (`GET /v1/tasks`), a page at a time, filtered by state.
+ *
+ * Shown only where this page may read the management API (open mode on loopback; with an API key the
+ * browser holds none, so the section stays hidden). Read-only: a task's id links to the dashboard watching
+ * it (`/?task=ID`).
+ *
+ * State for tests: `#all-tasks[data-ready][data-count][data-more]`; each row is
+ * `tr[data-task-id][data-state]`.
+ */
+
+const PAGE_SIZE = 20;
+const STATES = ["queued", "running", "succeeded", "failed", "expired"];
+
+const section = document.querySelector("#all-tasks");
+
+function el(tag, props = {}, ...children) {
+  const node = Object.assign(document.createElement(tag), props);
+  node.append(...children);
+  return node;
+}
+
+function build() {
+  const filter = el("select", { name: "state" }, el("option", { value: "" }, "every state"));
+  for (const state of STATES) filter.append(el("option", { value: state }, state));
+  const refresh = el("button", { type: "button", className: "refresh" }, "Refresh");
+  const more = el("button", { type: "button", className: "more", hidden: true }, "More");
+  const rows = el("tbody");
+  const empty = el("p", { className: "all-tasks-empty", hidden: true }, "No task in this state.");
+  const status = el("p", { className: "all-tasks-status", role: "status" });
+  const head = el("tr");
+  for (const title of ["Task", "State", "Progress", "Attempts", "Version"]) head.append(el("th", { scope: "col" }, title));
+  const details = el(
+    "details",
+    {},
+    el("summary", {}, "All tasks"),
+    el("div", { className: "all-tasks-bar" }, el("label", {}, "Show ", filter), refresh),
+    el("div", { className: "all-tasks-scroll" }, el("table", {}, el("thead", {}, head), rows)),
+    empty,
+    status,
+    more,
+  );
+  section.replaceChildren(details);
+  return { details, filter, refresh, more, rows, empty, status };
+}
+
+async function fetchPage(state, cursor) {
+  const query = new URLSearchParams({ limit: String(PAGE_SIZE) });
+  if (state) query.set("state", state);
+  if (cursor) query.set("cursor", cursor);
+  const answer = await fetch(`/v1/tasks?${query}`, { headers: { Accept: "application/json" } });
+  if (!answer.ok) {
+    const body = await answer.json().catch(() => ({}));
+    throw new Error(body.error ? body.error.message : `HTTP ${answer.status}`);
+  }
+  return answer.json();
+}
+
+function row(task) {
+  const link = el("a", { href: `/?task=${encodeURIComponent(task.id)}`, title: "Watch this task" }, task.id);
+  const tr = el(
+    "tr",
+    {},
+    el("td", { className: "all-task-id" }, link),
+    el("td", {}, el("span", { className: "state-badge" }, task.state)),
+    el("td", {}, `${task.progress}%`),
+    el("td", {}, `${task.attempts} of ${task.maxAttempts}`),
+    el("td", {}, String(task.version)),
+  );
+  tr.dataset.taskId = task.id;
+  tr.dataset.state = task.state;
+  return tr;
+}
+
+async function start() {
+  if (!section) return;
+  let first;
+  try {
+    first = await fetchPage("", null);
+  } catch {
+    return; // the management API is not ours to read here: no section
+  }
+  const ui = build();
+  let cursor = null;
+  let generation = 0;
+
+  const show = (page, replace) => {
+    if (replace) ui.rows.replaceChildren();
+    for (const task of page.tasks) ui.rows.append(row(task));
+    cursor = page.nextCursor;
+    ui.more.hidden = cursor === null;
+    ui.empty.hidden = ui.rows.childElementCount > 0;
+    section.dataset.count = String(ui.rows.childElementCount);
+    section.dataset.more = cursor === null ? "0" : "1";
+  };
+  const load = async (replace) => {
+    const mine = ++generation; // a newer filter wins over an answer still on its way
+    ui.status.textContent = "";
+    ui.more.disabled = ui.refresh.disabled = true;
+    try {
+      const page = await fetchPage(ui.filter.value, replace ? null : cursor);
+      if (mine === generation) show(page, replace);
+    } catch (error) {
+      if (mine === generation) ui.status.textContent = `The list could not be read: ${error.message}`;
+    } finally {
+      if (mine === generation) ui.more.disabled = ui.refresh.disabled = false;
+    }
+  };
+
+  show(first, true);
+  ui.filter.addEventListener("change", () => load(true));
+  ui.refresh.addEventListener("click", () => load(true));
+  ui.more.addEventListener("click", () => load(false));
+  section.hidden = false;
+  section.dataset.ready = "true";
+}
+
+start();

@@ -1,0 +1,79 @@
+""" "All tasks" on the dashboard in headless Chromium: where the management API is open it lists every task
+a page at a time ("More"), filters by state, and links each task to its card; with an API key (which a
+browser does not hold) the section stays hidden."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.support import create_task, post_callback, running_gateway
+
+if TYPE_CHECKING:
+    from tests.browser.conftest import Console, Dashboard
+
+pytestmark = pytest.mark.anyio
+
+PAGE_SIZE = 20  # task-list.js
+
+
+async def rows(page: Any) -> list[tuple[str, str]]:
+    found = await page.eval_on_selector_all(
+        "#all-tasks tbody tr", "els => els.map(e => [e.dataset.taskId, e.dataset.state])"
+    )
+    return [(i, s) for i, s in found]
+
+
+async def test_all_tasks_pages_filters_and_opens_a_task(dashboard: Dashboard, console: Console) -> None:
+    gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
+    ids = sorted(f"batch-{n:02d}" for n in range(PAGE_SIZE + 5))
+    created = {i: await create_task(gw, i) for i in ids}
+    await post_callback(gw, "batch-07", created["batch-07"].callback_token, {"type": "start", "worker": "w"})
+
+    await dashboard.open()
+    section = page.locator("#all-tasks")
+    await expect(section).to_have_attribute("data-ready", "true")
+    summary = section.get_by_text("All tasks", exact=True)
+    await expect(summary).to_be_visible()
+    await summary.click()  # collapsed until asked for
+    more = section.get_by_role("button", name="More")
+    await expect(section).to_have_attribute("data-count", str(PAGE_SIZE))
+    await expect(more).to_be_visible()
+    await more.click()
+    await expect(section).to_have_attribute("data-count", str(len(ids)))
+    await expect(more).to_be_hidden()
+    listed = await rows(page)
+    assert [i for i, _ in listed] == ids  # every task once, in id order
+    assert dict(listed)["batch-07"] == "running"
+
+    await section.get_by_label("Show").select_option("running")
+    await expect(section).to_have_attribute("data-count", "1")
+    assert await rows(page) == [("batch-07", "running")]
+    await section.get_by_label("Show").select_option("failed")
+    await expect(section).to_have_attribute("data-count", "0")
+    await expect(section.get_by_text("No task in this state.")).to_be_visible()
+
+    await section.get_by_label("Show").select_option("")
+    await expect(section).to_have_attribute("data-count", str(PAGE_SIZE))
+    await section.get_by_role("link", name="batch-03").click()
+    await expect(dashboard.card("batch-03")).to_have_attribute("data-state", "queued")
+    console.assert_clean()
+
+
+async def test_all_tasks_stays_hidden_without_the_management_api(
+    context: Any, sqlite_url: str, console: Console
+) -> None:
+    async with running_gateway(sqlite_url, api_key="k3y") as gw:
+        page = await context.new_page()
+        page.on("console", lambda m: console.errors.append(m.text) if m.type == "error" else None)
+        async with page.expect_response("**/v1/tasks?*") as info:
+            await page.goto(gw.url + "/")
+        assert (await info.value).status == 401
+        await page.wait_for_selector("body[data-ready=true]", state="attached")
+        from playwright.async_api import expect
+
+        await expect(page.locator("#all-tasks")).to_be_hidden()
+        await page.close()
+    # The refused probe is the only console error (the browser reports every 401 it loads).
+    assert all("401" in e for e in console.errors), console.errors

@@ -1,0 +1,86 @@
+// gateway-client.js as an application uses it, checked by `tsc --strict` against gateway-client.d.ts
+// (tests/types/check). The @ts-expect-error lines are mistakes the types must refuse: if a type were too
+// loose (`any`), the mistake would pass and the unused @ts-expect-error would fail the check.
+
+import {
+  GatewayClient,
+  watchBrowser,
+  type ConnectionState,
+  type Frame,
+  type SubscriptionError,
+  type Task,
+} from "../../static/gateway-client.js";
+
+const client = new GatewayClient("https://gateway.example", { backoffCapMs: 5_000, storage: null });
+const stopWatching: () => void = watchBrowser(client, window);
+watchBrowser(client);
+
+const states: ConnectionState[] = [];
+const stopStates = client.onState((state) => states.push(state));
+
+function render(task: Task): string {
+  const left = task.expiresAtMs - Date.now();
+  const done = task.state === "succeeded" ? `result ${task.resultRef ?? "?"}` : task.error ?? "";
+  return `${task.id}: ${task.state} ${task.progress}% (attempt ${task.attempts} of ${task.maxAttempts}), ${left} ms ${done}`;
+}
+
+function describe(frame: Frame): string {
+  switch (frame.type) {
+    case "caught-up":
+      return `nothing missed up to ${frame.version}`;
+    case "delta":
+      return frame.events.map((entry) => `${entry.version}: ${entry.event.type} at ${entry.event.atMs}`).join(", ");
+    case "snapshot":
+      return `snapshot (${frame.reason})`;
+    case "event": {
+      const event = frame.event;
+      if (event.type === "progress") return `${event.progress}% at ${event.cursor}`;
+      if (event.type === "succeed") return `succeeded: ${event.resultRef} ${event.resultHash}`;
+      if (event.type === "fail") return `failed (${event.retryable ? "retryable" : "final"}): ${event.error}`;
+      if (event.type === "start") return `started by ${event.worker}`;
+      return `expired at ${event.atMs}`;
+    }
+  }
+}
+
+const stop = client.subscribe(
+  "report-42",
+  "eyJ...",
+  (frame, task) => {
+    console.log(describe(frame), render(task));
+  },
+  { cursor: 3, onError: (error: SubscriptionError) => console.error(error.code, error.message) },
+);
+client.subscribe("open-task", null, (frame) => console.log(frame.taskId, frame.version));
+const cursor: number | null = client.cursor("report-42");
+console.log(cursor, client.state, client.transport);
+client.reconnectNow();
+client.setOnline(false);
+stop();
+client.unsubscribe("open-task");
+stopStates();
+stopWatching();
+client.close();
+
+// --- what the types refuse ---------------------------------------------------------------------------
+
+// @ts-expect-error a token is a string or null
+client.subscribe("t", 42, () => {});
+// @ts-expect-error the listener gets a frame and a task, not a string
+client.subscribe("t", null, (frame: string) => frame);
+// @ts-expect-error a state that does not exist
+const wrong: ConnectionState = "closed";
+// @ts-expect-error options are checked
+new GatewayClient("https://gateway.example", { backoffCapMs: "10s" });
+client.subscribe("t", null, (frame) => {
+  // @ts-expect-error only a delta carries events
+  console.log(frame.events);
+  if (frame.type === "snapshot") {
+    // @ts-expect-error a snapshot's reason is one of three
+    const reason: "other" = frame.reason;
+    console.log(reason);
+  }
+});
+// @ts-expect-error progress is a number
+const progress: string = ({} as Task).progress;
+console.log(wrong, progress);

@@ -1,0 +1,106 @@
+"""The documentation a user gets with the repository: docs/protocol.md names every reason the code can
+answer, every error code and close code, and every route; the README links the docs in the repository and
+points to nothing outside it; the OpenAPI document's reasons and codes are the code's."""
+
+from __future__ import annotations
+
+import ast
+import re
+import typing
+from pathlib import Path
+
+from starlette.routing import Mount, Route, WebSocketRoute
+
+from gateway import errors
+from gateway.settings import Settings
+from gateway.web import wire
+from gateway.web.app import create_app
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTOCOL = (ROOT / "docs" / "protocol.md").read_text()
+README = (ROOT / "README.md").read_text()
+
+
+def _strings_in_calls(path: Path, functions: set[str], position: int | None = None) -> set[str]:
+    """String constants passed to calls of ``functions`` (at argument ``position``, or anywhere in them)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+        if name not in functions:
+            continue
+        args = node.args if position is None else node.args[position : position + 1]
+        for arg in args:
+            for inner in ast.walk(arg):
+                if isinstance(inner, ast.Constant) and isinstance(inner.value, str):
+                    found.add(inner.value)
+    return found
+
+
+def machine_reasons() -> set[str]:
+    """Every reason the state machine and the book can answer a callback with."""
+    machine = ROOT / "gateway" / "machine.py"
+    reasons = _strings_in_calls(machine, {"_unchanged"}) | _strings_in_calls(machine, {"_advance"}, 2)
+    reasons |= _strings_in_calls(ROOT / "gateway" / "book.py", {"Transition"})
+    return reasons
+
+
+def error_codes() -> set[str]:
+    codes = {
+        cls.default_code
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.GatewayError) and cls is not errors.Conflict
+    }
+    for module in ("book.py", "web/http.py", "web/wire.py"):
+        codes |= _strings_in_calls(ROOT / "gateway" / module, {"Conflict"}, 0)
+    return codes
+
+
+def documented(name: str) -> bool:
+    return f"`{name}`" in PROTOCOL or f'"{name}"' in PROTOCOL
+
+
+def test_every_reason_the_code_can_answer_is_documented_and_in_the_openapi_schema() -> None:
+    reasons = machine_reasons()
+    # The scan finds what it should (a broken scan would make the checks below vacuous).
+    assert {"started", "terminal-conflict", "not-startable", "duplicate-callback"} <= reasons
+    assert [r for r in sorted(reasons) if not documented(r)] == []
+    assert set(typing.get_args(wire.Reason)) == reasons
+    for delivery in ("delivered", "duplicate-delivery"):
+        assert documented(delivery)
+
+
+def test_every_error_code_and_close_code_is_documented() -> None:
+    codes = error_codes()
+    assert {"task-exists", "stale-attempt", "callback-id-reused", "unavailable"} <= codes
+    assert [c for c in sorted(codes) if not documented(c)] == []
+    assert set(typing.get_args(wire.ErrorCode)) == codes
+    closes = {v for k, v in vars(errors).items() if k.startswith("CLOSE_")}
+    closes |= {
+        cls.close_code
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.GatewayError) and cls.status != 409
+    }
+    closes -= {1009}  # payload-too-large: a message over the server's limit, closed by the server itself
+    assert [c for c in sorted(closes) if f"`{c}`" not in PROTOCOL] == []
+
+
+def test_every_route_is_documented() -> None:
+    app = create_app(Settings(database_url="sqlite:///unused.db", secret="x" * 32))
+    for route in app.routes:
+        if isinstance(route, Mount) or (isinstance(route, Route) and route.path == "/"):
+            continue
+        assert isinstance(route, Route | WebSocketRoute)
+        assert f"{route.path}" in PROTOCOL, route.path
+
+
+def test_the_readme_links_the_docs_and_nothing_outside_the_repository() -> None:
+    for doc in ("docs/protocol.md", "docs/deploy.md", "docs/benchmarks.md", "docs/react.md"):
+        assert f"]({doc})" in README, doc
+        assert (ROOT / doc).is_file(), doc
+    for text_path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = text_path.read_text()
+        assert not re.search(r"shared/|/work/|reference design", text), text_path
+    # gateway watch's environment is documented.
+    assert "GATEWAY_URL" in README and "GATEWAY_TOKEN" in README
