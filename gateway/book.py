@@ -10,8 +10,9 @@ the commit is the entry published to this process's hub, so nothing uncommitted 
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -49,7 +50,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _shielded(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def _shielded(method: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Run a database operation to its end even when its caller is cancelled (a client gone, a shutdown):
     a transaction is not left half-done, and a connection is never torn down mid-query (which hangs
     aiosqlite's worker). Bounded by ``DB_DEADLINE_S``: past it, ``TimeoutError`` (a 503)."""
@@ -105,6 +106,16 @@ class Delivery:
     receipt: Receipt
 
 
+class _SharedResume:
+    """The cursors of the resumes of one task that will share one store read."""
+
+    __slots__ = ("cursors", "task")
+
+    def __init__(self, cursor: int) -> None:
+        self.cursors = {cursor}
+        self.task: asyncio.Task[tuple[Task, Sequence[tuple[int, bytes]]]] | None = None
+
+
 class _Commit:
     """What one write transaction committed, to publish once it has."""
 
@@ -130,6 +141,7 @@ class Book:
         self.retention_versions = retention_versions
         # Called after a commit that wrote notifications to the outbox (the webhook relay's wake-up).
         self.on_notifications: Callable[[], None] | None = None
+        self._resuming: dict[str, _SharedResume] = {}  # resumes waiting for a read that has not started
 
     # --- reads ---------------------------------------------------------------------------------------
 
@@ -138,17 +150,46 @@ class Book:
         async with self.store.read() as tx:
             return await _task(tx, task_id)
 
-    @_shielded
     async def resume(self, task_id: str, cursor: int) -> Resume:
-        async with self.store.read() as tx:
-            task = await _task(tx, task_id)
-            mode, reason = resume_mode(task.version, cursor, self.retention_versions)
-            found: Sequence[tuple[int, bytes]] = ()
-            if mode == "delta":
+        """What a subscriber at ``cursor`` missed. Resumes of one task asked for while none of them has
+        started reading share one store read (a reconnect storm costs a read per task, not per socket);
+        each caller registered its subscription before asking, so the shared read is new enough for all."""
+        read = self._resuming.get(task_id)
+        if read is None:
+            read = self._resuming[task_id] = _SharedResume(cursor)
+            read.task = asyncio.get_running_loop().create_task(self._read_resume(task_id, read))
+        else:
+            read.cursors.add(cursor)
+        assert read.task is not None
+        task, found = await asyncio.shield(read.task)  # one caller cancelled does not cancel the others'
+        mode, reason = resume_mode(task.version, cursor, self.retention_versions)
+        if mode != "delta":
+            return Resume(mode, reason, task, ())
+        return Resume(mode, reason, task, [entry for entry in found if entry[0] > cursor])
+
+    @_shielded
+    async def _read_resume(
+        self, task_id: str, read: _SharedResume
+    ) -> tuple[Task, Sequence[tuple[int, bytes]]]:
+        try:
+            async with self.store.read() as tx:
+                # From here on, a resume of this task waits for the next read.
+                if self._resuming.get(task_id) is read:
+                    del self._resuming[task_id]
+                task = await _task(tx, task_id)
+                deltas = [
+                    c
+                    for c in read.cursors
+                    if resume_mode(task.version, c, self.retention_versions)[0] == "delta"
+                ]
+                if not deltas:
+                    return task, ()
                 # Bounded by the task's version as read, so that a read-committed database cannot hand
                 # back entries newer than the task it describes.
-                found = await tx.entries(task_id, cursor, task.version)
-        return Resume(mode, reason, task, found)
+                return task, await tx.entries(task_id, min(deltas), task.version)
+        finally:
+            if self._resuming.get(task_id) is read:
+                del self._resuming[task_id]
 
     @_shielded
     async def entries_between(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
