@@ -7,11 +7,12 @@ processes sweep without waiting on each other; on SQLite writes are serialised b
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import Row, bindparam, func, insert, select, text, update
+from sqlalchemy import Row, Update, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -52,11 +53,30 @@ class SqlStore:
 
 
 class SqlTx:
-    __slots__ = ("conn", "is_sqlite")
+    __slots__ = ("_read", "conn", "is_sqlite")
 
     def __init__(self, conn: AsyncConnection, is_sqlite: bool) -> None:
         self.conn = conn
         self.is_sqlite = is_sqlite
+        # Each task row as this transaction read it (or last wrote it): an update writes only the columns
+        # that differ from it (a progress callback writes two: progress and version).
+        self._read: dict[str, Task] = {}
+
+    def _seen(self, task: Task) -> Task:
+        self._read[task.id] = task
+        return task
+
+    def _changes(self, task: Task) -> dict[str, Any]:
+        """The columns of ``task`` that differ from the row as this transaction knows it (all of them for
+        a row it did not read), by name; the version always differs."""
+        values = _task_values(task)
+        del values["id"]
+        before = self._read.get(task.id)
+        self._read[task.id] = task
+        if before is None:
+            return values
+        old = _task_values(before)
+        return {name: value for name, value in values.items() if old[name] != value}
 
     # --- reads ----------------------------------------------------------------------------------------
 
@@ -108,7 +128,8 @@ class SqlTx:
             if not self.is_sqlite:
                 query = query.with_for_update()
             found.update(
-                (row.id, StoredTask(task_from_row(row), row.ttl_ms)) for row in await self.conn.execute(query)
+                (row.id, StoredTask(self._seen(task_from_row(row)), row.ttl_ms))
+                for row in await self.conn.execute(query)
             )
         return found
 
@@ -124,7 +145,7 @@ class SqlTx:
         result = await self.conn.execute(
             update(tasks)
             .where(tasks.c.id == task.id, tasks.c.version == task.version - 1)
-            .values(**_task_values(task))
+            .values(**self._changes(task))
         )
         if result.rowcount != 1:  # the row lock makes this impossible; never write over a concurrent change
             raise RuntimeError(f"task {task.id} changed under its lock")
@@ -156,10 +177,17 @@ class SqlTx:
         for transition, _, _ in items:
             first.setdefault(transition.task.id, transition)
             last[transition.task.id] = transition
-        params = [_update_params(last[i].task, first[i].task.version - 1) for i in first]
-        result = await self.conn.execute(_UPDATE_AT_VERSION, params)
-        if self.conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(params):
-            raise RuntimeError("a task changed under its lock")
+        # One executemany per set of changed columns (a batch of progress callbacks: one).
+        shapes: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for task_id, transition in last.items():
+            changes = self._changes(transition.task)
+            params = {f"v_{name}": value for name, value in changes.items()}
+            params.update(w_id=task_id, w_before=first[task_id].task.version - 1)
+            shapes.setdefault(tuple(sorted(changes)), []).append(params)
+        for columns, rows in shapes.items():
+            result = await self.conn.execute(_update_at_version(columns), rows)
+            if self.conn.dialect.supports_sane_multi_rowcount and result.rowcount != len(rows):
+                raise RuntimeError("a task changed under its lock")
         await self.conn.execute(
             insert(entries),
             [
@@ -192,7 +220,7 @@ class SqlTx:
         )
         if not self.is_sqlite:
             query = query.with_for_update(skip_locked=True)
-        return [task_from_row(row) for row in await self.conn.execute(query)]
+        return [self._seen(task_from_row(row)) for row in await self.conn.execute(query)]
 
     async def callback_digest(self, callback_id: str) -> str | None:
         result = await self.conn.execute(
@@ -306,35 +334,28 @@ class SqlTx:
         if lock:
             query = query.with_for_update()
         row = (await self.conn.execute(query)).first()
-        return None if row is None else StoredTask(task_from_row(row), row.ttl_ms)
+        if row is None:
+            return None
+        task = task_from_row(row)
+        if lock:
+            self._seen(task)
+        return StoredTask(task, row.ttl_ms)
 
 
 _NOTIFY_MANY = text(
     "SELECT pg_notify(:channel, p) "
     "FROM unnest(CAST(:payloads AS text[])) WITH ORDINALITY AS u(p, n) ORDER BY n"
 )
-_TASK_COLUMNS = (
-    "state",
-    "expires_at_ms",
-    "attempts",
-    "max_attempts",
-    "progress",
-    "version",
-    "result_ref",
-    "result_hash",
-    "error",
-)
-# A task row written at the version before, for many rows at once (executemany).
-_UPDATE_AT_VERSION = (
-    update(tasks)
-    .where(tasks.c.id == bindparam("w_id"), tasks.c.version == bindparam("w_before"))
-    .values({name: bindparam(f"v_{name}") for name in _TASK_COLUMNS})
-)
 
 
-def _update_params(task: Task, before: int) -> dict[str, Any]:
-    params = {f"v_{name}": value for name, value in _task_values(task).items() if name != "id"}
-    return {"w_id": task.id, "w_before": before, **params}
+@functools.cache
+def _update_at_version(columns: tuple[str, ...]) -> Update:
+    """``UPDATE tasks SET <columns> WHERE id = :w_id AND version = :w_before``, one per set of columns."""
+    return (
+        update(tasks)
+        .where(tasks.c.id == bindparam("w_id"), tasks.c.version == bindparam("w_before"))
+        .values({name: bindparam(f"v_{name}") for name in columns})
+    )
 
 
 def _task_values(task: Task) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import anyio.lowlevel
 import asyncpg
 import orjson
 import pytest
+import sqlalchemy
 
 from gateway.book import Book, CallbackRequest
 from gateway.errors import GatewayError
@@ -387,3 +388,60 @@ async def test_the_task_list_pages_through_every_task_once_in_id_order(store: St
         assert queued_ids == ["task-10", "task-11"]
         assert await tx.list_tasks(state="succeeded", after=None, limit=5) == []
         assert await tx.list_tasks(state=None, after="task-11", limit=5) == []
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        with postgres_database() as url:
+            yield url
+
+
+@pytest.fixture
+async def sql_store(sql_url: str) -> AsyncIterator[SqlStore]:
+    opened = SqlStore(Database(sql_url))
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_an_update_writes_only_the_columns_that_changed(sql_store: SqlStore) -> None:
+    """A batch of progress callbacks sets progress and version, not the seven columns that stayed."""
+    for task_id in ("a", "b"):
+        await add(sql_store, task_id)
+    async with sql_store.write() as tx:
+        locked = await tx.lock_tasks(["a", "b"])
+        started = {i: apply_event(locked[i].task, Start(2_000, "w1")) for i in ("a", "b")}
+        await tx.record_many([(t, b'{"type":"start"}', 0) for t in started.values()])
+    updates: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith("UPDATE"):
+            updates.append(statement)
+
+    engine = sql_store.db.engine.sync_engine
+    sqlalchemy.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        async with sql_store.write() as tx:
+            locked = await tx.lock_tasks(["a", "b"])
+            moved = [apply_event(locked[i].task, Progress(2_100, 40, "x")) for i in ("a", "b")]
+            await tx.record_many([(t, b'{"type":"progress"}', 0) for t in moved])
+        async with sql_store.write() as tx:
+            locked = await tx.lock_tasks(["a"])
+            await tx.record(
+                apply_event(locked["a"].task, Progress(2_200, 70, "y")), b'{"type":"progress"}', 0
+            )
+    finally:
+        sqlalchemy.event.remove(engine, "before_cursor_execute", seen)
+    assert len(updates) == 2
+    for statement in updates:
+        assigned = statement.split(" SET ", 1)[1].split(" WHERE ", 1)[0]
+        assert sorted(part.split("=")[0].strip() for part in assigned.split(",")) == ["progress", "version"]
+    async with sql_store.read() as tx:
+        a, b = await tx.task("a"), await tx.task("b")
+    assert a is not None and (a.task.progress, a.task.version, a.task.state) == (70, 3, "running")
+    assert b is not None and (b.task.progress, b.task.version, b.task.attempts) == (40, 2, 1)
