@@ -371,15 +371,26 @@ def postgres_database(template: bool = True) -> Iterator[str]:
 class TcpProxy:
     """A loopback TCP proxy the test can cut, to drop connections the way a network does (no close frame,
     no FIN handshake at the application level): ``cut()`` aborts every open pipe; ``drop_responses = n``
-    swallows the next n answers from the server and aborts their connection, as a timeout would."""
+    swallows the next n answers from the server and aborts their connection, as a timeout would.
+
+    ``stall()`` is a link that dies silently (a phone changing networks, a NAT forgetting the flow): every
+    open pipe stops forwarding in both directions and is never closed, so neither end sees a FIN or an
+    error; what is sent into it is lost. Connections opened afterwards pass. ``refuse = True`` resets every
+    new connection at once, as a gateway that cannot be reached; ``accepted`` counts connections served."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
         self.drop_responses = 0
         self.cuts = 0
+        self.stalls = 0
+        self.refuse = False
+        self.refused = 0
+        self.accepted = 0
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
+        self._stalled: set[asyncio.StreamWriter] = set()
+        self._released = asyncio.Event()  # set when stalled pipes are let go (cut or the proxy stops)
 
     async def __aenter__(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
@@ -401,14 +412,34 @@ class TcpProxy:
         for writer in tuple(self._open):
             writer.transport.abort()
         self._open.clear()
+        self._stalled.clear()
+        self._released.set()
+        self._released = asyncio.Event()
+
+    def stall(self) -> None:
+        self.stalls += 1
+        self._stalled.update(self._open)
+
+    def open_connections(self) -> int:
+        """Pipes open now and still forwarding."""
+        return len(self._open - self._stalled) // 2
 
     async def _pipe(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            self.refused += 1
+            client_w.transport.abort()
+            return
         server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.accepted += 1
         self._open.update((client_w, server_w))
 
         async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, answers: bool) -> None:
             try:
                 while data := await src.read(65536):
+                    if dst in self._stalled:
+                        # A dead link: nothing more gets through, and nothing closes, until let go.
+                        await self._released.wait()
+                        return
                     if answers and self.drop_responses > 0:
                         self.drop_responses -= 1
                         client_w.transport.abort()
@@ -426,6 +457,8 @@ class TcpProxy:
         finally:
             self._open.discard(client_w)
             self._open.discard(server_w)
+            self._stalled.discard(client_w)
+            self._stalled.discard(server_w)
 
 
 # --- tasks a database driver leaves behind -----------------------------------------------------------------

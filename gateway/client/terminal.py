@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
-from gateway.client.watch import WatchError, watch
+from gateway.client.watch import LinkStatus, WatchError, watch
 
 EXIT_CODES = {"succeeded": 0, "failed": 1, "expired": 3}
 EXIT_ERROR = 4
@@ -35,8 +36,15 @@ async def watch_in_terminal(
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task(task_id, total=100)
+
+        def on_status(status: LinkStatus) -> None:
+            # Once per change of the link, never once per attempt.
+            style = "green" if status.connected else "yellow"
+            progress.console.print(f"[{style}]{escape(status.message)}[/{style}]", highlight=False)
+
         try:
-            async for frame in watch(base_url, {task_id: token}, cursors={task_id: cursor}):
+            frames = watch(base_url, {task_id: token}, cursors={task_id: cursor}, on_status=on_status)
+            async for frame in frames:
                 task = frame["task"]
                 state = task["state"]
                 kind = frame["type"]

@@ -4,11 +4,20 @@ It resumes every subscription from its cursor after a drop (backoff with jitter)
 ``event`` frame is ``version == last + 1`` and resubscribes from ``last`` when it is not, and ends once
 every watched task is terminal. What it yields is exactly what the server sent, so a caller can apply
 frames in order and hold the exact task state.
+
+A link that dies without a word (no FIN: a phone changing networks, a NAT timing out) is noticed by
+pings: one every ``heartbeat_s``, and a pong missing after ``deadline_s`` drops the socket at once and
+opens a new one, so a dead link is replaced within ``heartbeat_s + 2 * deadline_s`` (under 10 s by
+default). Trouble is reported once per change, not per attempt: "cannot reach URL, retrying in N s" (or
+"lost the connection") when the link goes, "reconnected" when it is back, to ``on_status`` (default: the
+``gateway.client`` logger).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -22,6 +31,21 @@ TERMINAL = frozenset({"succeeded", "failed", "expired"})
 RESUME_TYPES = frozenset({"caught-up", "delta", "snapshot"})
 # Error codes that retrying cannot cure.
 FATAL = frozenset({"unauthorized", "forbidden", "unknown-task", "invalid-request"})
+
+log = logging.getLogger("gateway.client")
+
+
+@dataclass(frozen=True)
+class LinkStatus:
+    """A change in the link to the gateway: ``connected`` is False while it is down."""
+
+    connected: bool
+    message: str
+    retry_in_s: float | None = None
+
+
+def log_status(status: LinkStatus) -> None:
+    log.log(logging.INFO if status.connected else logging.WARNING, "%s", status.message)
 
 
 class WatchError(Exception):
@@ -45,21 +69,44 @@ async def watch(
     cursors: Mapping[str, int] | None = None,
     backoff: Backoff | None = None,
     max_reconnects: int | None = None,
-    heartbeat_s: float = 20.0,
+    heartbeat_s: float = 3.0,
+    deadline_s: float = 3.0,
+    on_status: Callable[[LinkStatus], None] | None = log_status,
 ) -> AsyncIterator[dict[str, Any]]:
     """Yield the frames of the tasks in ``tokens`` (task id -> subscribe token) until all are terminal.
 
     ``cursors`` holds the versions already seen (default 0). Raises :class:`WatchError` on an error the
     server will not change its mind about (bad token, unknown task), or after ``max_reconnects`` drops.
+    ``on_status`` hears of each change in the link (None: silence).
     """
     cursor = {task_id: (cursors or {}).get(task_id, 0) for task_id in tokens}
     done: set[str] = set()
     backoff = backoff or Backoff()
     drops = 0
+    url = ws_url(base_url)
+    down = False  # the last attempt failed or the last socket dropped, and that was said
+
+    def report(status: LinkStatus) -> None:
+        if on_status is not None:
+            on_status(status)
+
     while len(done) < len(cursor):
         awaiting: set[str] = set()  # subscriptions whose resume frame has not come yet
+        opened = False
         try:
-            async with connect(ws_url(base_url), ping_interval=heartbeat_s, max_size=2**24) as ws:
+            async with connect(
+                url,
+                ping_interval=heartbeat_s,
+                ping_timeout=deadline_s,
+                # A dead link never answers our close either: give up on it at once.
+                close_timeout=deadline_s,
+                open_timeout=2 * deadline_s,
+                max_size=2**24,
+            ) as ws:
+                opened = True
+                if down:
+                    down = False
+                    report(LinkStatus(True, f"reconnected to {base_url}"))
                 for task_id in cursor:
                     if task_id not in done:
                         awaiting.add(task_id)
@@ -100,7 +147,25 @@ async def watch(
             drops += 1
             if max_reconnects is not None and drops > max_reconnects:
                 raise WatchError("disconnected", f"gave up after {drops - 1} reconnects: {exc}") from exc
-            await anyio.sleep(backoff.next_delay())
+            delay = backoff.next_delay()
+            if not down:
+                down = True
+                if opened:
+                    message = f"lost the connection to {base_url} ({_why(exc)}), reconnecting"
+                else:
+                    message = f"cannot reach {base_url}, retrying in {delay:.1f} s ({_why(exc)})"
+                report(LinkStatus(False, message, delay))
+            await anyio.sleep(delay)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionClosed):
+        if exc.rcvd is not None:
+            return f"closed by the gateway with {exc.rcvd.code}"
+        if exc.sent is not None and exc.sent.reason == "keepalive ping timeout":
+            return "no answer to a ping"
+        return "the connection dropped"
+    return str(exc) or type(exc).__name__
 
 
 def _subscribe(task_id: str, cursor: int, token: str | None) -> str:

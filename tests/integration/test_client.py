@@ -4,7 +4,9 @@ retries, and the ``gateway watch`` terminal client's exit codes."""
 from __future__ import annotations
 
 import os
+import re
 import sys
+from typing import Any
 
 import anyio
 import httpx
@@ -12,6 +14,7 @@ import pytest
 
 from gateway.client import Worker, watch
 from gateway.client.backoff import Backoff
+from gateway.client.watch import LinkStatus
 from tests.support import Running, TcpProxy, create_task, running_gateway
 
 TERMINAL = {"succeeded", "failed", "expired"}
@@ -130,3 +133,80 @@ async def test_gateway_watch_shows_the_task_and_exits_by_its_fate(
         assert returncode == code
         state = {"succeed": "succeeded", "fail": "failed", "expire": "expired"}[ending]
         assert state in output
+
+
+@pytest.mark.anyio
+async def test_watch_replaces_a_silently_dead_link_within_ten_seconds(sqlite_url: str) -> None:
+    """The link dies without a FIN (the relay stops forwarding both ways and closes nothing): ``watch``
+    notices by its pings, opens a new connection within 10 s, resumes from its cursor and ends with the
+    task exactly as the gateway has it; the change is reported once each way."""
+    async with running_gateway(sqlite_url) as gw, TcpProxy(port_of(gw)) as proxy:
+        made = await create_task(gw, "dead-link", ttl_ms=120_000, max_attempts=1)
+        statuses: list[LinkStatus] = []
+        versions: list[int] = []
+        last: dict[str, Any] = {}
+        async with Worker(gw.url, "dead-link", made["callbackToken"]) as worker:
+            await worker.start("w1")
+            await worker.progress(10, "p10")
+            frames = watch(
+                proxy.url,
+                {"dead-link": made["subscribeToken"]},
+                backoff=Backoff(base_s=0.01, cap_s=0.1),
+                on_status=statuses.append,
+            )
+            with anyio.fail_after(30) as scope:
+                async for frame in frames:
+                    versions.extend(e["version"] for e in frame.get("events", ()))
+                    if frame["type"] in ("event", "snapshot", "caught-up"):
+                        versions.append(frame["version"])
+                    last = frame
+                    if frame["version"] == 2 and proxy.stalls == 0:
+                        proxy.stall()
+                        # Committed while the link is dead: what the old socket gets is lost in the relay.
+                        await worker.progress(20, "p20")
+                        await worker.progress(30, "p30")
+                        scope.deadline = anyio.current_time() + 10  # noticed, replaced, resumed in 10 s
+                    elif frame["version"] == 4:
+                        scope.deadline = anyio.current_time() + 20
+                        await worker.succeed("s3://results/dead-link", "sha256:0")
+        assert proxy.accepted == 2  # the dead socket was replaced by a new connection
+        assert sorted(set(versions)) == versions == [1, 2, 3, 4, 5], versions
+        final = (await gw.client.get("/v1/tasks/dead-link")).json()
+        assert last["task"] == final and final["state"] == "succeeded"
+        assert [s.connected for s in statuses] == [False, True], statuses
+        assert statuses[0].message.startswith(f"lost the connection to {proxy.url}"), statuses
+        assert statuses[1].message == f"reconnected to {proxy.url}"
+
+
+@pytest.mark.anyio
+async def test_watch_says_once_that_it_cannot_reach_the_gateway_and_once_that_it_is_back(
+    sqlite_url: str,
+) -> None:
+    async with running_gateway(sqlite_url) as gw, TcpProxy(port_of(gw)) as proxy:
+        made = await create_task(gw, "unreachable", ttl_ms=120_000, max_attempts=1)
+        proxy.refuse = True
+        statuses: list[LinkStatus] = []
+        frames = watch(
+            proxy.url,
+            {"unreachable": made["subscribeToken"]},
+            backoff=Backoff(base_s=0.01, cap_s=0.02),
+            on_status=statuses.append,
+        )
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+
+                async def let_through_after_attempts() -> None:
+                    while proxy.refused < 5:  # noqa: ASYNC110  (a counter of the relay's, nothing to await)
+                        await anyio.sleep(0.01)
+                    proxy.refuse = False
+
+                tg.start_soon(let_through_after_attempts)
+                async for frame in frames:
+                    assert frame["type"] == "caught-up"
+                    break
+                await frames.aclose()
+        assert proxy.refused >= 5
+        assert [s.connected for s in statuses] == [False, True], statuses  # not once per attempt
+        assert re.fullmatch(rf"cannot reach {proxy.url}, retrying in \d+\.\d s \(.+\)", statuses[0].message)
+        assert statuses[0].retry_in_s is not None
+        assert statuses[1].message == f"reconnected to {proxy.url}"
