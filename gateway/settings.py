@@ -52,6 +52,7 @@ _ENV = {
     "notify_retry_max_ms": "GATEWAY_NOTIFY_RETRY_MAX_MS",
     "notify_concurrency": "GATEWAY_NOTIFY_CONCURRENCY",
     "notify_poll_ms": "GATEWAY_NOTIFY_POLL_MS",
+    "ws_ping_interval_ms": "GATEWAY_WS_PING_INTERVAL_MS",
 }
 
 # A webhook secret: "whsec_" + base64 of this many random bytes (Standard Webhooks: 24 to 64).
@@ -84,6 +85,9 @@ class Settings(BaseModel):
     # A socket whose write makes no progress for this long is closed with 4008 (slow consumer).
     write_timeout_ms: int = Field(10_000, ge=1)
     max_subscriptions: int = Field(1000, ge=1)
+    # The server pings every WebSocket this often and drops one whose pong does not come within as long
+    # again: a peer that vanished without a FIN is let go within twice this. 0 turns server pings off.
+    ws_ping_interval_ms: int = Field(20_000, ge=0)
     # Demo tasks on the dashboard: None means "on where the management API is open" (open mode).
     demo: bool | None = None
     # How entries travel between processes: None is "local" on SQLite and "postgres" on PostgreSQL;

@@ -5,9 +5,12 @@
  * in sessionStorage so that a reloaded page watches them again (the client keeps their cursors there too,
  * so it resumes with `caught-up` or `delta`, not from 0).
  *
- * State for tests and tools is in the DOM: `#connection[data-state][data-transport][data-live]` and
- * `article.task-card[data-task-id][data-state][data-version][data-progress][data-resume]
- * [data-resumed-from][data-resumes]`.
+ * While the link is down (the client is reconnecting or offline), every card still in progress is marked
+ * stale: dimmed, with the time its data dates from, and a banner under the header says so in words.
+ *
+ * State for tests and tools is in the DOM: `#connection[data-state][data-transport][data-live]`,
+ * `body[data-stale]` and `article.task-card[data-task-id][data-state][data-version][data-progress]
+ * [data-resume][data-resumed-from][data-resumes][data-stale]`.
  */
 
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
@@ -27,6 +30,18 @@ const tasksEl = $("#tasks");
 const template = $("#task-card");
 // Gateway clock minus ours, learnt from live events, so that "time left" follows the gateway's deadline.
 let clockOffsetMs = 0;
+// When the link went down (ms since the epoch), while it is down and some card is still in progress.
+let staleSince = null;
+
+const STATE_WORDS = {
+  waiting: "Loading",
+  queued: "Queued",
+  running: "Running",
+  succeeded: "Succeeded",
+  failed: "Failed",
+  expired: "Expired",
+  error: "Can't follow",
+};
 
 // --- cards ----------------------------------------------------------------------------------------------
 
@@ -40,10 +55,12 @@ class Card {
     this.resumedFrom = null;
     this.resumes = 0;
     this.error = null;
+    this.heardAt = null; // when a frame of this task last arrived (ms since the epoch, our clock)
     const el = template.content.firstElementChild.cloneNode(true);
     el.dataset.taskId = id;
     el.querySelector(".task-id").textContent = id;
     el.querySelector(".task-id").title = id;
+    el.querySelector(".f-id").textContent = id;
     el.querySelector(".bar").setAttribute("aria-label", `Progress of ${id}`);
     const remove = el.querySelector(".remove");
     remove.setAttribute("aria-label", `Stop watching ${id}`);
@@ -74,6 +91,7 @@ class Card {
       this.setLastEvent(last.version, last.event);
     }
     this.task = task;
+    this.heardAt = Date.now();
     if (task.version > 0 && (!this.lastEvent || this.lastEvent.version < task.version)) {
       this.fetchLastEvent(task.version);
     }
@@ -118,12 +136,13 @@ class Card {
     el.dataset.resume = this.resume ?? "";
     el.dataset.resumedFrom = this.resumedFrom === null ? "" : String(this.resumedFrom);
     el.dataset.resumes = String(this.resumes);
-    el.querySelector(".state-badge").textContent = this.error ? "error" : task ? task.state : "waiting";
+    el.querySelector(".state-badge").textContent = STATE_WORDS[state] ?? state;
+    el.querySelector(".headline").textContent = headline(task, this.error);
 
     const progress = task ? task.progress : 0;
     const bar = el.querySelector(".bar");
     bar.setAttribute("aria-valuenow", String(progress));
-    bar.setAttribute("aria-valuetext", `${progress}%${task ? `, ${task.state}` : ""}`);
+    bar.setAttribute("aria-valuetext", `${progress}%${task ? `, ${STATE_WORDS[task.state] ?? task.state}` : ""}`);
     el.querySelector(".bar-fill").style.width = `${progress}%`;
     el.querySelector(".f-progress").textContent = task ? `${progress}%` : "–";
     el.querySelector(".f-attempts").textContent = task ? `${task.attempts} of ${task.maxAttempts}` : "–";
@@ -132,11 +151,46 @@ class Card {
     el.querySelector(".f-resume").textContent = this.resume
       ? `${this.resume} from v${this.resumedFrom}${this.resumes > 1 ? ` (${this.resumes} connects)` : ""}`
       : "–";
-    this.renderTimeLeft();
+    el.querySelector(".f-transport").textContent = client.transport === "sse" ? "Server-sent events" : "WebSocket";
+
+    const failure = el.querySelector(".task-failure");
+    const failed = task && (task.state === "failed" || task.state === "expired");
+    failure.hidden = !failed;
+    el.querySelector(".failure-title").textContent = task && task.state === "expired" ? "Expired" : "Failed";
+    el.querySelector(".failure-text").textContent = failed
+      ? task.state === "expired"
+        ? "It did not finish before its deadline."
+        : task.error || "The worker reported a failure."
+      : "";
 
     const error = el.querySelector(".card-error");
     error.hidden = !this.error;
-    error.textContent = this.error ? `${this.error.code}: ${this.error.message}` : "";
+    error.textContent = this.error ? `Can't follow this task: ${explainError(this.error)}` : "";
+    this.renderTimes();
+  }
+
+  /** What changes with the clock alone: time left, "updated … ago", and whether the data may be stale. */
+  renderTimes() {
+    this.renderTimeLeft();
+    const updated = this.el.querySelector(".f-updated");
+    const at = this.updatedAt();
+    updated.textContent = at === null ? "" : `Updated ${formatAgo(Date.now() - at)}`;
+    const stale = staleSince !== null && this.live;
+    this.el.dataset.stale = String(stale);
+    const note = this.el.querySelector(".stale-note");
+    note.hidden = !stale;
+    note.textContent = stale
+      ? `May be out of date: no news since ${clockTime(Math.min(staleSince, this.heardAt ?? staleSince))}.`
+      : "";
+  }
+
+  /** When the task last changed: its latest entry's time on the gateway's clock, else when we heard of it. */
+  updatedAt() {
+    const atMs = this.lastEvent && this.lastEvent.event.atMs;
+    if (typeof atMs === "number" && this.lastEvent.version === (this.task && this.task.version)) {
+      return Math.min(Date.now(), atMs - clockOffsetMs);
+    }
+    return this.heardAt;
   }
 
   renderTimeLeft() {
@@ -175,6 +229,48 @@ function describeEvent({ event }) {
       text = String(event.type);
   }
   return typeof event.atMs === "number" ? `${text} · ${new Date(event.atMs).toLocaleTimeString()}` : text;
+}
+
+function headline(task, error) {
+  if (error) return "";
+  if (!task) return "Connecting to the gateway…";
+  switch (task.state) {
+    case "queued":
+      return task.attempts > 0 ? "Waiting to be retried" : "Waiting for a worker to start it";
+    case "running":
+      return `In progress: ${task.progress}%`;
+    case "succeeded":
+      return "Finished successfully";
+    case "failed":
+      return "This task failed";
+    case "expired":
+      return "This task ran out of time";
+    default:
+      return String(task.state);
+  }
+}
+
+function explainError({ code, message }) {
+  const words = {
+    unauthorized: "the link's token is missing, expired or invalid",
+    forbidden: "the token does not give access to this task",
+    "unknown-task": "there is no task with this id",
+    "invalid-request": "the request was not understood",
+  };
+  return `${words[code] ?? message} (${code})`;
+}
+
+function formatAgo(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 5) return "just now";
+  if (s < 60) return `${s} s ago`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min ago`;
+  return `at ${clockTime(Date.now() - ms)}`;
+}
+
+function clockTime(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
 }
 
 function formatDuration(ms) {
@@ -274,6 +370,8 @@ const LABELS = {
   offline: "Offline",
 };
 
+const banner = $("#link-banner");
+
 function updateConnection() {
   const live = [...cards.values()].filter((c) => c.live).length;
   let state = client.state;
@@ -283,9 +381,24 @@ function updateConnection() {
   connection.dataset.transport = client.transport;
   connection.dataset.live = String(live);
   connection.querySelector(".label").textContent = LABELS[state] ?? state;
-  connection.querySelector(".transport").textContent =
-    state === "connected" ? (client.transport === "sse" ? "SSE" : "WebSocket") : "";
-  connection.title = `${live} live task${live === 1 ? "" : "s"}; transport: ${client.transport}`;
+  const transport = client.transport === "sse" ? "server-sent events" : "WebSocket";
+  connection.title = `${live} live task${live === 1 ? "" : "s"}; transport: ${transport}`;
+
+  // The link is down while there is something live to show: the cards' data may be stale.
+  const down = live > 0 && (state === "reconnecting" || state === "offline");
+  if (down && staleSince === null) staleSince = client.lastHeardAt ?? Date.now();
+  if (!down) staleSince = null;
+  document.body.dataset.stale = String(down);
+  banner.hidden = !down;
+  banner.dataset.state = state;
+  if (down) {
+    banner.querySelector(".banner-title").textContent =
+      state === "offline" ? "You are offline." : "Connection lost.";
+    banner.querySelector(".banner-text").textContent =
+      (state === "offline" ? "Progress will update when the network is back. " : "Reconnecting… ") +
+      `What you see dates from ${clockTime(staleSince)}.`;
+  }
+  for (const card of cards.values()) card.renderTimes();
 }
 
 client.onState(updateConnection);
@@ -339,9 +452,9 @@ async function showDemo() {
   }
 }
 
-// Time left ticks down between frames.
+// Time left and "updated … ago" move on between frames.
 setInterval(() => {
-  for (const card of cards.values()) card.renderTimeLeft();
+  for (const card of cards.values()) card.renderTimes();
 }, 1000);
 
 // --- start ----------------------------------------------------------------------------------------------
@@ -355,6 +468,14 @@ function start() {
   params.getAll("task").forEach((id, i) => {
     if (id.trim()) linked.set(id.trim(), tokens[i] || null);
   });
+  if (linked.size > 0) {
+    // Someone came to see these tasks: they come first, the controls fold away below them.
+    const controls = $("#controls");
+    controls.open = false;
+    controls.querySelector("summary").textContent = "Watch another task";
+    $("#watched").after(controls);
+    document.body.dataset.linked = "true";
+  }
   for (const { id, token } of loadList()) addTask(id, linked.get(id) || token, { save: false });
   for (const [id, token] of linked) if (!cards.has(id)) addTask(id, token, { save: false });
   saveList();

@@ -41,7 +41,10 @@ const STORAGE_PREFIX = "task-gateway:cursor:";
  * @property {number} [backoffBaseMs=250]  first reconnect wait (full jitter: uniform in [0, wait])
  * @property {number} [backoffCapMs=10000]  longest reconnect wait
  * @property {number} [sseAfterFailures=2]  WebSocket attempts that never opened before falling back to SSE
- * @property {number} [heartbeatMs=25000]  app-level ping period; a socket silent for twice this is dropped
+ * @property {number} [heartbeatMs=3000]  a socket that has said nothing for this long is sent a `ping`
+ * @property {number} [deadlineMs=3000]  a `ping` (or a new socket's handshake, given twice this) not
+ *   answered within this is a dead link: the socket is dropped and replaced, cursors kept
+ * @property {number} [probeMs=1500]  the deadline of the ping `reconnectNow()` sends an open socket
  * @property {() => number} [random]  for tests
  */
 
@@ -58,7 +61,9 @@ export class GatewayClient {
     this.backoffBaseMs = options.backoffBaseMs ?? 250;
     this.backoffCapMs = options.backoffCapMs ?? 10000;
     this.sseAfterFailures = options.sseAfterFailures ?? 2;
-    this.heartbeatMs = options.heartbeatMs ?? 25000;
+    this.heartbeatMs = options.heartbeatMs ?? 3000;
+    this.deadlineMs = options.deadlineMs ?? 3000;
+    this.probeMs = options.probeMs ?? 1500;
     this.random = options.random ?? Math.random;
     /** @type {"websocket"|"sse"} */
     this.transport = "websocket";
@@ -73,6 +78,9 @@ export class GatewayClient {
     this._timer = null;
     this._heartbeat = null;
     this._lastHeard = 0;
+    this._pingDeadline = 0; // when the ping in flight must have been answered (0: none in flight)
+    /** When the link was last known to work (ms since the epoch); null before the first frame. */
+    this.lastHeardAt = null;
     this._closed = false;
   }
 
@@ -154,8 +162,14 @@ export class GatewayClient {
       return;
     }
     if (this._ws && this._ws.readyState === 1) {
-      this._ping(); // make sure the socket is still alive after a sleep
+      // It may have died while the network was away or the page slept: ask, and replace it unless it
+      // answers quickly. Back from offline, the link is not known to work until it does.
+      if (this.state === "offline") this._setState("reconnecting");
+      this._ping(this.probeMs);
       return;
+    }
+    if (this._ws && this._ws.readyState === 0) {
+      this._abandon(); // a handshake begun on the old network may never finish
     }
     this._connect();
   }
@@ -165,6 +179,7 @@ export class GatewayClient {
     this._closed = true;
     clearTimeout(this._timer);
     clearInterval(this._heartbeat);
+    this._heartbeat = null;
     if (this._ws) this._ws.close(1000);
     for (const sub of this._subs.values()) if (sub.source) sub.source.close();
   }
@@ -191,17 +206,20 @@ export class GatewayClient {
     }
     this._ws = ws;
     let opened = false;
+    this._lastHeard = Date.now();
+    this._pingDeadline = this._lastHeard + 2 * this.deadlineMs; // the handshake's deadline
+    this._startHeartbeat();
     ws.onopen = () => {
+      if (this._ws !== ws) return;
       opened = true;
       this._everOpened = true;
-      this._lastHeard = Date.now();
+      this._heard();
       this._setState("connected");
       for (const sub of this._subs.values()) if (!sub.done) this._sendSubscribe(sub);
-      clearInterval(this._heartbeat);
-      this._heartbeat = setInterval(() => this._ping(), this.heartbeatMs);
     };
     ws.onmessage = (message) => {
-      this._lastHeard = Date.now();
+      if (this._ws !== ws) return;
+      this._heard();
       // The socket outlived an offline spell (or a wake-up): the network is back and it still works.
       if (this.online && this.state !== "connected") this._setState("connected");
       let frame;
@@ -215,20 +233,72 @@ export class GatewayClient {
     ws.onclose = () => {
       if (this._ws !== ws) return;
       this._ws = null;
-      clearInterval(this._heartbeat);
+      this._stopHeartbeat();
       this._dropped(opened);
     };
     ws.onerror = () => {}; // onclose follows
   }
 
-  _ping() {
+  _heard() {
+    this._lastHeard = Date.now();
+    this.lastHeardAt = this._lastHeard;
+    this._pingDeadline = 0;
+  }
+
+  /** One timer per client: pings a silent socket and replaces one that misses its deadline. */
+  _startHeartbeat() {
+    if (this._heartbeat !== null) return;
+    const tick = Math.max(100, Math.min(this.heartbeatMs, this.deadlineMs, this.probeMs) / 4);
+    this._heartbeat = setInterval(() => this._checkLink(), tick);
+  }
+
+  _stopHeartbeat() {
+    clearInterval(this._heartbeat);
+    this._heartbeat = null;
+    this._pingDeadline = 0;
+  }
+
+  _checkLink() {
     const ws = this._ws;
-    if (!ws || ws.readyState !== 1) return;
-    if (Date.now() - this._lastHeard > 2 * this.heartbeatMs) {
-      ws.close(4000); // silent too long: a dead peer
+    if (!ws) return this._stopHeartbeat();
+    const now = Date.now();
+    if (this._pingDeadline && now >= this._pingDeadline) {
+      const opened = ws.readyState === 1;
+      this._abandon(); // no answer in time: a dead link (no FIN ever came), or a handshake that hangs
+      this._dropped(opened);
       return;
     }
-    ws.send('{"type":"ping"}');
+    if (ws.readyState === 1 && !this._pingDeadline && now - this._lastHeard >= this.heartbeatMs) {
+      this._ping(this.deadlineMs);
+    }
+  }
+
+  /** Send a ping that must be answered (by any frame) within `deadlineMs`. */
+  _ping(deadlineMs) {
+    const ws = this._ws;
+    if (!ws || ws.readyState !== 1) return;
+    const deadline = Date.now() + deadlineMs;
+    if (!this._pingDeadline || deadline < this._pingDeadline) this._pingDeadline = deadline;
+    try {
+      ws.send('{"type":"ping"}');
+    } catch {
+      // closing: onclose follows
+    }
+  }
+
+  /** Let go of the current socket without waiting for a closing handshake a dead link never completes. */
+  _abandon() {
+    const ws = this._ws;
+    this._ws = null;
+    this._stopHeartbeat();
+    if (!ws) return;
+    ws.onopen = ws.onmessage = ws.onclose = null;
+    ws.onerror = null;
+    try {
+      ws.close(4000);
+    } catch {
+      // already closed
+    }
   }
 
   _sendSubscribe(sub) {

@@ -110,7 +110,8 @@ class _Flag:
 
 class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's protocol with the memory of an idle socket kept small: a light inbox and ``writable``
-    flag, and the handshake's request and response let go once the handshake is answered."""
+    flag, and the handshake's request and response let go once the handshake is answered; a peer that
+    misses its keepalive pong is cut at once."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -133,3 +134,11 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
             request.headers.clear()
             self.request = None  # type: ignore[assignment]
             self.response = None  # type: ignore[assignment]
+
+    def keepalive_timeout(self) -> None:
+        """No pong in time: the peer is gone (no FIN ever came). uvicorn sends a close frame and closes the
+        transport, which waits for the unsent bytes a dead peer will never take; abort it instead, so the
+        connection and its subscriptions are let go now."""
+        super().keepalive_timeout()
+        if not self.disconnected:
+            self.transport.abort()

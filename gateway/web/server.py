@@ -19,10 +19,16 @@ GOODBYE_S = 2.0
 def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration for the gateway.
 
-    Per-message deflate is off: it costs a compressor per socket (memory) and a compression per frame
-    per subscriber (CPU), the two things fan-out has to keep small; task frames are a few hundred bytes.
+    The server pings each socket every ``ws_ping_interval_ms`` and drops it when the pong is as late
+    (settings). Per-message deflate is off: it costs a compressor per socket (memory) and a compression
+    per frame per subscriber (CPU), the two things fan-out has to keep small; task frames are a few
+    hundred bytes.
     """
     options.setdefault("ws", GatewayWebSocketProtocol)
+    # Protocol-level pings: a peer that vanished without a FIN is dropped within twice the interval.
+    ping_s = app.state.gateway.settings.ws_ping_interval_ms / 1000 or None
+    options.setdefault("ws_ping_interval", ping_s)
+    options.setdefault("ws_ping_timeout", ping_s)
     return uvicorn.Config(app, host=host, port=port, ws_per_message_deflate=False, **options)
 
 

@@ -45,7 +45,7 @@ RECORDER = """
 (() => {
   const seen = { connection: [], transport: [], cards: {} };
   window.__seen = seen;
-  const card = (id) => (seen.cards[id] ??= { state: [], progress: [], resume: [] });
+  const card = (id) => (seen.cards[id] ??= { state: [], progress: [], resume: [], stale: [] });
   const observer = new MutationObserver((records) => {
     for (const r of records) {
       const el = r.target;
@@ -62,13 +62,14 @@ RECORDER = """
       if (r.attributeName === "aria-valuenow") c.progress.push(...values.map(Number));
       if (el === article && r.attributeName === "data-state") c.state.push(...values);
       if (el === article && r.attributeName === "data-resume") c.resume.push(...values);
+      if (el === article && r.attributeName === "data-stale") c.stale.push(...values);
     }
   });
   observer.observe(document, {
     subtree: true,
     attributes: true,
     attributeOldValue: true,
-    attributeFilter: ["data-state", "data-transport", "aria-valuenow", "data-resume"],
+    attributeFilter: ["data-state", "data-transport", "aria-valuenow", "data-resume", "data-stale"],
   });
 })();
 """

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gateway.client import Worker
-from tests.support import create_task
+from tests.support import TcpProxy, create_task
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Console, Dashboard
@@ -147,4 +147,76 @@ async def test_sse_stream_cut_resumes_with_delta_to_the_end(dashboard: Dashboard
     assert (data["resume"], data["resumedFrom"], data["version"]) == ("delta", "2", "4"), data
     assert "reconnecting" in (await dashboard.seen())["connection"]
     await dashboard.assert_matches_server("sse-cut")
+    console.assert_clean()
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+async def test_a_silently_dead_link_is_replaced_within_ten_seconds(
+    dashboard: Dashboard, console: Console
+) -> None:
+    """The page reaches the gateway through a relay that, at some point, stops forwarding both ways without
+    closing anything (no FIN), as a phone changing networks or a NAT timing out. The client must notice by
+    its heartbeat, say so, mark the card as possibly stale, open a new connection and end exact."""
+    gw = dashboard.gw
+    page = dashboard.page
+    connection = dashboard.connection
+    expect = dashboard.expect
+    card = dashboard.card("dead-1")
+    banner = page.locator("#link-banner")
+    created = await create_task(gw, "dead-1", max_attempts=2)
+    async with TcpProxy(_port(gw.url)) as relay, Worker(gw.url, "dead-1", created["callbackToken"]) as worker:
+        await page.goto(f"{relay.url}/?task=dead-1&token={created['subscribeToken']}")
+        await page.wait_for_selector("body[data-ready=true]", state="attached")
+        await worker.start("w1")
+        await worker.progress(10, "p10")
+        await dashboard.wait_card("dead-1", "d.version === '2'", 10_000)
+        await expect(connection).to_have_attribute("data-state", "connected")
+        await expect(banner).to_be_hidden()
+
+        # 1. The link dies silently; new connections get through. Within 10 s the dead socket is noticed
+        #    and replaced, and the entry committed meanwhile (lost in the relay) arrives on the new one.
+        accepted = relay.accepted
+        relay.stall()
+        await worker.progress(20, "p20")
+        await dashboard.wait_card("dead-1", "d.version === '3' && d.stale === 'false'", 10_000)
+        await expect(connection).to_have_attribute("data-state", "connected")
+        seen = await dashboard.seen()
+        assert "reconnecting" in seen["connection"], seen["connection"]
+        assert "true" in seen["cards"]["dead-1"]["stale"], seen["cards"]["dead-1"]
+        assert relay.accepted > accepted
+
+        # 2. Offline, the link dies, online again: reconnectNow() must not trust the old socket (it asks
+        #    with a deadline and replaces it), so the indicator does not stay "Offline".
+        await page.context.set_offline(True)
+        await expect(connection).to_have_attribute("data-state", "offline")
+        relay.stall()
+        await page.context.set_offline(False)
+        await worker.progress(30, "p30")
+        await dashboard.wait_card("dead-1", "d.version === '4' && d.stale === 'false'", 10_000)
+        await expect(connection).to_have_attribute("data-state", "connected", timeout=1_000)
+
+        # 3. The link dies and the gateway stays out of reach: within 10 s the indicator says reconnecting,
+        #    a banner says the connection is lost, and the card says its data may be out of date.
+        relay.refuse = True
+        relay.stall()
+        await expect(connection).to_have_attribute("data-state", "reconnecting", timeout=10_000)
+        await expect(banner).to_be_visible(timeout=1_000)
+        await expect(banner).to_contain_text("Connection lost")
+        await expect(card).to_have_attribute("data-stale", "true")
+        await expect(card.locator(".stale-note")).to_contain_text("May be out of date")
+        await worker.progress(50, "p50")
+        relay.refuse = False
+        await dashboard.wait_card("dead-1", "d.version === '5' && d.stale === 'false'", 15_000)
+        await expect(banner).to_be_hidden()
+        await expect(card.locator(".stale-note")).to_be_hidden()
+
+        await worker.progress(80, "p80")
+        await worker.succeed("s3://results/dead-1", "sha256:00")
+        await dashboard.wait_card("dead-1", "d.state === 'succeeded' && d.version === '7'", 10_000)
+        await dashboard.assert_matches_server("dead-1")
+    # The refused attempts are the browser's own console errors ("WebSocket connection ... failed").
+    console.errors[:] = [e for e in console.errors if not e.startswith("WebSocket connection to")]
     console.assert_clean()

@@ -10,7 +10,9 @@ the live stream to the task's exact final state and a ``1000`` close.
 from __future__ import annotations
 
 import anyio
+import orjson
 import pytest
+from websockets.asyncio.client import connect
 
 from tests.integration.test_live_support import (
     StreamCheck,
@@ -21,7 +23,7 @@ from tests.integration.test_live_support import (
     socket,
     ws_url,
 )
-from tests.support import create_task, post_callback
+from tests.support import TcpProxy, create_task, post_callback, running_gateway
 
 RETENTION = 8  # the default
 
@@ -90,3 +92,31 @@ async def test_a_cut_client_resumes_with_a_delta_or_a_retention_snapshot_and_end
         far.assert_final(final)
         assert near.event_versions == list(range(9, 21))
         assert far.event_versions == [19, 20]
+
+
+@pytest.mark.anyio
+async def test_the_server_lets_go_of_a_peer_that_vanished_without_a_fin(sqlite_url: str) -> None:
+    """A subscriber's link dies silently (the relay stops forwarding both ways, closes nothing): the
+    server's pings go unanswered, so it drops the connection and its subscription within twice the ping
+    interval, instead of holding them until TCP gives up (many minutes)."""
+    async with (
+        running_gateway(sqlite_url, ws_ping_interval_ms=300) as gw,
+        TcpProxy(int(gw.url.rsplit(":", 1)[1])) as relay,
+    ):
+        made = await create_task(gw, "vanished", ttl_ms=120_000)
+        hub = gw.gateway.hub
+        url = f"ws://127.0.0.1:{relay.port}/v1/ws"
+        async with connect(url, ping_interval=None, close_timeout=0.1) as ws:  # a client that never pings
+            await ws.send(
+                orjson.dumps(
+                    {"type": "subscribe", "taskId": "vanished", "cursor": 0, "token": made["subscribeToken"]}
+                ).decode()
+            )
+            with anyio.fail_after(10):
+                assert orjson.loads(await ws.recv())["type"] == "caught-up"
+            assert hub.stats()["connections"] == 1
+            relay.stall()
+            with anyio.fail_after(10):
+                while hub.stats()["connections"] or hub.stats()["subscriptions"]:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            relay.cut()
