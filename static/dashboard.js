@@ -231,23 +231,14 @@ function describeEvent({ event }) {
   return typeof event.atMs === "number" ? `${text} · ${new Date(event.atMs).toLocaleTimeString()}` : text;
 }
 
+/** A line in words where the badge and the bar do not say enough; empty otherwise. */
 function headline(task, error) {
   if (error) return "";
   if (!task) return "Connecting to the gateway…";
-  switch (task.state) {
-    case "queued":
-      return task.attempts > 0 ? "Waiting to be retried" : "Waiting for a worker to start it";
-    case "running":
-      return `In progress: ${task.progress}%`;
-    case "succeeded":
-      return "Finished successfully";
-    case "failed":
-      return "This task failed";
-    case "expired":
-      return "This task ran out of time";
-    default:
-      return String(task.state);
+  if (task.state === "queued") {
+    return task.attempts > 0 ? "Waiting to be retried" : "Waiting for a worker to start it";
   }
+  return "";
 }
 
 function explainError({ code, message }) {

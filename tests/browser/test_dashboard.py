@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.browser.conftest import Dashboard
-from tests.support import create_task, post_callback, running_gateway
+from tests.support import TcpProxy, create_task, post_callback, running_gateway
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Console
@@ -51,7 +51,7 @@ async def test_page_loads_clean_and_demo_tasks_run_to_success(dashboard: Dashboa
         card = dashboard.card(task_id)
         bar = card.get_by_role("progressbar")
         await dashboard.expect(bar).to_have_attribute("aria-valuenow", "100")
-        await dashboard.expect(card.locator(".state-badge")).to_have_text("succeeded")
+        await dashboard.expect(card.locator(".state-badge")).to_have_text("Succeeded")
         await dashboard.expect(card.locator(".f-event")).to_contain_text("succeeded: demo://results/")
         await dashboard.expect(card.locator(".f-time-left")).to_have_text("done")
         # It was live: the bar went through values between 0 and 100 on its way.
@@ -99,6 +99,8 @@ async def test_tasks_from_a_link_and_the_form(dashboard: Dashboard, console: Con
     await dashboard.expect(card.locator(".f-attempts")).to_have_text("0 of 3")
     await dashboard.expect(card.locator(".f-time-left")).to_have_text(re.compile(r"^(10m 00s|9m \d\ds)$"))
 
+    # Opened from a link, the controls are folded below the tasks: unfold them to add one.
+    await dashboard.page.get_by_text("Watch another task").click()
     form = dashboard.page.locator("#add-task")
     await form.get_by_label("Task id").fill("form-c")
     await form.get_by_label("Subscribe token").fill(c["subscribeToken"])
@@ -182,3 +184,112 @@ async def test_no_demo_button_when_the_demo_is_off(sqlite_url: str, context: Any
             await dashboard.expect(page.get_by_role("button", name="Watch")).to_be_visible()
         finally:
             await page.close()
+
+
+async def test_on_a_phone_the_indicator_stays_put_and_linked_tasks_come_first(
+    dashboard: Dashboard, console: Console
+) -> None:
+    """390x844, opened from a `?task=` link: the watched tasks come before the (folded) controls; the
+    connection indicator keeps one place and one size whatever the link does and however far the page is
+    scrolled; a lost connection (amber banner, words, an icon) looks nothing like a failed task (a red card
+    that says "Failed" and why); no jargon ("Version", "delta from v0") outside the folded details."""
+    gw = dashboard.gw
+    page = dashboard.page
+    expect = dashboard.expect
+    await page.set_viewport_size({"width": 390, "height": 844})
+    names = ("report-a", "report-b", "report-c")
+    made = {name: await create_task(gw, name, ttl_ms=600_000, max_attempts=2) for name in names}
+    await post_callback(gw, "report-a", made["report-a"]["callbackToken"], {"type": "start", "worker": "w"})
+    await post_callback(gw, "report-b", made["report-b"]["callbackToken"], {"type": "start", "worker": "w"})
+    failure = {"type": "fail", "error": "the input file is not a CSV", "retryable": False}
+    await post_callback(gw, "report-b", made["report-b"]["callbackToken"], failure)
+    query = "&".join(f"task={n}&token={m['subscribeToken']}" for n, m in made.items())
+    connection = dashboard.connection
+    banner = page.locator("#link-banner")
+    async with TcpProxy(int(gw.url.rsplit(":", 1)[1])) as relay:
+        await page.goto(f"{relay.url}/?{query}")
+        await page.wait_for_selector("body[data-ready=true]", state="attached")
+        for name in names:
+            await dashboard.wait_card(name, "d.resume !== ''", 10_000)
+        await expect(connection).to_have_attribute("data-state", "connected")
+
+        # The tasks first; the controls below them, folded.
+        boxes = await page.evaluate(
+            """() => ({
+                firstCard: document.querySelector('article.task-card').getBoundingClientRect().top,
+                controls: document.querySelector('.controls').getBoundingClientRect().top,
+            })"""
+        )
+        assert boxes["firstCard"] < boxes["controls"] < 10_000, boxes
+        await expect(page.get_by_role("button", name="Start a demo task")).to_be_hidden()
+        await expect(page.get_by_role("button", name="Watch", exact=True)).to_be_hidden()
+
+        # One place and one size for the indicator: connected, scrolled to the end, link lost, offline.
+        async def indicator_box() -> dict[str, float]:
+            box: dict[str, float] = await connection.evaluate(
+                "el => { const r = el.getBoundingClientRect();"
+                " return {x: r.x, y: r.y, w: r.width, h: r.height}; }"
+            )
+            return box
+
+        connected = await indicator_box()
+        assert connected["y"] >= 0 and connected["y"] + connected["h"] <= 120, connected
+        await page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+        await page.wait_for_function("window.scrollY > 0")
+        assert await indicator_box() == connected
+        relay.refuse = True
+        relay.stall()
+        await expect(connection).to_have_attribute("data-state", "reconnecting", timeout=10_000)
+        await expect(banner).to_be_visible()
+        assert await indicator_box() == connected
+        await page.context.set_offline(True)
+        await expect(connection).to_have_attribute("data-state", "offline")
+        assert await indicator_box() == connected
+        await expect(banner).to_contain_text("offline")
+        await page.context.set_offline(False)
+        await expect(connection).to_have_attribute("data-state", "reconnecting", timeout=10_000)
+
+        # A lost connection and a failed task look different, and say what they are.
+        failed = dashboard.card("report-b")
+        await expect(failed.locator(".state-badge")).to_have_text("Failed")
+        await expect(failed.locator(".task-failure")).to_be_visible()
+        await expect(failed.locator(".task-failure")).to_contain_text("the input file is not a CSV")
+        await expect(failed).to_have_attribute("data-stale", "false")  # a finished task is not stale
+        await expect(banner).to_contain_text("Connection lost")
+        await expect(banner.locator("svg.icon")).to_be_visible()
+        await expect(dashboard.card("report-a")).to_have_attribute("data-stale", "true")
+        colours = await page.evaluate(
+            """() => {
+                const style = (selector) => getComputedStyle(document.querySelector(selector));
+                const failed = 'article.task-card[data-task-id="report-b"]';
+                return {
+                    banner: style('#link-banner').backgroundColor,
+                    failure: style(failed + ' .task-failure').backgroundColor,
+                    failedBorder: style(failed).borderLeftColor,
+                    staleBorder: style('article.task-card[data-task-id="report-a"]').borderLeftColor,
+                    failedBadge: style(failed + ' .state-badge').backgroundColor,
+                    indicatorDot: style('#connection .dot').backgroundColor,
+                };
+            }"""
+        )
+        assert colours["banner"] != colours["failure"], colours
+        assert colours["failedBorder"] != colours["staleBorder"], colours
+        assert colours["failedBadge"] != colours["indicatorDot"], colours
+
+        # Plain words on the card; the developer's words only inside the folded details.
+        visible_text = await page.evaluate("document.body.innerText")
+        for jargon in ("Version", "delta from", "caught-up", "Last resume"):
+            assert jargon not in visible_text, jargon
+        running = dashboard.card("report-a")
+        await expect(running.locator(".f-updated")).to_contain_text("Updated")
+        await expect(running.locator(".f-progress")).to_have_text("0%")
+        await running.locator("details.tech summary").click()
+        await expect(running.locator(".f-version")).to_be_visible()
+        await expect(running.locator(".f-version")).to_have_text("1")
+
+        relay.refuse = False
+        await expect(connection).to_have_attribute("data-state", "connected", timeout=15_000)
+        await expect(banner).to_be_hidden()
+        assert await indicator_box() == connected
+    console.errors[:] = [e for e in console.errors if not e.startswith("WebSocket connection to")]
+    console.assert_clean()
