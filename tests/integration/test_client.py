@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
 import httpx
 import pytest
+from anyio.abc import Process
 
 from gateway.client import Worker, watch
 from gateway.client.backoff import Backoff
@@ -18,6 +21,17 @@ from gateway.client.watch import LinkStatus
 from tests.support import Running, TcpProxy, create_task, running_gateway
 
 TERMINAL = {"succeeded", "failed", "expired"}
+
+
+@contextmanager
+def _killed_on_failure(process: Process) -> Iterator[None]:
+    """A test that fails must not wait for its subprocess to end by itself."""
+    try:
+        yield
+    except BaseException:
+        if process.returncode is None:
+            process.kill()
+        raise
 
 
 def port_of(gw: Running) -> int:
@@ -210,3 +224,54 @@ async def test_watch_says_once_that_it_cannot_reach_the_gateway_and_once_that_it
         assert re.fullmatch(rf"cannot reach {proxy.url}, retrying in \d+\.\d s \(.+\)", statuses[0].message)
         assert statuses[0].retry_in_s is not None
         assert statuses[1].message == f"reconnected to {proxy.url}"
+
+
+@pytest.mark.anyio
+async def test_gateway_watch_says_when_the_link_goes_and_comes_back_and_survives_a_dead_link(
+    sqlite_url: str,
+) -> None:
+    """``gateway watch`` through a relay that first refuses every connection, then lets them through, then
+    dies silently (no FIN) mid-task: one line when it cannot reach the gateway (not one per attempt), one
+    when the link is lost, one "reconnected" after each, and it still ends with the task's fate."""
+    async with running_gateway(sqlite_url) as gw, TcpProxy(port_of(gw)) as relay:
+        made = await create_task(gw, "cli-link", ttl_ms=120_000, max_attempts=1)
+        relay.refuse = True
+        command = [sys.executable, "-m", "gateway.cli", "watch", "cli-link", "--url", relay.url]
+        env = {**os.environ, "COLUMNS": "200", "GATEWAY_TOKEN": made["subscribeToken"]}
+        process = await anyio.open_process(command, env=env)
+        async with process, Worker(gw.url, "cli-link", made["callbackToken"]) as worker:
+            assert process.stdout is not None
+            lines: list[str] = []
+
+            async def read_lines() -> None:
+                assert process.stdout is not None
+                buffered = b""
+                async for chunk in process.stdout:
+                    buffered += chunk
+                    *done, buffered = buffered.split(b"\n")
+                    lines.extend(line.decode() for line in done)
+                lines.append(buffered.decode())
+
+            async def output_has(text: str) -> None:
+                while not any(text in line for line in lines):  # noqa: ASYNC110  (lines of a reader task)
+                    await anyio.sleep(0.02)
+
+            with anyio.fail_after(40), _killed_on_failure(process):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(read_lines)
+                    await output_has("cannot reach")
+                    while relay.refused < 3:  # noqa: ASYNC110  (a counter of the relay's)
+                        await anyio.sleep(0.02)
+                    relay.refuse = False
+                    await worker.start("w")
+                    await output_has("v1  started by w")
+                    relay.stall()
+                    await worker.progress(40, "c")
+                    await output_has("v2  progress 40%")
+                    await worker.succeed("s3://r", "sha256:r")
+                    returncode = await process.wait()
+        assert returncode == 0, lines
+        assert len([line for line in lines if "cannot reach" in line]) == 1, lines
+        assert len([line for line in lines if "lost the connection" in line]) == 1, lines
+        assert len([line for line in lines if f"reconnected to {relay.url}" in line]) == 2, lines
+        assert any("cli-link: succeeded" in line for line in lines), lines
