@@ -103,8 +103,13 @@ export interface ClientOptions {
   backoffCapMs?: number;
   /** WebSocket attempts that never opened before falling back to SSE, default 2. */
   sseAfterFailures?: number;
-  /** App-level ping period in ms, default 25000. */
+  /** A socket that has said nothing for this long (ms) is sent a `ping`, default 3000. */
   heartbeatMs?: number;
+  /** A `ping` not answered within this (ms; a handshake gets twice this) is a dead link: the socket is
+   * dropped and replaced, cursors kept. Default 3000. */
+  deadlineMs?: number;
+  /** The deadline (ms) of the ping `reconnectNow()` sends an open socket, default 1500. */
+  probeMs?: number;
   /** A source of numbers in [0, 1), for tests. */
   random?: () => number;
 }
@@ -117,6 +122,8 @@ export class GatewayClient {
   readonly transport: "websocket" | "sse";
   readonly state: ConnectionState;
   readonly online: boolean;
+  /** When the link was last known to work (ms since the epoch); null before the first frame. */
+  readonly lastHeardAt: number | null;
 
   /**
    * Watch one task: `onFrame` gets every frame of it, in order, with the task after the frame.
