@@ -11,7 +11,8 @@ import random
 import anyio
 import httpx
 
-from gateway.client.worker import CallbackError, Worker
+from gateway.client.errors import WorkerError
+from gateway.client.worker import Worker
 
 log = logging.getLogger("gateway.demo")
 
@@ -53,5 +54,5 @@ async def run_demo_worker(
                             f"demo://results/{task_id}", f"sha256:{rng.getrandbits(64):016x}"
                         )
                     return
-    except (CallbackError, httpx.HTTPError, OSError) as exc:  # the task expired, the gateway stops, ...
+    except (WorkerError, httpx.HTTPError, OSError) as exc:  # the task expired, the gateway stops, ...
         log.info("demo worker for %s stopped: %s", task_id, exc)

@@ -1,6 +1,26 @@
-"""Python clients of the gateway: ``watch`` for subscribers, ``Worker`` for the jobs that report."""
+"""Python clients of the gateway: ``watch`` for subscribers, ``Worker`` for the jobs that report.
 
+They import nothing of the server (no Starlette, SQLAlchemy, uvicorn, ...): ``from gateway.client import
+watch`` loads httpx/websockets and these modules only.
+"""
+
+from gateway.client.errors import (
+    CallbackError,
+    CallbackIgnored,
+    ClientError,
+    TaskAlreadyRunning,
+    WorkerError,
+)
 from gateway.client.watch import WatchError, watch
-from gateway.client.worker import CallbackError, Worker
+from gateway.client.worker import Worker
 
-__all__ = ["CallbackError", "WatchError", "Worker", "watch"]
+__all__ = [
+    "CallbackError",
+    "CallbackIgnored",
+    "ClientError",
+    "TaskAlreadyRunning",
+    "WatchError",
+    "Worker",
+    "WorkerError",
+    "watch",
+]

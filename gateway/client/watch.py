@@ -26,6 +26,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from gateway.client.backoff import Backoff
+from gateway.client.errors import ClientError
 
 TERMINAL = frozenset({"succeeded", "failed", "expired"})
 RESUME_TYPES = frozenset({"caught-up", "delta", "snapshot"})
@@ -48,7 +49,7 @@ def log_status(status: LinkStatus) -> None:
     log.log(logging.INFO if status.connected else logging.WARNING, "%s", status.message)
 
 
-class WatchError(Exception):
+class WatchError(ClientError):
     def __init__(self, code: str, message: str, task_id: str | None = None) -> None:
         super().__init__(f"{code}: {message}" + (f" (task {task_id})" if task_id else ""))
         self.code = code

@@ -1,6 +1,13 @@
 """``Worker``: the job's side. Posts callbacks with a stable ``callbackId`` per logical callback, so a
 retry after a timeout, a dropped connection or a 5xx is recognised by the gateway and changes nothing
 twice; fences ``progress``/``succeed``/``fail`` with the attempt its ``start`` began.
+
+A callback that has no effect is never silent: the gateway's refusals (a 4xx such as ``stale-attempt``)
+raise :class:`CallbackError`, and answers that changed nothing the worker asked for (``terminal-conflict``,
+``not-running``, ...) raise :class:`CallbackIgnored`; both are :class:`WorkerError`, carrying the reason and
+the task. A harmless repeat (the same progress or result again, a retried callback the gateway had already
+applied) is not an error. ``start`` never adopts an attempt another worker began unless told to
+(``take_over=True``).
 """
 
 from __future__ import annotations
@@ -12,15 +19,15 @@ import anyio
 import httpx
 
 from gateway.client.backoff import Backoff
+from gateway.client.errors import CallbackError, CallbackIgnored, TaskAlreadyRunning
 
+__all__ = ["APPLIED", "HARMLESS", "CallbackError", "CallbackIgnored", "TaskAlreadyRunning", "Worker"]
 
-class CallbackError(Exception):
-    """The gateway refused the callback (a 4xx): retrying the same callback would not help."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
+# Reasons of an answer that did what the callback asked (the reference's transitions).
+APPLIED = frozenset({"started", "progress", "succeeded", "failed", "requeued"})
+# Reasons of an answer that changed nothing because it had been done already: the same progress or the
+# same result again, or a retry of a callback the gateway had applied (its first answer was lost).
+HARMLESS = frozenset({"duplicate-progress", "duplicate-result", "duplicate-callback"})
 
 
 class Worker:
@@ -35,6 +42,7 @@ class Worker:
         timeout_s: float = 10.0,
         backoff: Backoff | None = None,
     ) -> None:
+        self.task_id = task_id
         self.url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/callbacks"
         self.headers = {"Authorization": f"Bearer {callback_token}"}
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
@@ -50,14 +58,22 @@ class Worker:
         if self._owns_client:
             await self._client.aclose()
 
-    async def start(self, worker: str) -> dict[str, Any]:
-        answer = await self.send({"type": "start", "worker": worker})
+    async def start(self, worker: str, *, take_over: bool = False) -> dict[str, Any]:
+        """Begin an attempt. On a task that is already running (``already-running``: another worker holds
+        the same token, or an earlier run of this job is still going) raise :class:`TaskAlreadyRunning`,
+        unless ``take_over`` is true: then this worker adopts the running attempt and fences its callbacks
+        with it (the other worker's are refused from its next requeue on, not before)."""
+        answer = await self.send({"type": "start", "worker": worker}, check=False)
+        reason, task = answer["reason"], answer["task"]
+        if reason == "already-running" and not take_over:
+            raise TaskAlreadyRunning("start", reason, task)
         # "duplicate-callback": this start was committed but its first answer was lost, so the task as it
         # is now tells the attempt it began. (Ambiguous only if, between the two, the attempt failed, was
         # requeued and was started again by another worker: the gateway does not keep the first answer.)
-        running = answer["task"]["state"] == "running"
-        if running and answer["reason"] in ("started", "already-running", "duplicate-callback"):
-            self.attempt = answer["task"]["attempts"]
+        if task["state"] == "running" and reason in ("started", "already-running", "duplicate-callback"):
+            self.attempt = task["attempts"]
+            return answer
+        _check("start", answer)
         return answer
 
     async def progress(self, progress: int, cursor: str = "") -> dict[str, Any]:
@@ -71,9 +87,17 @@ class Worker:
         return await self.send({"type": "fail", "error": error, "retryable": retryable}, fenced=True)
 
     async def send(
-        self, event: dict[str, Any], *, callback_id: str | None = None, fenced: bool = False
+        self,
+        event: dict[str, Any],
+        *,
+        callback_id: str | None = None,
+        fenced: bool = False,
+        check: bool = True,
     ) -> dict[str, Any]:
-        """Post one logical callback, retrying transport failures and 5xx with the same callback id."""
+        """Post one logical callback, retrying transport failures and 5xx with the same callback id.
+
+        Returns the gateway's answer; raises :class:`CallbackError` on a 4xx and, unless ``check`` is
+        false, :class:`CallbackIgnored` when the answer says the callback had no effect."""
         body: dict[str, Any] = {"callbackId": callback_id or str(uuid.uuid4()), "event": event}
         if fenced and self.attempt is not None:
             body["attempt"] = self.attempt
@@ -87,11 +111,34 @@ class Worker:
             else:
                 if response.status_code < 300:
                     result: dict[str, Any] = response.json()
+                    if check:
+                        _check(str(event.get("type")), result)
                     return result
                 if response.status_code < 500:
-                    error = response.json().get("error", {})
-                    raise CallbackError(response.status_code, error.get("code", ""), error.get("message", ""))
+                    error = _error_of(response)
+                    raise CallbackError(
+                        response.status_code,
+                        error.get("code", ""),
+                        error.get("message", ""),
+                        task_id=self.task_id,
+                    )
                 if attempt == self.retries:
                     response.raise_for_status()
             await anyio.sleep(self.backoff.next_delay())
         raise AssertionError("unreachable")
+
+
+def _check(event_type: str, answer: dict[str, Any]) -> None:
+    """Raise :class:`CallbackIgnored` unless the answer applied the callback or harmlessly repeated it."""
+    reason = answer.get("reason", "")
+    if reason in APPLIED or reason in HARMLESS:
+        return
+    raise CallbackIgnored(event_type, reason, answer.get("task") or {})
+
+
+def _error_of(response: httpx.Response) -> dict[str, str]:
+    try:
+        error = response.json().get("error", {})
+    except ValueError:  # not JSON: a proxy's page, say
+        return {"code": f"http-{response.status_code}", "message": response.text[:200]}
+    return error if isinstance(error, dict) else {}

@@ -1,0 +1,66 @@
+"""The clients' exceptions, one tree (apart from the server's ``gateway.errors``, which the clients do not
+import)::
+
+    ClientError
+    ├── WatchError            watch(): an error retrying will not cure (bad token, unknown task)
+    └── WorkerError           a Worker's callback did not do what it asked (reason, task_id, task)
+        ├── CallbackError     the gateway refused it with a 4xx (stale-attempt, unauthorized, ...)
+        └── CallbackIgnored   answered 200 but had no effect (terminal-conflict, not-running, ...)
+            └── TaskAlreadyRunning   start() on a task another worker is running
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ClientError(Exception):
+    """Root of every error the Python clients raise on purpose."""
+
+
+class WorkerError(ClientError):
+    """A callback of a :class:`~gateway.client.Worker` had no effect. ``reason`` is the gateway's reason or
+    error code; ``task`` the task as the gateway answered it (``None`` when the answer carries none)."""
+
+    def __init__(self, message: str, *, task_id: str, reason: str, task: dict[str, Any] | None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.reason = reason
+        self.task = task
+
+
+class CallbackError(WorkerError):
+    """The gateway refused the callback (a 4xx): retrying the same callback would not help."""
+
+    def __init__(self, status: int, code: str, message: str, *, task_id: str = "") -> None:
+        super().__init__(
+            f"{status} {code}: {message}" + (f" (task {task_id})" if task_id else ""),
+            task_id=task_id,
+            reason=code,
+            task=None,
+        )
+        self.status = status
+        self.code = code
+
+
+class CallbackIgnored(WorkerError):
+    """The gateway answered, but the callback changed nothing the worker asked for: the task had ended
+    (``terminal-conflict``, or ``expired`` when the callback came after the deadline), was not running
+    (``not-running``: requeued, say), could not start (``not-startable``), or the progress went back
+    (``stale-progress``)."""
+
+    def __init__(self, event_type: str, reason: str, task: dict[str, Any]) -> None:
+        state = task.get("state", "?")
+        super().__init__(
+            f"{event_type} callback had no effect on task {task.get('id')}: {reason} "
+            f"(the task is {state}, attempt {task.get('attempts')})",
+            task_id=str(task.get("id", "")),
+            reason=reason,
+            task=task,
+        )
+        self.event_type = event_type
+
+
+class TaskAlreadyRunning(CallbackIgnored):
+    """``start`` found the task running an attempt this worker did not begin (another worker holding the
+    same token). ``start(..., take_over=True)`` adopts that attempt instead of raising."""
