@@ -45,18 +45,16 @@ class Tokens:
                 self._verified.move_to_end(token)
                 return sub, scope
             del self._verified[token]
-            raise Unauthorized("token expired")
+            raise Unauthorized(EXPIRED)
         try:
             claims = jwt.decode(
                 token, self._secret, algorithms=[ALGORITHM], options={"require": ["exp", "sub", "scope"]}
             )
-        except jwt.ExpiredSignatureError:
-            raise Unauthorized("token expired") from None
         except jwt.InvalidTokenError as exc:
-            raise Unauthorized(f"invalid token: {exc}") from None
+            raise Unauthorized(_what_is_wrong(exc)) from None
         sub, scope = claims["sub"], claims["scope"]
         if not isinstance(sub, str) or not isinstance(scope, str):
-            raise Unauthorized("invalid token: sub and scope must be strings")
+            raise Unauthorized("token is malformed: its sub and scope must be strings")
         exp = claims["exp"]
         if isinstance(exp, int | float) and not isinstance(exp, bool):
             self._verified[token] = (sub, scope, float(exp))
@@ -74,4 +72,24 @@ class Tokens:
         if sub != task_id:
             raise Forbidden("token is for another task")
         if granted != scope:
-            raise Forbidden(f"token has scope {granted!r}; this needs {scope!r}")
+            raise Forbidden(f"token has the {granted} scope; this needs a {scope} token")
+
+
+EXPIRED = "token has expired"
+
+
+def _what_is_wrong(exc: jwt.InvalidTokenError) -> str:
+    """PyJWT's refusal in the protocol's words ("Not enough segments" says nothing to a token's holder)."""
+    if isinstance(exc, jwt.ExpiredSignatureError):
+        return EXPIRED
+    if isinstance(exc, jwt.InvalidSignatureError):  # before DecodeError, which it extends
+        return "token signature is invalid (signed with another secret)"
+    if isinstance(exc, jwt.InvalidAlgorithmError):
+        return f"token is not signed with {ALGORITHM}"
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        return f"token is malformed: it has no {exc.claim} claim"
+    if isinstance(exc, jwt.ImmatureSignatureError):
+        return "token is not valid yet"
+    if isinstance(exc, jwt.DecodeError):
+        return "token is malformed (not a signed JWT)"
+    return "token is invalid"

@@ -43,8 +43,37 @@ def test_only_verified_tokens_are_remembered_and_the_memory_is_bounded() -> None
     tokens = Tokens(SECRET)
     forged = mint("t1", "callback", time.time() + 60, secret="another-secret-0123456789abcdef01234")
     for _ in range(2):
-        with pytest.raises(Unauthorized, match="invalid token"):
+        with pytest.raises(Unauthorized, match="signature is invalid"):
             tokens.check(forged, "t1", "callback")
     for i in range(VERIFIED_CACHE_SIZE + 50):
         tokens.check(mint(f"t{i}", "subscribe", time.time() + 60), f"t{i}", "subscribe")
     assert len(tokens._verified) == VERIFIED_CACHE_SIZE
+
+
+@pytest.mark.parametrize(
+    ("token", "words"),
+    [
+        ("abc", "token is malformed"),
+        ("a.b.c", "token is malformed"),
+        (mint("t1", "callback", time.time() - 5), "token has expired"),
+        (mint("t1", "callback", time.time() + 60, secret="x" * 40), "token signature is invalid"),
+        (jwt.encode({"sub": "t1", "scope": "callback"}, SECRET, algorithm="HS256"), "no exp claim"),
+        (jwt.encode({"sub": "t1", "scope": 7, "exp": time.time() + 60}, SECRET), "token is malformed"),
+        (jwt.encode({"sub": "t1", "scope": "callback", "exp": time.time() + 60}, SECRET * 2, "HS512"), "HS256"),
+    ],
+)
+def test_a_refused_token_is_described_in_the_protocols_words(token: str, words: str) -> None:
+    with pytest.raises(Unauthorized) as refused:
+        Tokens(SECRET).check(token, "t1", "callback")
+    assert refused.value.code == "unauthorized"
+    assert words in refused.value.message
+    for pyjwt in ("segments", "Signature verification failed", "Token is missing", "Signature has expired"):
+        assert pyjwt not in refused.value.message
+
+
+def test_a_token_for_another_task_or_scope_is_described_in_the_protocols_words() -> None:
+    token = mint("t1", "callback", time.time() + 60)
+    with pytest.raises(Forbidden, match="^token is for another task$"):
+        Tokens(SECRET).check(token, "t2", "callback")
+    with pytest.raises(Forbidden, match="^token has the callback scope; this needs a subscribe token$"):
+        Tokens(SECRET).check(token, "t1", "subscribe")
