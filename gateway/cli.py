@@ -1,19 +1,29 @@
 """The ``gateway`` command: ``gateway serve`` runs the gateway under uvicorn; ``gateway migrate`` brings the
-database's schema to this release's revision (``gateway serve`` does that too, at start)."""
+database's schema to this release's revision (``gateway serve`` does that too, at start); ``gateway watch``
+shows a task live; ``gateway token`` mints a task token for operators.
+
+A configuration the gateway cannot use ends in one line on stderr and a non-zero exit, never a traceback:
+2 for a setting, 3 (serve) or 1 (migrate) for a database that cannot be reached or migrated."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 
-from gateway.settings import ConfigError, Settings
+from gateway.settings import ConfigError, Settings, unknown_variables
+
+# The exit code of `gateway serve` when it could not start (uvicorn's, and --workers').
+STARTUP_FAILED = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="task-gateway: live task state over HTTP")
+    parser.add_argument("--version", action="version", version=f"gateway {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
         "serve", help="run the gateway", description="Run the gateway. Every option also reads GATEWAY_*."
@@ -42,12 +52,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch.add_argument("--url", default=os.environ.get("GATEWAY_URL", "http://127.0.0.1:8000"))
     watch.add_argument("--token", default=os.environ.get("GATEWAY_TOKEN"), help="the task's subscribe token")
     watch.add_argument("--cursor", type=int, default=0, help="the last version already seen")
+    token = commands.add_parser(
+        "token",
+        help="mint a task token (for operators)",
+        description="Print a subscribe or callback token for a task, signed with the secret the gateway "
+        "uses (GATEWAY_SECRET, or the secret file beside its SQLite database). Only the token is printed.",
+    )
+    token.add_argument("scope", choices=("subscribe", "callback"))
+    token.add_argument("task_id")
+    token.add_argument("--ttl", default="24h", help="valid for: 3600, 90s, 15m, 24h, 7d (default 24h)")
+    token.add_argument(
+        "--database-url", help="the gateway's database, for its secret file (GATEWAY_DATABASE_URL)"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "serve":
         return _serve(args)
     if args.command == "migrate":
         return _migrate(args)
+    if args.command == "token":
+        return _token(args)
     if args.command == "watch":
         import anyio
 
@@ -60,7 +84,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2  # pragma: no cover  (argparse requires a command)
 
 
+def package_version() -> str:
+    try:
+        return version("task-gateway")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _warn_unknown(environ: Mapping[str, str]) -> None:
+    warning = unknown_variables(environ)
+    if warning is not None:
+        print(f"gateway: warning: {warning}", file=sys.stderr)
+
+
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.secret_file import with_secret
+
+    _warn_unknown(os.environ)
     try:
         settings = Settings.from_environ(
             os.environ,
@@ -73,12 +113,23 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers,
         )
         settings.check_bind()
+        settings.check_database()
         settings.check_processes()
+        settings = with_secret(settings)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
+    # Reach the database and migrate it before uvicorn starts, so that an unreachable database is one line
+    # here rather than a traceback from the lifespan (which then finds the schema at head).
+    import anyio
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    try:
+        anyio.run(_upgrade, settings.database_url)
+    except Exception as exc:
+        print(f"gateway: cannot start: the database: {_one_line(exc)}", file=sys.stderr)
+        return STARTUP_FAILED
+
+    logging.basicConfig(level=settings.logging_level, format="%(levelname)s:     %(name)s: %(message)s")
     if settings.workers > 1:
         from gateway.web.workers import serve_workers
 
@@ -94,7 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
     server = GatewayServer(config, app)
     server.run()
     if not server.started:
-        return 3  # could not start (uvicorn's code)
+        return STARTUP_FAILED
     return 1 if server.failed else 0
 
 
@@ -103,11 +154,10 @@ def _migrate(args: argparse.Namespace) -> int:
     database could not be reached or migrated)."""
     import anyio
 
-    from gateway.store.database import async_url
-
+    _warn_unknown(os.environ)
     try:
         settings = Settings.from_environ(os.environ, database_url=args.database_url)
-        async_url(settings.database_url)  # an unsupported database is a configuration error
+        settings.check_database()  # an unsupported database is a configuration error
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
@@ -130,6 +180,43 @@ async def _upgrade(url: str) -> tuple[str | None, str]:
         return await current_revision(db.engine), head_revision()
     finally:
         await db.close()
+
+
+_TTL = re.compile(r"(\d+)\s*([smhd]?)")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _token(args: argparse.Namespace) -> int:
+    """Print a token for ``args.task_id`` and ``args.scope``, valid for ``args.ttl``; one line on stderr
+    and 2 when there is no secret to sign with or a setting is wrong."""
+    from gateway.secret_file import secret_path, with_secret
+    from gateway.tokens import Tokens
+
+    ttl = _TTL.fullmatch(args.ttl.strip().lower())
+    if ttl is None or int(ttl.group(1)) == 0:
+        message = f"--ttl {args.ttl!r}: use a positive number of seconds, or 90s, 15m, 24h, 7d"
+        print(f"gateway: {message}", file=sys.stderr)
+        return 2
+    ttl_s = int(ttl.group(1)) * _UNIT_S[ttl.group(2)]
+    try:
+        settings = with_secret(
+            Settings.from_environ(os.environ, database_url=args.database_url), create=False
+        )
+    except ConfigError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    if settings.secret is None:
+        path = secret_path(settings)
+        where = (
+            f"or run gateway serve once on this database, which makes {path}"
+            if path is not None
+            else "as the gateway has it (on PostgreSQL the gateway has no other secret that lasts)"
+        )
+        print(f"gateway: no secret to sign with: set GATEWAY_SECRET, {where}", file=sys.stderr)
+        return 2
+    tokens = Tokens(settings.secret.get_secret_value(), grace_s=0)
+    print(tokens.issue(args.task_id, args.scope, ttl_s * 1000))
+    return 0
 
 
 def _one_line(exc: BaseException) -> str:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 import ipaddress
+import logging
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +56,12 @@ _ENV = {
     "notify_poll_ms": "GATEWAY_NOTIFY_POLL_MS",
     "ws_ping_interval_ms": "GATEWAY_WS_PING_INTERVAL_MS",
 }
+# GATEWAY_* variables read elsewhere than the server's settings: `gateway watch`'s defaults, the tests'.
+_OTHER_VARIABLES = frozenset({"GATEWAY_URL", "GATEWAY_TOKEN", "GATEWAY_TEST_PG_URL"})
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# HS256 wants a key at least as long as its hash (RFC 7518, 3.2): a shorter secret can be guessed offline
+# from any one token.
+MIN_SECRET_BYTES = 32
 
 # A webhook secret: "whsec_" + base64 of this many random bytes (Standard Webhooks: 24 to 64).
 NOTIFY_KEY_BYTES = (24, 64)
@@ -128,7 +136,11 @@ class Settings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{_ENV.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" if e["loc"] else e["msg"]
+                (
+                    f"{_ENV.get(str(e['loc'][0]), e['loc'][0])}: {e['msg'].removeprefix('Value error, ')}"
+                    if e["loc"]
+                    else e["msg"].removeprefix("Value error, ")
+                )
                 for e in exc.errors()
             )
             raise ConfigError(problems) from None
@@ -176,6 +188,29 @@ class Settings(BaseModel):
             return None
         return webhook_key(self.notify_secret.get_secret_value())
 
+    @field_validator("secret")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        size = 0 if value is None else len(value.get_secret_value().encode())
+        if value is not None and size < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"must be at least {MIN_SECRET_BYTES} bytes (it has {size}); "
+                "make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.strip().lower() not in LOG_LEVELS:
+            raise ValueError(f"unknown log level {value!r} (use one of {', '.join(LOG_LEVELS)})")
+        return value.strip().lower()
+
+    @property
+    def logging_level(self) -> int:
+        """``log_level`` as a number for ``logging`` (uvicorn's ``trace`` is 5, below ``debug``)."""
+        return 5 if self.log_level == "trace" else int(getattr(logging, self.log_level.upper()))
+
     @property
     def open_mode(self) -> bool:
         """No API key: management routes are open, which is allowed on loopback only."""
@@ -206,6 +241,13 @@ class Settings(BaseModel):
 
         check_sqlite_free(self.database_url)
 
+    def check_database(self) -> None:
+        """Refuse a database URL the gateway cannot use (an unsupported or unparsable URL, a SQLite file in
+        a directory that does not exist), before anything is started."""
+        from gateway.store.database import check_database_url
+
+        check_database_url(self.database_url)
+
     @property
     def demo_enabled(self) -> bool:
         return self.open_mode if self.demo is None else self.demo
@@ -235,3 +277,19 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def unknown_variables(environ: Mapping[str, str]) -> str | None:
+    """A one-line warning naming each ``GATEWAY_*`` variable that nothing reads (a typo, most often), with
+    the known name it is closest to; ``None`` when there is none."""
+    known = set(_ENV.values()) | _OTHER_VARIABLES
+    unknown = sorted(name for name in environ if name.startswith("GATEWAY_") and name not in known)
+    if not unknown:
+        return None
+    # Compared without the common prefix, which would make every name look close to every other.
+    suffixes = sorted(name.removeprefix("GATEWAY_") for name in known)
+    described = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.removeprefix("GATEWAY_"), suffixes, n=1, cutoff=0.7)
+        described.append(f"{name} (did you mean GATEWAY_{close[0]}?)" if close else name)
+    return f"ignoring unknown variable{'s' if len(unknown) > 1 else ''} {', '.join(described)}"

@@ -18,7 +18,7 @@ from typing import IO, Any
 import anyio
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -29,7 +29,12 @@ from gateway.store.migrate import migrate
 
 def async_url(url: str) -> str:
     """``postgresql://u@h/db`` -> asyncpg, ``sqlite:///f.db`` -> aiosqlite; a named driver is kept."""
-    parsed = make_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:  # its text may hold a password: not repeated
+        raise ConfigError(
+            "GATEWAY_DATABASE_URL: not a database URL (use sqlite:///file.db or postgresql://user@host/db)"
+        ) from None
     backend, _, driver = parsed.drivername.partition("+")
     if backend in ("postgresql", "postgres"):
         return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
@@ -90,13 +95,35 @@ class Database:
         self._lock_file = _lock_sqlite(self.url)
 
 
+def sqlite_path(url: str) -> str | None:
+    """The absolute path of a SQLite database's file; ``None`` for PostgreSQL and in-memory SQLite."""
+    parsed = make_url(async_url(url))
+    if not parsed.drivername.startswith("sqlite"):
+        return None
+    database = parsed.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return os.path.abspath(database)
+
+
+def check_database_url(url: str) -> None:
+    """``ConfigError`` for a URL the gateway cannot use: unparsable, an unsupported database, or a SQLite
+    file whose directory does not exist (it is not made: a typo in a path must not grow a tree)."""
+    path = sqlite_path(url)
+    if path is not None:
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            raise ConfigError(
+                f"GATEWAY_DATABASE_URL: the directory {directory} does not exist (create it, or fix the path)"
+            )
+
+
 def _lock_sqlite(url: str) -> IO[str] | None:
     """Take the SQLite file's process lock (a ``.lock`` file beside it), or raise ``ConfigError``."""
-    database = make_url(url).database
-    if not database or database == ":memory:":
+    path = sqlite_path(url)
+    if path is None:
         return None
-    path = os.path.abspath(database)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    check_database_url(url)
     handle = open(path + ".lock", "w")  # noqa: SIM115  (held for the life of the gateway)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -36,6 +36,7 @@ from gateway.errors import CLOSE_FORBIDDEN, Forbidden, GatewayError, MethodNotAl
 from gateway.hub import Hub
 from gateway.metrics import Metrics
 from gateway.relay import Relay
+from gateway.secret_file import with_secret
 from gateway.settings import Settings, is_loopback
 from gateway.store import Database
 from gateway.store.database import database_unavailable
@@ -75,13 +76,15 @@ class Gateway:
             self.book.on_notifications = self.relay.wake
         self.metrics.watch_hub(self.hub.stats)
         self.metrics.watch_bus(self.bus)
+        settings = self.settings = with_secret(settings)
         if settings.secret is not None:
             secret = settings.secret.get_secret_value()
         else:
             secret = secrets.token_urlsafe(32)
             log.warning(
                 "GATEWAY_SECRET is not set: tokens are signed with a random secret made at start; they "
-                "stop working when this process restarts and no other process accepts them"
+                "stop working when this process restarts and no other process accepts them (a SQLite "
+                "gateway keeps its secret beside the file; on PostgreSQL set GATEWAY_SECRET)"
             )
         self.tokens = Tokens(secret, grace_s=settings.token_grace_s)
         self.guard = Guard(settings, self.tokens)

@@ -46,7 +46,7 @@ def serve_workers(settings: Settings, workers: int) -> int:
         settings = settings.model_copy(update={"secret": SecretStr(secrets.token_urlsafe(32))})
         log.warning(
             "GATEWAY_SECRET is not set: the %d workers share a random secret made at start; tokens stop "
-            "working when the gateway restarts",
+            "working when the gateway restarts (set GATEWAY_SECRET to keep them)",
             workers,
         )
     sock = bind_socket(settings.host, settings.port)
@@ -120,7 +120,7 @@ def _child(settings: Settings, sock: socket.socket) -> None:
     from gateway.web.app import create_app
     from gateway.web.server import GatewayServer, server_config
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    logging.basicConfig(level=settings.logging_level, format="%(levelname)s:     %(name)s: %(message)s")
     app = create_app(settings)
     config = server_config(
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from gateway.settings import ConfigError, Settings
+from gateway.settings import ConfigError, Settings, unknown_variables
 
 
 def test_environment_is_read_into_settings() -> None:
@@ -38,3 +40,30 @@ def test_open_mode_is_refused_off_loopback() -> None:
 def test_a_bad_value_names_its_variable() -> None:
     with pytest.raises(ConfigError, match="GATEWAY_PORT"):
         Settings.from_environ({"GATEWAY_PORT": "eighty"})
+
+
+def test_unknown_variables_are_named_with_the_closest_known_one() -> None:
+    environ = {
+        "GATEWAY_SERCET": "x",
+        "GATEWAY_DATABASEURL": "sqlite:///g.db",
+        "GATEWAY_COLOUR": "blue",
+        "GATEWAY_URL": "http://127.0.0.1:8000",  # gateway watch's
+        "GATEWAY_PORT": "8000",
+        "HOME": "/root",
+    }
+    assert unknown_variables(environ) == (
+        "ignoring unknown variables GATEWAY_COLOUR, "
+        "GATEWAY_DATABASEURL (did you mean GATEWAY_DATABASE_URL?), "
+        "GATEWAY_SERCET (did you mean GATEWAY_SECRET?)"
+    )
+    assert unknown_variables({"GATEWAY_PORT": "1"}) is None
+
+
+def test_log_level_and_secret_length_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"^GATEWAY_LOG_LEVEL: unknown log level 'loud'"):
+        Settings.from_environ({"GATEWAY_LOG_LEVEL": "loud"})
+    assert Settings.from_environ({"GATEWAY_LOG_LEVEL": "WARNING"}).logging_level == logging.WARNING
+    assert Settings(log_level="trace").logging_level == 5
+    with pytest.raises(ConfigError, match=r"^GATEWAY_SECRET: must be at least 32 bytes \(it has 31\)"):
+        Settings.from_environ({"GATEWAY_SECRET": "s" * 31})
+    Settings.from_environ({"GATEWAY_SECRET": "s" * 32})

@@ -1,0 +1,206 @@
+"""The ``gateway`` command as an operator meets it, run as a subprocess: a configuration it cannot use ends
+in one line on stderr and a non-zero exit, never a traceback; unknown ``GATEWAY_*`` variables are named
+at start; the zero-configuration gateway keeps its tokens valid across a restart (a secret file beside the
+SQLite database); ``gateway token`` mints tokens a real server accepts; ``gateway --version``."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+
+import anyio
+import httpx
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.processes import spawn_gateway
+from tests.support import GATEWAY_CLI, bearer, create_task, running_gateway
+
+SECRET = "cli-test-secret-0123456789abcdef0123456789"
+RUN_S = 60
+
+
+def run_cli(
+    args: list[str], tmp_path: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``gateway ARGS`` in ``tmp_path`` with no ``GATEWAY_*`` variable of this environment but ``env``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    environ.update(env or {})
+    return subprocess.run(
+        [*GATEWAY_CLI, *args], capture_output=True, text=True, timeout=RUN_S, cwd=tmp_path, env=environ
+    )
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line on stderr (and nothing else there), with no traceback."""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert lines[0].startswith("gateway: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "code", "words"),
+    [
+        ({"GATEWAY_DATABASE_URL": "mysql://root@127.0.0.1/tasks"}, 2, "unsupported database 'mysql'"),
+        ({"GATEWAY_DATABASE_URL": "no-scheme-at-all"}, 2, "not a database URL"),
+        (
+            {"GATEWAY_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/tasks"},
+            3,
+            "cannot start: the database",
+        ),
+        ({"GATEWAY_LOG_LEVEL": "loud"}, 2, "GATEWAY_LOG_LEVEL: unknown log level 'loud'"),
+        ({"GATEWAY_SECRET": "too-short"}, 2, "GATEWAY_SECRET: must be at least 32 bytes (it has 9)"),
+    ],
+)
+def test_a_bad_setting_ends_in_one_line_and_a_nonzero_exit(
+    tmp_path: Path, env: dict[str, str], code: int, words: str
+) -> None:
+    done = run_cli(["serve", "--port", "0"], tmp_path, env)
+    assert done.returncode == code, done.stderr
+    assert words in one_line(done)
+
+
+def test_a_sqlite_file_in_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    done = run_cli(["serve", "--port", "0", "--database-url", f"sqlite:///{missing}/gateway.db"], tmp_path)
+    assert done.returncode == 2
+    assert f"the directory {missing} does not exist" in one_line(done)
+    assert not (tmp_path / "no").exists()
+    done = run_cli(["migrate", "--database-url", f"sqlite:///{missing}/gateway.db"], tmp_path)
+    assert done.returncode == 2 and f"{missing} does not exist" in one_line(done)
+
+
+@pytest.mark.anyio
+async def test_unknown_variables_are_named_and_a_second_process_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/gateway.db"
+    first = await spawn_gateway(
+        "first", url, tmp_path / "first.log", env={"GATEWAY_SERCET": SECRET, "GATEWAY_COLOUR": "blue"}
+    )
+    try:
+        await first.serving()
+        warnings = [line for line in first.output().splitlines() if "warning:" in line]
+        assert warnings == [
+            "gateway: warning: ignoring unknown variables GATEWAY_COLOUR, "
+            "GATEWAY_SERCET (did you mean GATEWAY_SECRET?)"
+        ], first.output()
+
+        done = await anyio.to_thread.run_sync(
+            lambda: run_cli(
+                ["serve", "--port", "0", "--database-url", url], tmp_path, {"GATEWAY_SECRET": SECRET}
+            )
+        )
+        assert done.returncode == 2
+        assert "another gateway process is serving" in one_line(done)
+    finally:
+        await first.stop()
+
+
+async def subscribe_once(base_url: str, task_id: str, token: str) -> dict[str, object]:
+    """The first frame of a WebSocket subscription with ``token``."""
+    ws_url = base_url.replace("http://", "ws://") + f"/v1/tasks/{task_id}/ws?cursor=0&token={token}"
+    async with connect(ws_url, open_timeout=10, close_timeout=2) as ws:
+        with anyio.fail_after(10):
+            frame: dict[str, object] = orjson.loads(await ws.recv())
+            return frame
+
+
+@pytest.mark.anyio
+async def test_tokens_of_the_zero_config_gateway_survive_a_restart(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/gateway.db"
+    no_secret = {"GATEWAY_SECRET": ""}  # the zero-configuration default: no GATEWAY_SECRET
+    before = await spawn_gateway("before", url, tmp_path / "before.log", env=no_secret)
+    try:
+        await before.serving()
+        async with httpx.AsyncClient(base_url=before.url, timeout=10) as client:
+            made = await create_task(client, "kept-1", ttl_ms=600_000)
+    finally:
+        await before.stop()
+    secret_file = tmp_path / "gateway.db.secret"
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+
+    after = await spawn_gateway("after", url, tmp_path / "after.log", env=no_secret)
+    try:
+        await after.serving()
+        frame = await subscribe_once(after.url, "kept-1", made.subscribe_token)
+        assert frame["type"] == "caught-up", frame
+        async with httpx.AsyncClient(base_url=after.url, timeout=10) as client:
+            answer = await client.post(
+                "/v1/tasks/kept-1/callbacks",
+                json={"event": {"type": "start", "worker": "w"}},
+                headers=bearer(made.callback_token),
+            )
+            assert answer.status_code == 200 and answer.json()["reason"] == "started", answer.text
+
+        # `gateway token` signs with the same secret file, with no GATEWAY_SECRET either.
+        minted = await anyio.to_thread.run_sync(
+            lambda: run_cli(["token", "subscribe", "kept-1", "--database-url", url], tmp_path)
+        )
+        assert minted.returncode == 0 and minted.stderr == "", minted.stderr
+        frame = await subscribe_once(after.url, "kept-1", minted.stdout.strip())
+        assert frame["type"] == "delta" and frame["version"] == 1, frame
+    finally:
+        await after.stop()
+
+
+@pytest.mark.parametrize(
+    ("mode", "content", "words"),
+    [
+        (0o644, "s" * 43 + "\n", "is open to other users (mode 644)"),
+        (0o600, "short\n", "is malformed"),
+    ],
+)
+def test_a_secret_file_open_to_others_or_malformed_is_refused(
+    tmp_path: Path, mode: int, content: str, words: str
+) -> None:
+    secret_file = tmp_path / "gateway.db.secret"
+    secret_file.write_text(content)
+    secret_file.chmod(mode)
+    done = run_cli(["serve", "--port", "0", "--database-url", f"sqlite:///{tmp_path}/gateway.db"], tmp_path)
+    assert done.returncode == 2
+    assert f"{secret_file} {words}" in one_line(done)
+    assert secret_file.read_text() == content  # left as it was
+
+
+@pytest.mark.anyio
+async def test_gateway_token_mints_tokens_a_real_server_accepts(sqlite_url: str, tmp_path: Path) -> None:
+    async with running_gateway(sqlite_url, secret=SECRET) as gw:
+        await create_task(gw, "ops-1", ttl_ms=600_000)
+        env = {"GATEWAY_SECRET": SECRET}
+        subscribe = await anyio.to_thread.run_sync(
+            lambda: run_cli(["token", "subscribe", "ops-1", "--ttl", "15m"], tmp_path, env)
+        )
+        callback = await anyio.to_thread.run_sync(
+            lambda: run_cli(["token", "callback", "ops-1"], tmp_path, env)
+        )
+        for done in (subscribe, callback):
+            assert done.returncode == 0 and done.stderr == "", done.stderr
+            assert len(done.stdout.splitlines()) == 1  # only the token
+
+        answer = await gw.client.post(
+            "/v1/tasks/ops-1/callbacks",
+            json={"event": {"type": "start", "worker": "ops"}},
+            headers=bearer(callback.stdout.strip()),
+        )
+        assert answer.status_code == 200 and answer.json()["reason"] == "started", answer.text
+        frame = await subscribe_once(gw.url, "ops-1", subscribe.stdout.strip())
+        assert frame["type"] == "delta" and frame["version"] == 1, frame
+        # Each token opens only its own scope.
+        answer = await gw.client.get("/v1/tasks/ops-1", headers=bearer(callback.stdout.strip()))
+        assert answer.status_code == 403 and "subscribe token" in answer.json()["error"]["message"]
+
+    no_secret = run_cli(["token", "subscribe", "ops-1", "--database-url", sqlite_url], tmp_path)
+    assert no_secret.returncode == 2 and "no secret to sign with" in one_line(no_secret)
+    bad_ttl = run_cli(["token", "subscribe", "ops-1", "--ttl", "soon"], tmp_path, {"GATEWAY_SECRET": SECRET})
+    assert bad_ttl.returncode == 2 and "--ttl" in one_line(bad_ttl)
+
+
+def test_gateway_version_prints_the_package_version(tmp_path: Path) -> None:
+    done = run_cli(["--version"], tmp_path)
+    assert done.returncode == 0
+    assert done.stdout == f"gateway {version('task-gateway')}\n"
