@@ -126,7 +126,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         anyio.run(_upgrade, settings.database_url)
     except Exception as exc:
-        print(f"gateway: cannot start: the database: {_one_line(exc)}", file=sys.stderr)
+        print(f"gateway: could not start: the database: {_one_line(exc)}", file=sys.stderr)
         return STARTUP_FAILED
 
     logging.basicConfig(level=settings.logging_level, format="%(levelname)s:     %(name)s: %(message)s")

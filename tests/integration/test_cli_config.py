@@ -52,7 +52,7 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
         (
             {"GATEWAY_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/tasks"},
             3,
-            "cannot start: the database",
+            "could not start: the database",
         ),
         ({"GATEWAY_LOG_LEVEL": "loud"}, 2, "GATEWAY_LOG_LEVEL: unknown log level 'loud'"),
         ({"GATEWAY_SECRET": "too-short"}, 2, "GATEWAY_SECRET: must be at least 32 bytes (it has 9)"),
