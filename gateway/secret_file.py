@@ -62,8 +62,12 @@ def load_or_create(path: str) -> str:
             os.fsync(out.fileno())
         with contextlib.suppress(FileExistsError):  # another process made it first: theirs is the one
             os.link(temporary, path)  # atomic, and never replaces a secret
+        _sync_directory(os.path.dirname(path))  # the new name survives a power cut, as the tokens would
+    except OSError as exc:
+        raise ConfigError(f"cannot create the token secret {path}: {exc.strerror}") from None
     finally:
-        os.unlink(temporary)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
     made = read_secret(path)
     assert made is not None
     return made
@@ -92,3 +96,11 @@ def read_secret(path: str) -> str | None:
             "printable characters); delete it to make a new one (tokens signed with the old one stop working)"
         )
     return secret
+
+
+def _sync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
