@@ -32,6 +32,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tests.support import running
+
 # What the receiver does with a try: ``(webhook id, this id's try number from 1) -> status``; it may wait
 # first (a slow or hanging receiver).
 Behaviour = Callable[[str, int], Awaitable[int]]
@@ -135,29 +137,8 @@ def read_log(log: Path) -> list[Try]:
 async def serving_receiver(receiver: Receiver) -> AsyncIterator[str]:
     """Run the receiver under uvicorn on a free loopback port for the block; yields its URL."""
     config = uvicorn.Config(receiver.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    async with anyio.create_task_group() as tg:
-        done = anyio.Event()
-
-        async def run() -> None:
-            try:
-                await server.serve()
-            finally:
-                done.set()
-
-        tg.start_soon(run)
-        with anyio.fail_after(10):
-            while not server.started:
-                if done.is_set():
-                    raise RuntimeError("the receiver did not start")
-                await anyio.sleep(0.005)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        try:
-            yield f"http://127.0.0.1:{port}/hooks"
-        finally:
-            server.should_exit = True
-            with anyio.fail_after(10):
-                await done.wait()
+    async with running(uvicorn.Server(config), "the receiver") as port:
+        yield f"http://127.0.0.1:{port}/hooks"
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import asyncpg
 import httpx
 import jwt
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
@@ -85,7 +86,13 @@ class Running:
 async def serve(app: Starlette) -> AsyncIterator[str]:
     """Run ``app`` under a real uvicorn server on a free port until the block ends."""
     config = server_config(app, "127.0.0.1", 0, log_level="warning", lifespan="on")
-    server = GatewayServer(config, app)
+    async with running(GatewayServer(config, app), "the gateway") as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+@asynccontextmanager
+async def running(server: uvicorn.Server, what: str) -> AsyncIterator[int]:
+    """Serve with ``server`` (bound to a free port) until the block ends; yields its port."""
     async with anyio.create_task_group() as tg:
         done = anyio.Event()
 
@@ -99,11 +106,10 @@ async def serve(app: Starlette) -> AsyncIterator[str]:
         with anyio.fail_after(10):
             while not server.started:
                 if done.is_set():
-                    raise RuntimeError("the gateway did not start")
+                    raise RuntimeError(f"{what} did not start")
                 await anyio.sleep(0.005)
-        port = server.servers[0].sockets[0].getsockname()[1]
         try:
-            yield f"http://127.0.0.1:{port}"
+            yield server.servers[0].sockets[0].getsockname()[1]
         finally:
             server.should_exit = True
             with anyio.fail_after(10):

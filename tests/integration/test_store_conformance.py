@@ -390,18 +390,9 @@ async def test_the_task_list_pages_through_every_task_once_in_id_order(store: St
         assert await tx.list_tasks(state=None, after="task-11", limit=5) == []
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        with postgres_database() as url:
-            yield url
-
-
 @pytest.fixture
-async def sql_store(sql_url: str) -> AsyncIterator[SqlStore]:
-    opened = SqlStore(Database(sql_url))
+async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
+    opened = SqlStore(Database(database_url))
     await opened.open()
     try:
         yield opened
