@@ -6,7 +6,11 @@
  * so it resumes with `caught-up` or `delta`, not from 0).
  *
  * While the link is down (the client is reconnecting or offline), every card still in progress is marked
- * stale: dimmed, with the time its data dates from, and a banner under the header says so in words.
+ * stale: its bar and numbers faded, a note saying when its data dates from, and a banner under the header
+ * says so in words; nothing on the page ticks on while it is down.
+ *
+ * Order: tasks from the link first, in the link's order (the task a person came for is at the top), then
+ * the others, newest first.
  *
  * State for tests and tools is in the DOM: `#connection[data-state][data-transport][data-live]`,
  * `body[data-stale]` and `article.task-card[data-task-id][data-state][data-version][data-progress]
@@ -19,6 +23,10 @@ const TERMINAL = new Set(["succeeded", "failed", "expired"]);
 const RESUME = new Set(["caught-up", "delta", "snapshot"]);
 const LIST_KEY = "task-gateway:dashboard:tasks";
 
+const DASH = "—";
+// One time style on the page: the user's locale, hours and minutes.
+const TIME = { hour: "2-digit", minute: "2-digit" };
+
 const client = new GatewayClient(location.origin);
 watchBrowser(client);
 
@@ -28,8 +36,10 @@ const $ = (selector) => document.querySelector(selector);
 const connection = $("#connection");
 const tasksEl = $("#tasks");
 const template = $("#task-card");
-// Gateway clock minus ours, learnt from live events, so that "time left" follows the gateway's deadline.
+// Gateway clock minus ours, learnt from live events, so that "updated … ago" follows the gateway's clock.
 let clockOffsetMs = 0;
+// The tasks the link names, in its order: they come first on the page.
+const linkedIds = [];
 // When the link went down (ms since the epoch), while it is down and some card is still in progress.
 let staleSince = null;
 
@@ -64,7 +74,10 @@ class Card {
     el.querySelector(".bar").setAttribute("aria-label", `Progress of ${id}`);
     const remove = el.querySelector(".remove");
     remove.setAttribute("aria-label", `Stop watching ${id}`);
+    remove.title = `Stop watching ${id}`;
     remove.addEventListener("click", () => removeTask(id));
+    const copy = el.querySelector(".copy");
+    copy.addEventListener("click", () => this.copyResult());
     this.el = el;
     this.startCursor = client.cursor(id) ?? 0;
     this.stop = client.subscribe(id, this.token, (frame, task) => this.onFrame(frame, task), {
@@ -144,24 +157,29 @@ class Card {
     bar.setAttribute("aria-valuenow", String(progress));
     bar.setAttribute("aria-valuetext", `${progress}%${task ? `, ${STATE_WORDS[task.state] ?? task.state}` : ""}`);
     el.querySelector(".bar-fill").style.width = `${progress}%`;
-    el.querySelector(".f-progress").textContent = task ? `${progress}%` : "–";
-    el.querySelector(".f-attempts").textContent = task ? `${task.attempts} of ${task.maxAttempts}` : "–";
-    el.querySelector(".f-version").textContent = task ? String(task.version) : "–";
-    el.querySelector(".f-event").textContent = this.lastEvent ? describeEvent(this.lastEvent) : "–";
+    el.querySelector(".f-progress").textContent = task ? `${progress}%` : DASH;
+    el.querySelector(".f-attempts").textContent = task ? `${task.attempts} of ${task.maxAttempts}` : DASH;
+    el.querySelector(".f-deadline").textContent = deadline(task);
+    el.querySelector(".f-version").textContent = task ? String(task.version) : DASH;
+    el.querySelector(".f-event").textContent = this.lastEvent ? describeEvent(this.lastEvent) : DASH;
     el.querySelector(".f-resume").textContent = this.resume
       ? `${this.resume} from v${this.resumedFrom}${this.resumes > 1 ? ` (${this.resumes} connects)` : ""}`
-      : "–";
-    el.querySelector(".f-transport").textContent = client.transport === "sse" ? "Server-sent events" : "WebSocket";
+      : DASH;
 
+    // A task that ended badly: the badge says so; the box says why and whether it will be tried again.
     const failure = el.querySelector(".task-failure");
     const failed = task && (task.state === "failed" || task.state === "expired");
     failure.hidden = !failed;
-    el.querySelector(".failure-title").textContent = task && task.state === "expired" ? "Expired" : "Failed";
     el.querySelector(".failure-text").textContent = failed
       ? task.state === "expired"
-        ? "It did not finish before its deadline."
+        ? `It did not finish by its deadline (${clockTime(task.expiresAtMs - clockOffsetMs)}).`
         : task.error || "The worker reported a failure."
       : "";
+    el.querySelector(".failure-retry").textContent = failed
+      ? `Will not be retried${task.attempts >= task.maxAttempts ? ` (all ${task.maxAttempts} attempts used)` : ""}.`
+      : "";
+
+    this.renderResult(task);
 
     const error = el.querySelector(".card-error");
     error.hidden = !this.error;
@@ -169,9 +187,49 @@ class Card {
     this.renderTimes();
   }
 
-  /** What changes with the clock alone: time left, "updated … ago", and whether the data may be stale. */
+  /** A succeeded task's result: a link when it is a web address, else the reference to copy. */
+  renderResult(task) {
+    const box = this.el.querySelector(".task-result");
+    const ref = task && task.state === "succeeded" && task.resultRef ? task.resultRef : null;
+    box.hidden = ref === null;
+    const link = box.querySelector(".result-link");
+    const chip = box.querySelector(".result-copy");
+    const web = ref !== null && isWebAddress(ref);
+    link.hidden = !web;
+    chip.hidden = ref === null || web;
+    if (web) {
+      link.href = ref;
+      link.title = ref;
+    } else {
+      link.removeAttribute("href");
+    }
+    box.querySelector(".result-ref").textContent = ref !== null && !web ? ref : "";
+    box.querySelector(".copy").setAttribute("aria-label", `Copy the result of ${this.id}`);
+  }
+
+  async copyResult() {
+    const button = this.el.querySelector(".copy");
+    const ref = this.task && this.task.resultRef;
+    if (!ref) return;
+    try {
+      await navigator.clipboard.writeText(ref);
+      button.textContent = "Copied";
+    } catch {
+      // No clipboard (an insecure origin, a denied permission): select the text for a manual copy.
+      const range = document.createRange();
+      range.selectNodeContents(this.el.querySelector(".result-ref"));
+      getSelection().removeAllRanges();
+      getSelection().addRange(range);
+      button.textContent = "Selected";
+    }
+    clearTimeout(this.copiedTimer);
+    this.copiedTimer = setTimeout(() => {
+      button.textContent = "Copy";
+    }, 2000);
+  }
+
+  /** What changes with the clock or the link alone: "updated … ago", staleness, the connection detail. */
   renderTimes() {
-    this.renderTimeLeft();
     const updated = this.el.querySelector(".f-updated");
     const at = this.updatedAt();
     updated.textContent = at === null ? "" : `Updated ${formatAgo(Date.now() - at)}`;
@@ -182,6 +240,13 @@ class Card {
     note.textContent = stale
       ? `May be out of date: no news since ${clockTime(Math.min(staleSince, this.heardAt ?? staleSince))}.`
       : "";
+    const state = connection.dataset.state;
+    this.el.querySelector(".f-transport").textContent =
+      state === "reconnecting" || state === "offline"
+        ? state
+        : client.transport === "sse"
+          ? "Server-sent events"
+          : "WebSocket";
   }
 
   /** When the task last changed: its latest entry's time on the gateway's clock, else when we heard of it. */
@@ -192,18 +257,23 @@ class Card {
     }
     return this.heardAt;
   }
+}
 
-  renderTimeLeft() {
-    const cell = this.el.querySelector(".f-time-left");
-    const task = this.task;
-    if (!task) {
-      cell.textContent = "–";
-    } else if (TERMINAL.has(task.state)) {
-      cell.textContent = task.state === "expired" ? "deadline passed" : "done";
-    } else {
-      const left = task.expiresAtMs - (Date.now() + clockOffsetMs);
-      cell.textContent = left > 0 ? formatDuration(left) : "deadline passed";
-    }
+/** The task's deadline as a time of day (a date too when not today); a dash once the task has ended. */
+function deadline(task) {
+  if (!task || TERMINAL.has(task.state)) return DASH;
+  const at = new Date(task.expiresAtMs - clockOffsetMs);
+  const today = new Date().toDateString() === at.toDateString();
+  const options = today ? TIME : { month: "short", day: "numeric", ...TIME };
+  return `by ${nowrap(at.toLocaleString([], options))}`;
+}
+
+function isWebAddress(ref) {
+  try {
+    const url = new URL(ref);
+    return url.protocol === "https:" || url.protocol === "http:";
+  } catch {
+    return false;
   }
 }
 
@@ -214,13 +284,14 @@ function describeEvent({ event }) {
       text = `started by ${event.worker}`;
       break;
     case "progress":
-      text = `progress ${event.progress}%${event.cursor ? ` (${event.cursor})` : ""}`;
+      // The percentage is on the card already: say only where the worker is, if it said.
+      text = event.cursor ? `progress: ${event.cursor}` : "progress reported";
       break;
     case "succeed":
-      text = `succeeded: ${event.resultRef}`;
+      text = "finished";
       break;
     case "fail":
-      text = `${event.retryable ? "failed, retryable" : "failed"}: ${event.error}`;
+      text = `attempt failed: ${event.error}`;
       break;
     case "expire":
       text = "expired at its deadline";
@@ -228,7 +299,7 @@ function describeEvent({ event }) {
     default:
       text = String(event.type);
   }
-  return typeof event.atMs === "number" ? `${text} · ${new Date(event.atMs).toLocaleTimeString()}` : text;
+  return typeof event.atMs === "number" ? `${text}\u00a0· ${clockTime(event.atMs - clockOffsetMs)}` : text;
 }
 
 /** A line in words where the badge and the bar do not say enough; empty otherwise. */
@@ -236,7 +307,10 @@ function headline(task, error) {
   if (error) return "";
   if (!task) return "Connecting to the gateway…";
   if (task.state === "queued") {
-    return task.attempts > 0 ? "Waiting to be retried" : "Waiting for a worker to start it";
+    // A failed attempt with attempts left comes back queued: it will be tried again.
+    return task.attempts > 0
+      ? `Retrying (attempt ${task.attempts + 1} of ${task.maxAttempts})`
+      : "Waiting for a worker to start it";
   }
   return "";
 }
@@ -251,27 +325,21 @@ function explainError({ code, message }) {
   return `${words[code] ?? message} (${code})`;
 }
 
+/** How long ago, in steps that do not tick by the second. */
 function formatAgo(ms) {
-  const s = Math.max(0, Math.round(ms / 1000));
-  if (s < 5) return "just now";
-  if (s < 60) return `${s} s ago`;
-  const m = Math.floor(s / 60);
+  const m = Math.floor(Math.max(0, ms) / 60_000);
+  if (m < 1) return "just now";
   if (m < 60) return `${m} min ago`;
   return `at ${clockTime(Date.now() - ms)}`;
 }
 
 function clockTime(ms) {
-  return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  return nowrap(new Date(ms).toLocaleTimeString([], TIME));
 }
 
-function formatDuration(ms) {
-  const s = Math.ceil(ms / 1000);
-  if (s < 60) return `${s}s`;
-  const m = Math.floor(s / 60);
-  if (m < 60) return `${m}m ${String(s % 60).padStart(2, "0")}s`;
-  const h = Math.floor(m / 60);
-  if (h < 48) return `${h}h ${String(m % 60).padStart(2, "0")}m`;
-  return `${Math.floor(h / 24)} days`;
+/** "1:43 PM" never wraps before its "PM". */
+function nowrap(text) {
+  return text.replace(/\s/g, "\u00a0");
 }
 
 // --- the list of watched tasks --------------------------------------------------------------------------
@@ -293,7 +361,7 @@ function addTask(id, token, { save = true } = {}) {
   }
   card = new Card(id, token);
   cards.set(id, card);
-  tasksEl.prepend(card.el);
+  arrange();
   if (save) saveList();
   updateEmpty();
   updateConnection();
@@ -306,6 +374,7 @@ function removeTask(id) {
   card.stop();
   card.el.remove();
   cards.delete(id);
+  if (linkedIds.includes(id)) linkedIds.splice(linkedIds.indexOf(id), 1);
   saveList();
   // A task from the link would come back on reload: take it out of the address too.
   const params = new URLSearchParams(location.search);
@@ -328,9 +397,17 @@ function removeTask(id) {
   updateConnection();
 }
 
+/** The link's tasks first, in its order; then the others, newest first. */
+function arrange() {
+  const linked = linkedIds.filter((id) => cards.has(id)).map((id) => cards.get(id).el);
+  const others = [...cards.values()].filter((c) => !linkedIds.includes(c.id)).reverse().map((c) => c.el);
+  const order = [...linked, ...others];
+  if (order.some((el, i) => tasksEl.children[i] !== el)) tasksEl.replaceChildren(...order);
+}
+
 function saveList() {
   // Oldest first, as they were added, so that a reload puts them back in the same order.
-  const list = [...cards.values()].reverse().map((c) => ({ id: c.id, token: c.token }));
+  const list = [...cards.values()].map((c) => ({ id: c.id, token: c.token }));
   try {
     sessionStorage.setItem(LIST_KEY, JSON.stringify(list));
   } catch {
@@ -371,6 +448,7 @@ function updateConnection() {
   connection.dataset.state = state;
   connection.dataset.transport = client.transport;
   connection.dataset.live = String(live);
+  connection.hidden = state === "idle";
   connection.querySelector(".label").textContent = LABELS[state] ?? state;
   const transport = client.transport === "sse" ? "server-sent events" : "WebSocket";
   connection.title = `${live} live task${live === 1 ? "" : "s"}; transport: ${transport}`;
@@ -443,10 +521,11 @@ async function showDemo() {
   }
 }
 
-// Time left and "updated … ago" move on between frames.
+// "Updated … ago" moves on between frames, except while the link is down: then the note says since when.
 setInterval(() => {
+  if (staleSince !== null) return;
   for (const card of cards.values()) card.renderTimes();
-}, 1000);
+}, 15_000);
 
 // --- start ----------------------------------------------------------------------------------------------
 
@@ -457,8 +536,9 @@ function start() {
   const tokens = params.getAll("token");
   const linked = new Map();
   params.getAll("task").forEach((id, i) => {
-    if (id.trim()) linked.set(id.trim(), tokens[i] || null);
+    if (id.trim() && !linked.has(id.trim())) linked.set(id.trim(), tokens[i] || null);
   });
+  linkedIds.push(...linked.keys());
   if (linked.size > 0) {
     // Someone came to see these tasks: they come first, the controls fold away below them.
     const controls = $("#controls");

@@ -2,7 +2,7 @@
  * "All tasks" on the dashboard: the operators' list (`GET /v1/tasks`), a page at a time, filtered by state.
  *
  * Shown only where this page may read the management API (open mode on loopback; with an API key the
- * browser holds none, so the section stays hidden). Read-only: a task's id links to the dashboard watching
+ * browser holds none, so the section stays hidden, and so do the operators' links in the footer). Read-only: a task's id links to the dashboard watching
  * it (`/?task=ID`).
  *
  * State for tests: `#all-tasks[data-ready][data-count][data-more]`; each row is
@@ -108,6 +108,9 @@ async function start() {
   };
 
   show(first, true);
+  // The same check decides the operators' links in the footer (health, readiness, metrics, the client).
+  const links = document.querySelector("#operator-links");
+  if (links) links.hidden = false;
   ui.filter.addEventListener("change", () => load(true));
   ui.refresh.addEventListener("click", () => load(true));
   ui.more.addEventListener("click", () => load(false));

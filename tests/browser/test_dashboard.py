@@ -52,8 +52,12 @@ async def test_page_loads_clean_and_demo_tasks_run_to_success(dashboard: Dashboa
         bar = card.get_by_role("progressbar")
         await dashboard.expect(bar).to_have_attribute("aria-valuenow", "100")
         await dashboard.expect(card.locator(".state-badge")).to_have_text("Succeeded")
-        await dashboard.expect(card.locator(".f-event")).to_contain_text("succeeded: demo://results/")
-        await dashboard.expect(card.locator(".f-time-left")).to_have_text("done")
+        # A demo result is no web address: a reference to copy, never "succeeded: demo://..." text.
+        await dashboard.expect(card.locator(".result-ref")).to_contain_text("demo://results/")
+        copy = card.get_by_role("button", name=f"Copy the result of {task_id}")
+        await dashboard.expect(copy).to_be_visible()
+        await dashboard.expect(card).not_to_contain_text("succeeded:")
+        await dashboard.expect(card.locator(".f-deadline")).to_have_text("—")
         # It was live: the bar went through values between 0 and 100 on its way.
         assert any(0 < p < 100 for p in seen["cards"][task_id]["progress"]), seen["cards"][task_id]
     first = dashboard.card(started[0])
@@ -97,13 +101,19 @@ async def test_tasks_from_a_link_and_the_form(dashboard: Dashboard, console: Con
         await dashboard.wait_card(task_id, "d.state === 'queued' && d.resume === 'caught-up'", 10_000)
     card = dashboard.card("link-a")
     await dashboard.expect(card.locator(".f-attempts")).to_have_text("0 of 3")
-    await dashboard.expect(card.locator(".f-time-left")).to_have_text(re.compile(r"^(10m 00s|9m \d\ds)$"))
+    # The deadline as a time of day (hours and minutes), not a countdown.
+    deadline = await dashboard.page.evaluate(
+        "ms => new Date(ms).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})"
+        " .replace(/\\s/g, '\u00a0')",
+        a["task"]["expiresAtMs"],
+    )
+    await dashboard.expect(card.locator(".f-deadline")).to_have_text(f"by {deadline}")
 
     # Opened from a link, the controls are folded below the tasks: unfold them to add one.
     await dashboard.page.get_by_text("Watch another task").click()
     form = dashboard.page.locator("#add-task")
     await form.get_by_label("Task id").fill("form-c")
-    await form.get_by_label("Subscribe token").fill(c["subscribeToken"])
+    await form.get_by_label("Access code (subscribe token)").fill(c["subscribeToken"])
     await form.get_by_role("button", name="Watch").click()
     await dashboard.wait_card("form-c", "d.state === 'queued'", 10_000)
 
@@ -115,12 +125,12 @@ async def test_tasks_from_a_link_and_the_form(dashboard: Dashboard, console: Con
 
     # A wrong token (another task's): the card says so instead of waiting forever; the right one fixes it.
     await form.get_by_label("Task id").fill("fix-d")
-    await form.get_by_label("Subscribe token").fill(a["subscribeToken"])
+    await form.get_by_label("Access code (subscribe token)").fill(a["subscribeToken"])
     await form.get_by_role("button", name="Watch").click()
     await dashboard.wait_card("fix-d", "d.state === 'error'", 10_000)
     await dashboard.expect(dashboard.card("fix-d").locator(".card-error")).to_contain_text("forbidden")
     await form.get_by_label("Task id").fill("fix-d")
-    await form.get_by_label("Subscribe token").fill(d["subscribeToken"])
+    await form.get_by_label("Access code (subscribe token)").fill(d["subscribeToken"])
     await form.get_by_role("button", name="Watch").click()
     await dashboard.wait_card("fix-d", "d.state === 'queued'", 10_000)
     await dashboard.expect(dashboard.card("fix-d")).to_have_count(1)
@@ -276,6 +286,14 @@ async def test_on_a_phone_the_indicator_stays_put_and_linked_tasks_come_first(
         assert colours["failedBorder"] != colours["staleBorder"], colours
         assert colours["failedBadge"] != colours["indicatorDot"], colours
 
+        # The stale card is not faded as a whole: its note is readable (WCAG AA), in light and dark.
+        note = dashboard.card("report-a").locator(".stale-note")
+        for scheme in ("light", "dark"):
+            await page.emulate_media(color_scheme=scheme)
+            seen = await note.evaluate(CONTRAST)
+            assert seen["opacity"] == 1 and seen["ratio"] >= 4.5, (scheme, seen)
+        await page.emulate_media(color_scheme="light")
+
         # Plain words on the card; the developer's words only inside the folded details.
         visible_text = await page.evaluate("document.body.innerText")
         for jargon in ("Version", "delta from", "caught-up", "Last resume"):
@@ -286,10 +304,97 @@ async def test_on_a_phone_the_indicator_stays_put_and_linked_tasks_come_first(
         await running.locator("details.tech summary").click()
         await expect(running.locator(".f-version")).to_be_visible()
         await expect(running.locator(".f-version")).to_have_text("1")
+        await expect(running.locator(".f-transport")).to_have_text("reconnecting")
 
         relay.refuse = False
         await expect(connection).to_have_attribute("data-state", "connected", timeout=15_000)
         await expect(banner).to_be_hidden()
         assert await indicator_box() == connected
     console.errors[:] = [e for e in console.errors if not e.startswith("WebSocket connection to")]
+    console.assert_clean()
+
+
+# The contrast ratio (WCAG 2) of an element's text on its own background, both opaque colours as computed.
+CONTRAST = """(el) => {
+    const rgb = (css) => {
+        const n = css.match(/[\\d.]+/g).map(Number);
+        return css.startsWith("color(") ? n.slice(0, 3).map((v) => v * 255) : n.slice(0, 3);
+    };
+    const lum = (c) => {
+        const linear = (v) => (v <= 0.04045 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
+        const [r, g, b] = c.map((v) => linear(v / 255));
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    };
+    const style = getComputedStyle(el);
+    const [a, b] = [lum(rgb(style.color)), lum(rgb(style.backgroundColor))];
+    let opacity = 1;
+    for (let node = el; node; node = node.parentElement) opacity *= Number(getComputedStyle(node).opacity);
+    return { ratio: (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05), opacity };
+}"""
+
+
+async def test_cards_say_what_came_of_each_task_on_a_phone(dashboard: Dashboard, console: Console) -> None:
+    """Opened from a link on a phone: the cards in the link's order; a result to open (a web address) or to
+    copy (anything else); a failed task says why once and that it will not be retried; a requeued one that
+    it is being retried; deadlines as a time of day, a dash once done; touch-sized remove buttons."""
+    gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gw.url)
+    names = ("web-result", "s3-result", "broken", "again")
+    made = {name: await create_task(gw, name, ttl_ms=600_000, max_attempts=3) for name in names}
+
+    async def send(name: str, *events: dict[str, Any]) -> None:
+        for event in events:
+            await post_callback(gw, name, made[name].callback_token, event)
+
+    start = {"type": "start", "worker": "w"}
+    url = "https://files.example.com/exports/report.csv"
+    await send("web-result", start, {"type": "succeed", "resultRef": url, "resultHash": "sha256:01"})
+    s3_ref = "s3://exports/r.csv"
+    await send("s3-result", start, {"type": "succeed", "resultRef": s3_ref, "resultHash": "sha256:02"})
+    await send("broken", start, {"type": "fail", "error": "the input is not a CSV", "retryable": False})
+    await send("again", start, {"type": "fail", "error": "worker lost its lease", "retryable": True})
+
+    await dashboard.open()
+    await expect(dashboard.connection).to_be_hidden()  # nothing watched: no connection state to show
+    await expect(page.get_by_role("link", name="/healthz")).to_be_visible()  # open mode: operators' links
+    await dashboard.open("?" + "&".join(f"task={n}&token={made[n].subscribe_token}" for n in names))
+    for name in names:
+        await dashboard.wait_card(name, "d.resume !== ''", 10_000)
+    await expect(dashboard.connection).to_be_visible()
+    order = await page.eval_on_selector_all("article.task-card", "els => els.map((e) => e.dataset.taskId)")
+    assert order == list(names), order
+
+    web = dashboard.card("web-result")
+    link = web.get_by_role("link", name="Open result")
+    await expect(link).to_have_attribute("href", url)
+    await expect(link).to_have_attribute("rel", "noopener")
+    await expect(link).to_have_attribute("target", "_blank")
+    s3 = dashboard.card("s3-result")
+    await expect(s3.get_by_role("link")).to_have_count(0)
+    await expect(s3.locator(".result-ref")).to_have_text("s3://exports/r.csv")
+    await s3.get_by_role("button", name="Copy the result of s3-result").click()
+    await expect(s3.get_by_role("button", name="Copy the result of s3-result")).to_have_text("Copied")
+    assert await page.evaluate("navigator.clipboard.readText()") == "s3://exports/r.csv"
+    for card in (web, s3):
+        await expect(card).not_to_contain_text("succeeded:")
+        await expect(card.locator(".f-deadline")).to_have_text("—")
+
+    broken = dashboard.card("broken")
+    await expect(broken.locator(".state-badge")).to_have_text("Failed")
+    failure = re.compile(r"^\s*the input is not a CSV\s*Will not be retried")
+    await expect(broken.locator(".task-failure")).to_have_text(failure)
+    await expect(broken.locator(".f-deadline")).to_have_text("—")
+    assert (await broken.inner_text()).count("Failed") == 1  # the badge only
+    again = dashboard.card("again")
+    await expect(again.locator(".state-badge")).to_have_text("Queued")
+    await expect(again.locator(".headline")).to_have_text("Retrying (attempt 2 of 3)")
+    await expect(again.locator(".f-event")).to_contain_text("worker lost its lease")
+    await expect(again.locator(".f-deadline")).to_have_text(re.compile(r"^by \d\d:\d\d"))
+    for time in await page.locator(".f-event").all_inner_texts():
+        assert not re.search(r"\d:\d\d:\d\d", time), time  # hours and minutes, no seconds
+
+    for name in names:
+        box = await page.get_by_role("button", name=f"Stop watching {name}", exact=True).bounding_box()
+        assert box is not None and box["width"] >= 44 and box["height"] >= 44, box
     console.assert_clean()
