@@ -299,7 +299,7 @@ function describeEvent({ event }) {
     default:
       text = String(event.type);
   }
-  return typeof event.atMs === "number" ? `${text}\u00a0· ${clockTime(event.atMs - clockOffsetMs)}` : text;
+  return typeof event.atMs === "number" ? `${text}\u00a0·\u00a0${clockTime(event.atMs - clockOffsetMs)}` : text;
 }
 
 /** A line in words where the badge and the bar do not say enough; empty otherwise. */
