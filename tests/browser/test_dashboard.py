@@ -397,4 +397,16 @@ async def test_cards_say_what_came_of_each_task_on_a_phone(dashboard: Dashboard,
     for name in names:
         box = await page.get_by_role("button", name=f"Stop watching {name}", exact=True).bounding_box()
         assert box is not None and box["width"] >= 44 and box["height"] >= 44, box
+    box = await again.locator("details.tech summary").bounding_box()
+    assert box is not None and box["height"] >= 44, box
+
+    # A task added here comes after the ones the link named, which stay at the top.
+    extra = await create_task(gw, "extra", ttl_ms=600_000)
+    await page.get_by_text("Watch another task").click()
+    await page.get_by_label("Task id").fill("extra")
+    await page.get_by_label("Access code (subscribe token)").fill(extra.subscribe_token)
+    await page.get_by_role("button", name="Watch", exact=True).click()
+    await dashboard.wait_card("extra", "d.state === 'queued'", 10_000)
+    order = await page.eval_on_selector_all("article.task-card", "els => els.map((e) => e.dataset.taskId)")
+    assert order == [*names, "extra"], order
     console.assert_clean()
