@@ -134,6 +134,7 @@ class Book:
         *,
         bus: Bus | None = None,
         retention_versions: int = 8,
+        max_history_versions: int = 0,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -142,6 +143,8 @@ class Book:
         # Called after a commit that wrote notifications to the outbox (the webhook relay's wake-up).
         self.on_notifications: Callable[[], None] | None = None
         self._resuming: dict[str, _SharedResume] = {}  # resumes waiting for a read that has not started
+        # History entries a task may have (0: no limit); past it only an entry that ends the task is added.
+        self.max_history_versions = max_history_versions
 
     # --- reads ---------------------------------------------------------------------------------------
 
@@ -311,7 +314,17 @@ class Book:
                 f"attempt {request.attempt} is not the task's current attempt ({task.attempts})",
             )
         now = self.clock()
-        return CallbackOutcome(apply_event(task, request.make_event(now)), False), now
+        transition = apply_event(task, request.make_event(now))
+        limit = self.max_history_versions
+        if limit and transition.changed and not transition.task.terminal and transition.task.version > limit:
+            # History is kept whole while a task lives (protocol.md), so it is bounded here instead: a task
+            # at its limit takes only the callback that ends it (the sweeper's expiry is never refused).
+            raise Conflict(
+                "history-full",
+                f"task {task.id} has {task.version} history entries, the most a task may have; only a "
+                "callback that ends it (succeed, or a fail that is not retried) is taken now",
+            )
+        return CallbackOutcome(transition, False), now
 
     @_shielded
     async def expire_due(self, limit: int = EXPIRY_BATCH) -> int:

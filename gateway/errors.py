@@ -10,10 +10,16 @@ the code once to its HTTP status (and, for sockets, to a close code)::
     ├── UnknownTask             404 unknown-task           4404
     ├── NotFound                404 not-found
     ├── MethodNotAllowed        405 method-not-allowed
+    ├── RequestTimeout          408 request-timeout (and the connection is closed)
     ├── Conflict                409 task-exists | key-reused-for-other-task | not-succeeded
-    │                               | callback-id-reused | stale-attempt
+    │                               | callback-id-reused | stale-attempt | history-full
     ├── PayloadTooLarge         413 payload-too-large
+    ├── UnsupportedMediaType    415 unsupported-media-type
+    ├── RateLimited             429 rate-limited (with Retry-After)
     └── Unavailable             503 unavailable (with Retry-After)
+
+Limits the connection itself hits before any route runs (``gateway.web.http_protocol``) answer in the same
+shape: ``431 headers-too-large``, ``408 request-timeout``, ``429 too-many-connections``.
 
 The pure state machine raises only :class:`InvalidRequest`, as the reference raises
 ``AiError("invalid-request", ...)``.
@@ -48,6 +54,10 @@ class GatewayError(Exception):
 
     def to_json(self) -> dict[str, dict[str, str]]:
         return {"error": {"code": self.code, "message": self.message}}
+
+    def headers(self) -> dict[str, str] | None:
+        """Response headers that go with this error (``Retry-After``, ``Connection: close``)."""
+        return None
 
 
 class InvalidRequest(GatewayError):
@@ -88,6 +98,16 @@ class MethodNotAllowed(GatewayError):
     default_code = "method-not-allowed"
 
 
+class RequestTimeout(GatewayError):
+    """The client did not send its request in time: answered, then the connection is closed."""
+
+    status = 408
+    default_code = "request-timeout"
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Connection": "close"}
+
+
 class Conflict(GatewayError):
     """A 409 whose ``code`` names the conflict (task-exists, stale-attempt, ...)."""
 
@@ -104,6 +124,26 @@ class PayloadTooLarge(GatewayError):
     default_code = "payload-too-large"
 
 
+class UnsupportedMediaType(GatewayError):
+    status = 415
+    default_code = "unsupported-media-type"
+
+
+class RateLimited(GatewayError):
+    """Too many requests for one key (callbacks of one task): retry after ``retry_after_s``."""
+
+    status = 429
+    close_code = 1013
+    default_code = "rate-limited"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
 class Unavailable(GatewayError):
     """The database cannot be reached: retry (idempotently: a callbackId, an Idempotency-Key)."""
 
@@ -111,3 +151,6 @@ class Unavailable(GatewayError):
     close_code = 1013
     default_code = "unavailable"
     retry_after_s: ClassVar[int] = 1
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after_s)}

@@ -520,8 +520,12 @@ class Feed:
         # Set by the writer around each send; the hub's watchdog stalls a feed stuck in one send.
         self.writing_since: float | None = None
         self.on_stall: Callable[[], object] | None = None
-        self._ready: deque[Subscription] | None = None  # made when needed, dropped when emptied
+        # What is to be sent, in order: a subscription with work, or None for the next control frame. A
+        # pong or an error answers a message, so it goes after what earlier messages queued (the resume
+        # frame of a subscribe sent before a ping), never ahead of it. Made when needed, dropped when emptied.
+        self._ready: deque[Subscription | None] | None = None
         self._waiter: asyncio.Future[None] | None = None  # next() waiting for work
+        self._room: asyncio.Event | None = None  # a reader waiting for room in ``control`` (rare)
         # Called whenever there is work for the writer (the WebSocket endpoint starts one then).
         self.on_work: Callable[[], object] | None = None
         hub.attach(self)
@@ -572,14 +576,27 @@ class Feed:
         )
 
     def send_control(self, frame: Frame) -> bool:
-        """Queue a pong or an error frame; ``False`` when the peer is not reading its answers."""
+        """Queue a pong or an error frame after what is queued; ``False`` when ``max_control`` are queued
+        already (then wait for :meth:`control_room`)."""
         if self.control is None:
             self.control = deque()
         elif len(self.control) >= self.max_control:
             return False
         self.control.append(frame)
+        if self._ready is None:
+            self._ready = deque()
+        self._ready.append(None)
         self._signal()
         return True
+
+    async def control_room(self) -> None:
+        """Wait until a control frame can be queued (or the feed is closed). A client that sends faster
+        than it reads its answers is read more slowly; one that stops reading is cut by the watchdog."""
+        while self.control is not None and len(self.control) >= self.max_control and self.close_code is None:
+            if self._room is None:
+                self._room = asyncio.Event()
+            self._room.clear()
+            await self._room.wait()
 
     def wake(self, subscription: Subscription) -> None:
         if not subscription.queued:
@@ -593,6 +610,8 @@ class Feed:
         if self.close_code is None:
             self.close_code = code
         self._signal()
+        if self._room is not None:
+            self._room.set()
 
     def _signal(self) -> None:
         waiter = self._waiter
@@ -623,11 +642,6 @@ class Feed:
         while True:
             if self.close_code is not None:
                 return None
-            if self.control:
-                answer = self.control.popleft()
-                if not self.control:
-                    self.control = None
-                return None, answer
             if not self._ready:
                 self._waiter = asyncio.get_running_loop().create_future()
                 try:
@@ -638,6 +652,14 @@ class Feed:
             subscription = self._ready.popleft()
             if not self._ready:
                 self._ready = None
+            if subscription is None:  # the next control frame
+                assert self.control
+                answer = self.control.popleft()
+                if not self.control:
+                    self.control = None
+                if self._room is not None:
+                    self._room.set()
+                return None, answer
             subscription.queued = False
             if not subscription.active:
                 continue

@@ -55,6 +55,17 @@ _ENV = {
     "notify_concurrency": "GATEWAY_NOTIFY_CONCURRENCY",
     "notify_poll_ms": "GATEWAY_NOTIFY_POLL_MS",
     "ws_ping_interval_ms": "GATEWAY_WS_PING_INTERVAL_MS",
+    "max_header_bytes": "GATEWAY_MAX_HEADER_BYTES",
+    "max_header_count": "GATEWAY_MAX_HEADER_COUNT",
+    "header_timeout_ms": "GATEWAY_HEADER_TIMEOUT_MS",
+    "body_timeout_ms": "GATEWAY_BODY_TIMEOUT_MS",
+    "idle_timeout_ms": "GATEWAY_IDLE_TIMEOUT_MS",
+    "ws_max_message_bytes_before_auth": "GATEWAY_WS_MAX_MESSAGE_BYTES_BEFORE_AUTH",
+    "ws_max_message_bytes": "GATEWAY_WS_MAX_MESSAGE_BYTES",
+    "max_connections_per_address": "GATEWAY_MAX_CONNECTIONS_PER_ADDRESS",
+    "callback_rate_per_s": "GATEWAY_CALLBACK_RATE_PER_S",
+    "max_history_versions": "GATEWAY_MAX_HISTORY_VERSIONS",
+    "slow_close_grace_ms": "GATEWAY_SLOW_CLOSE_GRACE_MS",
 }
 # GATEWAY_* variables read elsewhere than the server's settings: `gateway watch`'s defaults, the tests'.
 _OTHER_VARIABLES = frozenset({"GATEWAY_URL", "GATEWAY_TOKEN", "GATEWAY_TEST_PG_URL"})
@@ -119,6 +130,30 @@ class Settings(BaseModel):
     notify_concurrency: int = Field(8, ge=1, le=256)
     # How often the relay looks for notifications it was not woken for (other processes', retries).
     notify_poll_ms: int = Field(1_000, ge=10)
+    # --- limits on what a client can hold (README, Limits) ---
+    # Request line and headers of one request, in bytes, and how many header lines: past either, 431.
+    max_header_bytes: int = Field(16 * 1024, ge=1024)
+    max_header_count: int = Field(100, ge=8)
+    # From a request's first byte to the end of its headers; past it, 408 and the connection is closed.
+    header_timeout_ms: int = Field(10_000, ge=1)
+    # From the end of the headers to the end of the body; past it, 408 and the connection is closed.
+    body_timeout_ms: int = Field(10_000, ge=1)
+    # A connection with no request in progress (new, or kept alive between requests) is closed after this.
+    idle_timeout_ms: int = Field(5_000, ge=1)
+    # WebSocket messages a client may send: until one of its subscriptions is authorized, then after.
+    ws_max_message_bytes_before_auth: int = Field(4 * 1024, ge=256)
+    ws_max_message_bytes: int = Field(64 * 1024, ge=256)
+    # Open connections (HTTP, WebSocket, SSE) from one client address; 0 for no limit (behind a proxy
+    # every connection comes from the proxy's address).
+    max_connections_per_address: int = Field(256, ge=0)
+    # Callbacks per second per task (with a burst of one second's worth); past it, 429 with Retry-After.
+    # 0 for no limit.
+    callback_rate_per_s: float = Field(100.0, ge=0)
+    # History entries a task may have; past it only a callback that ends the task is taken (409
+    # history-full). 0 for no limit.
+    max_history_versions: int = Field(10_000, ge=0)
+    # How long a connection cut for not reading (4008) keeps its socket for that close frame to reach it.
+    slow_close_grace_ms: int = Field(30_000, ge=1)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:
@@ -271,6 +306,8 @@ def webhook_key(secret: str) -> bytes:
 
 
 def is_loopback(host: str) -> bool:
+    """A loopback name or address; names compare case-insensitively, with or without the final dot."""
+    host = host.strip().lower().rstrip(".")
     if host == "localhost":
         return True
     try:

@@ -30,6 +30,10 @@ APPLIED = frozenset({"started", "progress", "succeeded", "failed", "requeued"})
 HARMLESS = frozenset({"duplicate-progress", "duplicate-result", "duplicate-callback"})
 
 
+# Below the gateway's idle timeout (GATEWAY_IDLE_TIMEOUT_MS, 5 s by default).
+KEEPALIVE_S = 2.0
+
+
 class Worker:
     def __init__(
         self,
@@ -45,7 +49,11 @@ class Worker:
         self.task_id = task_id
         self.url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/callbacks"
         self.headers = {"Authorization": f"Bearer {callback_token}"}
-        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        # A pooled connection is not reused after KEEPALIVE_S idle: well before the gateway closes it
+        # (GATEWAY_IDLE_TIMEOUT_MS, 5 s), so a callback is never sent on a connection being closed.
+        self._client = client or httpx.AsyncClient(
+            timeout=timeout_s, limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+        )
         self._owns_client = client is None
         self.retries = retries
         self.backoff = backoff or Backoff(base_s=0.05, cap_s=2.0)
@@ -94,7 +102,8 @@ class Worker:
         fenced: bool = False,
         check: bool = True,
     ) -> dict[str, Any]:
-        """Post one logical callback, retrying transport failures and 5xx with the same callback id.
+        """Post one logical callback, retrying transport failures, 5xx and 429 (after its Retry-After)
+        with the same callback id.
 
         Returns the gateway's answer; raises :class:`CallbackError` on a 4xx and, unless ``check`` is
         false, :class:`CallbackIgnored` when the answer says the callback had no effect."""
@@ -114,7 +123,7 @@ class Worker:
                     if check:
                         _check(str(event.get("type")), result)
                     return result
-                if response.status_code < 500:
+                if response.status_code < 500 and response.status_code != 429:
                     error = _error_of(response)
                     raise CallbackError(
                         response.status_code,
@@ -124,6 +133,10 @@ class Worker:
                     )
                 if attempt == self.retries:
                     response.raise_for_status()
+                retry_after = response.headers.get("retry-after", "")
+                if retry_after.isdigit():  # 429 (too many callbacks for this task) and 503 say when
+                    await anyio.sleep(max(int(retry_after), self.backoff.next_delay()))
+                    continue
             await anyio.sleep(self.backoff.next_delay())
         raise AssertionError("unreachable")
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -35,6 +34,7 @@ from gateway.demo import run_demo_worker
 from gateway.errors import CLOSE_FORBIDDEN, Forbidden, GatewayError, MethodNotAllowed, NotFound, Unavailable
 from gateway.hub import Hub
 from gateway.metrics import Metrics
+from gateway.rate import RateLimiter
 from gateway.relay import Relay
 from gateway.secret_file import with_secret
 from gateway.settings import Settings, is_loopback
@@ -43,7 +43,7 @@ from gateway.store.database import database_unavailable
 from gateway.store.sql import SqlStore
 from gateway.sweeper import run_sweeper
 from gateway.tokens import Tokens
-from gateway.web.auth import Guard
+from gateway.web.auth import Guard, host_name, origin_allowed
 from gateway.web.http import JSON, routes
 from gateway.web.live import live_routes
 
@@ -67,7 +67,14 @@ class Gateway:
         self.db = Database(settings.database_url)
         self.store = SqlStore(self.db)
         self.bus: Bus = bus_for(settings.bus_url, settings.database_url)
-        self.book = Book(self.store, clock, bus=self.bus, retention_versions=settings.retention_versions)
+        self.book = Book(
+            self.store,
+            clock,
+            bus=self.bus,
+            retention_versions=settings.retention_versions,
+            max_history_versions=settings.max_history_versions,
+        )
+        self.callback_rate = RateLimiter(settings.callback_rate_per_s)
         self.hub = Hub(self.book)
         self.committer = Committer(self.book)
         self.hub.callbacks_waiting = self.committer.busy
@@ -245,8 +252,7 @@ class GatewayApp(Starlette):
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Unavailable) else None
-    return JSON(exc.to_json(), status_code=exc.status, headers=headers)
+    return JSON(exc.to_json(), status_code=exc.status, headers=exc.headers())
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -311,11 +317,12 @@ class _OpenModeGuard:
     def problem(self, scope: Scope) -> str | None:
         """Why this request or socket is refused, or ``None``."""
         headers = Headers(scope=scope)
-        if not is_loopback(_hostname(headers.get("host", ""))):
+        host = headers.get("host", "")
+        if not is_loopback(host_name(host)):
             return "with no API key the gateway answers only to loopback names (Host)"
         origin = headers.get("origin")
         unsafe = scope["type"] == "websocket" or scope["method"] not in ("GET", "HEAD", "OPTIONS")
-        if origin and unsafe and not self._origin_ok(origin):
+        if unsafe and not origin_allowed(origin or None, host, self.allowed):
             return "origin not allowed"
         return None
 
@@ -330,12 +337,3 @@ class _OpenModeGuard:
                 await answer(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-    def _origin_ok(self, origin: str) -> bool:
-        return "*" in self.allowed or origin in self.allowed or is_loopback(urlsplit(origin).hostname or "")
-
-
-def _hostname(host: str) -> str:
-    if host.startswith("["):
-        return host[1 : host.find("]")]
-    return host.rsplit(":", 1)[0]

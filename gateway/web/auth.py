@@ -7,12 +7,35 @@ SSE, links), from ``?token=``.
 from __future__ import annotations
 
 import hmac
+from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
 from gateway.errors import Forbidden, Unauthorized
-from gateway.settings import Settings
+from gateway.settings import Settings, is_loopback
 from gateway.tokens import Scope, Tokens
+
+
+def host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port: ``[::1]:8000`` -> ``::1``."""
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.rsplit(":", 1)[0]
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> bool:
+    """The one rule for a browser's ``Origin``, on HTTP routes and WebSocket handshakes alike.
+
+    No ``Origin`` (not a browser: it holds a token anyway), ``*`` or a listed origin, the gateway's own
+    origin (same host and port as ``Host``), or a page on a loopback origin, any port, when the gateway
+    itself is reached on a loopback name (a page served on this machine to a browser on this machine).
+    """
+    if origin is None or "*" in allowed or origin in allowed:
+        return True
+    parts = urlsplit(origin)
+    if host is not None and parts.netloc.lower() == host.lower():
+        return True
+    return host is not None and is_loopback(parts.hostname or "") and is_loopback(host_name(host))
 
 
 def bearer(conn: HTTPConnection) -> str | None:
@@ -78,5 +101,6 @@ class Guard:
         if self._is_api_key(value):
             if scope == "callback":
                 raise Forbidden("callbacks need the task's callback token, not the API key")
-            raise Forbidden("the API key is taken only from the Authorization header, never from a URL")
+            # As on the management routes: a key in a URL authenticates nothing (URLs end up in logs).
+            raise Unauthorized("the API key is taken only from the Authorization header, never from a URL")
         self._tokens.check(value, task_id, scope)

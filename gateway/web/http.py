@@ -10,15 +10,23 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from gateway.book import CallbackRequest
 from gateway.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
-from gateway.errors import InvalidRequest, NotFound, PayloadTooLarge, Unavailable
+from gateway.errors import (
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unavailable,
+    UnsupportedMediaType,
+)
 from gateway.machine import is_blank, task_to_json
 from gateway.web import wire
 from gateway.web.openapi import openapi_document
@@ -38,18 +46,43 @@ class JSON(Response):
         return content if isinstance(content, bytes) else orjson.dumps(content)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes without reading the rest."""
+def check_json_type(request: Request) -> None:
+    """A body is JSON: ``application/json`` (or a ``+json`` type), or no ``Content-Type`` at all; anything
+    else is 415. (A form or text/plain body is what a cross-site page can post without a preflight.)"""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return
+    media_type = declared.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    ):
+        raise UnsupportedMediaType(
+            f"Content-Type {media_type or declared!r}: the body must be JSON; send "
+            "'Content-Type: application/json' (curl: -H 'Content-Type: application/json', or --json)"
+        )
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The JSON request body, refused with 415 when declared as something else, with 413 past ``limit``
+    bytes without reading the rest, and with 408 when it has not all arrived within ``timeout_s``."""
+    check_json_type(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
-        chunks.append(chunk)
+    with anyio.move_on_after(timeout_s) as scope:
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            # Nobody is left to read the answer: one access line, not a traceback.
+            raise InvalidRequest("the client closed the connection before the body was complete") from None
+    if scope.cancelled_caught:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s")
     return b"".join(chunks)
 
 
@@ -77,22 +110,28 @@ class _StaticFiles(StaticFiles):
 
 def routes(gw: Gateway) -> list[Route | Mount]:
     guard, book, metrics, settings = gw.guard, gw.book, gw.metrics, gw.settings
+    body_timeout_s = settings.body_timeout_ms / 1000
+
+    async def body(request: Request) -> bytes:
+        return await read_body(request, settings.max_body_bytes, body_timeout_s)
 
     async def create_task(request: Request) -> Response:
         guard.management(request)
-        body = wire.parse_create(await read_body(request, settings.max_body_bytes))
-        task_id = body.id if body.id is not None else str(uuid.uuid4())
+        created_body = wire.parse_create(await body(request))
+        task_id = created_body.id if created_body.id is not None else str(uuid.uuid4())
         if not is_blank(task_id) and _ID_FORBIDDEN.search(task_id):
             raise InvalidRequest("id: must not contain '/' or control characters")
-        if body.ttlMs > wire.MAX_SAFE - gw.clock():
+        if task_id in (".", ".."):
+            raise InvalidRequest(f"id: {task_id!r} cannot be addressed in a URL path")
+        if created_body.ttlMs > wire.MAX_SAFE - gw.clock():
             raise InvalidRequest("ttlMs: too large; expiresAtMs must stay at most 2**53-1")
-        task, created = await book.create(task_id, body.ttlMs, body.maxAttempts)
+        task, created = await book.create(task_id, created_body.ttlMs, created_body.maxAttempts)
         if created:
             metrics.tasks_created.inc()
         answer = {
             "task": task_to_json(task),
-            "callbackToken": gw.tokens.issue(task.id, "callback", body.ttlMs),
-            "subscribeToken": gw.tokens.issue(task.id, "subscribe", body.ttlMs),
+            "callbackToken": gw.tokens.issue(task.id, "callback", created_body.ttlMs),
+            "subscribeToken": gw.tokens.issue(task.id, "subscribe", created_body.ttlMs),
         }
         return JSON(answer, status_code=201 if created else 200)
 
@@ -122,9 +161,12 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         started = time.perf_counter()
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "callback")
-        body = wire.parse_callback(await read_body(request, settings.max_body_bytes))
-        digest = body.digest(task_id) if body.callbackId is not None else ""
-        callback_request = CallbackRequest(task_id, body.event.at, body.callbackId, digest, body.attempt)
+        gw.callback_rate.take(task_id)  # before the body is read: a flood costs no parsing
+        parsed = wire.parse_callback(await body(request))
+        digest = parsed.digest(task_id) if parsed.callbackId is not None else ""
+        callback_request = CallbackRequest(
+            task_id, parsed.event.at, parsed.callbackId, digest, parsed.attempt
+        )
         outcome = await gw.committer.submit(callback_request)
         metrics.callbacks.labels(outcome.transition.reason).inc()
         metrics.callback_seconds.observe(time.perf_counter() - started)

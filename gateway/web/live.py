@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import anyio
 import orjson
@@ -34,8 +33,10 @@ from gateway.errors import (
 )
 from gateway.hub import PONG, Feed, Frame, error_frame
 from gateway.store.database import database_unavailable
+from gateway.web.auth import origin_allowed
 from gateway.web.http import parse_cursor
-from gateway.web.protocol import DIRECT
+from gateway.web.http_protocol import CONNECTION
+from gateway.web.protocol import DIRECT, DirectWriter
 
 if TYPE_CHECKING:
     from gateway.web.app import Gateway
@@ -47,20 +48,22 @@ _GONE = -1
 _HEARTBEAT = Frame("heartbeat", -1, "")
 SSE_HEARTBEAT_S = 15.0
 SSE_RETRY_MS = 1000
-# How long a connection cut for not draining keeps its socket, for its 4008 to reach it if it reads again.
-SLOW_CLOSE_GRACE_S = 30.0
 
 
-def origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> bool:
-    """Browsers send ``Origin``; other clients do not and are let through (they hold a token anyway)."""
-    origin = conn.headers.get("origin")
-    if origin is None or "*" in allowed or origin in allowed:
-        return True
-    return urlsplit(origin).netloc == conn.headers.get("host")
+def socket_origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> bool:
+    """The handshake's ``Origin``, by the same rule as the HTTP routes' (``gateway.web.auth``)."""
+    return origin_allowed(conn.headers.get("origin"), conn.headers.get("host"), allowed)
 
 
 def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
     settings = gw.settings
+    slow_close_grace_s = settings.slow_close_grace_ms / 1000
+
+    def authorized(ws: WebSocket) -> None:
+        """A subscription of this socket is authorized: its client may send larger messages from now on."""
+        connection = ws.scope.get("extensions", {}).get(DIRECT)
+        if isinstance(connection, DirectWriter):
+            connection.authorized(settings.ws_max_message_bytes)
 
     def new_feed() -> Feed:
         return Feed(
@@ -95,7 +98,10 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             # Its close frame waits behind what the peer has not read: let go of its subscriptions now,
             # and tell it 4008 if it drains its socket within the grace; past that it is dropped (1006).
             feed.release()
-            grace = SLOW_CLOSE_GRACE_S
+            connection = ws.scope.get("extensions", {}).get(DIRECT)
+            if isinstance(connection, DirectWriter) and connection.close_stalled(code, slow_close_grace_s):
+                return
+            grace = slow_close_grace_s
         with anyio.move_on_after(grace):
             with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
                 await ws.close(code)
@@ -138,10 +144,13 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             raw = message.get("text")
             if raw is None:
                 raw = message.get("bytes") or b""
-            answer = await (handle_single(raw) if single else handle_multi(feed, raw))
-            if answer is not None and not feed.send_control(answer):
-                feed.close(CLOSE_SLOW_CONSUMER)  # it keeps asking but does not read the answers
-                return
+            answer = await (handle_single(raw) if single else handle_multi(ws, feed, raw))
+            # Answers wait for room in the bounded control queue: the client's messages are read no
+            # faster than it reads the answers (one that stops reading is cut by the write watchdog).
+            while answer is not None and not feed.send_control(answer):
+                if feed.close_code is not None:
+                    return
+                await feed.control_room()
 
     async def handle_single(raw: str | bytes) -> Frame | None:
         try:
@@ -152,13 +161,15 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             return PONG
         return error_frame("invalid-request", 'this socket takes only {"type": "ping"}')
 
-    async def handle_multi(feed: Feed, raw: str | bytes) -> Frame | None:
+    async def handle_multi(ws: WebSocket, feed: Feed, raw: str | bytes) -> Frame | None:
         task_id: str | None = None
         try:
             message = _message(raw)
             kind = message.get("type")
             if kind == "ping":
                 return PONG
+            if kind not in ("subscribe", "unsubscribe"):
+                raise InvalidRequest(f"type: must be subscribe, unsubscribe or ping, got {_show(kind)}")
             task_id = message.get("taskId")
             if not isinstance(task_id, str):
                 task_id = None
@@ -166,8 +177,6 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             if kind == "unsubscribe":
                 feed.unsubscribe(task_id)
                 return None
-            if kind != "subscribe":
-                raise InvalidRequest("type: must be subscribe, unsubscribe or ping")
             token = message.get("token")
             if token is not None and not isinstance(token, str):
                 raise InvalidRequest("token: must be a string")
@@ -177,6 +186,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             # A message is not logged like a URL: the API key may stand here for a subscribe token.
             gw.guard.task_credential(token, task_id, "subscribe", api_key_allowed=True)
             await feed.subscribe(task_id, cursor)
+            authorized(ws)
             return None
         except GatewayError as exc:
             return error_frame(exc.code, exc.message, task_id)
@@ -192,10 +202,11 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
         feed.direct = ws.scope.get("extensions", {}).get(DIRECT)
         try:
             try:
-                if not origin_allowed(ws, settings.allowed_origins):
+                if not socket_origin_allowed(ws, settings.allowed_origins):
                     raise Forbidden("origin not allowed")
                 gw.guard.task(ws, task_id, "subscribe")
                 await feed.subscribe(task_id, parse_cursor(ws.query_params.get("cursor")))
+                authorized(ws)
             except GatewayError as exc:
                 await refuse(ws, exc, task_id)
                 return
@@ -210,7 +221,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
 
     async def multi_socket(ws: WebSocket) -> None:
         await ws.accept()
-        if not origin_allowed(ws, settings.allowed_origins):
+        if not socket_origin_allowed(ws, settings.allowed_origins):
             await refuse(ws, Forbidden("origin not allowed"), None)
             return
         feed = new_feed()
@@ -236,6 +247,10 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
         except BaseException:
             feed.release()
             raise
+        # A stream whose client stopped reading: the watchdog drops its connection (no close frame here).
+        connection = request.scope.get("extensions", {}).get(CONNECTION)
+        if connection is not None:
+            feed.on_stall = connection.abort
         return StreamingResponse(
             sse(feed),
             media_type="text/event-stream",
@@ -259,11 +274,14 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
                 if item is None:
                     return
                 subscription, frame = item
+                # Each yield returns once the chunk is written: the watchdog times it like a socket send.
+                feed.writing_since = time.monotonic()
                 if subscription is None:
                     yield ": heartbeat\n\n"
-                    continue
-                yield f"event: {frame.type}\nid: {frame.version}\ndata: {frame.text}\n\n"
-                if subscription.finished:
+                else:
+                    yield f"event: {frame.type}\nid: {frame.version}\ndata: {frame.text}\n\n"
+                feed.writing_since = None
+                if subscription is not None and subscription.finished:
                     return
         finally:
             timer.cancel()
@@ -324,6 +342,11 @@ class _Writer:
         self._feed.on_work = None
         if self._task is not None:
             self._task.cancel()
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _message(raw: str | bytes) -> dict[str, Any]:

@@ -5,7 +5,16 @@ writer task, a pass through Starlette and uvicorn's ``send`` and a framing of th
 ``websockets``' ``broadcast()``, the hub instead frames an entry once (server frames are not masked, so the
 same bytes are valid on every socket) and writes them straight to each transport whose buffer has room;
 only a socket whose buffer is full falls back to its connection's bounded queue and writer task. The
-extension ``gateway.direct`` in the ASGI scope is how the app finds a connection's :class:`DirectWriter`.
+extension ``gateway.direct`` in the ASGI scope is how the app finds a connection's :class:`DirectWriter`,
+which is also its handle on the connection's limits:
+
+- messages from the client are limited to ``ws_max_message_bytes_before_auth`` (uvicorn's ``ws_max_size``,
+  checked by ``websockets`` from a frame's header, before its payload is buffered) until the app has
+  authorized a subscription, then to ``ws_max_message_bytes`` (:meth:`DirectWriter.authorized`); past
+  the limit the socket is closed with ``1009``;
+- a connection cut for not reading (``4008``) gets its close frame behind what it has not read, without
+  waiting for room, and is dropped when the grace ends (:meth:`DirectWriter.close_stalled`); uvicorn's
+  own close waits for the peer to read, and its keep-alive ping would meanwhile close it with ``1011``.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from gateway.web.http_protocol import AddressSlots, drop
 
 DIRECT = "gateway.direct"
 # A transport holding more than this unsent is not written to directly: the connection's queue takes over.
@@ -41,6 +52,30 @@ class DirectWriter:
 
     def write(self, data: bytes) -> None:
         self._protocol.transport.write(data)
+
+    def authorized(self, max_message_bytes: int) -> None:
+        """A subscription of this connection is authorized: take messages up to ``max_message_bytes``."""
+        conn = self._protocol.conn
+        if conn.max_message_size is not None and conn.max_message_size < max_message_bytes:
+            conn.max_message_size = max_message_bytes
+
+    def close_stalled(self, code: int, grace_s: float) -> bool:
+        """Queue a close frame with ``code`` behind the unread data and drop the connection ``grace_s``
+        later unless the peer has read up to it and answered; ``False`` if it is already closing."""
+        p = self._protocol
+        if p.close_sent or p.disconnected or p.transport.is_closing():
+            return False
+        p.stop_keepalive()
+        p.conn.send_close(code)
+        p.transport.write(b"".join(p.conn.data_to_send()))
+        p.close_sent = True
+        if p.read_paused:  # read on, to see the peer's answering close frame
+            p.read_paused = False
+            p.transport.resume_reading()
+        # uvicorn's handle_close and connection_lost cancel this timer; once the app returns it leaves a
+        # connection with a close timer to it.
+        p.close_timer = p.loop.call_later(grace_s, drop, p.transport)
+        return True
 
 
 class _Inbox:
@@ -113,6 +148,8 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     flag, and the handshake's request and response let go once the handshake is answered; a peer that
     misses its keepalive pong is cut at once."""
 
+    _slot: tuple[AddressSlots, str] | None = None  # its client address's count (http_protocol)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = _Inbox()  # type: ignore[assignment]
@@ -141,4 +178,15 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
         connection and its subscriptions are let go now."""
         super().keepalive_timeout()
         if not self.disconnected:
-            self.transport.abort()
+            drop(self.transport)  # reset: the kernel lets go of the unsent bytes too
+
+    def hand_over_slot(self, slots: AddressSlots, address: str) -> None:
+        """This connection counts for its client address until it is lost (``gateway.web.http_protocol``)."""
+        self._slot = (slots, address)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._slot is not None:
+            slots, address = self._slot
+            self._slot = None
+            slots.release(address)
+        super().connection_lost(exc)

@@ -1,15 +1,23 @@
-"""The uvicorn server the gateway runs under: on shutdown, every subscriber is told ``1001`` first."""
+"""The uvicorn server the gateway runs under: on shutdown, every subscriber is told ``1001`` first.
+
+Its protocols are uvicorn's with the gateway's limits (``gateway.web.http_protocol``,
+``gateway.web.protocol``), and its log lines never carry a ``token=`` query value.
+"""
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 from typing import Any
+from urllib.parse import unquote_plus
 
 import anyio
 import uvicorn
 from starlette.applications import Starlette
 
 from gateway.errors import CLOSE_GOING_AWAY
+from gateway.web.http_protocol import http_protocol
 from gateway.web.protocol import GatewayWebSocketProtocol
 
 # How long shutdown waits for sockets to say goodbye before uvicorn closes what is left.
@@ -17,19 +25,65 @@ GOODBYE_S = 2.0
 
 
 def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvicorn.Config:
-    """uvicorn's configuration for the gateway.
+    """uvicorn's configuration for the gateway, with the limits of the app's settings.
 
     The server pings each socket every ``ws_ping_interval_ms`` and drops it when the pong is as late
     (settings). Per-message deflate is off: it costs a compressor per socket (memory) and a compression
     per frame per subscriber (CPU), the two things fan-out has to keep small; task frames are a few
     hundred bytes.
+    A WebSocket starts with the small message limit of a client not yet authorized (the app raises it).
     """
+    settings = app.state.gateway.settings
     options.setdefault("ws", GatewayWebSocketProtocol)
     # Protocol-level pings: a peer that vanished without a FIN is dropped within twice the interval.
-    ping_s = app.state.gateway.settings.ws_ping_interval_ms / 1000 or None
+    ping_s = settings.ws_ping_interval_ms / 1000 or None
     options.setdefault("ws_ping_interval", ping_s)
     options.setdefault("ws_ping_timeout", ping_s)
-    return uvicorn.Config(app, host=host, port=port, ws_per_message_deflate=False, **options)
+    options.setdefault("http", http_protocol(settings))
+    options.setdefault("timeout_keep_alive", settings.idle_timeout_ms / 1000)
+    options.setdefault("ws_max_size", settings.ws_max_message_bytes_before_auth)
+    config = uvicorn.Config(app, host=host, port=port, ws_per_message_deflate=False, **options)
+    redact_tokens_in_logs()
+    return config
+
+
+_QUERY = re.compile(r"\?[^\s\"#]*")
+
+
+def redact_query(text: str) -> str:
+    """``text`` with the value of every ``token`` query parameter replaced (``?token=[redacted]``)."""
+
+    def redact(match: re.Match[str]) -> str:
+        pairs = match.group(0)[1:].split("&")
+        for i, pair in enumerate(pairs):
+            name, sep, _ = pair.partition("=")
+            if sep and unquote_plus(name).strip().lower() == "token":
+                pairs[i] = f"{name}=[redacted]"
+        return "?" + "&".join(pairs)
+
+    return _QUERY.sub(redact, text) if "?" in text else text
+
+
+class RedactTokens(logging.Filter):
+    """Rewrites a record's arguments (a path with its query string) so that no token reaches a log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_query(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.msg, str):
+            record.msg = redact_query(record.msg)
+        return True
+
+
+_REDACT = RedactTokens()
+
+
+def redact_tokens_in_logs() -> None:
+    """On uvicorn's access lines and its WebSocket lines (``"WebSocket /v1/ws?token=..." [accepted]``)."""
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if _REDACT not in logger.filters:
+            logger.addFilter(_REDACT)
 
 
 class GatewayServer(uvicorn.Server):

@@ -55,6 +55,15 @@ def _stored_count(value: Any) -> float:
     return number
 
 
+def _progress(value: Any) -> float:
+    """Any JSON number whose integer, if it is one, fits in 64 bits (the machine judges 0..100 in its
+    order; an integer past 64 bits is not a number this gateway can hash or store, at any state)."""
+    number = _number(value)
+    if isinstance(number, int) and not -(2**63) <= number < 2**63:
+        raise PydanticCustomError("number_range", "must be a number from 0 to 100 (an integer past 64 bits)")
+    return number
+
+
 def _milliseconds(value: Any) -> int:
     """A whole number of milliseconds (1000 or 1000.0): the gateway's clock counts whole milliseconds."""
     number = _number(value)
@@ -73,6 +82,7 @@ def _text(value: str) -> str:
 Text = Annotated[StrictStr, AfterValidator(_text)]
 # The JSON schema of each: what a client may send (the custom validators decide the rest).
 Number = Annotated[float, PlainValidator(_number, json_schema_input_type=float)]
+ProgressNumber = Annotated[float, PlainValidator(_progress, json_schema_input_type=float)]
 StoredCount = Annotated[float, PlainValidator(_stored_count, json_schema_input_type=float)]
 Milliseconds = Annotated[int, PlainValidator(_milliseconds, json_schema_input_type=float)]
 
@@ -97,7 +107,7 @@ class StartBody(_Body):
 
 class ProgressBody(_Body):
     type: Literal["progress"]
-    progress: Number
+    progress: ProgressNumber
     cursor: Text
 
     def at(self, at_ms: int) -> Event:
@@ -134,8 +144,9 @@ class CallbackBody(_Body):
     def digest(self, task_id: str) -> str:
         """The callback as parsed JSON (task id, event, attempt), for telling a retry from a reuse."""
         event = self.event.model_dump()
-        if isinstance(self.event, ProgressBody) and float(self.event.progress).is_integer():
-            event["progress"] = int(self.event.progress)  # 50 and 50.0 are one JSON number
+        progress = self.event.progress if isinstance(self.event, ProgressBody) else None
+        if progress is not None and float(progress).is_integer() and abs(progress) < 2**63:
+            event["progress"] = int(progress)  # 50 and 50.0 are one JSON number
         canonical = orjson.dumps(
             {"taskId": task_id, "event": event, "attempt": self.attempt}, option=orjson.OPT_SORT_KEYS
         )

@@ -111,10 +111,11 @@ async def test_allowed_origins_api_key_and_subscribe_token_are_let_in(sqlite_url
                 headers = {"Authorization": f"Bearer {bearer}"}
                 async with socket(ws_url(gw, "/v1/tasks/mine/ws"), additional_headers=headers) as ws:
                     assert (await recv_frame(ws))["type"] == "caught-up"
+            # As on every route: a key in a URL authenticates nothing (401, as on the management routes).
             async with socket(ws_url(gw, "/v1/tasks/mine/ws", token=API_KEY), origin=APP) as ws:
                 frames, closed = await closed_with(ws)
-            assert [(f["type"], f["code"]) for f in frames] == [("error", "forbidden")]
-            assert closed == 4403
+            assert [(f["type"], f["code"]) for f in frames] == [("error", "unauthorized")]
+            assert closed == 4401
             # A disallowed origin is refused on the many-task socket too.
             async with socket(ws_url(gw, "/v1/ws"), origin="https://evil.example") as ws:
                 frames, closed = await closed_with(ws)

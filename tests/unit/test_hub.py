@@ -795,30 +795,46 @@ async def test_close_code_set_first_is_kept(book: FakeBook, hub: Hub) -> None:
     assert feed.close_code == 4008
 
 
-async def test_control_frames_go_first_and_are_bounded(book: FakeBook, hub: Hub, line: Line) -> None:
+async def test_control_frames_follow_what_was_queued_before_them_and_are_bounded(
+    book: FakeBook, hub: Hub, line: Line
+) -> None:
     feed = Feed(hub, book, max_control=3)  # type: ignore[arg-type]
-    sub = await feed.subscribe("t", 0)
+    sub = await feed.subscribe("t", 0)  # its resume frame is queued: a pong must not overtake it
     line.commit_many("t", 2)
     error = error_frame("invalid-request", "no", "t")
     assert feed.send_control(PONG)
     assert feed.send_control(error)
     assert feed.send_control(PONG)
-    assert not feed.send_control(PONG)  # past max_control: the peer is not reading its answers
+    assert not feed.send_control(PONG)  # past max_control: the reader waits for room
     assert hub.stats()["control_max"] == 3
-    got = await take(feed, 3)
-    assert got == [(None, PONG), (None, error), (None, PONG)]
+    room = anyio.Event()
+
+    async def wait_for_room() -> None:
+        await feed.control_room()
+        room.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_for_room)
+        await anyio.wait_all_tasks_blocked()
+        assert not room.is_set()
+        got = await take(feed, 4)
+        with anyio.fail_after(TIMEOUT_S):
+            await room.wait()
+    assert got[0][0] is sub and got[0][1].type == "caught-up"
+    resume = got[0][1]
+    assert got[1:] == [(None, PONG), (None, error), (None, PONG)]
     assert hub.stats()["control_max"] == 0
     assert feed.send_control(PONG)
     got = await take(feed, 2)
-    assert got[0] == (None, PONG)
-    assert got[1][0] is sub
+    assert got[0][0] is sub
+    assert got[1] == (None, PONG)
     assert orjson.loads(error.text) == {
         "type": "error",
         "code": "invalid-request",
         "message": "no",
         "taskId": "t",
     }
-    stream = [got[1][1], *await frames(feed, 2)]
+    stream = [resume, got[0][1], *await frames(feed, 1)]
     assert check_stream(book, "t", 0, stream) == 2
 
 

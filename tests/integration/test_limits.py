@@ -1,0 +1,426 @@
+"""The limits (README, Limits): what a stranger, a broken client or a runaway worker can hold, and the
+answer each gets when it reaches a limit. Raw sockets send what client libraries would not."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+import orjson
+import pytest
+
+from tests.integration.test_live_support import live_gateway, wait_until
+from tests.rawsocket import RawWebSocket, http_error, read_until_closed, tcp
+from tests.support import Running, bearer, create_task, error, post_callback, running_gateway
+
+
+def port(gw: Running) -> int:
+    found = urlsplit(gw.url).port
+    assert found is not None
+    return found
+
+
+# --- headers ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_request_headers_past_their_size_or_count_are_431(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url, max_header_bytes=16 * 1024, max_header_count=50) as gw:
+        # A header that never ends: refused once it passes the limit, without waiting for the rest.
+        async with tcp(port(gw)) as stream:
+            await stream.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 64 * 1024)
+            status, body = http_error(await read_until_closed(stream))
+        assert status == 431 and body["error"]["code"] == "headers-too-large", body
+        many = b"".join(b"X-H%d: v\r\n" % i for i in range(60))
+        async with tcp(port(gw)) as stream:
+            await stream.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + many + b"\r\n")
+            status, body = http_error(await read_until_closed(stream))
+        assert status == 431 and "headers" in body["error"]["message"], body
+        # Headers within both limits are served.
+        fine = await gw.client.get("/healthz", headers={f"X-H{i}": "v" * 100 for i in range(40)})
+        assert fine.status_code == 200
+
+
+# --- slowloris ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_unfinished_headers_and_bodies_and_idle_connections_are_timed_out(sqlite_url: str) -> None:
+    limits = {"header_timeout_ms": 300, "body_timeout_ms": 300, "idle_timeout_ms": 300}
+    async with running_gateway(sqlite_url, **limits) as gw:
+        # Headers sent a few bytes at a time, never finished: 408, whatever keeps trickling in.
+        async with tcp(port(gw)) as stream:
+            await stream.send(b"GET /healthz HTTP/1.1\r\n")
+            received = b""
+            with anyio.fail_after(10):
+                while not received:
+                    await stream.send(b"X")
+                    with anyio.move_on_after(0.05):
+                        received = await stream.receive()
+            received += await read_until_closed(stream)
+        status, body = http_error(received)
+        assert status == 408 and body["error"]["code"] == "request-timeout", body
+        # A body that never finishes, on a route that reads it: 408, then the connection is closed.
+        async with tcp(port(gw)) as stream:
+            head = b"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
+            await stream.send(head + b'{"ttlMs": 1')
+            status, body = http_error(await read_until_closed(stream))
+        assert status == 408 and body["error"]["code"] == "request-timeout", body
+        # A body that a route answers without reading, still trickling in: the connection is closed.
+        async with tcp(port(gw)) as stream:
+            await stream.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+            received = await read_until_closed(stream)
+        assert received.startswith(b"HTTP/1.1 200")
+        # Answered before its body is in (a bad token: 401), then the body completes: idle, then closed.
+        async with tcp(port(gw)) as stream:
+            head = b"POST /v1/tasks/t/callbacks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n"
+            await stream.send(head + b"Authorization: Bearer nope\r\n\r\n{")
+            answer = await stream.receive()
+            assert answer.startswith(b"HTTP/1.1 401"), answer
+            await stream.send(b'"a": 1}  ')
+            assert await read_until_closed(stream) == b""
+        # A connection that sends nothing, and one kept alive after its answer: closed when idle.
+        async with tcp(port(gw)) as stream:
+            assert await read_until_closed(stream) == b""
+        async with tcp(port(gw)) as stream:
+            await stream.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert (await read_until_closed(stream)).startswith(b"HTTP/1.1 200")
+        # A client that keeps its requests coming is served on one connection.
+        for _ in range(3):
+            assert (await gw.client.get("/healthz")).status_code == 200
+
+
+# --- WebSocket messages -------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_websocket_messages_are_small_until_a_subscription_is_authorized(sqlite_url: str) -> None:
+    async with live_gateway(
+        sqlite_url, api_key="k", ws_max_message_bytes_before_auth=4096, ws_max_message_bytes=32 * 1024
+    ) as gw:
+        made = await create_task(gw, "t", headers=bearer("k"))
+        # Before any subscription: a frame announcing 64 KiB is refused from its header (1009), its
+        # payload never buffered.
+        async with tcp(port(gw)) as stream:
+            ws = RawWebSocket(stream, "/v1/ws")
+            await ws.open()
+            frame = ws.frame("x" * 64 * 1024)
+            await stream.send(frame[:1024])  # the header and the first bytes: the rest never comes
+            assert await ws.close_code() == 1009
+        # A subscription authorized: larger messages are read (and answered), up to the second limit.
+        async with tcp(port(gw)) as stream:
+            ws = RawWebSocket(stream, "/v1/ws")
+            await ws.open()
+            await ws.send(orjson.dumps({"type": "subscribe", "taskId": "t", "token": made.subscribe_token}))
+            assert (await ws.recv() or {}).get("type") == "caught-up"
+            await ws.send('{"type": "ping", "pad": "' + "x" * 16 * 1024 + '"}')
+            assert await ws.recv() == {"type": "pong"}
+            await ws.send("x" * 64 * 1024)
+            assert await ws.close_code() == 1009
+        # A refused subscription does not raise the limit.
+        async with tcp(port(gw)) as stream:
+            ws = RawWebSocket(stream, "/v1/ws")
+            await ws.open()
+            await ws.send(orjson.dumps({"type": "subscribe", "taskId": "t", "token": "nope"}))
+            assert (await ws.recv() or {}).get("code") == "unauthorized"
+            await ws.send('{"type": "ping", "pad": "' + "x" * 16 * 1024 + '"}')
+            assert await ws.close_code() == 1009
+
+
+# --- connections per address --------------------------------------------------------------------------
+
+
+HOST = "127.0.0.3"
+
+
+@pytest.mark.anyio
+async def test_connections_past_the_limit_of_one_address_are_429(sqlite_url: str) -> None:
+    async with live_gateway(sqlite_url, max_connections_per_address=3) as gw:
+        await create_task(gw, "t")  # (the test's client, on 127.0.0.1, is counted apart)
+        async with tcp(port(gw), local_host=HOST) as a, tcp(port(gw), local_host=HOST) as b:
+            ws = RawWebSocket(a, "/v1/tasks/t/ws")
+            await ws.open()  # a WebSocket counts as long as it is open
+            assert (await ws.recv() or {}).get("type") == "caught-up"
+            await b.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert (await b.receive()).startswith(b"HTTP/1.1 200")
+            async with tcp(port(gw), local_host=HOST) as c:  # the third
+                await c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert (await c.receive()).startswith(b"HTTP/1.1 200")
+                async with tcp(port(gw), local_host=HOST) as d:  # the fourth: refused at once
+                    status, body = http_error(await read_until_closed(d))
+                    assert status == 429 and body["error"]["code"] == "too-many-connections", body
+                # Another address is counted apart.
+                transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+                async with httpx.AsyncClient(transport=transport) as other:
+                    assert (await other.get(gw.url + "/healthz")).status_code == 200
+            # One closed: a new one is let in.
+            async with tcp(port(gw), local_host=HOST) as e:
+                await e.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert (await e.receive()).startswith(b"HTTP/1.1 200")
+
+
+# --- callbacks per second, history length -------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_callbacks_past_the_rate_of_a_task_are_429_with_retry_after(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url, callback_rate_per_s=5) as gw:
+        first = await create_task(gw, "first")
+        other = await create_task(gw, "other")
+        await post_callback(gw, "first", first.callback_token, {"type": "start", "worker": "w"})
+        answers = [
+            await post_callback(
+                gw,
+                "first",
+                first.callback_token,
+                {"type": "progress", "progress": 1, "cursor": f"{i}"},
+                expect=None,
+            )
+            for i in range(20)
+        ]
+        limited = [a for a in answers if a.status_code == 429]
+        assert limited and all(a.status_code in (200, 429) for a in answers)
+        error(limited[0], 429, "rate-limited")
+        assert int(limited[0].headers["retry-after"]) >= 1
+        # Fresh tokens for the same task share its limit; another task has its own.
+        again = await create_task(gw, "first", expect=200)
+        progress = {"type": "progress", "progress": 1, "cursor": "x"}
+        error(
+            await post_callback(gw, "first", again.callback_token, progress, expect=None), 429, "rate-limited"
+        )
+        await post_callback(gw, "other", other.callback_token, {"type": "start", "worker": "w"})
+
+
+@pytest.mark.anyio
+async def test_a_task_at_its_history_limit_takes_only_the_callback_that_ends_it(database_url: str) -> None:
+    async with running_gateway(database_url, max_history_versions=3) as gw:
+        made = await create_task(gw, "t", max_attempts=5)
+        token = made.callback_token
+        await post_callback(gw, "t", token, {"type": "start", "worker": "w"})
+        for p in (10, 20):
+            await post_callback(gw, "t", token, {"type": "progress", "progress": p, "cursor": ""})
+        refused = await post_callback(
+            gw, "t", token, {"type": "progress", "progress": 30, "cursor": ""}, expect=None
+        )
+        assert "history" in error(refused, 409, "history-full")
+        retry = {"type": "fail", "error": "again", "retryable": True}  # would requeue: not an end
+        error(await post_callback(gw, "t", token, retry, expect=None), 409, "history-full")
+        done = {"type": "succeed", "resultRef": "r", "resultHash": "h"}
+        answer = await post_callback(gw, "t", token, done)
+        assert answer["task"]["state"] == "succeeded" and answer["task"]["version"] == 4
+        events = (await gw.client.get("/v1/tasks/t/events")).json()
+        assert events["version"] == 4
+
+
+# --- bad numbers, ids, content types ------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("progress", [2**64, 2**70, -(2**63) - 1, -(2**64)])
+async def test_a_progress_past_64_bits_with_a_callback_id_is_400_not_500(
+    sqlite_url: str, progress: int
+) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        made = await create_task(gw, "t")
+        token = made.callback_token
+        await post_callback(gw, "t", token, {"type": "start", "worker": "w"})
+        event = {"type": "progress", "progress": progress, "cursor": "c"}
+        answer = await post_callback(gw, "t", token, event, callback_id="big", expect=None)
+        assert "progress" in error(answer, 400, "invalid-request")
+        # A huge float is a number the machine judges (over 100): not a 500 either.
+        huge = {"type": "progress", "progress": 1e300, "cursor": "c"}
+        answer = await post_callback(gw, "t", token, huge, callback_id="huge", expect=None)
+        error(answer, 400, "invalid-request")
+        # Nothing was stored, and the largest 64-bit integers are still a question for the machine.
+        assert (await gw.client.get("/v1/tasks/t")).json()["version"] == 1
+        edge = {"type": "progress", "progress": 2**63 - 1, "cursor": "c"}
+        error(
+            await post_callback(gw, "t", token, edge, callback_id="edge", expect=None), 400, "invalid-request"
+        )
+
+
+@pytest.mark.anyio
+async def test_task_ids_dot_and_dot_dot_are_refused(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        for task_id in (".", ".."):
+            answer = await create_task(gw, task_id, expect=None)
+            assert task_id in error(answer, 400, "invalid-request")
+        await create_task(gw, "...")  # not a path segment of its own: fine
+
+
+@pytest.mark.anyio
+async def test_a_body_declared_as_anything_but_json_is_415(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        body = b'{"id": "t", "ttlMs": 60000, "maxAttempts": 1}'
+        for declared in (
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+        ):
+            answer = await gw.client.post("/v1/tasks", content=body, headers={"Content-Type": declared})
+            assert "application/json" in error(answer, 415, "unsupported-media-type")
+        for declared in ("application/json", "application/json; charset=utf-8", "Application/JSON"):
+            answer = await gw.client.post("/v1/tasks", content=body, headers={"Content-Type": declared})
+            assert answer.status_code in (200, 201), answer.text
+        # No Content-Type at all is taken as JSON.
+        answer = await gw.client.post("/v1/tasks", content=body)
+        assert answer.status_code == 200, answer.text
+        made = answer.json()
+        start = b'{"event": {"type": "start", "worker": "w"}}'
+        headers = {**bearer(made["callbackToken"]), "Content-Type": "text/plain"}
+        error(
+            await gw.client.post("/v1/tasks/t/callbacks", content=start, headers=headers),
+            415,
+            "unsupported-media-type",
+        )
+
+
+# --- open mode: Host and Origin -----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_loopback_host_names_are_compared_without_case_or_final_dot(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url) as gw:
+        for host in ("LOCALHOST", "localhost.", f"Localhost.:{port(gw)}", "127.0.0.1"):
+            answer = await gw.client.get("/healthz", headers={"Host": host})
+            assert answer.status_code == 200, (host, answer.text)
+        error(await gw.client.get("/healthz", headers={"Host": "localhost.evil.example"}), 403, "forbidden")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("api_key", [None, "k"], ids=["open-mode", "api-key"])
+async def test_http_and_websockets_share_one_rule_for_loopback_origins(
+    sqlite_url: str, api_key: str | None
+) -> None:
+    async with live_gateway(sqlite_url, api_key=api_key) as gw:
+        key = bearer(api_key) if api_key else None
+        made = await create_task(gw, "t", headers=key)
+        for origin, allowed in (("http://localhost:3000", True), ("http://evil.example", False)):
+            if api_key is None:  # the HTTP guard of open mode
+                answer = await gw.client.post("/v1/notifications/drain", headers={"Origin": origin})
+                assert (answer.status_code == 200) is allowed, (origin, answer.text)
+            async with tcp(port(gw)) as stream:
+                ws = RawWebSocket(stream, f"/v1/tasks/t/ws?token={made.subscribe_token}")
+                try:
+                    await ws.open(Origin=origin)
+                except AssertionError:
+                    assert not allowed and api_key is None  # open mode refuses the handshake itself
+                    continue
+                first = await ws.recv()
+                if allowed:
+                    assert first is not None and first["type"] == "caught-up", first
+                else:
+                    assert first is not None and first["code"] == "forbidden", first
+                    assert await ws.close_code() == 4403
+
+
+# --- the many-task socket -----------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_an_unknown_message_type_is_named_as_such(sqlite_url: str) -> None:
+    async with live_gateway(sqlite_url) as gw, tcp(port(gw)) as stream:
+        ws = RawWebSocket(stream, "/v1/ws")
+        await ws.open()
+        for message in ('{"type": "PING"}', '{"type": "subscribe-all", "taskId": "t"}', "{}"):
+            await ws.send(message)
+            frame = await ws.recv()
+            assert frame is not None and frame["code"] == "invalid-request", frame
+            assert frame["message"].startswith("type:"), frame
+
+
+@pytest.mark.anyio
+async def test_a_pong_does_not_overtake_the_resume_frame_of_an_earlier_subscribe(sqlite_url: str) -> None:
+    async with live_gateway(sqlite_url) as gw:
+        made = await create_task(gw, "t")
+        async with tcp(port(gw)) as stream:
+            ws = RawWebSocket(stream, "/v1/ws")
+            await ws.open()
+            subscribe = orjson.dumps({"type": "subscribe", "taskId": "t", "token": made.subscribe_token})
+            await ws.send(subscribe, '{"type": "ping"}')  # one write: read together
+            assert [(await ws.recv() or {}).get("type") for _ in range(2)] == ["caught-up", "pong"]
+
+
+@pytest.mark.anyio
+async def test_many_pipelined_bad_messages_from_a_reading_client_are_all_answered(sqlite_url: str) -> None:
+    async with live_gateway(sqlite_url) as gw, tcp(port(gw)) as stream:
+        ws = RawWebSocket(stream, "/v1/ws")
+        await ws.open()
+        count = 1000
+        await ws.send(*["not json"] * count, '{"type": "ping"}')
+        answers = [await ws.recv() for _ in range(count + 1)]
+        assert all(a is not None and a["code"] == "invalid-request" for a in answers[:count])
+        assert answers[-1] == {"type": "pong"}  # and the socket is still open
+        assert gw.gateway.hub.stats()["connections"] == 1
+
+
+# --- a peer that never reads --------------------------------------------------------------------------
+
+
+async def flood(gw: Running, task_id: str, token: str, count: int, pad: int = 60_000) -> None:
+    """``count`` progress entries of about ``pad`` bytes each (a retry every 100, progress rises within an
+    attempt): more than the kernel buffers between a gateway and a peer that does not read."""
+    start = {"type": "start", "worker": "w"}
+    await post_callback(gw, task_id, token, start)
+    for i in range(count):
+        if i and i % 100 == 0:
+            await post_callback(gw, task_id, token, {"type": "fail", "error": "e", "retryable": True})
+            await post_callback(gw, task_id, token, start)
+        progress = {"type": "progress", "progress": i % 100, "cursor": f"{i}-" + "c" * pad}
+        await post_callback(gw, task_id, token, progress)
+
+
+def server_side_open(server_port: int, client_port: int) -> bool:
+    """Whether the gateway still holds its end of this client's TCP connection (``/proc/net/tcp``)."""
+    wanted = (f"0100007F:{server_port:04X}", f"0100007F:{client_port:04X}")
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            local, remote = line.split()[1:3]
+            if (local, remote) == wanted:
+                return True
+    return False
+
+
+@pytest.mark.anyio
+async def test_a_websocket_that_never_reads_is_dropped_when_the_grace_ends(sqlite_url: str) -> None:
+    settings = {"write_timeout_ms": 500, "slow_close_grace_ms": 1000, "callback_rate_per_s": 0}
+    async with live_gateway(sqlite_url, **settings) as gw:
+        made = await create_task(gw, "t", max_attempts=10)
+        async with tcp(port(gw), receive_buffer=4096) as stream:
+            client_port = stream.local_port
+            ws = RawWebSocket(stream, f"/v1/tasks/t/ws?token={made.subscribe_token}")
+            await ws.open()
+            await flood(gw, "t", made.callback_token, 150)
+            # Cut for not reading (its subscriptions let go at once) ...
+            await wait_until(lambda: gw.gateway.hub.stats()["connections"] == 0)
+            # ... then, never having read, its socket and buffers are dropped when the grace ends.
+            await wait_until(lambda: not server_side_open(port(gw), client_port))
+
+
+@pytest.mark.anyio
+async def test_a_websocket_that_reads_again_within_the_grace_is_told_4008(sqlite_url: str) -> None:
+    # The default grace (30 s), with uvicorn's keep-alive ping due meanwhile: the peer still gets 4008.
+    settings = {"write_timeout_ms": 500, "callback_rate_per_s": 0}
+    async with live_gateway(sqlite_url, **settings) as gw:
+        made = await create_task(gw, "t", max_attempts=10)
+        async with tcp(port(gw), receive_buffer=4096) as stream:
+            ws = RawWebSocket(stream, f"/v1/tasks/t/ws?token={made.subscribe_token}")
+            await ws.open()
+            await flood(gw, "t", made.callback_token, 150)
+            await wait_until(lambda: gw.gateway.hub.stats()["connections"] == 0)
+            assert await ws.close_code(within_s=30) == 4008
+
+
+@pytest.mark.anyio
+async def test_an_sse_stream_that_is_not_read_is_dropped(sqlite_url: str) -> None:
+    settings = {"write_timeout_ms": 500, "callback_rate_per_s": 0}
+    async with live_gateway(sqlite_url, **settings) as gw:
+        made = await create_task(gw, "t", max_attempts=10)
+        async with tcp(port(gw), receive_buffer=4096) as stream:
+            client_port = stream.local_port
+            await stream.send(b"GET /v1/tasks/t/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            await wait_until(lambda: gw.gateway.hub.stats()["subscriptions"] == 1)
+            await flood(gw, "t", made.callback_token, 150)
+            await wait_until(lambda: gw.gateway.hub.stats()["connections"] == 0)
+            await wait_until(lambda: not server_side_open(port(gw), client_port))
