@@ -60,8 +60,12 @@ ERRORS: dict[int, str] = {
     404: "`unknown-task`: no such task (checked after the credential, so ids cannot be probed); "
     "`not-found` for an unknown route",
     405: "`method-not-allowed`",
+    408: "`request-timeout`: the body did not arrive within `GATEWAY_BODY_TIMEOUT_MS`; connection closed",
     409: "a conflict, named by its code",
     413: "`payload-too-large`: the body is over `GATEWAY_MAX_BODY_BYTES`",
+    415: "`unsupported-media-type`: a `Content-Type` other than JSON (none at all is read as JSON)",
+    429: "`rate-limited`: more callbacks per second for this task than `GATEWAY_CALLBACK_RATE_PER_S`; "
+    "retry after `Retry-After` (seconds)",
     503: "`unavailable`: the database cannot be reached; nothing was written; retry after `Retry-After`",
 }
 
@@ -110,8 +114,10 @@ OPERATIONS: tuple[Operation, ...] = (
             400: "",
             401: "",
             403: "",
+            408: "",
             409: "`task-exists`: this id exists with other parameters",
             413: "",
+            415: "",
             503: "",
         },
         security=(API_KEY,),
@@ -184,9 +190,13 @@ OPERATIONS: tuple[Operation, ...] = (
             401: "",
             403: "",
             404: "",
+            408: "",
             409: "`callback-id-reused`: this callbackId came with another body; "
-            "`stale-attempt`: attempt is not the task's current one",
+            "`stale-attempt`: attempt is not the task's current one; "
+            "`history-full`: the task has `GATEWAY_MAX_HISTORY_VERSIONS` entries and this would not end it",
             413: "",
+            415: "",
+            429: "",
             503: "",
         },
         security=(CALLBACK,),
@@ -349,7 +359,7 @@ def _responses(op: Operation) -> dict[str, Any]:
             "description": description,
             "content": {"application/json": {"schema": _ref(wire.ErrorAnswer)}},
         }
-        if status == 503:
+        if status in (429, 503):
             answer["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
         out[str(status)] = answer
     return out
