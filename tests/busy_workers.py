@@ -1,8 +1,9 @@
-"""Busy workers, as a process of their own: ``python -m tests.busy_workers URL COUNT``.
+"""Busy workers, as a process of their own: ``python -m tests.busy_workers URL COUNT CURSOR_BYTES``.
 
 Each of ``COUNT`` workers runs tasks back to back as fast as the gateway answers: it creates a task (an hour
-to live), starts it, reports progress 1..100 one callback at a time (each with a ``callbackId``), succeeds
-it, and takes the next. A subscriber on one ``/v1/ws`` socket follows every task the workers run, so the
+to live), starts it, reports progress 1..100 one callback at a time (each with a ``callbackId`` and a
+``cursor`` of ``CURSOR_BYTES``, the bookmark of a worker that keeps its state there), succeeds it, and
+takes the next. A subscriber on one ``/v1/ws`` socket follows every task the workers run, so the
 gateway fans out every entry as it commits it. It prints ``ready`` once the workers have had 200 callbacks
 answered, runs until its standard input closes, then prints ``callbacks N`` (answered 2xx) and exits.
 
@@ -26,9 +27,10 @@ READY_AFTER = 200
 
 
 class Load:
-    def __init__(self, base: str, workers: int) -> None:
+    def __init__(self, base: str, workers: int, cursor_bytes: int) -> None:
         self.base = base
         self.workers = workers
+        self.cursor_bytes = cursor_bytes
         self.answered = 0
         self.refused: list[str] = []
         self.ready = anyio.Event()
@@ -42,7 +44,10 @@ class Load:
             token = made.json()["callbackToken"]
             await watcher.send(json.dumps({"type": "subscribe", "taskId": task_id, "cursor": 0}))
             events: list[dict[str, Any]] = [{"type": "start", "worker": f"w{n}"}]
-            events += [{"type": "progress", "progress": p, "cursor": f"row-{p}"} for p in range(1, 101)]
+            events += [
+                {"type": "progress", "progress": p, "cursor": f"row-{p}-".ljust(self.cursor_bytes, "x")}
+                for p in range(1, 101)
+            ]
             events.append({"type": "succeed", "resultRef": f"s3://r/{task_id}", "resultHash": "sha256:0"})
             for i, event in enumerate(events):
                 answer = await client.post(
@@ -83,8 +88,8 @@ class Load:
 
 
 def main() -> None:
-    base, workers = sys.argv[1], int(sys.argv[2])
-    anyio.run(Load(base, workers).run)
+    base, workers, cursor_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    anyio.run(Load(base, workers, cursor_bytes).run)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from tests.processes import GatewayProcess, print_tails, spawn_gateway
 TASKS = 300
 TTL_MS = 2_000
 WORKERS = 20
+CURSOR_BYTES = 4096  # each progress callback's body is about this size
 BOUND_MS = 1_000
 POLL_S = 0.05
 CREATORS = 10
@@ -70,7 +71,7 @@ async def busy_workers(url: str, directory: Path) -> AsyncIterator[anyio.abc.Pro
     log = directory / "workers.log"
     with log.open("wb") as out:
         process = await anyio.open_process(
-            [sys.executable, "-m", "tests.busy_workers", url, str(WORKERS)],
+            [sys.executable, "-m", "tests.busy_workers", url, str(WORKERS), str(CURSOR_BYTES)],
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
