@@ -45,7 +45,10 @@ async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
     while True:
         # Shielded: a stop waits for the batch to end instead of tearing a connection down mid-query.
         with anyio.fail_after(DB_DEADLINE_S, shield=True):
-            expired = await book.expire_due(EXPIRY_BATCH, urgent=total == 0)
+            if total == 0:
+                expired = await book.expire_due(EXPIRY_BATCH)  # urgent
+            else:
+                expired = await book.expire_due(EXPIRY_BATCH, urgent=False)
         total += expired
         if metrics is not None:
             metrics.tasks_expired.inc(expired)
