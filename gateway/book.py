@@ -142,6 +142,8 @@ class Book:
         self.retention_versions = retention_versions
         # Called after a commit that wrote notifications to the outbox (the webhook relay's wake-up).
         self.on_notifications: Callable[[], None] | None = None
+        # Called with a new task's deadline once it is committed (the sweeper's wake-up).
+        self.on_deadline: Callable[[int], None] | None = None
         self._resuming: dict[str, _SharedResume] = {}  # resumes waiting for a read that has not started
         # History entries a task may have (0: no limit); past it only an entry that ends the task is added.
         self.max_history_versions = max_history_versions
@@ -207,6 +209,12 @@ class Book:
             return await tx.versions(task_ids)
 
     @_shielded
+    async def next_deadline(self) -> int | None:
+        """The earliest deadline of the live tasks (``expiresAtMs``), or ``None`` when none is live."""
+        async with self.store.read() as tx:
+            return await tx.next_deadline()
+
+    @_shielded
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         """Up to ``limit`` tasks in id order after ``after``, only those in ``state`` if given."""
         async with self.store.read() as tx:
@@ -233,7 +241,10 @@ class Book:
             await tx.insert_task(task, ttl_ms, now)
             return task, True
 
-        return await self._write(work)
+        made, created = await self._write(work)
+        if created and self.on_deadline is not None:
+            self.on_deadline(int(made.expires_at_ms))
+        return made, created
 
     async def callback(
         self,
@@ -327,18 +338,20 @@ class Book:
         return CallbackOutcome(transition, False), now
 
     @_shielded
-    async def expire_due(self, limit: int = EXPIRY_BATCH) -> int:
+    async def expire_due(self, limit: int = EXPIRY_BATCH, *, urgent: bool = True) -> int:
         """Expire up to ``limit`` live tasks whose deadline has come (``clock() >= expiresAtMs``), in one
-        transaction; returns how many. Tasks another process is expiring are skipped, not waited for."""
-        now = self.clock()
+        transaction; returns how many. Tasks another process is expiring are skipped, not waited for.
+
+        An ``urgent`` transaction goes before the callbacks and creations waiting to write. What is due is
+        decided once it has its turn, so a task that fell due while it waited is expired with it."""
 
         async def work(tx: WriteTx, commit: _Commit) -> int:
-            due = await tx.claim_due(now, limit)
+            due = await tx.claim_due(self.clock(), limit)
             # The notification, like the entry, is pinned to the deadline (protocol.md).
             await self._record_many(tx, commit, [(expire_task(task), task.expires_at_ms) for task in due])
             return len(due)
 
-        return await self._write(work)
+        return await self._write(work, urgent=urgent)
 
     @_shielded
     async def deliver(self, task_id: str, idempotency_key: str) -> Delivery:
@@ -379,13 +392,13 @@ class Book:
 
     # --- the write path --------------------------------------------------------------------------------
 
-    async def _write(self, work: Callable[[WriteTx, _Commit], Awaitable[R]]) -> R:
+    async def _write(self, work: Callable[[WriteTx, _Commit], Awaitable[R]], *, urgent: bool = False) -> R:
         """Run ``work`` in a write transaction, again if it lost a race on a unique key; then publish what
         it committed."""
         for retry in range(_RACE_RETRIES):
             commit = _Commit()
             try:
-                async with self.store.write() as tx:
+                async with self.store.write(urgent=True) if urgent else self.store.write() as tx:
                     result = await work(tx, commit)
             except StoreRace:
                 if retry == _RACE_RETRIES - 1:

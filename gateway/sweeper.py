@@ -1,16 +1,26 @@
 """Expiry: a loop, owned by the app's lifespan, that expires live tasks whose deadline has passed.
 
-It runs at start (so tasks that fell due while the gateway was down expire at once) and then every
-``interval_s``; a task is expired within ``interval_s`` plus one pass of its deadline, with its entry and
-notification at ``expiresAtMs``. A pass works through the due tasks in bounded batches, one transaction
-each, so a backlog makes progress batch by batch and an outage only delays it: the next pass goes on from
-there. With several gateway processes each batch claims its rows with ``SKIP LOCKED``: every due task is
-expired once, by whichever process gets there first.
+It runs at start (so tasks that fell due while the gateway was down expire at once), then wakes at the
+next deadline it knows of: after each pass it reads the earliest deadline of the live tasks, and a task this
+process creates with an earlier one wakes it sooner. It never sleeps longer than ``interval_s`` (the tasks
+other processes create are found at the latest then), and starts at most one pass per ``min_gap_s`` (tasks
+that fall due close together expire in one batch). Passes may overlap, up to ``max_passes``: a pass starts
+on time even while a slow one is still committing. A task is expired within one pass of its deadline, with
+its entry and notification at ``expiresAtMs``.
+
+A pass works through the due tasks in bounded, set-based batches, one transaction each, so a backlog makes
+progress batch by batch and an outage only delays it: the next pass goes on from there. A pass's first
+batch is an urgent write: on SQLite it goes before the callback batches and creations waiting for their
+turn to write, so a stream of callbacks never starves expiry. With several gateway processes (or
+overlapping passes) each batch claims its rows with ``SKIP LOCKED``: every due task is expired once, by
+whichever pass gets there first.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 import anyio
 
@@ -20,14 +30,25 @@ from gateway.store.database import database_unavailable
 
 log = logging.getLogger("gateway.sweeper")
 
+# The shortest time between the starts of two passes: deadlines this close together share a batch.
+MIN_GAP_S = 0.05
+# Passes under way at once at most (a pass starts at its time even while a slow one is committing).
+MAX_PASSES = 3
+
 
 async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
-    """Expire every task that is due now, a batch at a time; returns how many this process expired."""
+    """Expire every task that is due now, a batch at a time; returns how many this process expired.
+
+    The first batch is urgent (it writes before the callbacks waiting to); the rest of a backlog (after an
+    outage, say) takes its turns with them, so that catching up does not stall callbacks for long."""
     total = 0
     while True:
         # Shielded: a stop waits for the batch to end instead of tearing a connection down mid-query.
         with anyio.fail_after(DB_DEADLINE_S, shield=True):
-            expired = await book.expire_due(EXPIRY_BATCH)
+            if total == 0:
+                expired = await book.expire_due(EXPIRY_BATCH)  # urgent
+            else:
+                expired = await book.expire_due(EXPIRY_BATCH, urgent=False)
         total += expired
         if metrics is not None:
             metrics.tasks_expired.inc(expired)
@@ -35,13 +56,74 @@ async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
             return total
 
 
-async def run_sweeper(book: Book, interval_s: float, metrics: Metrics | None = None) -> None:
-    while True:
+class Sweeper:
+    def __init__(
+        self,
+        book: Book,
+        interval_s: float,
+        metrics: Metrics | None = None,
+        *,
+        min_gap_s: float = MIN_GAP_S,
+        max_passes: int = MAX_PASSES,
+    ) -> None:
+        self.book = book
+        self.interval_s = interval_s
+        self.metrics = metrics
+        self.min_gap_s = min(min_gap_s, interval_s)
+        self.max_passes = max_passes
+        self._wake_at = math.inf  # when the next pass starts, on the monotonic clock
+        self._sooner = anyio.Event()
+
+    def deadline(self, expires_at_ms: int) -> None:
+        """A task of this process now has this deadline: be there for it (``Book.on_deadline``)."""
+        at = time.monotonic() + max(0.0, (expires_at_ms - self.book.clock()) / 1000)
+        if at < self._wake_at:
+            self._wake_at = at
+            self._sooner.set()
+
+    async def run(self) -> None:
+        in_flight = anyio.Semaphore(self.max_passes)
+        async with anyio.create_task_group() as passes:
+            while True:
+                started = time.monotonic()
+                self._wake_at = started + self.interval_s
+                await in_flight.acquire()
+                passes.start_soon(self._pass, in_flight)
+                await self._sleep(started + self.min_gap_s)
+
+    async def _pass(self, in_flight: anyio.Semaphore) -> None:
+        """Expire what is due, then learn the next deadline. Passes overlap: a slow commit holds up only
+        the tasks of its own batch, not those falling due while it runs."""
         try:
-            await sweep_once(book, metrics)
+            await sweep_once(self.book, self.metrics)
+            next_ms = await self.book.next_deadline()
         except Exception as exc:  # a database outage must not end expiry for the life of the process
             if database_unavailable(exc):  # one line per pass, not a traceback every 200 ms
                 log.warning("expiry pass failed: the database is unreachable (%s); retrying", exc)
             else:
-                log.exception("expiry pass failed; retrying in %.1fs", interval_s)
-        await anyio.sleep(interval_s)
+                log.exception("expiry pass failed; retrying in %.1fs", self.interval_s)
+            return
+        finally:
+            in_flight.release()
+        if next_ms is not None:
+            self.deadline(next_ms + 1)  # +1: the clock's milliseconds are floored
+
+    async def _sleep(self, not_before: float) -> None:
+        """Until ``_wake_at`` (which ``deadline`` may bring forward), but not before ``not_before``."""
+        while True:
+            self._sooner = anyio.Event()
+            remaining = max(self._wake_at, not_before) - time.monotonic()
+            if remaining <= 0:
+                return
+            with anyio.move_on_after(remaining):
+                await self._sooner.wait()
+
+
+async def run_sweeper(book: Book, interval_s: float, metrics: Metrics | None = None) -> None:
+    """A :class:`Sweeper` that wakes for this process's new deadlines, for the life of the caller."""
+    sweeper = Sweeper(book, interval_s, metrics)
+    book.on_deadline = sweeper.deadline
+    try:
+        await sweeper.run()
+    finally:
+        book.on_deadline = None

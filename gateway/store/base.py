@@ -73,6 +73,9 @@ class ReadTx(Protocol):
     async def relay_pending(self) -> int:
         """How many notifications the webhook relay has not sent yet."""
 
+    async def next_deadline(self) -> int | None:
+        """The earliest ``expiresAtMs`` of the live tasks, or ``None`` when none is live."""
+
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         """One page of the operators' task list: up to ``limit`` tasks in id order, only those whose id
         comes after ``after`` when it is given, only those in ``state`` when it is given.
@@ -155,6 +158,7 @@ class Store(Protocol):
 
     def read(self) -> AbstractAsyncContextManager[ReadTx]: ...
 
-    def write(self) -> AbstractAsyncContextManager[WriteTx]:
+    def write(self, *, urgent: bool = False) -> AbstractAsyncContextManager[WriteTx]:
         """A transaction that commits when the block ends without an exception; a lost race on a unique
-        key raises :class:`StoreRace` with nothing written."""
+        key raises :class:`StoreRace` with nothing written. An ``urgent`` one (expiry) goes before the
+        ordinary ones waiting where writes take turns (SQLite, the in-memory store)."""

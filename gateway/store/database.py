@@ -2,13 +2,13 @@
 
 ``Database.write()`` opens the one kind of transaction that changes data. On PostgreSQL it is a plain
 transaction and rows are locked with ``SELECT ... FOR UPDATE``; on SQLite, which has one writer anyway,
-writes of this process queue on an in-process lock, and a lock file keeps a second process off the file
-(SQLite serves one gateway process; any number share a PostgreSQL database).
+writes of this process queue on an in-process lock (an urgent write, expiry, goes before the others
+waiting), and a lock file keeps a second process off the file (SQLite serves one gateway process; any
+number share a PostgreSQL database).
 """
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import os
 from collections.abc import AsyncIterator
@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from gateway.settings import ConfigError
 from gateway.store import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 from gateway.store.migrate import migrate
+from gateway.store.priority_lock import PriorityLock
 
 
 def async_url(url: str) -> str:
@@ -47,7 +48,7 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = async_url(url)
         self.is_sqlite = self.url.startswith("sqlite")
-        self._write_lock = asyncio.Lock() if self.is_sqlite else None
+        self._write_lock = PriorityLock() if self.is_sqlite else None
         self._lock_file: IO[str] | None = None
         kwargs: dict[str, Any] = {}
         if not self.is_sqlite:
@@ -70,13 +71,14 @@ class Database:
             self._lock_file = None
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[AsyncConnection]:
-        """A transaction that may change data; committed when the block ends without an exception."""
+    async def write(self, *, urgent: bool = False) -> AsyncIterator[AsyncConnection]:
+        """A transaction that may change data; committed when the block ends without an exception. On
+        SQLite an ``urgent`` one goes before the ordinary ones waiting for their turn to write."""
         if self._write_lock is None:
             async with self.engine.begin() as conn:
                 yield conn
             return
-        async with self._write_lock, self.engine.begin() as conn:
+        async with self._write_lock.hold(urgent=urgent), self.engine.begin() as conn:
             yield conn
 
     @asynccontextmanager

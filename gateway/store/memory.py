@@ -7,7 +7,6 @@ store and for trying the gateway without a file; it keeps nothing across restart
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any
 
 from gateway.machine import Task, Transition
 from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace
+from gateway.store.priority_lock import PriorityLock
 from gateway.store.tables import ACTIVE_STATES
 
 
@@ -34,7 +34,7 @@ class _Data:
 class MemoryStore:
     def __init__(self) -> None:
         self._data = _Data()
-        self._lock = asyncio.Lock()
+        self._lock = PriorityLock()
 
     async def open(self) -> None:
         pass
@@ -47,12 +47,12 @@ class MemoryStore:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[MemoryTx]:
-        async with self._lock:
+        async with self._lock.hold():
             yield MemoryTx(self._data, [])
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[MemoryTx]:
-        async with self._lock:
+    async def write(self, *, urgent: bool = False) -> AsyncIterator[MemoryTx]:
+        async with self._lock.hold(urgent=urgent):
             tx = MemoryTx(self._data, [])
             try:
                 yield tx
@@ -77,6 +77,10 @@ class MemoryTx:
     async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         stored = self.data.tasks
         return {i: stored[i].task.version for i in task_ids if i in stored}
+
+    async def next_deadline(self) -> int | None:
+        live = [s.task.expires_at_ms for s in self.data.tasks.values() if s.task.state in ACTIVE_STATES]
+        return int(min(live)) if live else None
 
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         found = sorted(

@@ -44,9 +44,9 @@ class SqlStore:
             yield SqlTx(conn, self.db.is_sqlite)
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[SqlTx]:
+    async def write(self, *, urgent: bool = False) -> AsyncIterator[SqlTx]:
         try:
-            async with self.db.write() as conn:
+            async with self.db.write(urgent=urgent) as conn:
                 yield SqlTx(conn, self.db.is_sqlite)
         except IntegrityError as exc:
             raise StoreRace(str(exc.orig)) from exc
@@ -105,6 +105,14 @@ class SqlTx:
             select(func.count()).select_from(outbox).where(outbox.c.relayed_at_ms.is_(None))
         )
         return int(result.scalar_one())
+
+    async def next_deadline(self) -> int | None:
+        # The first row of the partial index ix_tasks_live_deadline.
+        result = await self.conn.execute(
+            select(func.min(tasks.c.expires_at_ms)).where(tasks.c.state.in_(ACTIVE_STATES))
+        )
+        deadline: int | None = result.scalar_one()
+        return deadline
 
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         # Keyset pagination over the primary key: each page is one index range, however deep it is.

@@ -137,6 +137,24 @@ async def test_sweeper_expires_on_the_real_clock(database_url: str, record_prope
         assert notifications == [{"taskId": "soon", "state": "expired", "atMs": deadline, "version": 1}]
 
 
+@pytest.mark.anyio
+async def test_the_sweeper_wakes_at_a_deadline_not_at_its_interval(database_url: str) -> None:
+    """GATEWAY_SWEEP_INTERVAL_MS is the longest the sweeper sleeps, not its pace: it wakes for the next
+    deadline it knows of, whether the task was made before its last pass or after."""
+    async with running_gateway(database_url, sweep_interval_ms=60_000) as gw:
+        t0 = time.monotonic()
+        await create_task(gw, "made-after-the-first-pass", ttl_ms=300, max_attempts=1)
+        await wait_expired(gw, "made-after-the-first-pass")
+        assert time.monotonic() - t0 <= EXPIRY_BOUND_S
+        # Two more, the later one made first: the sweeper knows the earlier deadline from its last pass.
+        t0 = time.monotonic()
+        await create_task(gw, "later", ttl_ms=900, max_attempts=1)
+        await create_task(gw, "sooner", ttl_ms=300, max_attempts=1)
+        await wait_expired(gw, "sooner")
+        await wait_expired(gw, "later")
+        assert time.monotonic() - t0 <= EXPIRY_BOUND_S + 0.6
+
+
 # --- expiry across a restart --------------------------------------------------------------------------------
 
 

@@ -169,6 +169,61 @@ async def test_claim_due_takes_live_overdue_tasks_earliest_first(store: Store) -
         assert [t.id for t in await tx.claim_due(1_000 + 100, 2)] == ["t1", "t2"]
 
 
+async def test_next_deadline_is_the_earliest_of_the_live_tasks(store: Store) -> None:
+    async with store.read() as tx:
+        assert await tx.next_deadline() is None
+    for i, ttl in enumerate([30, 10, 20]):
+        await add(store, f"t{i}", ttl_ms=ttl)
+    async with store.read() as tx:
+        assert await tx.next_deadline() == 1_010
+    async with store.write() as tx:
+        (task,) = await tx.claim_due(1_010, 1)
+        await tx.record(expire_task(task), b'{"type":"expire","atMs":1010}', task.expires_at_ms)
+    async with store.read() as tx:
+        assert await tx.next_deadline() == 1_020  # an expired task's deadline is behind it
+
+
+async def test_expiry_goes_before_the_writes_waiting_for_their_turn(store_url: str, store: Store) -> None:
+    """Where writes take turns (SQLite, the in-memory twin), an expiry pass queued behind many writes
+    (callback batches, creations) is the next to write, not the last: a stream of callbacks never starves
+    expiry. Each kind keeps its own arrival order. PostgreSQL writes at once, whatever the kind."""
+    if store_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL has no write turns: rows are locked, and expiry skips locked ones")
+    clock = FakeClock(1_000)
+    book = Book(store, clock)
+    await add(store, "due", ttl_ms=10)
+    clock.advance(100)
+    order: list[str] = []
+    holding = anyio.Event()
+    release = anyio.Event()
+
+    async def hold() -> None:
+        async with store.write():
+            holding.set()
+            await release.wait()
+        order.append("held")
+
+    async def create(i: int) -> None:
+        await book.create(f"new-{i}", 60_000, 1)
+        order.append(f"create-{i}")
+
+    async def expire() -> None:
+        assert await book.expire_due() == 1
+        order.append("expire")
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await holding.wait()
+            for i in range(5):
+                tg.start_soon(create, i)
+                await anyio.wait_all_tasks_blocked()
+            tg.start_soon(expire)
+            await anyio.wait_all_tasks_blocked()
+            release.set()
+    assert order == ["held", "expire", *(f"create-{i}" for i in range(5))]
+
+
 async def test_concurrent_expiry_passes_expire_each_task_once(store: Store) -> None:
     """Several passes at once (processes sweeping together): every due task expired exactly once, with
     one notification each, and the passes' counts add up."""

@@ -1,0 +1,181 @@
+"""Expiry on time under load (protocol.md, "Time and expiry": within 1 s of the deadline), against
+``gateway serve`` on SQLite and on PostgreSQL.
+
+300 tasks with 2 s TTLs are created while 20 busy workers (tests/busy_workers.py, a process of their own)
+post callbacks as fast as the gateway answers them and a subscriber follows every one of their tasks. Each
+of the 300 must be seen expired within 1 s of its own ``expiresAtMs``, measured on this machine's wall
+clock two ways, both asserted:
+
+- **committed**: a poller lists the expired tasks (``GET /v1/tasks?state=expired``) every 50 ms; a task's
+  time is the start of the first listing that holds it (an upper bound of its commit, by at most one poll
+  and one read);
+- **pushed**: a subscriber on one ``/v1/ws`` socket follows all 300; a task's time is the arrival of the
+  frame that shows it expired.
+
+The ``expire`` entry's own ``atMs`` is the deadline by definition (it is pinned there), so it says nothing
+about lateness; the test checks it is.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.processes import GatewayProcess, print_tails, spawn_gateway
+
+TASKS = 300
+TTL_MS = 2_000
+WORKERS = 20
+CURSOR_BYTES = 4096  # each progress callback's body is about this size
+BOUND_MS = 1_000
+POLL_S = 0.05
+CREATORS = 10
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@asynccontextmanager
+async def gateway(database_url: str, directory: Path) -> AsyncIterator[GatewayProcess]:
+    gw = await spawn_gateway("gw", database_url, directory / "gw.log")
+    failed = False
+    try:
+        await gw.serving()
+        yield gw
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        await gw.stop()
+        if failed:
+            print_tails([gw])
+
+
+@asynccontextmanager
+async def busy_workers(url: str, directory: Path) -> AsyncIterator[anyio.abc.Process]:
+    """tests/busy_workers.py against ``url``, at full speed when the block begins; stopped at its end."""
+    log = directory / "workers.log"
+    with log.open("wb") as out:
+        process = await anyio.open_process(
+            [sys.executable, "-m", "tests.busy_workers", url, str(WORKERS), str(CURSOR_BYTES)],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).parents[2],
+        )
+    async with process:
+        try:
+            with anyio.fail_after(60):
+                while b"ready" not in log.read_bytes():
+                    assert process.returncode is None, log.read_text()
+                    await anyio.sleep(POLL_S)  # a child's output has nothing to wait on but reading it
+            yield process
+        finally:
+            with anyio.CancelScope(shield=True):
+                assert process.stdin is not None
+                await process.stdin.aclose()
+                with anyio.move_on_after(10):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+                print(f"\nbusy workers: {log.read_text().strip().splitlines()[-1:]}")
+
+
+def figures(lateness: dict[str, int]) -> str:
+    values = sorted(lateness.values())
+    late = sum(1 for v in values if v > BOUND_MS)
+    return (
+        f"p50 {statistics.median(values):.0f} ms, p90 {values[int(len(values) * 0.9)]} ms, "
+        f"max {values[-1]} ms, {late} of {len(values)} over {BOUND_MS} ms"
+    )
+
+
+@pytest.mark.anyio
+async def test_every_task_expires_within_a_second_of_its_deadline_under_twenty_busy_workers(
+    database_url: str, tmp_path: Path, record_property: Any
+) -> None:
+    deadlines: dict[str, int] = {}
+    committed: dict[str, int] = {}
+    pushed: dict[str, int] = {}
+    ids = [f"exp-{i:04d}" for i in range(TASKS)]
+    resumed: dict[str, int] = {}
+
+    async with (
+        gateway(database_url, tmp_path) as gw,
+        busy_workers(gw.url, tmp_path),
+        httpx.AsyncClient(base_url=gw.url, timeout=30) as client,
+    ):
+        all_committed = anyio.Event()
+
+        async def follow(task_id: str) -> None:
+            """One subscriber of the task, from before its deadline to its end."""
+            async with connect(f"{gw.ws_url}/v1/tasks/{task_id}/ws?cursor=0") as ws:
+                async for raw in ws:
+                    seen = wall_ms()
+                    frame = json.loads(raw)
+                    assert frame["type"] != "error", frame
+                    if task_id not in resumed:
+                        resumed[task_id] = seen
+                    if frame["task"]["state"] == "expired":
+                        pushed[task_id] = seen
+                        if frame["type"] == "event":
+                            assert frame["event"] == {"type": "expire", "atMs": deadlines[task_id]}, frame
+
+        async def create(task_ids: list[str], followers: anyio.abc.TaskGroup) -> None:
+            for task_id in task_ids:
+                answer = await client.post(
+                    "/v1/tasks", json={"id": task_id, "ttlMs": TTL_MS, "maxAttempts": 1}
+                )
+                assert answer.status_code == 201, answer.text
+                deadlines[task_id] = answer.json()["task"]["expiresAtMs"]
+                followers.start_soon(follow, task_id)
+
+        async def poll() -> None:
+            while True:
+                asked = wall_ms()
+                answer = await client.get("/v1/tasks", params={"state": "expired", "limit": 500})
+                assert answer.status_code == 200, answer.text
+                for task in answer.json()["tasks"]:
+                    committed.setdefault(task["id"], asked)
+                if len(committed) == TASKS:
+                    all_committed.set()
+                    return
+                await anyio.sleep(POLL_S)
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll)
+                async with anyio.create_task_group() as creators:
+                    for c in range(CREATORS):
+                        creators.start_soon(create, ids[c::CREATORS], tg)
+                await all_committed.wait()
+
+    assert sorted(committed) == ids and sorted(pushed) == ids
+    committed_late = {i: committed[i] - deadlines[i] for i in ids}
+    pushed_late = {i: pushed[i] - deadlines[i] for i in ids}
+    backend = database_url.split(":")[0]
+    spread = max(deadlines.values()) - min(deadlines.values())
+    print(f"\nexpiry under {WORKERS} busy workers ({backend}), deadlines spread over {spread} ms")
+    print(f"  committed (seen by a poller) after the deadline: {figures(committed_late)}")
+    print(f"  pushed (seen by a subscriber) after the deadline: {figures(pushed_late)}")
+    record_property("committed_lateness_max_ms", max(committed_late.values()))
+    record_property("pushed_lateness_max_ms", max(pushed_late.values()))
+    # Each subscriber was in place before its task's deadline, so what it saw was the push of the expiry.
+    assert all(resumed[i] < deadlines[i] for i in ids), "a subscription started after its task's deadline"
+    assert max(committed_late.values()) <= BOUND_MS, figures(committed_late)
+    assert max(pushed_late.values()) <= BOUND_MS, figures(pushed_late)

@@ -1,0 +1,64 @@
+"""The sweeper's timing on the in-memory store: a slow pass does not hold up the tasks falling due after it
+started (on PostgreSQL a commit can take a while under load; the next pass must not wait for it)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from gateway.book import Book
+from gateway.machine import create_task
+from gateway.store.memory import MemoryStore, MemoryTx
+from gateway.sweeper import run_sweeper
+from tests.support import FakeClock
+
+pytestmark = pytest.mark.anyio
+
+
+class FirstExpiryStalls(MemoryStore):
+    """The first expiry transaction waits for ``go`` before it starts (a connection slow to come back);
+    every other transaction goes at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = anyio.Event()
+        self.go = anyio.Event()
+
+    @asynccontextmanager
+    async def write(self, *, urgent: bool = False) -> AsyncIterator[MemoryTx]:
+        if urgent and not self.stalled.is_set():
+            self.stalled.set()
+            await self.go.wait()
+        async with super().write(urgent=urgent) as tx:
+            yield tx
+
+
+async def test_a_stalled_pass_does_not_hold_up_the_next() -> None:
+    clock = FakeClock(1_000)
+    store = FirstExpiryStalls()
+    book = Book(store, clock)
+    async with store.write() as tx:
+        for task_id, ttl in [("first", 10), ("second", 1_000)]:
+            task = create_task(id=task_id, now_ms=1_000, ttl_ms=ttl, max_attempts=1)
+            await tx.insert_task(task, ttl, 1_000)
+    clock.advance(100)
+
+    async def state(task_id: str) -> str:
+        async with store.read() as tx:
+            stored = await tx.task(task_id)
+        assert stored is not None
+        return stored.task.state
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_sweeper, book, 0.05)
+            await store.stalled.wait()  # the first pass is stuck before it could claim "first"
+            clock.advance(1_000)  # both are due now
+            while await state("second") != "expired":  # noqa: ASYNC110  (the store has no signal)
+                await anyio.sleep(0.01)
+            store.go.set()
+            tg.cancel_scope.cancel()
+    assert await state("first") == "expired"
