@@ -270,6 +270,19 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
 )
 
+# One event of an SSE stream (text/event-stream answers are a sequence of these; a JSON schema applies to each
+# event): named by its frame type, with ``id:`` the version it leaves the client at and the frame as data.
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "event": {"type": "string", "enum": ["caught-up", "delta", "snapshot", "event", "error"]},
+        "id": {"type": "string", "pattern": "^-?[0-9]+$"},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+
 # Answers that are not one model: their schema is built here from models.
 _LIST_OF = {("/v1/notifications/drain", "post"): wire.NotificationJson}
 
@@ -347,6 +360,8 @@ def _responses(op: Operation) -> dict[str, Any]:
             answer["content"] = {op.media_type: {"schema": _ref(model)}}
         elif list_of is not None:
             answer["content"] = {op.media_type: {"schema": {"type": "array", "items": _ref(list_of)}}}
+        elif op.media_type == "text/event-stream" and status != 204:
+            answer["content"] = {op.media_type: {"schema": SSE_EVENT}}
         elif status != 204:
             answer["content"] = {op.media_type: {"schema": {"type": "string"}}}
         out[str(status)] = answer

@@ -1,0 +1,173 @@
+"""schemathesis against the app's own ``/openapi.json``, served by a real uvicorn server on loopback.
+
+Every operation of the document is called with generated requests (valid and invalid parameters and
+bodies) three ways: with no credential, with the API key (and a task's callback token where only that
+is taken), and with task tokens (the path's task id swapped for a task of ours, and its subscribe or
+callback token). Every answer must be no 5xx, a status the document lists for that operation, with a
+body matching the schema it names. The run is seeded and bounded (``MAX_EXAMPLES`` per operation and
+credential), so CI sees the same requests every time.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.from_thread
+import httpx
+import pytest
+import schemathesis
+from schemathesis.config import SchemathesisConfig
+from hypothesis import HealthCheck, settings
+
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from gateway.web.http import _version
+from gateway.web.openapi import openapi_document
+from tests.support import bearer, running_gateway
+
+API_KEY = "schemathesis-api-key"
+MAX_EXAMPLES = 25
+SEED = 20261130
+
+# The document the app serves (built by the same function; test_the_served_document_is_this_one checks it):
+# loaded at collection, since schemathesis makes its tests before any fixture runs.
+DOCUMENT = openapi_document(_version())
+schema = schemathesis.openapi.from_dict(DOCUMENT)
+# Valid requests only, for the runs that put one of our tasks in the path: a generated request made invalid
+# there (a task id over maxLength, say) would no longer be invalid once the id is ours.
+valid_only = schemathesis.openapi.from_dict(
+    DOCUMENT, config=SchemathesisConfig.from_dict({"generation": {"mode": "positive"}})
+)
+
+
+class _Errors(logging.Handler):
+    """Every record at ERROR or above that the server logged (an unhandled exception is one)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@dataclass
+class Server:
+    url: str
+    client: httpx.Client
+    errors: _Errors
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+
+    def new_task(self, *, finished: bool = False) -> dict[str, Any]:
+        """A task of ours (a new one each time, so that callbacks on one do not end the next case's);
+        ``finished``: it has succeeded (its SSE stream ends after the resume frame)."""
+        answer = self.client.post(
+            "/v1/tasks",
+            json={"id": f"st-{uuid.uuid4().hex[:12]}", "ttlMs": 600_000, "maxAttempts": 3},
+            headers=bearer(API_KEY),
+        )
+        assert answer.status_code == 201, answer.text
+        created: dict[str, Any] = answer.json()
+        events = [{"type": "start", "worker": "w"}, {"type": "succeed", "resultRef": "r", "resultHash": "h"}]
+        for event in events if finished else []:
+            path = f"/v1/tasks/{created['task']['id']}/callbacks"
+            done = self.client.post(path, json={"event": event}, headers=bearer(created["callbackToken"]))
+            assert done.status_code == 200 and done.json()["changed"], done.text
+        return created
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A real gateway (SQLite, an API key, demo tasks on) in a thread of its own, for sync schemathesis."""
+    database = tmp_path_factory.mktemp("schemathesis") / "gateway.db"
+    errors = _Errors()
+    loggers = [logging.getLogger(name) for name in ("gateway", "uvicorn", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(errors)
+    try:
+        with anyio.from_thread.start_blocking_portal("asyncio") as portal:
+            gateway = running_gateway(f"sqlite:///{database}", api_key=API_KEY, demo=True)
+            with (
+                portal.wrap_async_context_manager(gateway) as gw,
+                httpx.Client(base_url=gw.url, timeout=30) as client,
+            ):
+                yield Server(gw.url, client, errors)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(errors)
+
+
+def test_the_served_document_is_this_one(server: Server) -> None:
+    assert server.client.get("/openapi.json").json() == DOCUMENT
+
+
+def _drops_the_credential(case: Any) -> bool:
+    """Whether this case is schemathesis leaving a credential out on purpose (and expecting a 401)."""
+    data = getattr(getattr(case.meta, "phase", None), "data", None)
+    return str(getattr(data, "parameter", "")).lower() in ("authorization", "token")
+
+
+def _credentials(case: Any, server: Server, mode: str) -> dict[str, Any]:
+    """This run's credential for the case, as ``call_and_validate`` arguments: schemathesis then knows it
+    as given (not generated), and also probes the request without it and with a bad one, expecting 401 or
+    403 there. Task tokens come with the task they are for, put in the case's path.
+
+    ``api-key``: the API key wherever it is taken (a task's callback token on the callback route).
+    ``task-token``: a task's subscribe or callback token in the header wherever one is taken (the API key
+    on the management routes). ``task-token-in-query``: the same, with the subscribe token in ``?token=``.
+    """
+    security = {name for requirement in case.operation.definition.raw["security"] for name in requirement}
+    if mode == "none" or not security or _drops_the_credential(case):
+        return {}
+    if "apiKey" in security and (mode == "api-key" or not security & {"callbackToken", "subscribeToken"}):
+        return {"headers": bearer(API_KEY)}
+    # A live task's stream never ends: the stream is read from a finished task.
+    task = server.new_task(finished=case.operation.path.endswith("/stream"))
+    case.path_parameters = {**(case.path_parameters or {}), "task_id": task["task"]["id"]}
+    token = task["callbackToken" if "callbackToken" in security else "subscribeToken"]
+    if mode == "task-token-in-query" and "subscribeTokenQuery" in security:
+        return {"params": {**(case.query or {}), "token": token}}
+    return {"headers": bearer(token)}
+
+
+SETTINGS = settings(
+    max_examples=MAX_EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def check(case: Any, server: Server, mode: str) -> None:
+    given = _credentials(case, server, mode)
+    case.call_and_validate(base_url=server.url, excluded_checks=[positive_data_acceptance], **given)
+    assert not server.errors.records, [r.getMessage() for r in server.errors.records]
+
+
+@schema.parametrize()
+@SETTINGS
+def test_no_credential(case: Any, server: Server) -> None:
+    check(case, server, "none")
+
+
+@schema.parametrize()
+@SETTINGS
+def test_the_api_key(case: Any, server: Server) -> None:
+    check(case, server, "api-key")
+
+
+@valid_only.parametrize()
+@SETTINGS
+def test_task_tokens(case: Any, server: Server) -> None:
+    check(case, server, "task-token")
+
+
+@valid_only.parametrize()
+@SETTINGS
+def test_task_tokens_in_the_query(case: Any, server: Server) -> None:
+    check(case, server, "task-token-in-query")
