@@ -4,34 +4,31 @@ Every operation of the document is called with generated requests (valid and inv
 bodies) three ways: with no credential, with the API key (and a task's callback token where only that
 is taken), and with task tokens (the path's task id swapped for a task of ours, and its subscribe or
 callback token). Every answer must be no 5xx, a status the document lists for that operation, with a
-body matching the schema it names. The run is seeded and bounded (``MAX_EXAMPLES`` per operation and
+body matching the schema it names. The run is derandomized and bounded (``MAX_EXAMPLES`` per operation and
 credential), so CI sees the same requests every time.
 """
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import anyio.from_thread
 import httpx
 import pytest
 import schemathesis
-from schemathesis.config import SchemathesisConfig
 from hypothesis import HealthCheck, settings
-
+from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from gateway.web.http import _version
 from gateway.web.openapi import openapi_document
-from tests.support import bearer, running_gateway
+from tests.support import bearer
+from tests.threaded import ErrorLog, threaded_gateway
 
 API_KEY = "schemathesis-api-key"
 MAX_EXAMPLES = 25
-SEED = 20261130
 
 # The document the app serves (built by the same function; test_the_served_document_is_this_one checks it):
 # loaded at collection, since schemathesis makes its tests before any fixture runs.
@@ -44,23 +41,11 @@ valid_only = schemathesis.openapi.from_dict(
 )
 
 
-class _Errors(logging.Handler):
-    """Every record at ERROR or above that the server logged (an unhandled exception is one)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @dataclass
 class Server:
     url: str
     client: httpx.Client
-    errors: _Errors
-    tasks: list[dict[str, Any]] = field(default_factory=list)
+    errors: ErrorLog
 
     def new_task(self, *, finished: bool = False) -> dict[str, Any]:
         """A task of ours (a new one each time, so that callbacks on one do not end the next case's);
@@ -82,23 +67,10 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A real gateway (SQLite, an API key, demo tasks on) in a thread of its own, for sync schemathesis."""
+    """A real gateway (SQLite, an API key, demo tasks on)."""
     database = tmp_path_factory.mktemp("schemathesis") / "gateway.db"
-    errors = _Errors()
-    loggers = [logging.getLogger(name) for name in ("gateway", "uvicorn", "uvicorn.error")]
-    for logger in loggers:
-        logger.addHandler(errors)
-    try:
-        with anyio.from_thread.start_blocking_portal("asyncio") as portal:
-            gateway = running_gateway(f"sqlite:///{database}", api_key=API_KEY, demo=True)
-            with (
-                portal.wrap_async_context_manager(gateway) as gw,
-                httpx.Client(base_url=gw.url, timeout=30) as client,
-            ):
-                yield Server(gw.url, client, errors)
-    finally:
-        for logger in loggers:
-            logger.removeHandler(errors)
+    with threaded_gateway(f"sqlite:///{database}", api_key=API_KEY, demo=True) as running:
+        yield Server(running.url, running.client, running.errors)
 
 
 def test_the_served_document_is_this_one(server: Server) -> None:
@@ -146,7 +118,7 @@ SETTINGS = settings(
 def check(case: Any, server: Server, mode: str) -> None:
     given = _credentials(case, server, mode)
     case.call_and_validate(base_url=server.url, excluded_checks=[positive_data_acceptance], **given)
-    assert not server.errors.records, [r.getMessage() for r in server.errors.records]
+    assert not server.errors.records, server.errors.lines()
 
 
 @schema.parametrize()
