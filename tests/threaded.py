@@ -29,6 +29,12 @@ class ErrorLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
 
+    def take(self) -> list[str]:
+        """The records logged since the last call, as lines."""
+        lines = self.lines()
+        self.records.clear()
+        return lines
+
     def lines(self) -> list[str]:
         return [f"{r.name}: {r.getMessage()} {r.exc_info[1] if r.exc_info else ''}" for r in self.records]
 
