@@ -1,11 +1,13 @@
 """schemathesis against the app's own ``/openapi.json``, served by a real uvicorn server on loopback.
 
-Every operation of the document is called with generated requests (valid and invalid parameters and
-bodies) three ways: with no credential, with the API key (and a task's callback token where only that
-is taken), and with task tokens (the path's task id swapped for a task of ours, and its subscribe or
-callback token). Every answer must be no 5xx, a status the document lists for that operation, with a
-body matching the schema it names. The run is derandomized and bounded (``MAX_EXAMPLES`` per operation and
-credential), so CI sees the same requests every time.
+Every operation of the document is called with generated requests: with no credential and with the API
+key (valid and invalid parameters and bodies; a task's callback token where only that is taken), and,
+with valid requests, holding task tokens (the path's task id swapped for a task of ours, its subscribe or
+callback token in the header, or the subscribe token in ``?token=``); once more in open mode. Every answer
+must be no 5xx, a status the document lists for that operation, with a body (SSE events included) that
+matches the schema it names; schemathesis also replays a request that had a credential without it and
+with a bad one, expecting 401 or 403; and the server logs no error. The run is derandomized and bounded
+(``MAX_EXAMPLES`` per operation and run), so CI sends the same requests every time.
 """
 
 from __future__ import annotations

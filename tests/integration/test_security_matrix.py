@@ -265,7 +265,7 @@ async def socket_cell(gw: Running, path: str, column: Credential, value: str | N
     headers: dict[str, str] = {}
     if value is not None:
         if column.where == "query":
-            url += "?" + httpx.QueryParams({"token": value}).__str__()
+            url += f"?{httpx.QueryParams({'token': value})}"
         elif column.where == "raw-header":
             headers["Authorization"] = value
         else:
