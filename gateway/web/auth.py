@@ -99,10 +99,9 @@ class Guard:
         if value is None:
             raise Unauthorized(f"missing {scope} token")
         if self._is_api_key(value):
-            if not api_key_allowed:  # sent in a URL, which ends up in logs: it authenticates nothing
-                raise Unauthorized("the API key is taken only from the Authorization header, not a URL")
-            if scope == "callback":
+            if scope == "callback" and api_key_allowed:
                 raise Forbidden("callbacks need the task's callback token, not the API key")
-            # As on the management routes: a key in a URL authenticates nothing (URLs end up in logs).
+            # As on the management routes, callbacks included: a key in a URL authenticates nothing (URLs
+            # end up in logs).
             raise Unauthorized("the API key is taken only from the Authorization header, never from a URL")
         self._tokens.check(value, task_id, scope)
