@@ -1,9 +1,10 @@
 /**
  * The dashboard served at `/`: each watched task as a card, live over one GatewayClient.
  *
- * Tasks come from the link (`/?task=ID&token=T`, repeatable), the form, or the demo button, and are kept
- * in sessionStorage so that a reloaded page watches them again (the client keeps their cursors there too,
- * so it resumes with `caught-up` or `delta`, not from 0).
+ * Tasks come from the link (`/?task=ID&token=T`, repeatable), the form (folded: it is for developers; a
+ * person without their link is told to open it), or the demo button, and are kept in sessionStorage so
+ * that a reloaded page watches them again (the client keeps their cursors there too, so it resumes with
+ * `caught-up` or `delta`, not from 0).
  *
  * While the link is down (the client is reconnecting or offline), every card still in progress is marked
  * stale: its bar and numbers faded, a note saying when its data dates from, and a banner under the header
@@ -13,8 +14,8 @@
  * the others, newest first.
  *
  * State for tests and tools is in the DOM: `#connection[data-state][data-transport][data-live]`,
- * `body[data-stale]` and `article.task-card[data-task-id][data-state][data-version][data-progress]
- * [data-resume][data-resumed-from][data-resumes][data-stale]`.
+ * `body[data-stale]` and `article.task-card[data-task-id][data-state][data-retrying][data-version]
+ * [data-progress][data-resume][data-resumed-from][data-resumes][data-stale]`.
  */
 
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
@@ -24,8 +25,8 @@ const RESUME = new Set(["caught-up", "delta", "snapshot"]);
 const LIST_KEY = "task-gateway:dashboard:tasks";
 
 const DASH = "—";
-// One time style on the page: the user's locale, hours and minutes.
-const TIME = { hour: "2-digit", minute: "2-digit" };
+// One time style on the page: the user's locale, hours and minutes, no leading zero ("9:05 AM", "09:05").
+const TIME = { hour: "numeric", minute: "2-digit" };
 
 const client = new GatewayClient(location.origin);
 watchBrowser(client);
@@ -46,6 +47,7 @@ let staleSince = null;
 const STATE_WORDS = {
   waiting: "Loading",
   queued: "Queued",
+  retrying: "Retrying",
   running: "Running",
   succeeded: "Succeeded",
   failed: "Failed",
@@ -144,12 +146,15 @@ class Card {
     const task = this.task;
     const state = this.error ? "error" : task ? task.state : "waiting";
     el.dataset.state = state;
+    // A failed attempt with attempts left comes back queued: to a person, it is being retried.
+    const retrying = state === "queued" && task.attempts > 0;
+    el.dataset.retrying = String(retrying);
     el.dataset.version = task ? String(task.version) : "";
     el.dataset.progress = task ? String(task.progress) : "";
     el.dataset.resume = this.resume ?? "";
     el.dataset.resumedFrom = this.resumedFrom === null ? "" : String(this.resumedFrom);
     el.dataset.resumes = String(this.resumes);
-    el.querySelector(".state-badge").textContent = STATE_WORDS[state] ?? state;
+    el.querySelector(".state-badge").textContent = STATE_WORDS[retrying ? "retrying" : state] ?? state;
     el.querySelector(".headline").textContent = headline(task, this.error);
 
     const progress = task ? task.progress : 0;
@@ -159,21 +164,22 @@ class Card {
     el.querySelector(".bar-fill").style.width = `${progress}%`;
     el.querySelector(".f-progress").textContent = task ? `${progress}%` : DASH;
     el.querySelector(".f-attempts").textContent = task ? `${task.attempts} of ${task.maxAttempts}` : DASH;
-    el.querySelector(".f-deadline").textContent = deadline(task);
+    el.querySelector(".f-deadline").textContent = givesUpAt(task);
     el.querySelector(".f-version").textContent = task ? String(task.version) : DASH;
     el.querySelector(".f-event").textContent = this.lastEvent ? describeEvent(this.lastEvent) : DASH;
     el.querySelector(".f-resume").textContent = this.resume
       ? `${this.resume} from v${this.resumedFrom}${this.resumes > 1 ? ` (${this.resumes} connects)` : ""}`
       : DASH;
 
-    // A task that ended badly: the badge says so; the box says why and whether it will be tried again.
+    // A task that ended badly: the badge says so; the box says why, that it will not be tried again, and
+    // what a person can do now.
     const failure = el.querySelector(".task-failure");
     const failed = task && (task.state === "failed" || task.state === "expired");
     failure.hidden = !failed;
     el.querySelector(".failure-text").textContent = failed
       ? task.state === "expired"
-        ? `It did not finish by its deadline (${clockTime(task.expiresAtMs - clockOffsetMs)}).`
-        : task.error || "The worker reported a failure."
+        ? `It did not finish in time: it gave up at ${clockTime(task.expiresAtMs - clockOffsetMs)}.`
+        : sentence(task.error) || "The worker reported a failure."
       : "";
     el.querySelector(".failure-retry").textContent = failed
       ? `Will not be retried${task.attempts >= task.maxAttempts ? ` (all ${task.maxAttempts} attempts used)` : ""}.`
@@ -230,10 +236,11 @@ class Card {
 
   /** What changes with the clock or the link alone: "updated … ago", staleness, the connection detail. */
   renderTimes() {
+    const stale = staleSince !== null && this.live;
+    // While stale the note says since when; an "Updated … ago" frozen above it would only contradict it.
     const updated = this.el.querySelector(".f-updated");
     const at = this.updatedAt();
-    updated.textContent = at === null ? "" : `Updated ${formatAgo(Date.now() - at)}`;
-    const stale = staleSince !== null && this.live;
+    updated.textContent = at === null || stale ? "" : `Updated ${formatAgo(Date.now() - at)}`;
     this.el.dataset.stale = String(stale);
     const note = this.el.querySelector(".stale-note");
     note.hidden = !stale;
@@ -259,13 +266,13 @@ class Card {
   }
 }
 
-/** The task's deadline as a time of day (a date too when not today); a dash once the task has ended. */
-function deadline(task) {
+/** When the task expires, as a time of day (a date too when not today); a dash once it has ended. */
+function givesUpAt(task) {
   if (!task || TERMINAL.has(task.state)) return DASH;
   const at = new Date(task.expiresAtMs - clockOffsetMs);
   const today = new Date().toDateString() === at.toDateString();
   const options = today ? TIME : { month: "short", day: "numeric", ...TIME };
-  return `by ${nowrap(at.toLocaleString([], options))}`;
+  return nowrap(at.toLocaleString([], options));
 }
 
 function isWebAddress(ref) {
@@ -307,12 +314,22 @@ function headline(task, error) {
   if (error) return "";
   if (!task) return "Connecting to the gateway…";
   if (task.state === "queued") {
-    // A failed attempt with attempts left comes back queued: it will be tried again.
-    return task.attempts > 0
-      ? `Retrying (attempt ${task.attempts + 1} of ${task.maxAttempts})`
-      : "Waiting for a worker to start it";
+    // Requeued after a failed attempt: `attempts` counts the attempts started, so the one that failed is
+    // number `attempts` and the next to start is `attempts + 1` (gateway/machine.py).
+    if (task.attempts > 0) {
+      const why = sentence(task.error);
+      return `Attempt ${task.attempts} of ${task.maxAttempts} failed${why ? `: ${why.replace(/[.!]+$/, "")}` : ""}.`
+        + ` Waiting for attempt ${task.attempts + 1}.`;
+    }
+    return "Waiting for a worker to start it";
   }
   return "";
+}
+
+/** A worker's error as given, with a capital first letter. */
+function sentence(text) {
+  const trimmed = (text ?? "").trim();
+  return trimmed && trimmed[0].toUpperCase() + trimmed.slice(1);
 }
 
 function explainError({ code, message }) {
@@ -540,10 +557,10 @@ function start() {
   });
   linkedIds.push(...linked.keys());
   if (linked.size > 0) {
-    // Someone came to see these tasks: they come first, the controls fold away below them.
+    // Someone came to see these tasks: they come first, the controls (the demo too) folded below them.
     const controls = $("#controls");
-    controls.open = false;
     controls.querySelector("summary").textContent = "Watch another task";
+    controls.querySelector(".controls-body").prepend($("#demo"));
     $("#watched").after(controls);
     document.body.dataset.linked = "true";
   }

@@ -22,7 +22,12 @@ async def test_page_loads_clean_and_demo_tasks_run_to_success(dashboard: Dashboa
     await dashboard.open()
     page = dashboard.page
     await dashboard.expect(page.get_by_role("button", name="Start a demo task")).to_be_visible()
-    await dashboard.expect(page.locator("#empty")).to_be_visible()
+    # Plain words for a person without their link; the developers' form folded away.
+    await dashboard.expect(page.locator("#empty")).to_have_text(
+        re.compile(r"^Open the link you were given to follow a task\.")
+    )
+    await dashboard.expect(page.get_by_label("Task id")).to_be_hidden()
+    await dashboard.expect(page.get_by_text("Watch a task by id")).to_be_visible()
 
     # A demo ends `failed` now and then, by design: start a few side by side until one succeeds (bounded;
     # three all failing is about one chance in a thousand per round).
@@ -57,7 +62,8 @@ async def test_page_loads_clean_and_demo_tasks_run_to_success(dashboard: Dashboa
         copy = card.get_by_role("button", name=f"Copy the result of {task_id}")
         await dashboard.expect(copy).to_be_visible()
         await dashboard.expect(card).not_to_contain_text("succeeded:")
-        await dashboard.expect(card.locator(".f-deadline")).to_have_text("—")
+        # Finished: no attempts, no time it gives up at, no "finished" repeating the badge.
+        await dashboard.expect(card.locator(".facts")).to_be_hidden()
         # It was live: the bar went through values between 0 and 100 on its way.
         assert any(0 < p < 100 for p in seen["cards"][task_id]["progress"]), seen["cards"][task_id]
     first = dashboard.card(started[0])
@@ -101,13 +107,14 @@ async def test_tasks_from_a_link_and_the_form(dashboard: Dashboard, console: Con
         await dashboard.wait_card(task_id, "d.state === 'queued' && d.resume === 'caught-up'", 10_000)
     card = dashboard.card("link-a")
     await dashboard.expect(card.locator(".f-attempts")).to_have_text("0 of 3")
-    # The deadline as a time of day (hours and minutes), not a countdown.
+    # When it gives up (expires) as a time of day (hours and minutes, no leading zero), not a countdown.
     deadline = await dashboard.page.evaluate(
-        "ms => new Date(ms).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})"
+        "ms => new Date(ms).toLocaleTimeString([], {hour: 'numeric', minute: '2-digit'})"
         " .replace(/\\s/g, '\u00a0')",
         a["task"]["expiresAtMs"],
     )
-    await dashboard.expect(card.locator(".f-deadline")).to_have_text(f"by {deadline}")
+    await dashboard.expect(card.locator(".f-deadline")).to_have_text(deadline)
+    await dashboard.expect(card.locator(".facts")).to_contain_text("Gives up at")
 
     # Opened from a link, the controls are folded below the tasks: unfold them to add one.
     await dashboard.page.get_by_text("Watch another task").click()
@@ -191,6 +198,11 @@ async def test_no_demo_button_when_the_demo_is_off(sqlite_url: str, context: Any
             await dashboard.open()
             await page.wait_for_selector("body[data-demo=off]", state="attached")
             await dashboard.expect(page.get_by_role("button", name="Start a demo task")).to_have_count(0)
+            # No demo to offer: the plain words alone, the developers' form one click away.
+            await dashboard.expect(page.locator("#empty")).to_have_text(
+                "Open the link you were given to follow a task.", use_inner_text=True
+            )
+            await page.get_by_text("Watch a task by id").click()
             await dashboard.expect(page.get_by_role("button", name="Watch")).to_be_visible()
         finally:
             await page.close()
@@ -263,7 +275,7 @@ async def test_on_a_phone_the_indicator_stays_put_and_linked_tasks_come_first(
         failed = dashboard.card("report-b")
         await expect(failed.locator(".state-badge")).to_have_text("Failed")
         await expect(failed.locator(".task-failure")).to_be_visible()
-        await expect(failed.locator(".task-failure")).to_contain_text("the input file is not a CSV")
+        await expect(failed.locator(".task-failure")).to_contain_text("The input file is not a CSV")
         await expect(failed).to_have_attribute("data-stale", "false")  # a finished task is not stale
         await expect(banner).to_contain_text("Connection lost")
         await expect(banner.locator("svg.icon")).to_be_visible()
@@ -299,7 +311,9 @@ async def test_on_a_phone_the_indicator_stays_put_and_linked_tasks_come_first(
         for jargon in ("Version", "delta from", "caught-up", "Last resume"):
             assert jargon not in visible_text, jargon
         running = dashboard.card("report-a")
-        await expect(running.locator(".f-updated")).to_contain_text("Updated")
+        # Only the note says how old the news is: no "Updated … ago" frozen above it.
+        await expect(running.locator(".stale-note")).to_contain_text("no news since")
+        await expect(running.locator(".f-updated")).to_have_text("")
         await expect(running.locator(".f-progress")).to_have_text("0%")
         await running.locator("details.tech summary").click()
         await expect(running.locator(".f-version")).to_be_visible()
@@ -309,6 +323,7 @@ async def test_on_a_phone_the_indicator_stays_put_and_linked_tasks_come_first(
         relay.refuse = False
         await expect(connection).to_have_attribute("data-state", "connected", timeout=15_000)
         await expect(banner).to_be_hidden()
+        await expect(running.locator(".f-updated")).to_contain_text("Updated")
         assert await indicator_box() == connected
     console.errors[:] = [e for e in console.errors if not e.startswith("WebSocket connection to")]
     console.assert_clean()
@@ -335,12 +350,14 @@ CONTRAST = """(el) => {
 
 async def test_cards_say_what_came_of_each_task_on_a_phone(dashboard: Dashboard, console: Console) -> None:
     """Opened from a link on a phone: the cards in the link's order; a result to open (a web address) or to
-    copy (anything else); a failed task says why once and that it will not be retried; a requeued one that
-    it is being retried; deadlines as a time of day, a dash once done; touch-sized remove buttons."""
+    copy (anything else); a failed task says why once, that it will not be retried and what to do now; a
+    requeued one which attempt failed and which comes next; when a task gives up as a time of day, gone once
+    it is done; a long id on two lines at most; touch targets of 44 px."""
     gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
     await page.set_viewport_size({"width": 390, "height": 844})
     await page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=gw.url)
-    names = ("web-result", "s3-result", "broken", "again")
+    long_id = "nightly-ledger-export-customer-48213-eu-west-1-2026-11-30T02-00-00Z-full-with-attachments"
+    names = ("web-result", "s3-result", "broken", "again", long_id)
     made = {name: await create_task(gw, name, ttl_ms=600_000, max_attempts=3) for name in names}
 
     async def send(name: str, *events: dict[str, Any]) -> None:
@@ -376,23 +393,46 @@ async def test_cards_say_what_came_of_each_task_on_a_phone(dashboard: Dashboard,
     await s3.get_by_role("button", name="Copy the result of s3-result").click()
     await expect(s3.get_by_role("button", name="Copy the result of s3-result")).to_have_text("Copied")
     assert await page.evaluate("navigator.clipboard.readText()") == "s3://exports/r.csv"
+    # The whole green box is the link, a 44 px target.
+    link_box, result_box = await link.bounding_box(), await web.locator(".task-result").bounding_box()
+    assert link_box is not None and result_box is not None, (link_box, result_box)
+    assert link_box["height"] >= 44 and link_box["width"] == result_box["width"], (link_box, result_box)
     for card in (web, s3):
         await expect(card).not_to_contain_text("succeeded:")
-        await expect(card.locator(".f-deadline")).to_have_text("—")
+        await expect(card.locator(".facts")).to_be_hidden()  # done: no attempts, no "gives up at"
 
     broken = dashboard.card("broken")
     await expect(broken.locator(".state-badge")).to_have_text("Failed")
-    failure = re.compile(r"^\s*the input is not a CSV\s*Will not be retried")
+    failure = re.compile(
+        r"^\s*The input is not a CSV\s*Will not be retried\.\s*"
+        r"Start it again from where you created it, or contact support\.\s*$"
+    )
     await expect(broken.locator(".task-failure")).to_have_text(failure)
-    await expect(broken.locator(".f-deadline")).to_have_text("—")
+    await expect(broken.locator(".facts")).to_be_hidden()
     assert (await broken.inner_text()).count("Failed") == 1  # the badge only
+    # Requeued after its first attempt failed: one story in the badge, the line and the attempts.
     again = dashboard.card("again")
-    await expect(again.locator(".state-badge")).to_have_text("Queued")
-    await expect(again.locator(".headline")).to_have_text("Retrying (attempt 2 of 3)")
-    await expect(again.locator(".f-event")).to_contain_text("worker lost its lease")
-    await expect(again.locator(".f-deadline")).to_have_text(re.compile(r"^by \d\d:\d\d"))
+    await expect(again.locator(".state-badge")).to_have_text("Retrying")
+    retry_line = "Attempt 1 of 3 failed: Worker lost its lease. Waiting for attempt 2."
+    await expect(again.locator(".headline")).to_have_text(retry_line)
+    await expect(again.locator(".f-attempts")).to_have_text("1 of 3")
+    colours = await again.evaluate(
+        "el => [getComputedStyle(el.querySelector('.headline')).color, getComputedStyle(el).color]"
+    )
+    assert colours[0] == colours[1], colours  # the card's text colour, not muted
+    assert (await again.inner_text()).count("lost its lease") == 1
+    await expect(again.locator(".f-deadline")).to_have_text(re.compile(r"^[1-9]\d?:\d\d"))
     for time in await page.locator(".f-event").all_inner_texts():
         assert not re.search(r"\d:\d\d:\d\d", time), time  # hours and minutes, no seconds
+
+    # A long id wraps onto two lines at most; the whole id is in its title.
+    title = dashboard.card(long_id).locator(".task-id")
+    await expect(title).to_have_attribute("title", long_id)
+    lines = await title.evaluate(
+        "el => { const s = getComputedStyle(el); return [el.clientHeight / parseFloat(s.lineHeight),"
+        " el.scrollHeight > el.clientHeight]; }"
+    )
+    assert 1.5 < lines[0] <= 2.05 and lines[1], lines
 
     for name in names:
         box = await page.get_by_role("button", name=f"Stop watching {name}", exact=True).bounding_box()
@@ -403,6 +443,15 @@ async def test_cards_say_what_came_of_each_task_on_a_phone(dashboard: Dashboard,
     # A task added here comes after the ones the link named, which stay at the top.
     extra = await create_task(gw, "extra", ttl_ms=600_000)
     await page.get_by_text("Watch another task").click()
+    targets = [
+        page.get_by_text("Watch another task"),
+        page.get_by_label("Task id"),
+        page.get_by_label("Access code (subscribe token)"),
+        page.get_by_role("button", name="Watch", exact=True),
+    ]
+    for target in targets:
+        box = await target.bounding_box()
+        assert box is not None and box["height"] >= 44, box
     await page.get_by_label("Task id").fill("extra")
     await page.get_by_label("Access code (subscribe token)").fill(extra.subscribe_token)
     await page.get_by_role("button", name="Watch", exact=True).click()
