@@ -240,7 +240,11 @@ class Card {
     // While stale the note says since when; an "Updated … ago" frozen above it would only contradict it.
     const updated = this.el.querySelector(".f-updated");
     const at = this.updatedAt();
-    updated.textContent = at === null || stale ? "" : `Updated ${formatAgo(Date.now() - at)}`;
+    // A finished task says when it finished: a time that no outage can make stale.
+    const finished = this.task !== null && this.task !== undefined && TERMINAL.has(this.task.state);
+    if (at === null || stale) updated.textContent = "";
+    else if (finished) updated.textContent = `Finished ${clockTime(at)}`;
+    else updated.textContent = `Updated ${formatAgo(Date.now() - at)}`;
     this.el.dataset.stale = String(stale);
     const note = this.el.querySelector(".stale-note");
     note.hidden = !stale;
@@ -292,7 +296,7 @@ function describeEvent({ event }) {
       break;
     case "progress":
       // The percentage is on the card already: say only where the worker is, if it said.
-      text = event.cursor ? `progress: ${event.cursor}` : "progress reported";
+      text = event.cursor ? event.cursor : "progress reported";
       break;
     case "succeed":
       text = "finished";

@@ -400,6 +400,8 @@ async def test_cards_say_what_came_of_each_task_on_a_phone(dashboard: Dashboard,
     for card in (web, s3):
         await expect(card).not_to_contain_text("succeeded:")
         await expect(card.locator(".facts")).to_be_hidden()  # done: no attempts, no "gives up at"
+        # When it finished, as a time of day: nothing an outage could leave saying "just now".
+        await expect(card.locator(".f-updated")).to_have_text(re.compile(r"^Finished \d{1,2}:\d{2}"))
 
     broken = dashboard.card("broken")
     await expect(broken.locator(".state-badge")).to_have_text("Failed")
