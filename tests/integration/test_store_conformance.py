@@ -183,12 +183,24 @@ async def test_next_deadline_is_the_earliest_of_the_live_tasks(store: Store) -> 
         assert await tx.next_deadline() == 1_020  # an expired task's deadline is behind it
 
 
-async def test_expiry_goes_before_the_writes_waiting_for_their_turn(store_url: str, store: Store) -> None:
+@pytest.fixture(params=["memory", "sqlite"])
+async def turn_taking_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """The stores whose writes take turns (PostgreSQL has none: rows are locked, expiry skips locked ones)."""
+    opened: Store = (
+        MemoryStore() if request.param == "memory" else SqlStore(Database(f"sqlite:///{tmp_path / 's.db'}"))
+    )
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_expiry_goes_before_the_writes_waiting_for_their_turn(turn_taking_store: Store) -> None:
     """Where writes take turns (SQLite, the in-memory twin), an expiry pass queued behind many writes
     (callback batches, creations) is the next to write, not the last: a stream of callbacks never starves
-    expiry. Each kind keeps its own arrival order. PostgreSQL writes at once, whatever the kind."""
-    if store_url.startswith("postgresql"):
-        pytest.skip("PostgreSQL has no write turns: rows are locked, and expiry skips locked ones")
+    expiry. Each kind keeps its own arrival order."""
+    store = turn_taking_store
     clock = FakeClock(1_000)
     book = Book(store, clock)
     await add(store, "due", ttl_ms=10)
