@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
+from starlette.datastructures import QueryParams
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
@@ -154,7 +155,7 @@ def routes(gw: Gateway) -> list[Route | Mount]:
     async def events(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "subscribe")
-        cursor = parse_cursor(request.query_params.get("cursor"))
+        cursor = query_cursor(request.query_params)
         return JSON(wire.resume_json(await book.resume(task_id, cursor)))
 
     async def callback(request: Request) -> Response:
@@ -252,6 +253,14 @@ def _version() -> str:
         return importlib.metadata.version("task-gateway")
     except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
         return "0+unknown"
+
+
+def query_cursor(query: QueryParams) -> int:
+    """``?cursor=N``; given more than once it is refused, not read as its last value."""
+    values = query.getlist("cursor")
+    if len(values) > 1:
+        raise InvalidRequest("cursor: given more than once")
+    return parse_cursor(values[0] if values else None)
 
 
 def parse_cursor(raw: str | None) -> int:

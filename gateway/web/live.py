@@ -34,7 +34,7 @@ from gateway.errors import (
 from gateway.hub import PONG, Feed, Frame, error_frame
 from gateway.store.database import database_unavailable
 from gateway.web.auth import origin_allowed
-from gateway.web.http import parse_cursor
+from gateway.web.http import parse_cursor, query_cursor
 from gateway.web.http_protocol import CONNECTION
 from gateway.web.protocol import DIRECT, DirectWriter
 
@@ -205,7 +205,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
                 if not socket_origin_allowed(ws, settings.allowed_origins):
                     raise Forbidden("origin not allowed")
                 gw.guard.task(ws, task_id, "subscribe")
-                await feed.subscribe(task_id, parse_cursor(ws.query_params.get("cursor")))
+                await feed.subscribe(task_id, query_cursor(ws.query_params))
                 authorized(ws)
             except GatewayError as exc:
                 await refuse(ws, exc, task_id)
@@ -235,7 +235,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
         task_id = request.path_params["task_id"]
         gw.guard.task(request, task_id, "subscribe")
         last_id = request.headers.get("last-event-id")
-        cursor = parse_cursor(last_id if last_id is not None else request.query_params.get("cursor"))
+        cursor = parse_cursor(last_id) if last_id is not None else query_cursor(request.query_params)
         if last_id is not None:
             task = await gw.book.get(task_id)
             if task.terminal and cursor >= task.version:
