@@ -40,6 +40,12 @@ def async_url(url: str) -> str:
     if backend in ("postgresql", "postgres"):
         return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
     if backend == "sqlite":
+        if parsed.host or parsed.username or parsed.port:
+            # sqlite://gateway.db: two slashes make the file name a host name.
+            raise ConfigError(
+                "GATEWAY_DATABASE_URL: a SQLite URL has three slashes before a relative path "
+                "(sqlite:///gateway.db) and four before an absolute one (sqlite:////var/lib/gateway.db)"
+            )
         return parsed.set(drivername=f"sqlite+{driver or 'aiosqlite'}").render_as_string(hide_password=False)
     raise ConfigError(f"GATEWAY_DATABASE_URL: unsupported database {backend!r} (use sqlite or postgresql)")
 

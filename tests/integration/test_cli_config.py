@@ -49,6 +49,7 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
     [
         ({"GATEWAY_DATABASE_URL": "mysql://root@127.0.0.1/tasks"}, 2, "unsupported database 'mysql'"),
         ({"GATEWAY_DATABASE_URL": "no-scheme-at-all"}, 2, "not a database URL"),
+        ({"GATEWAY_DATABASE_URL": "sqlite://gateway2.db"}, 2, "three slashes before a relative path"),
         (
             {"GATEWAY_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/tasks"},
             3,
