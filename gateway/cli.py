@@ -115,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings.check_bind()
         settings.check_database()
         settings.check_processes()
+        _check_port(settings.host, settings.port)
         settings = with_secret(settings)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
@@ -147,6 +148,25 @@ def _serve(args: argparse.Namespace) -> int:
     if not server.started:
         return STARTUP_FAILED
     return 1 if server.failed else 0
+
+
+def _check_port(host: str, port: int) -> None:
+    """``ConfigError`` when the address cannot be listened on (a port in use, an address not of this host),
+    said before anything starts rather than by the server once the database is migrated."""
+    if port == 0:
+        return
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {reason.lower()} (pass --port or set GATEWAY_PORT)"
+            ) from None
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ SQLite database); ``gateway token`` mints tokens a real server accepts; ``gatewa
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 from importlib.metadata import version
@@ -65,6 +66,18 @@ def test_a_bad_setting_ends_in_one_line_and_a_nonzero_exit(
     done = run_cli(["serve", "--port", "0"], tmp_path, env)
     assert done.returncode == code, done.stderr
     assert words in one_line(done)
+
+
+def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli(["serve", "--port", str(port)], tmp_path)
+    assert done.returncode == 2, done.stderr
+    line = one_line(done)
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line and "GATEWAY_PORT" in line
+    assert not (tmp_path / "gateway.db").exists()  # refused before the database was made
 
 
 def test_a_sqlite_file_in_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
