@@ -112,8 +112,9 @@ class Subscription:
         self.queued = False
         self.active = True
 
-    def offer(self, items: Sequence[Published]) -> None:
-        """The entries of one fan-out round, consecutive versions in order."""
+    def offer(self, items: Sequence[Published], joined: dict[int, bytes] | None = None) -> None:
+        """The entries of one fan-out round, consecutive versions in order; ``joined`` keeps the round's
+        bytes from each starting entry, so that sockets at the same point share one join."""
         if self.conflated:
             return
         feed = self.feed
@@ -133,7 +134,11 @@ class Subscription:
                 elif count == 1:
                     data = items[start].wire
                 else:
-                    data = b"".join(i.wire for i in items[start:])
+                    data = joined.get(start) if joined is not None else None
+                    if data is None:
+                        data = b"".join(i.wire for i in items[start:])
+                        if joined is not None:
+                            joined[start] = data
                 if feed.direct.can_write(len(data)):
                     feed.direct.write(data)
                     self.last = items[-1].task
@@ -228,7 +233,9 @@ class Channel:
         # Entries handed out, not yet offered to the subscriptions (the next fan-out round).
         self.outbox: list[Published] = []
         # The round being offered: its subscriptions, its entries and how far it has gone.
-        self.round: tuple[tuple[Subscription, ...], list[Published], int] | None = None
+        # The round being handed out: its subscriptions, its entries, how many were offered so far, and
+        # the round's bytes from each starting entry, joined once for every socket that takes them.
+        self.round: tuple[tuple[Subscription, ...], list[Published], int, dict[int, bytes]] | None = None
         self.flushing = False
         self.sliced_at = 0.0  # when its fan-out last took a slice of the loop
 
@@ -416,8 +423,8 @@ class Hub:
             if not items:
                 channel.flushing = False
                 return
-            channel.round = (tuple(channel.subscriptions), items, 0)
-        subscriptions, items, done = channel.round
+            channel.round = (tuple(channel.subscriptions), items, 0, {})
+        subscriptions, items, done, joined = channel.round
         deadline = now + FLUSH_SLICE_S
         count = len(subscriptions)
         while done < count:
@@ -425,7 +432,7 @@ class Hub:
             done += 1
             if subscription.active:
                 try:
-                    subscription.offer(items)
+                    subscription.offer(items, joined)
                 except Exception:  # never leave the task's fan-out stuck: this connection starts over
                     log.exception(
                         "hub: offering %s to a subscription failed; closing its connection", items[0].task.id
@@ -433,7 +440,7 @@ class Hub:
                     subscription.feed.close(CLOSE_INTERNAL_ERROR)
             if done % FLUSH_CHECK_EVERY == 0 and time.perf_counter() >= deadline:
                 break
-        channel.round = (subscriptions, items, done) if done < count else None
+        channel.round = (subscriptions, items, done, joined) if done < count else None
         loop.call_soon(self.flush, channel)
 
     # --- subscriptions ----------------------------------------------------------------------------------
