@@ -161,14 +161,15 @@ async def bench_gateway(
             await clients.connect(timeout_s)
         rss_idle = rss_bytes(server.pid)
         cpu_before = cpu_seconds(server.pid)
-        posted = await post_callbacks(
-            write_http, task_id, made["callbackToken"], plan(callbacks), rate, seconds
-        )
-        stats = {}
-        if clients is not None:
-            await clients.final(start_version + posted["posted"])
-            stats = await clients.done(timeout_s)
-        cpu = cpu_seconds(server.pid) - cpu_before
+        async with harness.profiled(server.pid, f"fanout-gateway-{subscribers}"):
+            posted = await post_callbacks(
+                write_http, task_id, made["callbackToken"], plan(callbacks), rate, seconds
+            )
+            stats = {}
+            if clients is not None:
+                await clients.final(start_version + posted["posted"])
+                stats = await clients.done(timeout_s)
+            cpu = cpu_seconds(server.pid) - cpu_before
         version = (await http.get(f"/v1/tasks/{task_id}")).json()["version"]
     frames = stats.get("deliveries", 0)
     return {
@@ -226,13 +227,14 @@ async def bench_floor(
         rss_idle = rss_bytes(server.pid)
         frames_out = [sample_frame(v) for v in range(1, callbacks + 1)]
         cpu_before = cpu_seconds(server.pid)
-        started = time.perf_counter()
-        for i, frame in enumerate(frames_out):
-            due = started + i / rate
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            await publisher.send(frame)
-        stats = await clients.done(timeout_s)
-        cpu = cpu_seconds(server.pid) - cpu_before
+        async with harness.profiled(server.pid, f"fanout-floor-{subscribers}"):
+            started = time.perf_counter()
+            for i, frame in enumerate(frames_out):
+                due = started + i / rate
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                await publisher.send(frame)
+            stats = await clients.done(timeout_s)
+            cpu = cpu_seconds(server.pid) - cpu_before
     frames = stats["deliveries"]
     return {
         **stats,

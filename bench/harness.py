@@ -18,6 +18,7 @@ import math
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import sys
@@ -118,6 +119,33 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
+
+
+@contextlib.asynccontextmanager
+async def profiled(pid: int, name: str) -> AsyncIterator[None]:
+    """With ``BENCH_PROFILE=DIR`` in the environment, py-spy samples process ``pid`` (Python frames holding
+    the GIL, 250 Hz) for the block's duration into ``DIR/NAME.raw`` (py-spy's raw format: one stack and
+    its count a line); without it, nothing. py-spy must be installed (``pip install py-spy``)."""
+    folder = os.environ.get("BENCH_PROFILE")
+    if not folder:
+        yield
+        return
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, f"{name}.raw")
+    # The venv's py-spy when the bench runs from a venv, else the one on PATH.
+    spy_path = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or "py-spy"
+    command = [spy_path, "record", "--pid", str(pid)]
+    command += ["--rate", "250", "--gil", "--nonblocking", "--format", "raw", "--output", out]
+    spy = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(spy.wait(), 30)
+        print(f"profile of pid {pid}: {out}", file=sys.stderr)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

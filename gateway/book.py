@@ -398,8 +398,7 @@ class Book:
         for retry in range(_RACE_RETRIES):
             commit = _Commit()
             try:
-                async with self.store.write(urgent=True) if urgent else self.store.write() as tx:
-                    result = await work(tx, commit)
+                result = await self.store.transact(_with(work, commit), urgent=urgent)
             except StoreRace:
                 if retry == _RACE_RETRIES - 1:
                     raise
@@ -438,6 +437,12 @@ class Book:
             news = [News.of(t.task, event_frame(t.task, encoded)) for t, encoded, _ in items]
             await self.bus.announce(tx, news)
             commit.news.extend(news)
+
+
+def _with(
+    work: Callable[[WriteTx, _Commit], Awaitable[R]], commit: _Commit
+) -> Callable[[WriteTx], Awaitable[R]]:
+    return lambda tx: work(tx, commit)
 
 
 async def _task(tx: ReadTx, task_id: str) -> Task:

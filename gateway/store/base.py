@@ -12,12 +12,14 @@ Every implementation passes one conformance suite (``tests/integration/test_stor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from gateway.machine import Task, Transition
+
+R = TypeVar("R")
 
 
 class StoreRace(Exception):
@@ -162,3 +164,8 @@ class Store(Protocol):
         """A transaction that commits when the block ends without an exception; a lost race on a unique
         key raises :class:`StoreRace` with nothing written. An ``urgent`` one (expiry) goes before the
         ordinary ones waiting where writes take turns (SQLite, the in-memory store)."""
+
+    async def transact(self, work: Callable[[WriteTx], Awaitable[R]], *, urgent: bool = False) -> R:
+        """``work`` in a ``write()`` transaction, its result once committed. ``work`` awaits nothing but the
+        transaction's own methods: a store may run it whole where its statements run (SQLite: on the
+        writer's thread, in one hop)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import IO, Any
@@ -26,6 +27,7 @@ from gateway.settings import ConfigError
 from gateway.store import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 from gateway.store.migrate import migrate
 from gateway.store.priority_lock import PriorityLock
+from gateway.store.sqlite_writer import SqliteWriter, apply_pragmas
 
 
 def async_url(url: str) -> str:
@@ -55,6 +57,9 @@ class Database:
         self.url = async_url(url)
         self.is_sqlite = self.url.startswith("sqlite")
         self._write_lock = PriorityLock() if self.is_sqlite else None
+        # A SQLite file's writes go through one connection on a thread of its own, a transaction a hop.
+        path = sqlite_path(self.url) if self.is_sqlite else None
+        self.writer = SqliteWriter(path) if path is not None else None
         self._lock_file: IO[str] | None = None
         kwargs: dict[str, Any] = {}
         if not self.is_sqlite:
@@ -69,8 +74,12 @@ class Database:
         if self.is_sqlite:
             self._lock_sqlite_file()
         await migrate(self.engine)
+        if self.writer is not None:
+            await self.writer.open()
 
     async def close(self) -> None:
+        if self.writer is not None:
+            await self.writer.close()
         await self.engine.dispose()
         if self._lock_file is not None:
             self._lock_file.close()
@@ -86,6 +95,15 @@ class Database:
             return
         async with self._write_lock.hold(urgent=urgent), self.engine.begin() as conn:
             yield conn
+
+    @asynccontextmanager
+    async def write_turn(self, *, urgent: bool = False) -> AsyncIterator[None]:
+        """This process's turn to write to a SQLite file (``urgent`` ones first); at once on PostgreSQL."""
+        if self._write_lock is None:
+            yield
+            return
+        async with self._write_lock.hold(urgent=urgent):
+            yield
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
@@ -153,12 +171,7 @@ def check_sqlite_free(url: str) -> None:
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    # FULL: an acknowledged callback survives a power cut, not only a crash of the process.
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.close()
+    apply_pragmas(dbapi_connection)
 
 
 # SQLSTATE classes of a database that cannot serve now: connection exceptions (08), insufficient resources
@@ -171,6 +184,8 @@ _UNAVAILABLE_STATES = ("55000", "3D000")
 def database_unavailable(exc: BaseException) -> bool:
     """Whether an exception means "the database cannot be reached now" (a 503), not a bug (a 500)."""
     if isinstance(exc, (OSError, PoolTimeout)):  # TimeoutError (a deadline) is an OSError
+        return True
+    if isinstance(exc, sqlite3.OperationalError):  # the SQLite writer's own connection (locked, disk I/O)
         return True
     if not isinstance(exc, DBAPIError):
         return False

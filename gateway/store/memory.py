@@ -7,15 +7,17 @@ store and for trying the gateway without a file; it keeps nothing across restart
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.machine import Task, Transition
-from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace
+from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
 from gateway.store.priority_lock import PriorityLock
 from gateway.store.tables import ACTIVE_STATES
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -60,6 +62,10 @@ class MemoryStore:
                 for undo in reversed(tx.undo):
                     undo()
                 raise
+
+    async def transact(self, work: Callable[[WriteTx], Awaitable[R]], *, urgent: bool = False) -> R:
+        async with self.write(urgent=urgent) as tx:
+            return await work(tx)
 
 
 class MemoryTx:

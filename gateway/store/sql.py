@@ -1,5 +1,8 @@
 """The store on SQLite or PostgreSQL: the book's statements in SQLAlchemy Core.
 
+On a SQLite file the writes take another way: the writer's own connection and thread, a whole transaction
+in one hop (``gateway.store.sqlite_writer``); reads, and every PostgreSQL statement, are here.
+
 A transaction is one :class:`~gateway.store.database.Database` connection. On PostgreSQL a task is locked
 with ``SELECT ... FOR UPDATE`` and due tasks are claimed with ``FOR UPDATE SKIP LOCKED``, so several gateway
 processes sweep without waiting on each other; on SQLite writes are serialised by the database anyway.
@@ -8,18 +11,20 @@ processes sweep without waiting on each other; on SQLite writes are serialised b
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Row, Update, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.machine import Task, Transition
-from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace
+from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
 from gateway.store.database import Database
 from gateway.store.tables import ACTIVE_STATES, callbacks, deliveries, entries, outbox, tasks
+
+R = TypeVar("R")
 
 # ``IN (...)`` lists are sent in chunks of this size (SQLite's default limit is 32,766 parameters).
 _IN_CHUNK = 500
@@ -44,12 +49,25 @@ class SqlStore:
             yield SqlTx(conn, self.db.is_sqlite)
 
     @asynccontextmanager
-    async def write(self, *, urgent: bool = False) -> AsyncIterator[SqlTx]:
+    async def write(self, *, urgent: bool = False) -> AsyncIterator[WriteTx]:
+        writer = self.db.writer
+        if writer is not None:  # a SQLite file: its writer's connection, a hop per statement
+            async with self.db.write_turn(urgent=urgent), writer.write() as tx:
+                yield tx
+            return
         try:
             async with self.db.write(urgent=urgent) as conn:
                 yield SqlTx(conn, self.db.is_sqlite)
         except IntegrityError as exc:
             raise StoreRace(str(exc.orig)) from exc
+
+    async def transact(self, work: Callable[[WriteTx], Awaitable[R]], *, urgent: bool = False) -> R:
+        writer = self.db.writer
+        if writer is None:
+            async with self.write(urgent=urgent) as tx:
+                return await work(tx)
+        async with self.db.write_turn(urgent=urgent):  # a SQLite file: the whole transaction in one hop
+            return await writer.transact(work)
 
 
 class SqlTx:

@@ -136,12 +136,12 @@ async def test_a_failed_commit_fails_every_callback_of_its_batch_and_writes_noth
     committer = Committer(book)
     store = book.store
     assert isinstance(store, MemoryStore)
-    real_write = store.write
+    real_transact = store.transact
 
-    def failing_write() -> Any:
+    async def failing_transact(*args: Any, **kwargs: Any) -> Any:
         raise OSError("the database went away")
 
-    store.write = failing_write  # type: ignore[method-assign]
+    store.transact = failing_transact  # type: ignore[method-assign]
     errors: list[BaseException] = []
 
     async def post(i: int) -> None:
@@ -158,7 +158,7 @@ async def test_a_failed_commit_fails_every_callback_of_its_batch_and_writes_noth
                 posts.start_soon(post, i)
         tg.cancel_scope.cancel()
     assert len(errors) == 5
-    store.write = real_write  # type: ignore[method-assign]
+    store.transact = real_transact  # type: ignore[method-assign]
     assert (await book.get("t")).version == 0
     assert await book.entries_between("t", 0, 99) == []
 
