@@ -7,7 +7,8 @@ an unfinished header in memory however long it grows), arms its keep-alive timer
 that timer on any byte received. Here every connection is, at every moment, in one phase with one
 deadline that received bytes do not extend:
 
-- ``idle`` (connected, or between requests): closed after ``idle_timeout``;
+- ``idle`` (connected, or between requests): closed after ``idle_timeout``, unless a request's first
+  bytes are already waiting in the socket (see ``_idle_expired``);
 - ``headers`` (from a request's first byte): ``431 headers-too-large`` past ``max_header_bytes`` or
   ``max_header_count``; ``408 request-timeout`` past ``header_timeout``;
 - ``body`` (headers done, body not): the route that reads the body answers ``408`` past ``body_timeout``
@@ -25,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
 import struct
+import termios
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar, cast
@@ -75,6 +78,18 @@ def drop(transport: asyncio.Transport) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
+
+
+def unread_bytes(transport: asyncio.Transport) -> int:
+    """How many received bytes wait in the socket's kernel buffer, not read by the loop yet (0 if unknown)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        waiting: int = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    except (OSError, ValueError):
+        return 0
+    return waiting
 
 
 class AddressSlots:
@@ -134,6 +149,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._address: str | None = None  # the slot this connection holds
         self._refused = False
         self._too_many_headers = False
+        self._idle_extended = False  # this idle phase was extended once for bytes waiting unread
 
     # --- the connection ---------------------------------------------------------------------------------
 
@@ -197,6 +213,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cast(dict[str, Any], self.scope)["extensions"] = {CONNECTION: ConnectionHandle(self)}
         self._phase = "headers"
         self._header_count = 0
+        self._idle_extended = False
         self._arm(self.limits.header_timeout_s, self._headers_expired)
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -242,9 +259,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._timer = None
 
     def _idle_expired(self) -> None:
+        """Close an idle connection, unless its next request is already here: received by the kernel but
+        not read yet, because the loop was busy past the deadline (uvloop runs the timers that are due
+        before it reads the sockets). Closing then would reset a request the client sent in time, unanswered
+        however long the loop was busy. It is read in this same turn of the loop, which starts its header
+        deadline; a client whose waiting bytes begin no request gets one more idle period, not more."""
         self._timer = None
-        if self._phase == "idle" and (self.cycle is None or self.cycle.response_complete):
-            self.transport.close()
+        if self._phase != "idle" or (self.cycle is not None and not self.cycle.response_complete):
+            return
+        if not self._idle_extended and unread_bytes(self.transport) > 0:
+            self._idle_extended = True
+            self._arm(self.limits.idle_timeout_s, self._idle_expired)
+            return
+        self.transport.close()
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's own keep-alive timer, armed after each response with the same delay as the idle one
+        (``server_config``): closing is left to ``_idle_expired``, which does not reset a waiting request."""
 
     def _headers_expired(self) -> None:
         self._timer = None

@@ -3,6 +3,10 @@ answer each gets when it reaches a limit. Raw sockets send what client libraries
 
 from __future__ import annotations
 
+import asyncio
+import re
+import socket
+import time
 from urllib.parse import urlsplit
 
 import anyio
@@ -11,7 +15,7 @@ import orjson
 import pytest
 
 from tests.integration.test_live_support import live_gateway, wait_until
-from tests.rawsocket import RawWebSocket, http_error, read_until_closed, tcp
+from tests.rawsocket import RawStream, RawWebSocket, http_error, read_until_closed, tcp
 from tests.support import Running, bearer, create_task, error, post_callback, running_gateway
 
 
@@ -89,6 +93,67 @@ async def test_unfinished_headers_and_bodies_and_idle_connections_are_timed_out(
         # A client that keeps its requests coming is served on one connection.
         for _ in range(3):
             assert (await gw.client.get("/healthz")).status_code == 200
+
+
+async def read_answer(stream: RawStream) -> bytes:
+    """One whole HTTP answer with a Content-Length (``anyio.EndOfStream`` if the connection ends first)."""
+    received = b""
+    with anyio.fail_after(10):
+        while True:
+            received += await stream.receive()
+            head, sep, body = received.partition(b"\r\n\r\n")
+            if sep:
+                length = re.search(rb"(?im)^content-length: *(\d+)", head)
+                assert length is not None, head
+                if len(body) >= int(length.group(1)):
+                    return received
+
+
+# uvloop (which ``gateway serve`` runs on) runs the timers that are due before it reads the sockets.
+@pytest.mark.parametrize(
+    "anyio_backend", [("asyncio", {"use_uvloop": True}), "asyncio"], ids=["uvloop", "asyncio"]
+)
+@pytest.mark.anyio
+async def test_a_request_received_before_the_idle_deadline_is_answered_however_late_it_is_read(
+    database_url: str,
+) -> None:
+    """A kept-alive connection whose next request reached the gateway's host before the idle deadline,
+    while the gateway was busy past that deadline (a loop iteration of many callbacks, a pause): the
+    request is answered. (It used to be reset unanswered: the idle timer ran before the socket was read,
+    so the client saw its request hang as long as the gateway was busy, then the connection end.)"""
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    async with (
+        running_gateway(database_url, idle_timeout_ms=300) as gw,
+        tcp(port(gw)) as first,
+        tcp(port(gw)) as second,
+    ):
+        for stream in (first, second):
+            await stream.send(request)
+            assert (await read_answer(stream)).startswith(b"HTTP/1.1 200")
+        # The idle deadlines are 300 ms after those answers. The next requests are sent before them, from
+        # a callback of the gateway's loop reading a socket that blocks it until they have passed (the
+        # gateway busy reading other connections).
+        loop = asyncio.get_running_loop()
+        wake, woken = socket.socketpair()
+        busy_done = anyio.Event()
+
+        def busy() -> None:
+            loop.remove_reader(woken)
+            for stream in (first, second):
+                stream.sock.send(request)
+            time.sleep(0.6)
+            busy_done.set()
+
+        with wake, woken:
+            loop.add_reader(woken, busy)
+            wake.send(b"x")
+            with anyio.fail_after(10):
+                await busy_done.wait()
+        for stream in (first, second):
+            assert (await read_answer(stream)).startswith(b"HTTP/1.1 200")
+        # Idle again: closed at the deadline, as before.
+        for stream in (first, second):
+            assert await read_until_closed(stream, within_s=5) == b""
 
 
 # --- WebSocket messages -------------------------------------------------------------------------------
