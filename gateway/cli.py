@@ -99,6 +99,7 @@ def _warn_unknown(environ: Mapping[str, str]) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.secret_file import with_secret
+    from gateway.startup import announce, secret_source
 
     _warn_unknown(os.environ)
     try:
@@ -116,6 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings.check_database()
         settings.check_processes()
         _check_port(settings.host, settings.port)
+        source = secret_source(settings, option=args.secret is not None)
         settings = with_secret(settings)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
@@ -134,7 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.workers > 1:
         from gateway.web.workers import serve_workers
 
-        return serve_workers(settings, settings.workers)
+        return serve_workers(settings, settings.workers, secret_source=source)
 
     from gateway.web.app import create_app
     from gateway.web.server import GatewayServer, server_config
@@ -143,7 +145,9 @@ def _serve(args: argparse.Namespace) -> int:
     config = server_config(
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True
     )
-    server = GatewayServer(config, app)
+    server = GatewayServer(
+        config, app, on_listening=lambda host, port: announce(settings, source, host, port)
+    )
     server.run()
     if not server.started:
         return STARTUP_FAILED

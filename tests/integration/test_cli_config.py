@@ -6,9 +6,11 @@ SQLite database); ``gateway token`` mints tokens a real server accepts; ``gatewa
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import subprocess
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.processes import spawn_gateway
-from tests.support import GATEWAY_CLI, bearer, create_task, running_gateway
+from tests.support import GATEWAY_CLI, bearer, create_task, postgres_database, running_gateway
 
 SECRET = "cli-test-secret-0123456789abcdef0123456789"
 RUN_S = 60
@@ -113,6 +115,71 @@ async def test_unknown_variables_are_named_and_a_second_process_is_refused(tmp_p
         assert "another gateway process is serving" in one_line(done)
     finally:
         await first.stop()
+
+
+DASHBOARD_LINE = re.compile(rb"INFO: +gateway: dashboard at (http://\S+)")
+
+
+def start_lines(err: str) -> list[str]:
+    """The start-up lines of ``gateway serve`` in its stderr."""
+    return [line for line in err.splitlines() if re.match(r"INFO: +gateway: (database|dashboard) ", line)]
+
+
+@pytest.mark.anyio
+async def test_serve_says_on_stderr_what_it_runs_on_zero_config(tmp_path: Path) -> None:
+    """The README's first command: which file, which secret, open mode, and the dashboard's URL."""
+    err, out = tmp_path / "serve.err", tmp_path / "serve.out"
+    gw = await spawn_gateway("zero", "sqlite:///gateway.db", err, stdout=out, env={"GATEWAY_SECRET": ""})
+    try:
+        await gw.serving()
+        dashboard = (await gw.wait_for(DASHBOARD_LINE))[0].group(1).decode()
+        lines = start_lines(gw.output())
+        assert len(lines) == 2, gw.output()
+        assert lines[0].endswith(
+            f"gateway: database SQLite {tmp_path}/gateway.db; token secret from the file "
+            f"{tmp_path}/gateway.db.secret; open mode (no API key: management API open, loopback only)"
+        ), lines
+        assert dashboard == f"{gw.url}/"
+        async with httpx.AsyncClient(timeout=10) as client:
+            page = await client.get(dashboard)
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert start_lines(out.read_text()) == []  # stderr only
+    finally:
+        await gw.stop()
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_serve_names_the_postgresql_database_without_its_password(
+    pg_database: str, tmp_path: Path
+) -> None:
+    # Trust authentication ignores the password; the gateway must not repeat it.
+    with_password = pg_database.replace("postgresql://postgres@", "postgresql://postgres:hunter2@")
+    assert with_password != pg_database
+    gw = await spawn_gateway(
+        "pg",
+        with_password,
+        tmp_path / "serve.err",
+        stdout=tmp_path / "serve.out",
+        env={"GATEWAY_API_KEY": "operator-key"},
+    )
+    try:
+        await gw.wait_for(DASHBOARD_LINE)
+        lines = start_lines(gw.output())
+        name = pg_database.rsplit("/", 1)[1]
+        assert len(lines) == 2 and lines[0].endswith(
+            f"gateway: database PostgreSQL postgres@127.0.0.1:5432/{name}; token secret from "
+            "GATEWAY_SECRET; keyed (management API needs GATEWAY_API_KEY)"
+        ), lines
+        assert "hunter2" not in gw.output() and "operator-key" not in gw.output()
+    finally:
+        await gw.stop()
 
 
 async def subscribe_once(base_url: str, task_id: str, token: str) -> dict[str, object]:
