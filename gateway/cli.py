@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "token",
         help="mint a task token (for operators)",
         description="Print a subscribe or callback token for a task, signed with the secret the gateway "
-        "uses (GATEWAY_SECRET, or the secret file beside its SQLite database). Only the token is printed.",
+        "uses (GATEWAY_SECRET, or the secret file beside its SQLite database). Only the token is printed; "
+        "a note on stderr says when the database has no such task (yet).",
     )
     token.add_argument("scope", choices=("subscribe", "callback"))
     token.add_argument("task_id")
@@ -240,7 +241,25 @@ def _token(args: argparse.Namespace) -> int:
         return 2
     tokens = Tokens(settings.secret.get_secret_value(), grace_s=0)
     print(tokens.issue(args.task_id, args.scope, ttl_s * 1000))
+    _say_if_no_such_task(settings.database_url, args.task_id)
     return 0
+
+
+def _say_if_no_such_task(database_url: str, task_id: str) -> None:
+    """A token may be minted before its task is created, but a typo in the id should not go unnoticed:
+    one line on stderr when the gateway's database is reachable and has no such task (none when it cannot
+    be told)."""
+    import anyio
+
+    from gateway.startup import describe_database
+    from gateway.store.database import task_exists
+
+    if anyio.run(task_exists, database_url, task_id, 3.0) is False:
+        print(
+            f"gateway: note: no task {task_id!r} in {describe_database(database_url)} yet; the token works "
+            "once a task with this id is created",
+            file=sys.stderr,
+        )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -281,6 +281,47 @@ async def test_gateway_token_mints_tokens_a_real_server_accepts(sqlite_url: str,
     assert bad_ttl.returncode == 2 and "--ttl" in one_line(bad_ttl)
 
 
+@pytest.mark.anyio
+async def test_gateway_token_says_when_the_task_does_not_exist_yet(sqlite_url: str, tmp_path: Path) -> None:
+    """A typo in the id is said on stderr; the token is still printed, and works once the task exists."""
+    env = {"GATEWAY_SECRET": SECRET, "GATEWAY_DATABASE_URL": sqlite_url}
+    async with running_gateway(sqlite_url, secret=SECRET) as gw:
+        await create_task(gw, "ops-1", ttl_ms=600_000)
+        known, unknown = await anyio.to_thread.run_sync(
+            lambda: (
+                run_cli(["token", "subscribe", "ops-1"], tmp_path, env),
+                run_cli(["token", "subscribe", "ops-2"], tmp_path, env),
+            )
+        )
+        assert known.returncode == 0 and known.stderr == "", known.stderr
+        assert unknown.returncode == 0 and len(unknown.stdout.splitlines()) == 1
+        path = sqlite_url.removeprefix("sqlite:///")
+        assert one_line(unknown) == (
+            f"gateway: note: no task 'ops-2' in SQLite {path} yet; the token works once a task with this id "
+            "is created"
+        )
+        await create_task(gw, "ops-2", ttl_ms=600_000)
+        frame = await subscribe_once(gw.url, "ops-2", unknown.stdout.strip())
+        assert frame["type"] == "caught-up", frame
+
+    # Where it cannot be told, nothing is said (and no database is made to find out).
+    for url in (f"sqlite:///{tmp_path}/none.db", "postgresql://postgres@127.0.0.1:1/none"):
+        done = run_cli(
+            ["token", "callback", "ops-3", "--database-url", url], tmp_path, {"GATEWAY_SECRET": SECRET}
+        )
+        assert done.returncode == 0 and done.stderr == "" and len(done.stdout.splitlines()) == 1, done
+    assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.postgres
+def test_gateway_token_says_when_the_task_is_not_in_postgresql(pg_database: str, tmp_path: Path) -> None:
+    done = run_cli(
+        ["token", "subscribe", "ops-9", "--database-url", pg_database], tmp_path, {"GATEWAY_SECRET": SECRET}
+    )
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1
+    assert "gateway: note: no task 'ops-9' in PostgreSQL postgres@127.0.0.1:5432/" in one_line(done)
+
+
 def test_gateway_version_prints_the_package_version(tmp_path: Path) -> None:
     done = run_cli(["--version"], tmp_path)
     assert done.returncode == 0
