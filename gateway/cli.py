@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "token",
         help="mint a task token (for operators)",
         description="Print a subscribe or callback token for a task, signed with the secret the gateway "
-        "uses (GATEWAY_SECRET, or the secret file beside its SQLite database). Only the token is printed.",
+        "uses (GATEWAY_SECRET, or the secret file beside its SQLite database). Only the token is printed; "
+        "a note on stderr says when the database has no such task (yet).",
     )
     token.add_argument("scope", choices=("subscribe", "callback"))
     token.add_argument("task_id")
@@ -99,6 +100,7 @@ def _warn_unknown(environ: Mapping[str, str]) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.secret_file import with_secret
+    from gateway.startup import announce, secret_source
 
     _warn_unknown(os.environ)
     try:
@@ -116,6 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings.check_database()
         settings.check_processes()
         _check_port(settings.host, settings.port)
+        source = secret_source(settings, option=args.secret is not None)
         settings = with_secret(settings)
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
@@ -134,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.workers > 1:
         from gateway.web.workers import serve_workers
 
-        return serve_workers(settings, settings.workers)
+        return serve_workers(settings, settings.workers, secret_source=source)
 
     from gateway.web.app import create_app
     from gateway.web.server import GatewayServer, server_config
@@ -143,7 +146,9 @@ def _serve(args: argparse.Namespace) -> int:
     config = server_config(
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True
     )
-    server = GatewayServer(config, app)
+    server = GatewayServer(
+        config, app, on_listening=lambda host, port: announce(settings, source, host, port)
+    )
     server.run()
     if not server.started:
         return STARTUP_FAILED
@@ -236,7 +241,25 @@ def _token(args: argparse.Namespace) -> int:
         return 2
     tokens = Tokens(settings.secret.get_secret_value(), grace_s=0)
     print(tokens.issue(args.task_id, args.scope, ttl_s * 1000))
+    _say_if_no_such_task(settings.database_url, args.task_id)
     return 0
+
+
+def _say_if_no_such_task(database_url: str, task_id: str) -> None:
+    """A token may be minted before its task is created, but a typo in the id should not go unnoticed:
+    one line on stderr when the gateway's database is reachable and has no such task (none when it cannot
+    be told)."""
+    import anyio
+
+    from gateway.startup import describe_database
+    from gateway.store.database import task_exists
+
+    if anyio.run(task_exists, database_url, task_id, 3.0) is False:
+        print(
+            f"gateway: note: no task {task_id!r} in {describe_database(database_url)} yet; the token works "
+            "once a task with this id is created",
+            file=sys.stderr,
+        )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -19,6 +19,7 @@
  */
 
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
+import { STATE_WORDS, isRetrying } from "./state-words.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "expired"]);
 const RESUME = new Set(["caught-up", "delta", "snapshot"]);
@@ -44,16 +45,6 @@ const linkedIds = [];
 // When the link went down (ms since the epoch), while it is down and some card is still in progress.
 let staleSince = null;
 
-const STATE_WORDS = {
-  waiting: "Loading",
-  queued: "Queued",
-  retrying: "Retrying",
-  running: "Running",
-  succeeded: "Succeeded",
-  failed: "Failed",
-  expired: "Expired",
-  error: "Can't follow",
-};
 
 // --- cards ----------------------------------------------------------------------------------------------
 
@@ -146,8 +137,7 @@ class Card {
     const task = this.task;
     const state = this.error ? "error" : task ? task.state : "waiting";
     el.dataset.state = state;
-    // A failed attempt with attempts left comes back queued: to a person, it is being retried.
-    const retrying = state === "queued" && task.attempts > 0;
+    const retrying = state === "queued" && isRetrying(task);
     el.dataset.retrying = String(retrying);
     el.dataset.version = task ? String(task.version) : "";
     el.dataset.progress = task ? String(task.progress) : "";

@@ -5,9 +5,13 @@
  * browser holds none, so the section stays hidden, and so do the operators' links in the footer). Read-only: a task's id links to the dashboard watching
  * it (`/?task=ID`).
  *
+ * A task's state reads as on its card (state-words.js): a task requeued after a failed attempt is "Retrying".
+ *
  * State for tests: `#all-tasks[data-ready][data-count][data-more]`; each row is
- * `tr[data-task-id][data-state]`.
+ * `tr[data-task-id][data-state][data-retrying]` (`data-state` as the gateway says it).
  */
+
+import { STATE_WORDS, stateWord, isRetrying } from "./state-words.js";
 
 const PAGE_SIZE = 20;
 const STATES = ["queued", "running", "succeeded", "failed", "expired"];
@@ -22,7 +26,11 @@ function el(tag, props = {}, ...children) {
 
 function build() {
   const filter = el("select", { name: "state" }, el("option", { value: "" }, "every state"));
-  for (const state of STATES) filter.append(el("option", { value: state }, state));
+  for (const state of STATES) {
+    // The gateway's "queued" holds the tasks waiting for a retry too.
+    const words = state === "queued" ? `${STATE_WORDS.queued} or ${STATE_WORDS.retrying.toLowerCase()}` : STATE_WORDS[state];
+    filter.append(el("option", { value: state }, words));
+  }
   const refresh = el("button", { type: "button", className: "refresh" }, "Refresh");
   const more = el("button", { type: "button", className: "more", hidden: true }, "More");
   const rows = el("tbody");
@@ -62,13 +70,14 @@ function row(task) {
     "tr",
     {},
     el("td", { className: "all-task-id" }, link),
-    el("td", {}, el("span", { className: "state-badge" }, task.state)),
+    el("td", {}, el("span", { className: "state-badge" }, stateWord(task))),
     el("td", {}, `${task.progress}%`),
     el("td", {}, `${task.attempts} of ${task.maxAttempts}`),
     el("td", {}, String(task.version)),
   );
   tr.dataset.taskId = task.id;
   tr.dataset.state = task.state;
+  tr.dataset.retrying = String(isRetrying(task));
   return tr;
 }
 

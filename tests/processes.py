@@ -192,12 +192,18 @@ async def spawn_gateway(
     env: dict[str, str] | None = None,
     port: int = 0,
     args: Sequence[str] = (),
+    stdout: Path | None = None,
 ) -> GatewayProcess:
-    """Start ``gateway serve`` (not waiting for it to serve); the caller stops it."""
+    """Start ``gateway serve`` (not waiting for it to serve); the caller stops it. Its stdout and stderr go
+    to ``log``, or its stderr alone when ``stdout`` names a file of its own."""
     command = [*GATEWAY_CLI, "serve", "--port", str(port), "--database-url", database_url, *args]
-    with log.open("wb") as out:
+    with log.open("wb") as err, (stdout or log).open("ab") as out:
         process = await anyio.open_process(
-            command, stdout=out, stderr=subprocess.STDOUT, env=gateway_environ(env), cwd=log.parent
+            command,
+            stdout=out,
+            stderr=err if stdout is not None else subprocess.STDOUT,
+            env=gateway_environ(env),
+            cwd=log.parent,
         )
     return GatewayProcess(name, process, log)
 

@@ -2,7 +2,7 @@
 import)::
 
     ClientError
-    ├── WatchError            watch(): an error retrying will not cure (bad token, unknown task)
+    ├── WatchError            watch(): what retrying will not cure (bad token, unknown task, not a gateway)
     └── WorkerError           a Worker's callback did not do what it asked (reason, task_id, task)
         ├── CallbackError     the gateway refused it with a 4xx (stale-attempt, unauthorized, ...)
         └── CallbackIgnored   answered 200 but had no effect (terminal-conflict, not-running, ...)

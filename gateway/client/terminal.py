@@ -1,11 +1,14 @@
-"""``gateway watch``: a terminal view of one task (state, a live progress bar, each entry as it comes)."""
+"""``gateway watch``: a terminal view of one task (state, a live progress bar, each entry as it comes).
+
+What goes wrong with the link (once per distinct failure) and why it gave up go to stderr; while the bar is
+live on a terminal, rich shows what is written to stderr above it."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
 from gateway.client.watch import LinkStatus, WatchError, watch
@@ -38,9 +41,8 @@ async def watch_in_terminal(
         bar = progress.add_task(task_id, total=100)
 
         def on_status(status: LinkStatus) -> None:
-            # Once per change of the link, never once per attempt.
-            style = "green" if status.connected else "yellow"
-            progress.console.print(f"[{style}]{escape(status.message)}[/{style}]", highlight=False)
+            # Once per change of the link or distinct failure, never once per attempt.
+            print(status.message, file=sys.stderr, flush=True)
 
         try:
             frames = watch(base_url, {task_id: token}, cursors={task_id: cursor}, on_status=on_status)
@@ -61,7 +63,7 @@ async def watch_in_terminal(
                     description=f"{task_id}  {state}  attempt {task['attempts']}/{task['maxAttempts']}",
                 )
         except WatchError as exc:
-            console.print(f"[red]error:[/red] {exc}")
+            print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
             return EXIT_ERROR
     console.print(f"{task_id}: {state}")
     return EXIT_CODES.get(state, EXIT_ERROR)

@@ -8,9 +8,11 @@ frames in order and hold the exact task state.
 A link that dies without a word (no FIN: a phone changing networks, a NAT timing out) is noticed by
 pings: one every ``heartbeat_s``, and a pong missing after ``deadline_s`` drops the socket at once and
 opens a new one, so a dead link is replaced within ``heartbeat_s + 2 * deadline_s`` (under 10 s by
-default). Trouble is reported once per change, not per attempt: "cannot reach URL, retrying in N s" (or
-"lost the connection") when the link goes, "reconnected" when it is back, to ``on_status`` (default: the
-``gateway.client`` logger).
+default). Trouble is reported once per change or distinct failure, not per attempt: "cannot reach URL,
+retrying in N s" (or "lost the connection") when the link goes, "reconnected" when it is back, to
+``on_status`` (default: the ``gateway.client`` logger). What retrying cannot fix raises ``WatchError``: an
+``error`` frame or close code for a bad token or an unknown task, and a server that is not a gateway (a 4xx
+to the handshake, an answer that is not HTTP/1.1).
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from typing import Any
 import anyio
 import orjson
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidMessage,
+    InvalidStatus,
+    InvalidURI,
+)
 
 from gateway.client.backoff import Backoff
 from gateway.client.errors import ClientError
@@ -32,6 +40,11 @@ TERMINAL = frozenset({"succeeded", "failed", "expired"})
 RESUME_TYPES = frozenset({"caught-up", "delta", "snapshot"})
 # Error codes that retrying cannot cure.
 FATAL = frozenset({"unauthorized", "forbidden", "unknown-task", "invalid-request"})
+# The close codes that say the same (protocol.md), and their error codes.
+FATAL_CLOSE = {4400: "invalid-request", 4401: "unauthorized", 4403: "forbidden", 4404: "unknown-task"}
+# HTTP answers to the handshake that may be gone on the next try: a timeout, a rate limit (and any 5xx:
+# a proxy in front of a gateway that is restarting).
+TRANSIENT_STATUS = frozenset({408, 429})
 
 log = logging.getLogger("gateway.client")
 
@@ -86,6 +99,7 @@ async def watch(
     drops = 0
     url = ws_url(base_url)
     down = False  # the last attempt failed or the last socket dropped, and that was said
+    said: set[str] = set()  # the failures said since the link went down: each once, not once per attempt
 
     def report(status: LinkStatus) -> None:
         if on_status is not None:
@@ -107,6 +121,7 @@ async def watch(
                 opened = True
                 if down:
                     down = False
+                    said.clear()
                     report(LinkStatus(True, f"reconnected to {base_url}"))
                 for task_id in cursor:
                     if task_id not in done:
@@ -142,21 +157,49 @@ async def watch(
                         done.add(task_id)
                         if len(done) == len(cursor):
                             return
-        except (ConnectionClosed, OSError, InvalidHandshake, TimeoutError) as exc:
-            if isinstance(exc, InvalidURI):
-                raise
+        except (ConnectionClosed, OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+            fatal = _fatal(exc, base_url)
+            if fatal is not None:
+                raise fatal from exc
             drops += 1
             if max_reconnects is not None and drops > max_reconnects:
                 raise WatchError("disconnected", f"gave up after {drops - 1} reconnects: {exc}") from exc
             delay = backoff.next_delay()
-            if not down:
+            why = _why(exc)
+            if not down or why not in said:
                 down = True
+                said.add(why)
                 if opened:
-                    message = f"lost the connection to {base_url} ({_why(exc)}), reconnecting"
+                    message = f"lost the connection to {base_url} ({why}), reconnecting"
                 else:
-                    message = f"cannot reach {base_url}, retrying in {delay:.1f} s ({_why(exc)})"
+                    message = f"cannot reach {base_url}, retrying in {delay:.1f} s ({why})"
                 report(LinkStatus(False, message, delay))
             await anyio.sleep(delay)
+
+
+def _fatal(exc: BaseException, base_url: str) -> WatchError | None:
+    """The error to give up with when retrying cannot cure ``exc``; ``None`` when it may."""
+    if isinstance(exc, InvalidURI):
+        return WatchError("invalid-url", f"{base_url} is not an http(s):// or ws(s):// URL")
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None and exc.rcvd.code in FATAL_CLOSE:
+        reason = f": {exc.rcvd.reason}" if exc.rcvd.reason else ""
+        return WatchError(FATAL_CLOSE[exc.rcvd.code], f"closed by the gateway with {exc.rcvd.code}{reason}")
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        if status < 500 and status not in TRANSIENT_STATUS:
+            what = "not a task-gateway (check --url or GATEWAY_URL)" if status in (200, 404) else "refused"
+            return WatchError(
+                "not-a-gateway" if status in (200, 404) else "handshake-refused",
+                f"{ws_url(base_url)} answered HTTP {status} to the WebSocket handshake: {what}",
+            )
+    if isinstance(exc, InvalidMessage) and not isinstance(exc.__cause__, (EOFError, OSError)):
+        # It answered, but not in HTTP/1.1 (an HTTP/1.0 server, another protocol on that port).
+        return WatchError(
+            "not-a-gateway",
+            f"{base_url} did not answer the WebSocket handshake in HTTP/1.1 ({exc.__cause__ or exc}): "
+            "not a task-gateway (check --url or GATEWAY_URL)",
+        )
+    return None
 
 
 def _why(exc: BaseException) -> str:
@@ -166,6 +209,8 @@ def _why(exc: BaseException) -> str:
         if exc.sent is not None and exc.sent.reason == "keepalive ping timeout":
             return "no answer to a ping"
         return "the connection dropped"
+    if isinstance(exc, InvalidMessage) and exc.__cause__ is not None:
+        return f"{exc}: {exc.__cause__}"
     return str(exc) or type(exc).__name__
 
 

@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import IO, Any
+from urllib.parse import quote
 
 import anyio
 from sqlalchemy import event, text
@@ -130,6 +131,42 @@ def sqlite_path(url: str) -> str | None:
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
     return os.path.abspath(database)
+
+
+async def task_exists(url: str, task_id: str, deadline_s: float = 5.0) -> bool | None:
+    """Whether the database at ``url`` holds the task; ``None`` when that cannot be told within
+    ``deadline_s`` (a SQLite file that does not exist, which is not made; a database that cannot be
+    reached, or has no schema yet). Reads only."""
+    path = sqlite_path(url)
+    if path is not None:
+        return await anyio.to_thread.run_sync(_sqlite_task_exists, path, task_id)
+    if not make_url(async_url(url)).drivername.startswith("postgresql"):
+        return None  # in-memory SQLite: nothing outlives its process
+    engine = create_async_engine(async_url(url), connect_args={"timeout": deadline_s})
+    try:
+        with anyio.fail_after(deadline_s):
+            async with engine.connect() as conn:
+                found = await conn.execute(text("SELECT 1 FROM tasks WHERE id = :id"), {"id": task_id})
+                return found.first() is not None
+    except Exception:  # whatever the reason, it could not be told
+        return None
+    finally:
+        await engine.dispose()
+
+
+def _sqlite_task_exists(path: str, task_id: str) -> bool | None:
+    import sqlite3
+
+    if not os.path.isfile(path):
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5)
+        try:
+            return conn.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
 
 
 def check_database_url(url: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -87,14 +88,32 @@ def redact_tokens_in_logs() -> None:
 
 
 class GatewayServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        app: Starlette,
+        *,
+        on_listening: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """``on_listening(host, port)`` is called once the server listens (with the port it was given when
+        asked for port 0)."""
         super().__init__(config)
         self.gateway = app.state.gateway
         self._hub = self.gateway.hub
         self.gateway.on_fatal = self._stop
+        self._on_listening = on_listening
 
     def _stop(self) -> None:
         self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_listening is not None and self.servers:
+            listeners = self.servers[0].sockets or ()
+            for listener in listeners:
+                host, port = listener.getsockname()[:2]
+                self._on_listening(host, port)
+                break
 
     @property
     def failed(self) -> bool:

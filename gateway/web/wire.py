@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 import hashlib
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
@@ -251,19 +252,39 @@ def _validate(model: type[M], data: Any) -> M:
 
 
 def _describe(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False)[0]
-    loc = [str(part) for part in first["loc"]]
-    if len(loc) >= 2 and loc[0] == "event" and loc[1] in EVENT_TYPES:
-        del loc[1]  # the discriminator's tag is not a field the client sent
-    field = ".".join(loc) or "body"
+    errors = exc.errors(include_url=False)
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        # Named first: an unknown field is most often a misspelt one, whose "missing" would hide it.
+        missing = [e["loc"] for e in errors if e["type"] == "missing"]
+        return "; ".join(_unknown_field(e["loc"], missing) for e in unknown)
+    first = errors[0]
+    field = _field(first["loc"])
     if first["type"] == "union_tag_not_found":
         return f"{field}.type: required field is missing"
     message = first["msg"]
     if first["type"] == "missing":
         message = "required field is missing"
-    elif first["type"] == "extra_forbidden":
-        message = "unknown field"
     return f"{field}: {message}"
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    parts = [str(part) for part in loc]
+    if len(parts) >= 2 and parts[0] == "event" and parts[1] in EVENT_TYPES:
+        del parts[1]  # the discriminator's tag is not a field the client sent
+    return ".".join(parts) or "body"
+
+
+def _unknown_field(loc: tuple[int | str, ...], missing: list[tuple[int | str, ...]]) -> str:
+    """``name: unknown field``, with the missing field beside it that it most likely meant to be."""
+
+    def plain(name: str) -> str:
+        return name.lower().replace("_", "").replace("-", "")
+
+    siblings = {plain(str(m[-1])): str(m[-1]) for m in missing if m[:-1] == loc[:-1]}
+    close = difflib.get_close_matches(plain(str(loc[-1])), siblings, n=1, cutoff=0.6)
+    hint = f" (did you mean {siblings[close[0]]}?)" if close else ""
+    return f"{_field(loc)}: unknown field{hint}"
 
 
 # --- answers ------------------------------------------------------------------------------------------

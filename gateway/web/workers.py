@@ -38,7 +38,10 @@ STABLE_S = 60.0
 STARTUP_FAILED = 3
 
 
-def serve_workers(settings: Settings, workers: int) -> int:
+def serve_workers(settings: Settings, workers: int, *, secret_source: str | None = None) -> int:
+    """Run ``workers`` gateway processes; ``secret_source`` says where ``settings.secret`` came from (for
+    the start-up lines, said here once rather than by every child)."""
+    from gateway.startup import announce
     from gateway.web.server import bind_socket
 
     if settings.secret is None:
@@ -52,6 +55,7 @@ def serve_workers(settings: Settings, workers: int) -> int:
     sock = bind_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     log.info("%d worker processes on http://%s:%d", workers, host, port)
+    announce(settings, secret_source, host, port)
     context = multiprocessing.get_context("spawn")
     stop = threading.Event()
 

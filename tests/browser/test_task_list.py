@@ -61,6 +61,35 @@ async def test_all_tasks_pages_filters_and_opens_a_task(dashboard: Dashboard, co
     console.assert_clean()
 
 
+async def test_all_tasks_says_retrying_as_the_card_does(dashboard: Dashboard, console: Console) -> None:
+    """A task back in queued after a failed attempt with attempts left reads "Retrying" in the table, as on
+    its card; a task not yet attempted reads "Queued" in both."""
+    gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
+    again = await create_task(gw, "again-1", max_attempts=2)
+    await create_task(gw, "fresh-1", max_attempts=2)
+    await post_callback(gw, "again-1", again.callback_token, {"type": "start", "worker": "w"})
+    await post_callback(
+        gw, "again-1", again.callback_token, {"type": "fail", "error": "lost", "retryable": True}
+    )
+    task = (await gw.client.get("/v1/tasks/again-1")).json()
+    assert (task["state"], task["attempts"]) == ("queued", 1)
+
+    await dashboard.open(f"?task=again-1&token={again.subscribe_token}")
+    section = page.locator("#all-tasks")
+    await expect(section).to_have_attribute("data-count", "2")
+    await section.get_by_text("All tasks", exact=True).click()
+    card_word = dashboard.card("again-1").locator(".state-badge")
+    await expect(card_word).to_have_text("Retrying")
+    await expect(section.locator('tr[data-task-id="again-1"] .state-badge')).to_have_text("Retrying")
+    await expect(section.locator('tr[data-task-id="again-1"]')).to_have_attribute("data-retrying", "true")
+    await expect(section.locator('tr[data-task-id="fresh-1"] .state-badge')).to_have_text("Queued")
+    # The filter's "queued" holds both, and says so.
+    await expect(section.get_by_label("Show").locator('option[value="queued"]')).to_have_text(
+        "Queued or retrying"
+    )
+    console.assert_clean()
+
+
 async def test_all_tasks_stays_hidden_without_the_management_api(
     context: Any, sqlite_url: str, console: Console
 ) -> None:

@@ -6,9 +6,11 @@ SQLite database); ``gateway token`` mints tokens a real server accepts; ``gatewa
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import subprocess
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.processes import spawn_gateway
-from tests.support import GATEWAY_CLI, bearer, create_task, running_gateway
+from tests.support import GATEWAY_CLI, bearer, create_task, postgres_database, running_gateway
 
 SECRET = "cli-test-secret-0123456789abcdef0123456789"
 RUN_S = 60
@@ -113,6 +115,71 @@ async def test_unknown_variables_are_named_and_a_second_process_is_refused(tmp_p
         assert "another gateway process is serving" in one_line(done)
     finally:
         await first.stop()
+
+
+DASHBOARD_LINE = re.compile(rb"INFO: +gateway: dashboard at (http://\S+)")
+
+
+def start_lines(err: str) -> list[str]:
+    """The start-up lines of ``gateway serve`` in its stderr."""
+    return [line for line in err.splitlines() if re.match(r"INFO: +gateway: (database|dashboard) ", line)]
+
+
+@pytest.mark.anyio
+async def test_serve_says_on_stderr_what_it_runs_on_zero_config(tmp_path: Path) -> None:
+    """The README's first command: which file, which secret, open mode, and the dashboard's URL."""
+    err, out = tmp_path / "serve.err", tmp_path / "serve.out"
+    gw = await spawn_gateway("zero", "sqlite:///gateway.db", err, stdout=out, env={"GATEWAY_SECRET": ""})
+    try:
+        await gw.serving()
+        dashboard = (await gw.wait_for(DASHBOARD_LINE))[0].group(1).decode()
+        lines = start_lines(gw.output())
+        assert len(lines) == 2, gw.output()
+        assert lines[0].endswith(
+            f"gateway: database SQLite {tmp_path}/gateway.db; token secret from the file "
+            f"{tmp_path}/gateway.db.secret; open mode (no API key: management API open, loopback only)"
+        ), lines
+        assert dashboard == f"{gw.url}/"
+        async with httpx.AsyncClient(timeout=10) as client:
+            page = await client.get(dashboard)
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert start_lines(out.read_text()) == []  # stderr only
+    finally:
+        await gw.stop()
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres
+async def test_serve_names_the_postgresql_database_without_its_password(
+    pg_database: str, tmp_path: Path
+) -> None:
+    # Trust authentication ignores the password; the gateway must not repeat it.
+    with_password = pg_database.replace("postgresql://postgres@", "postgresql://postgres:hunter2@")
+    assert with_password != pg_database
+    gw = await spawn_gateway(
+        "pg",
+        with_password,
+        tmp_path / "serve.err",
+        stdout=tmp_path / "serve.out",
+        env={"GATEWAY_API_KEY": "operator-key"},
+    )
+    try:
+        await gw.wait_for(DASHBOARD_LINE)
+        lines = start_lines(gw.output())
+        name = pg_database.rsplit("/", 1)[1]
+        assert len(lines) == 2 and lines[0].endswith(
+            f"gateway: database PostgreSQL postgres@127.0.0.1:5432/{name}; token secret from "
+            "GATEWAY_SECRET; keyed (management API needs GATEWAY_API_KEY)"
+        ), lines
+        assert "hunter2" not in gw.output() and "operator-key" not in gw.output()
+    finally:
+        await gw.stop()
 
 
 async def subscribe_once(base_url: str, task_id: str, token: str) -> dict[str, object]:
@@ -212,6 +279,47 @@ async def test_gateway_token_mints_tokens_a_real_server_accepts(sqlite_url: str,
     assert no_secret.returncode == 2 and "no secret to sign with" in one_line(no_secret)
     bad_ttl = run_cli(["token", "subscribe", "ops-1", "--ttl", "soon"], tmp_path, {"GATEWAY_SECRET": SECRET})
     assert bad_ttl.returncode == 2 and "--ttl" in one_line(bad_ttl)
+
+
+@pytest.mark.anyio
+async def test_gateway_token_says_when_the_task_does_not_exist_yet(sqlite_url: str, tmp_path: Path) -> None:
+    """A typo in the id is said on stderr; the token is still printed, and works once the task exists."""
+    env = {"GATEWAY_SECRET": SECRET, "GATEWAY_DATABASE_URL": sqlite_url}
+    async with running_gateway(sqlite_url, secret=SECRET) as gw:
+        await create_task(gw, "ops-1", ttl_ms=600_000)
+        known, unknown = await anyio.to_thread.run_sync(
+            lambda: (
+                run_cli(["token", "subscribe", "ops-1"], tmp_path, env),
+                run_cli(["token", "subscribe", "ops-2"], tmp_path, env),
+            )
+        )
+        assert known.returncode == 0 and known.stderr == "", known.stderr
+        assert unknown.returncode == 0 and len(unknown.stdout.splitlines()) == 1
+        path = sqlite_url.removeprefix("sqlite:///")
+        assert one_line(unknown) == (
+            f"gateway: note: no task 'ops-2' in SQLite {path} yet; the token works once a task with this id "
+            "is created"
+        )
+        await create_task(gw, "ops-2", ttl_ms=600_000)
+        frame = await subscribe_once(gw.url, "ops-2", unknown.stdout.strip())
+        assert frame["type"] == "caught-up", frame
+
+    # Where it cannot be told, nothing is said (and no database is made to find out).
+    for url in (f"sqlite:///{tmp_path}/none.db", "postgresql://postgres@127.0.0.1:1/none"):
+        done = run_cli(
+            ["token", "callback", "ops-3", "--database-url", url], tmp_path, {"GATEWAY_SECRET": SECRET}
+        )
+        assert done.returncode == 0 and done.stderr == "" and len(done.stdout.splitlines()) == 1, done
+    assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.postgres
+def test_gateway_token_says_when_the_task_is_not_in_postgresql(pg_database: str, tmp_path: Path) -> None:
+    done = run_cli(
+        ["token", "subscribe", "ops-9", "--database-url", pg_database], tmp_path, {"GATEWAY_SECRET": SECRET}
+    )
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 1
+    assert "gateway: note: no task 'ops-9' in PostgreSQL postgres@127.0.0.1:5432/" in one_line(done)
 
 
 def test_gateway_version_prints_the_package_version(tmp_path: Path) -> None:

@@ -3,21 +3,23 @@ retries, and the ``gateway watch`` terminal client's exit codes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from anyio.abc import Process
+from anyio.abc import ByteReceiveStream, Process
 
 from gateway.client import Worker, watch
 from gateway.client.backoff import Backoff
-from gateway.client.watch import LinkStatus
+from gateway.client.watch import LinkStatus, WatchError
 from tests.support import Running, TcpProxy, create_task, running_gateway
 
 TERMINAL = {"succeeded", "failed", "expired"}
@@ -231,8 +233,9 @@ async def test_gateway_watch_says_when_the_link_goes_and_comes_back_and_survives
     sqlite_url: str,
 ) -> None:
     """``gateway watch`` through a relay that first refuses every connection, then lets them through, then
-    dies silently (no FIN) mid-task: one line when it cannot reach the gateway (not one per attempt), one
-    when the link is lost, one "reconnected" after each, and it still ends with the task's fate."""
+    dies silently (no FIN) mid-task: one line on stderr when it cannot reach the gateway (not one per
+    attempt), one when the link is lost, one "reconnected" after each, and it still ends with the task's
+    fate (the task's lines on stdout)."""
     async with running_gateway(sqlite_url) as gw, TcpProxy(port_of(gw)) as relay:
         made = await create_task(gw, "cli-link", ttl_ms=120_000, max_attempts=1)
         relay.refuse = True
@@ -240,38 +243,148 @@ async def test_gateway_watch_says_when_the_link_goes_and_comes_back_and_survives
         env = {**os.environ, "COLUMNS": "200", "GATEWAY_TOKEN": made["subscribeToken"]}
         process = await anyio.open_process(command, env=env)
         async with process, Worker(gw.url, "cli-link", made["callbackToken"]) as worker:
-            assert process.stdout is not None
-            lines: list[str] = []
+            assert process.stdout is not None and process.stderr is not None
+            out: list[str] = []
+            err: list[str] = []
 
-            async def read_lines() -> None:
-                assert process.stdout is not None
+            async def read_lines(stream: ByteReceiveStream, lines: list[str]) -> None:
                 buffered = b""
-                async for chunk in process.stdout:
+                async for chunk in stream:
                     buffered += chunk
                     *done, buffered = buffered.split(b"\n")
                     lines.extend(line.decode() for line in done)
                 lines.append(buffered.decode())
 
-            async def output_has(text: str) -> None:
+            async def output_has(lines: list[str], text: str) -> None:
                 while not any(text in line for line in lines):  # noqa: ASYNC110  (lines of a reader task)
                     await anyio.sleep(0.02)
 
             with anyio.fail_after(40), _killed_on_failure(process):
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(read_lines)
-                    await output_has("cannot reach")
+                    tg.start_soon(read_lines, process.stdout, out)
+                    tg.start_soon(read_lines, process.stderr, err)
+                    await output_has(err, "cannot reach")
                     while relay.refused < 3:  # noqa: ASYNC110  (a counter of the relay's)
                         await anyio.sleep(0.02)
                     relay.refuse = False
                     await worker.start("w")
-                    await output_has("v1  started by w")
+                    await output_has(out, "v1  started by w")
                     relay.stall()
                     await worker.progress(40, "c")
-                    await output_has("v2  progress 40%")
+                    await output_has(out, "v2  progress 40%")
                     await worker.succeed("s3://r", "sha256:r")
                     returncode = await process.wait()
-        assert returncode == 0, lines
-        assert len([line for line in lines if "cannot reach" in line]) == 1, lines
-        assert len([line for line in lines if "lost the connection" in line]) == 1, lines
-        assert len([line for line in lines if f"reconnected to {relay.url}" in line]) == 2, lines
-        assert any("cli-link: succeeded" in line for line in lines), lines
+        assert returncode == 0, (out, err)
+        assert len([line for line in err if "cannot reach" in line]) == 1, err
+        assert len([line for line in err if "lost the connection" in line]) == 1, err
+        assert len([line for line in err if f"reconnected to {relay.url}" in line]) == 2, err
+        assert not any("cannot reach" in line or "reconnected" in line for line in out), out
+        assert any("cli-link: succeeded" in line for line in out), out
+
+
+class AnswerServer:
+    """A loopback TCP server that answers each connection with the next of ``answers`` (in turn, round
+    and round): bytes sent before it closes, or ``None`` to reset the connection at once."""
+
+    def __init__(self, answers: list[bytes | None]) -> None:
+        self.answers = answers
+        self.served = 0
+        self.url = ""
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> AnswerServer:
+        self._server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answer = self.answers[self.served % len(self.answers)]
+        self.served += 1
+        if answer is None:
+            writer.transport.abort()
+            return
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")  # the handshake request
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+
+
+UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.anyio
+async def test_watch_says_each_distinct_failure_once_not_once_per_attempt() -> None:
+    """Two failures taking turns (a proxy answering 503, a connection reset): each is said once, with its
+    reason, however many attempts fail."""
+    async with AnswerServer([UNAVAILABLE, None]) as server:
+        statuses: list[LinkStatus] = []
+        frames = watch(
+            server.url,
+            {"t": None},
+            backoff=Backoff(base_s=0.001, cap_s=0.005),
+            max_reconnects=12,
+            on_status=statuses.append,
+        )
+        with anyio.fail_after(20), pytest.raises(WatchError) as raised:
+            async for _ in frames:
+                pass
+    assert raised.value.code == "disconnected"
+    assert server.served == 13
+    messages = [s.message for s in statuses]
+    assert len(messages) == 2, messages
+    assert all(m.startswith(f"cannot reach {server.url}, retrying in ") for m in messages), messages
+    assert "HTTP 503" in messages[0] and "HTTP 503" not in messages[1], messages
+
+
+async def close_with(code: int, reason: str) -> tuple[str, Callable[[], Awaitable[None]]]:
+    """A WebSocket server that closes every connection with ``code``: its URL and a function to stop it."""
+    from websockets.asyncio.server import ServerConnection, serve
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.close(code, reason)
+
+    server = await serve(handler, "127.0.0.1", 0)
+    port = next(iter(server.sockets)).getsockname()[1]
+
+    async def stop() -> None:
+        server.close()
+        await server.wait_closed()
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+            "/v1/ws answered HTTP 404 to the WebSocket handshake: not a task-gateway",
+        ),
+        (b"HTTP/1.0 200 OK\r\n\r\n<html>", "did not answer the WebSocket handshake in HTTP/1.1"),
+        (4401, "unauthorized: closed by the gateway with 4401: token has expired"),
+        (4404, "unknown-task: closed by the gateway with 4404: token has expired"),
+    ],
+)
+async def test_gateway_watch_gives_up_on_what_retrying_cannot_fix(answer: bytes | int, words: str) -> None:
+    """Not a gateway (an HTTP 404 to the handshake, an HTTP/1.0 server), or a close code the gateway will
+    not change its mind about: one line on stderr saying why, and exit 4, rather than retrying forever."""
+    async with contextlib.AsyncExitStack() as stack:
+        if isinstance(answer, int):
+            url, stop = await close_with(answer, "token has expired")
+            stack.push_async_callback(stop)
+        else:
+            url = (await stack.enter_async_context(AnswerServer([answer]))).url
+        command = [sys.executable, "-m", "gateway.cli", "watch", "t", "--url", url]
+        with anyio.fail_after(30):
+            done = await anyio.run_process(command, check=False, env={**os.environ, "COLUMNS": "300"})
+    err = done.stderr.decode().splitlines()
+    assert done.returncode == 4, err
+    assert len(err) == 1 and err[0].startswith("gateway watch: giving up: "), err
+    assert words in err[0], err

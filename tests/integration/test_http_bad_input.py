@@ -248,6 +248,31 @@ async def test_create_errors(sqlite_url: str, clock: FakeClock) -> None:
         assert (await gw.client.post("/v1/notifications/drain")).json() == []
 
 
+async def test_an_unknown_field_is_named_even_when_it_is_a_misspelt_required_one(
+    sqlite_url: str, clock: FakeClock
+) -> None:
+    """protocol.md: unknown fields are a type error (400). A misspelt field is both unknown and, under its
+    right name, missing: the answer names what the client sent, and what it probably meant."""
+    json_body = {"Content-Type": "application/json"}
+    async with gateway(sqlite_url, clock) as gw:
+        for body, expected in [
+            (
+                {"id": "u1", "ttlMs": 60_000, "max_attempts": 2},
+                "max_attempts: unknown field (did you mean maxAttempts?)",
+            ),
+            ({"id": "u2", "ttl": 60_000, "maxAttempts": 2}, "ttl: unknown field (did you mean ttlMs?)"),
+            ({"id": "u3", "ttlMs": 60_000, "maxAttempts": 2, "priority": 1}, "priority: unknown field"),
+        ]:
+            answer = await gw.client.post("/v1/tasks", json=body, headers=json_body)
+            assert error(answer, 400, "invalid-request") == expected, body
+        cb = await running_task(gw)
+        body = {"event": {"type": "progress", "progress": 5, "curser": "row-5"}}
+        answer = await gw.client.post("/v1/tasks/t/callbacks", json=body, headers=cb)
+        assert error(answer, 400, "invalid-request") == "event.curser: unknown field (did you mean cursor?)"
+        for task_id in ("u1", "u2", "u3"):
+            error(await gw.client.get(f"/v1/tasks/{task_id}"), 404, "unknown-task")
+
+
 def padded(body: dict[str, Any], size: int) -> bytes:
     """``body`` as JSON, padded with trailing whitespace to exactly ``size`` bytes."""
     data = orjson.dumps(body)

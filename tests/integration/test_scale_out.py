@@ -351,6 +351,10 @@ async def test_workers_flag_runs_several_processes(pg_url: str, tmp_path: Path) 
             await parent.wait_for(STARTUP_COMPLETE, count=2)
             pids = parent.started_pids()
             assert len(set(pids)) == 2 and parent.pid not in pids, pids
+            # What it runs on is said once, by the parent, not once per worker.
+            said = [line for line in parent.output().splitlines() if "gateway: dashboard at" in line]
+            assert said == [f"INFO:     gateway: dashboard at {url}/"], parent.output()
+            assert parent.output().count("gateway: database PostgreSQL") == 1, parent.output()
 
             async with httpx.AsyncClient(timeout=STEP_S) as client:
                 made = await create(client, url, task_id)
