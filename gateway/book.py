@@ -144,6 +144,8 @@ class Book:
         self.on_notifications: Callable[[], None] | None = None
         # Called with a new task's deadline once it is committed (the sweeper's wake-up).
         self.on_deadline: Callable[[int], None] | None = None
+        # Called right after an expiry batch commits, with its tasks' deadlines (the lateness metric).
+        self.on_expired: Callable[[Sequence[int]], None] | None = None
         self._resuming: dict[str, _SharedResume] = {}  # resumes waiting for a read that has not started
         # History entries a task may have (0: no limit); past it only an entry that ends the task is added.
         self.max_history_versions = max_history_versions
@@ -345,13 +347,16 @@ class Book:
         An ``urgent`` transaction goes before the callbacks and creations waiting to write. What is due is
         decided once it has its turn, so a task that fell due while it waited is expired with it."""
 
-        async def work(tx: WriteTx, commit: _Commit) -> int:
+        async def work(tx: WriteTx, commit: _Commit) -> list[int]:
             due = await tx.claim_due(self.clock(), limit)
             # The notification, like the entry, is pinned to the deadline (protocol.md).
             await self._record_many(tx, commit, [(expire_task(task), task.expires_at_ms) for task in due])
-            return len(due)
+            return [int(task.expires_at_ms) for task in due]
 
-        return await self._write(work, urgent=urgent)
+        deadlines = await self._write(work, urgent=urgent)
+        if deadlines and self.on_expired is not None:
+            self.on_expired(deadlines)
+        return len(deadlines)
 
     @_shielded
     async def deliver(self, task_id: str, idempotency_key: str) -> Delivery:

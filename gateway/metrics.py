@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Around the protocol's bound (1 s) finely; a backlog after a database outage lands in the last ones.
+EXPIRY_LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Metrics:
@@ -28,6 +31,13 @@ class Metrics:
         self.tasks_created = Counter("gateway_tasks_created", "Tasks created", registry=self.registry)
         self.tasks_expired = Counter(
             "gateway_tasks_expired_by_sweeper", "Tasks expired by the sweeper", registry=self.registry
+        )
+        self.expiry_lateness_seconds = Histogram(
+            "gateway_expiry_lateness_seconds",
+            "Time from a task's deadline (expiresAtMs) to the commit of its expiry by the sweeper "
+            "(protocol.md: within 1 s)",
+            buckets=EXPIRY_LATENESS_BUCKETS,
+            registry=self.registry,
         )
         self.notifications_drained = Counter(
             "gateway_notifications_drained", "Notifications taken from the outbox", registry=self.registry
@@ -52,6 +62,11 @@ class Metrics:
         self.slow_consumers = Counter(
             "gateway_slow_consumers_closed", "Connections closed with 4008", registry=self.registry
         )
+
+    def expired(self, deadlines_ms: Sequence[int], committed_ms: int) -> None:
+        """Tasks with these deadlines were expired by a commit at ``committed_ms``."""
+        for deadline in deadlines_ms:
+            self.expiry_lateness_seconds.observe(max(0, committed_ms - deadline) / 1000)
 
     def watch_hub(self, stats: Callable[[], dict[str, int]]) -> None:
         """Export the hub's queue sizes, read when /metrics is scraped."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 
 import anyio
 
@@ -83,13 +84,22 @@ class Sweeper:
 
     async def run(self) -> None:
         in_flight = anyio.Semaphore(self.max_passes)
-        async with anyio.create_task_group() as passes:
-            while True:
-                started = time.monotonic()
-                self._wake_at = started + self.interval_s
-                await in_flight.acquire()
-                passes.start_soon(self._pass, in_flight)
-                await self._sleep(started + self.min_gap_s)
+        if self.metrics is not None:
+            self.book.on_expired = self._expired
+        try:
+            async with anyio.create_task_group() as passes:
+                while True:
+                    started = time.monotonic()
+                    self._wake_at = started + self.interval_s
+                    await in_flight.acquire()
+                    passes.start_soon(self._pass, in_flight)
+                    await self._sleep(started + self.min_gap_s)
+        finally:
+            self.book.on_expired = None
+
+    def _expired(self, deadlines_ms: Sequence[int]) -> None:
+        assert self.metrics is not None
+        self.metrics.expired(deadlines_ms, self.book.clock())
 
     async def _pass(self, in_flight: anyio.Semaphore) -> None:
         """Expire what is due, then learn the next deadline. Passes overlap: a slow commit holds up only

@@ -54,7 +54,8 @@ def async_url(url: str) -> str:
 
 
 class Database:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10, max_overflow: int = 10) -> None:
+        """``pool_size`` and ``max_overflow``: PostgreSQL's connections, kept open and opened on demand."""
         self.url = async_url(url)
         self.is_sqlite = self.url.startswith("sqlite")
         self._write_lock = PriorityLock() if self.is_sqlite else None
@@ -65,7 +66,9 @@ class Database:
         kwargs: dict[str, Any] = {}
         if not self.is_sqlite:
             # A database that does not answer is noticed in seconds, not asyncpg's default minute.
-            kwargs.update(pool_size=10, max_overflow=10, pool_timeout=10, connect_args={"timeout": 5})
+            kwargs.update(
+                pool_size=pool_size, max_overflow=max_overflow, pool_timeout=10, connect_args={"timeout": 5}
+            )
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         if self.is_sqlite:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)

@@ -3,6 +3,7 @@ owns every long-lived thing (the database, the sweeper, the webhook relay)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -42,6 +43,7 @@ from gateway.store import Database
 from gateway.store.database import database_unavailable
 from gateway.store.sql import SqlStore
 from gateway.sweeper import run_sweeper
+from gateway.sweeper_thread import run_sweeper_thread
 from gateway.tokens import Tokens
 from gateway.web.auth import Guard, host_name, origin_allowed
 from gateway.web.http import JSON, routes
@@ -169,9 +171,14 @@ class Gateway:
                 )
                 if self.settings.sweep_interval_ms > 0:
                     interval_s = self.settings.sweep_interval_ms / 1000
-                    tg.start_soon(
-                        self._essential, "the sweeper", run_sweeper, self.book, interval_s, self.metrics
-                    )
+                    if self.db.is_sqlite:
+                        sweeper = functools.partial(run_sweeper, self.book, interval_s, self.metrics)
+                    else:  # off the event loop (gateway.sweeper_thread)
+                        url = self.settings.database_url
+                        sweeper = functools.partial(
+                            run_sweeper_thread, self.book, url, interval_s, self.metrics
+                        )
+                    tg.start_soon(self._essential, "the sweeper", sweeper)
                 if self.relay is not None:
                     tg.start_soon(self._essential, "the webhook relay", self.relay.run)
                 yield
