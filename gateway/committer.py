@@ -11,7 +11,9 @@ so batches grow exactly when the database is the bottleneck. Every answer still 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from collections.abc import Iterator
 
 from gateway.book import Book, CallbackOutcome, CallbackRequest
 from gateway.errors import GatewayError, Unavailable
@@ -35,8 +37,19 @@ class Committer:
         self.in_flight = 0
 
     def busy(self) -> bool:
-        """Whether callbacks are waiting for their batch or its commit (fan-out yields to them)."""
+        """Whether callbacks are being answered: read, waiting for their batch or its commit, or answering
+        (fan-out yields to them)."""
         return self.in_flight > 0
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around a callback route, from its first line to its answer: the callback counts as waiting from
+        the moment it is read, not only once it is queued for a batch."""
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
 
     async def submit(self, request: CallbackRequest) -> CallbackOutcome:
         """Apply one callback with whatever else is queued; its outcome, or the error that refused it."""

@@ -159,6 +159,10 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         return JSON(wire.resume_json(await book.resume(task_id, cursor)))
 
     async def callback(request: Request) -> Response:
+        with gw.committer.answering():  # fan-out yields from here on (gateway.hub)
+            return await _callback(request)
+
+    async def _callback(request: Request) -> Response:
         started = time.perf_counter()
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "callback")

@@ -149,3 +149,41 @@ async def test_callbacks_are_answered_and_fanned_out_while_a_subscriber_is_not_r
         for check in fast_checks:
             check.assert_final(final)
             assert check.event_versions == [2, 3, 4, 5]
+
+
+@pytest.mark.anyio
+async def test_fan_out_yields_to_a_callback_from_the_moment_it_is_read_until_it_is_answered(
+    sqlite_url: str,
+) -> None:
+    """Callbacks first (hub.flush): fan-out takes the event loop in short slices and holds back while a
+    callback is being answered. A callback counts from its first byte read by the route, body still on its
+    way, not only once it waits for its commit: otherwise fan-out would take the loop while its body is
+    read and parsed."""
+    async with live_gateway(sqlite_url) as gw:
+        made = await create_task(gw, "t")
+        hub = gw.gateway.hub
+        assert not hub.callbacks_waiting()
+        body = json.dumps(
+            {"callbackId": "cb-1", "event": {"type": "start", "worker": "w1"}}, separators=(",", ":")
+        ).encode()
+        host, port = gw.url.removeprefix("http://").split(":")
+        stream = await anyio.connect_tcp(host, int(port))
+        async with stream:
+            head = (
+                f"POST /v1/tasks/t/callbacks HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Authorization: Bearer {made['callbackToken']}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            await stream.send(head + body[:10])  # the route starts; the rest of the body is on its way
+            with anyio.fail_after(5):
+                while not hub.callbacks_waiting():  # noqa: ASYNC110
+                    await anyio.sleep(0.005)
+            await stream.send(body[10:])
+            answer = b""
+            with anyio.fail_after(5):
+                while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                    answer += await stream.receive()
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["changed"] is True
+        assert not hub.callbacks_waiting()  # answered: fan-out goes on at once
+        assert (await get_task(gw, "t"))["version"] == 1
