@@ -121,12 +121,12 @@ FULL = Config(
     total_timeout_s=1800.0,
 )
 SMOKE = Config(
-    callback_seconds=0.5,
+    callback_seconds=0.3,
     callback_connections=8,
-    fanout=((10, 20, 50.0), (50, 20, 50.0), (100, 20, 50.0)),
+    fanout=((50, 10, 50.0),),
     memory_n=200,
     latency_n=(2, 20, 100),
-    latency_seconds=1.0,
+    latency_seconds=0.5,
     latency_rate=50.0,
     storm_n=200,
     storm_tasks=2,

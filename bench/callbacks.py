@@ -227,7 +227,9 @@ async def pg_database(admin_url: str = PG_ADMIN) -> AsyncIterator[str]:
 
 async def run_gateway(database_url: str, args: argparse.Namespace) -> dict[str, Any]:
     async with harness.gateway(database_url) as gateway:
-        return await measure(gateway.port, args)
+        name = "callbacks-gateway-" + ("sqlite" if database_url.startswith("sqlite") else "postgresql")
+        async with harness.profiled(gateway.pid, name):
+            return await measure(gateway.port, args)
 
 
 async def run_floor(kind: str, target: str, args: argparse.Namespace) -> dict[str, Any]:
