@@ -171,16 +171,26 @@ async def bench_gateway(
                 stats = await clients.done(timeout_s)
             cpu = cpu_seconds(server.pid) - cpu_before
         version = (await http.get(f"/v1/tasks/{task_id}")).json()["version"]
+        direct = metric((await http.get("/metrics")).text, "gateway_hub_direct_writes")
     frames = stats.get("deliveries", 0)
     return {
         **stats,
         **{k: v for k, v in posted.items() if k != "latencies"},
         "frames": frames,
+        "direct_writes": direct,
         "entries": version - start_version,
         "cpu_us_per_frame": cpu * 1e6 / frames if frames else float("nan"),
         "cpu_us_per_callback": cpu * 1e6 / posted["posted"],
         "idle_bytes_per_subscriber": (rss_idle - rss_before) / subscribers if subscribers else float("nan"),
     }
+
+
+def metric(text: str, name: str) -> float:
+    """One value of a Prometheus text exposition (``nan`` if absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return float("nan")
 
 
 def sample_frame(version: int) -> str:
@@ -296,6 +306,8 @@ async def main(args: argparse.Namespace) -> None:
         f"callback latency at {n} subscribers: p50 {gateway['callback_p50_ms']:.1f} ms, "
         f"p99 {gateway['callback_p99_ms']:.1f} ms ({gateway['achieved_rate']:.1f}/s of {args.rate:g}/s asked)"
     )
+    written = f"{gateway['direct_writes']:.0f} of {gateway['frames']:.0f}"
+    print(f"frames the hub wrote straight to sockets: {written}")
     if gateway["conflated"]:
         print(f"note: {gateway['conflated']} conflated snapshots stood for the entries they cover")
     if buses != ["local"]:

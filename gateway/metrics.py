@@ -77,6 +77,11 @@ class Metrics:
             ("pending_max", "The longest backlog of one subscription"),
             ("conflations", "Backlogs collapsed into a conflated snapshot since start"),
             ("catch_ups", "Reads of the store for entries the bus did not bring, since start"),
+            (
+                "direct_writes",
+                "Entries written by fan-out straight to a socket with room, since start (the others went "
+                "through their connection's queue and writer)",
+            ),
         ):
             gauge = Gauge(f"gateway_hub_{name}", help_text, registry=self.registry)
             gauge.set_function(lambda name=name: stats()[name])  # type: ignore[misc]

@@ -6,7 +6,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.support import SECRET, error, running_gateway
+from tests.support import SECRET, error, post_callback, running_gateway
 
 
 @pytest.mark.anyio
@@ -135,6 +135,12 @@ async def test_metrics_show_the_hub_and_405_names_the_allowed_methods(sqlite_url
             text = (await gw.client.get("/metrics")).text
             assert "gateway_hub_subscriptions 1.0" in text
             assert "gateway_hub_connections 1.0" in text
+            assert "gateway_hub_direct_writes 0.0" in text
+            made = await gw.client.post("/v1/tasks", json={"id": "t", "ttlMs": 60_000, "maxAttempts": 1})
+            await post_callback(gw, "t", made.json()["callbackToken"], {"type": "start", "worker": "w"})
+            assert '"event"' in await ws.recv()
+            # The entry went straight to the socket, which had room: no writer task woken for it.
+            assert "gateway_hub_direct_writes 1.0" in (await gw.client.get("/metrics")).text
         wrong = await gw.client.delete("/v1/tasks/t")
         assert (wrong.status_code, wrong.json()["error"]["code"]) == (405, "method-not-allowed")
         assert set(wrong.headers["allow"].split(", ")) == {"GET", "HEAD"}  # Starlette orders them as a set
