@@ -6,6 +6,10 @@ lock query, one dedup query, set-based writes, one commit (one fsync on SQLite, 
 PostgreSQL), then answers each request with its own outcome. Nothing waits for a batch to fill: a lone
 callback is applied at once, and callbacks that arrive while a commit is in flight form the next batch,
 so batches grow exactly when the database is the bottleneck. Every answer still follows its commit.
+
+On SQLite one batch commits at a time (writes take turns there anyway); on PostgreSQL a few commit side by
+side, each on a connection of its own, so that one batch's round trips and WAL flush do not idle the
+process while the next batch waits.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Iterator
+
+import anyio
 
 from gateway.book import Book, CallbackOutcome, CallbackRequest
 from gateway.errors import GatewayError, Unavailable
@@ -25,8 +31,14 @@ MAX_QUEUED = 10_000
 
 
 class Committer:
-    def __init__(self, book: Book, *, max_batch: int = MAX_BATCH, max_queued: int = MAX_QUEUED) -> None:
+    def __init__(
+        self, book: Book, *, max_batch: int = MAX_BATCH, max_queued: int = MAX_QUEUED, concurrency: int = 1
+    ) -> None:
         self.book = book
+        # Batches committing at once: 1 where writes take turns anyway (SQLite); on PostgreSQL several,
+        # each on a connection of its own (their rows are locked in id order, so they cannot deadlock; a
+        # callback id two of them insert is a race that the second one runs again, and then sees).
+        self.concurrency = concurrency
         self.max_batch = max_batch
         self.max_queued = max_queued
         self.batches = 0
@@ -72,38 +84,51 @@ class Committer:
 
     async def run(self) -> None:
         self._running = True
-        batch: list[tuple[CallbackRequest, asyncio.Future[CallbackOutcome]]] = []
+        slots = asyncio.Semaphore(self.concurrency)
+        batches: set[asyncio.Task[None]] = set()
         try:
             while True:
                 if not self._queue:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                     continue
+                await slots.acquire()  # callbacks that queue meanwhile join this batch
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_batch))]
-                try:
-                    outcomes = await self.book.callbacks([request for request, _ in batch])
-                except Exception as exc:  # the transaction failed (a database outage): each is told
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                self.batches += 1
-                self.applied += len(batch)
-                for (_, future), outcome in zip(batch, outcomes, strict=True):
-                    if future.done():
-                        continue
-                    if isinstance(outcome, GatewayError):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
+                applying = asyncio.get_running_loop().create_task(self._apply(batch))
+                batches.add(applying)
+                applying.add_done_callback(batches.discard)
+                applying.add_done_callback(lambda _: slots.release())
         finally:
             self._running = False
-            for _, future in batch:  # cancelled during a commit: its outcome is not known here
-                if not future.done():
-                    future.set_exception(
-                        Unavailable("the gateway is stopping; retry (a retry is applied once)")
-                    )
+            if batches:  # the commits under way end first (their work is shielded), each answering its own
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(tuple(batches))
             while self._queue:
                 _, future = self._queue.popleft()
                 if not future.done():
                     future.set_exception(Unavailable("the gateway is stopping; retry"))
+
+    async def _apply(self, batch: list[tuple[CallbackRequest, asyncio.Future[CallbackOutcome]]]) -> None:
+        try:
+            outcomes = await self.book.callbacks([request for request, _ in batch])
+        except asyncio.CancelledError:  # stopped during a commit: its outcome is not known here
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(
+                        Unavailable("the gateway is stopping; retry (a retry is applied once)")
+                    )
+            raise
+        except Exception as exc:  # the transaction failed (a database outage): each is told
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        self.batches += 1
+        self.applied += len(batch)
+        for (_, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():
+                continue
+            if isinstance(outcome, GatewayError):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)

@@ -53,6 +53,8 @@ log = logging.getLogger("gateway")
 
 Clock = Callable[[], int]
 MAX_DEMO_WORKERS = 50
+# Callback batches committing at once on PostgreSQL (of the pool's 10 connections, and 10 more on demand).
+COMMITS_IN_FLIGHT = 3
 
 
 def wall_clock_ms() -> int:
@@ -78,7 +80,8 @@ class Gateway:
         )
         self.callback_rate = RateLimiter(settings.callback_rate_per_s)
         self.hub = Hub(self.book)
-        self.committer = Committer(self.book)
+        # On PostgreSQL several batches commit at once, each on a connection of the pool.
+        self.committer = Committer(self.book, concurrency=1 if self.db.is_sqlite else COMMITS_IN_FLIGHT)
         self.hub.callbacks_waiting = self.committer.busy
         self.relay = Relay.from_settings(self.store, settings, self.metrics)
         if self.relay is not None:

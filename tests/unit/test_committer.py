@@ -183,3 +183,45 @@ async def test_a_refused_callback_in_a_batch_is_raised_to_its_own_caller_only() 
             posts.start_soon(post, "bad", CallbackRequest("t", lambda now: Start(-1, "w"), "b", "d"))
         tg.cancel_scope.cancel()
     assert results == {"good": "started", "unknown": "UnknownTask", "bad": "InvalidRequest"}
+
+
+async def test_with_several_commits_in_flight_a_slow_commit_holds_up_only_its_own_batch() -> None:
+    """On PostgreSQL batches commit side by side (``concurrency``): a batch whose commit is held up (here:
+    it waits before it starts, as a commit stuck behind a slow disk would) does not hold up the callbacks
+    that arrive after it; with one commit at a time (SQLite) they would wait for it."""
+    book = await book_with("a", "b")
+    committer = Committer(book, concurrency=2)
+    store = book.store
+    assert isinstance(store, MemoryStore)
+    real_transact = store.transact
+    held = anyio.Event()
+    release = anyio.Event()
+
+    async def transact(work: Any, *, urgent: bool = False) -> Any:
+        if not held.is_set():  # the first batch is the slow one
+            held.set()
+            await release.wait()
+        return await real_transact(work, urgent=urgent)
+
+    store.transact = transact  # type: ignore[method-assign]
+    answered: list[str] = []
+    answers = {"a": anyio.Event(), "b": anyio.Event()}
+
+    async def post(task_id: str) -> None:
+        await committer.submit(CallbackRequest(task_id, start(), f"{task_id}-start", "d"))
+        answered.append(task_id)
+        answers[task_id].set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(committer.run)
+            tg.start_soon(post, "a")
+            await held.wait()
+            tg.start_soon(post, "b")
+            await answers["b"].wait()  # answered while "a" is held up
+            assert answered == ["b"]
+            release.set()
+            await answers["a"].wait()
+            tg.cancel_scope.cancel()
+    assert answered == ["b", "a"]
+    assert [(await book.get(t)).state for t in ("a", "b")] == ["running", "running"]
