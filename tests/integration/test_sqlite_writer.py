@@ -19,12 +19,13 @@ import pytest
 
 import gateway.book
 from gateway.book import Book
-from gateway.machine import Start, create_task
+from gateway.machine import Start
+from gateway.machine import create_task as new_task
 from gateway.store import Database
 from gateway.store.base import WriteTx
 from gateway.store.sql import SqlStore
 from gateway.store.sqlite_writer import SqliteWriter
-from tests.support import FakeClock
+from tests.support import FakeClock, create_task, error, running_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -106,7 +107,7 @@ async def test_a_callback_answered_503_at_its_deadline_is_not_applied_afterwards
 
 async def test_a_caller_cut_short_during_its_commit_gets_what_was_committed(store: SqlStore) -> None:
     writer = writer_of(store)
-    task = create_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3)
+    task = new_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3)
 
     async def work(tx: WriteTx) -> str:
         await tx.insert_task(task, 60_000, 1_000)
@@ -160,3 +161,18 @@ async def test_a_relay_write_cut_short_at_its_begin_leaves_the_writer_usable(sto
     with anyio.fail_after(5):
         _, created = await book.create("t", 60_000, 3)
     assert created and await version(store, "t") == 0
+
+
+async def test_a_database_locked_by_another_program_is_a_503_not_a_500(path: Path) -> None:
+    """Another program holds the file's write lock past the writer's busy timeout (5 s): the writer's
+    own ``sqlite3`` error must be answered like the database's others, 503 and retry, not 500."""
+    async with running_gateway(f"sqlite:///{path}") as gw:
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            answer = await create_task(gw, "t", expect=None)
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+        error(answer, 503, "unavailable")
+        await create_task(gw, "t")
