@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -112,14 +113,32 @@ class SqliteWriter:
 
     async def transact(self, work: Callable[[DirectTx], Awaitable[R]]) -> R:
         """Run ``work`` in one transaction, begun, worked and committed on the writer's thread in one hop.
-        The caller holds the process's write turn (``Database.write_turn``)."""
-        return await self._hop(lambda: self._run(work))
+        The caller holds the process's write turn (``Database.write_turn``).
 
-    def _run(self, work: Callable[[DirectTx], Awaitable[R]]) -> R:
+        Cut short (a deadline, a stop), the caller is told what the file holds: a transaction that has
+        not begun its ``COMMIT`` is rolled back (the caller's cancellation goes on), one that has is
+        waited for and its result returned, so that what it committed is published."""
+        handover = _Handover()
+        job = self._pool.submit(self._run, work, handover)
+        done = asyncio.wrap_future(job)
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            if handover.abandon():
+                job.cancel()  # not begun: it never runs; begun: it rolls back instead of committing
+                done.add_done_callback(_consume)
+                raise
+            with anyio.CancelScope(shield=True):
+                result: R = await done
+            return result
+
+    def _run(self, work: Callable[[DirectTx], Awaitable[R]], handover: _Handover) -> R:
         conn = self._connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
             result: R = _drive(work(DirectTx(conn, None)))
+            if not handover.commit():
+                raise _Abandoned
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -132,15 +151,17 @@ class SqliteWriter:
         """A transaction whose statements each take a hop to the writer's thread (for writes that await
         other things between statements). The caller holds the process's write turn."""
         conn = await self._hop(self._connection)
-        await self._hop(lambda: conn.execute("BEGIN IMMEDIATE"))
         try:
+            await self._hop(lambda: conn.execute("BEGIN IMMEDIATE"))
             yield DirectTx(conn, self._hop)
         except BaseException:
+            # Queued behind every statement sent (the thread runs them in order), a BEGIN or a statement
+            # whose caller was cut short included: none of it can outlive the rollback.
             with anyio.CancelScope(shield=True):
                 await self._hop(self._rollback)
             raise
         with anyio.CancelScope(shield=True):
-            await self._hop(lambda: conn.execute("COMMIT"))
+            await self._hop(self._commit)
 
     def trace(self, callback: Callable[[str], object] | None) -> None:
         """Call ``callback`` with each statement the writer runs, its values filled in (``None``: stop)."""
@@ -151,10 +172,56 @@ class SqliteWriter:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
 
+    def _commit(self) -> None:
+        conn = self._connection()
+        try:
+            conn.execute("COMMIT")
+        except BaseException:  # a failed COMMIT can leave the transaction open: never for the next one
+            self._rollback()
+            raise
+
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             raise sqlite3.OperationalError("the SQLite writer is closed")
         return self._conn
+
+
+class _Abandoned(Exception):
+    """A transaction whose caller gave up before its ``COMMIT``: rolled back, told to no one."""
+
+
+class _Handover:
+    """Whether a transaction handed to the writer's thread commits: decided once, under a lock, by the
+    first of its caller giving up (:meth:`abandon`) and the thread reaching its ``COMMIT``
+    (:meth:`commit`)."""
+
+    __slots__ = ("_abandoned", "_committing", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._committing = False
+
+    def abandon(self) -> bool:
+        """The caller gives up: ``True`` when the transaction will not commit, ``False`` when its
+        ``COMMIT`` is under way already."""
+        with self._lock:
+            if not self._committing:
+                self._abandoned = True
+            return self._abandoned
+
+    def commit(self) -> bool:
+        """The thread is about to commit: ``True`` when it may (its caller still waits)."""
+        with self._lock:
+            if not self._abandoned:
+                self._committing = True
+            return self._committing
+
+
+def _consume(done: asyncio.Future[Any]) -> None:
+    """Take the outcome of a transaction no one waits for any more (asyncio would log it as unretrieved)."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _drive(awaitable: Awaitable[R]) -> R:

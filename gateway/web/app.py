@@ -8,6 +8,7 @@ import inspect
 import logging
 import os
 import secrets
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -210,6 +211,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             GatewayError: _gateway_error,
             HTTPException: _http_error,
             DBAPIError: _database_error,
+            sqlite3.Error: _database_error,  # the SQLite writer's own connection (a locked file: 503)
             PoolTimeout: _database_error,
             OSError: _database_error,
             Exception: _internal_error,
