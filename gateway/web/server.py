@@ -23,6 +23,23 @@ from gateway.web.protocol import GatewayWebSocketProtocol
 
 # How long shutdown waits for sockets to say goodbye before uvicorn closes what is left.
 GOODBYE_S = 2.0
+# The cyclic garbage collector's young-generation threshold in a gateway process (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector run less often in a gateway process (``gateway serve`` and each
+    ``--workers`` child; not in-process users of the app). Thousands of sockets are thousands of long-lived
+    objects that every older-generation pass walks again; with the default threshold a reconnect storm of
+    5,000 sockets met several of those passes of 100-300 ms each. A young threshold of 10,000 allocations
+    (at most that many objects of cyclic garbage waiting) made that storm 20% faster (bench/all.py --only 5:
+    3.7 s -> 2.9 s). Everything loaded at start (modules, the app) is set aside for good (``gc.freeze``)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvicorn.Config:
