@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import httpx
 import pytest
@@ -89,10 +91,13 @@ async def test_a_finished_sse_stream_is_not_reopened(sqlite_url: str) -> None:
 
 
 @pytest.mark.anyio
-async def test_create_app_without_settings_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_create_app_without_settings_reads_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # `uvicorn --factory gateway:create_app` must not drop GATEWAY_API_KEY on the floor.
     from gateway import create_app
 
+    monkeypatch.chdir(tmp_path)  # the relative database's secret file is made there, not in the checkout
     monkeypatch.setenv("GATEWAY_API_KEY", "from-the-environment")
     monkeypatch.setenv("GATEWAY_DATABASE_URL", "sqlite:///unused.db")
     app = create_app()

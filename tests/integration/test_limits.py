@@ -478,6 +478,32 @@ async def test_a_websocket_that_reads_again_within_the_grace_is_told_4008(sqlite
 
 
 @pytest.mark.anyio
+async def test_a_websocket_that_reads_only_after_its_keepalive_ping_was_due_is_told_4008(
+    sqlite_url: str,
+) -> None:
+    """The peer of issue 9 (5): it stops reading, is cut for it (4008), and reads again only after the
+    server's keep-alive ping to it would have gone unanswered past its deadline, within the grace. It is
+    still told 4008 (it used to get 1011, the ping's timeout, or lose the connection without a close frame).
+    As by default, the ping's interval (and timeout) is longer than the write timeout, so the cut comes
+    first."""
+    ping_s = 3.0
+    settings = {"write_timeout_ms": 500, "callback_rate_per_s": 0, "ws_ping_interval_ms": int(ping_s * 1000)}
+    async with live_gateway(sqlite_url, **settings) as gw:
+        made = await create_task(gw, "t", max_attempts=10)
+        async with tcp(port(gw), receive_buffer=4096) as stream:
+            ws = RawWebSocket(stream, f"/v1/tasks/t/ws?token={made.subscribe_token}")
+            await ws.open()
+            opened = anyio.current_time()
+            await flood(gw, "t", made.callback_token, 150)
+            await wait_until(lambda: gw.gateway.hub.stats()["connections"] == 0)
+            assert anyio.current_time() - opened < ping_s, "cut after the first ping: no test of it"
+            # The peer's own behaviour under test: it goes on not reading past the first ping's deadline
+            # (an interval, then as long again for the pong) and a little more, well within the grace (30 s).
+            await anyio.sleep(opened + 2 * ping_s + 1 - anyio.current_time())
+            assert await ws.close_code(within_s=30) == 4008
+
+
+@pytest.mark.anyio
 async def test_an_sse_stream_that_is_not_read_is_dropped(sqlite_url: str) -> None:
     settings = {"write_timeout_ms": 500, "callback_rate_per_s": 0}
     async with live_gateway(sqlite_url, **settings) as gw:

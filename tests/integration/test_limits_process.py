@@ -60,6 +60,34 @@ async def test_logs_carry_no_token_and_no_traceback_for_a_hang_up(tmp_path: Path
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
 
 
+@pytest.mark.anyio
+async def test_an_api_key_sent_in_a_url_is_refused_and_kept_out_of_the_log(tmp_path: Path) -> None:
+    """Issue 9 (6): an API key sent in ``?token`` appeared in access lines. It authenticates nothing there
+    (401 on every route, read or management) and the log shows ``token=[redacted]`` instead of it."""
+    key = "api-key-sent-in-a-url-0123456789"
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    async with gateway_processes(1, url, tmp_path, env={"GATEWAY_API_KEY": key}) as (gw,):
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+            answer = await client.post(
+                "/v1/tasks", json={"id": "t", "ttlMs": 600_000, "maxAttempts": 3}, headers=bearer(key)
+            )
+            assert answer.status_code == 201, answer.text
+            for method, path in [
+                ("GET", "/v1/tasks"),
+                ("GET", "/v1/tasks/t"),
+                ("GET", "/v1/tasks/t/events"),
+                ("POST", "/v1/tasks/t/callbacks"),
+                ("POST", "/v1/notifications/drain"),
+            ]:
+                answer = await client.request(method, path, params={"token": key})
+                assert answer.status_code == 401, (method, path, answer.text)
+            assert (await client.get("/healthz?last=1")).status_code == 200
+        await gw.wait_for(re.compile(rb"GET /healthz\?last=1"))
+        log = gw.output()
+    assert key not in log, log
+    assert log.count("token=[redacted]") >= 5, log
+
+
 # --- acceptance: a flood costs little and a normal client is served -----------------------------------
 
 

@@ -22,6 +22,7 @@ import anyio
 import httpx
 import pytest
 
+from tests.history import History
 from tests.integration.test_live_support import STEP_S
 from tests.processes import (
     CallbackPoster,
@@ -69,6 +70,7 @@ async def wait_ready(
 
 async def test_gateways_recover_from_a_postgresql_restart_by_themselves(tmp_path: Path) -> None:
     run = f"pgr-{uuid.uuid4().hex[:8]}"
+    seen = History()  # tests/history.py: every frame and answer the clients saw, checked at the end
     started = time.monotonic()
     with anyio.fail_after(TEST_S):
         async with (
@@ -84,17 +86,30 @@ async def test_gateways_recover_from_a_postgresql_restart_by_themselves(tmp_path
                 )
                 assert answer.status_code == 201, answer.text
                 made.append(answer.json())
+                seen.created(answer.json()["task"])
             # Two subscribers per task on each gateway.
             subscribers = [
-                ResumingSubscriber(gw.ws_url, m["task"]["id"], m["subscribeToken"], m["task"], retention=1000)
+                ResumingSubscriber(
+                    gw.ws_url,
+                    m["task"]["id"],
+                    m["subscribeToken"],
+                    m["task"],
+                    retention=1000,
+                    history=seen,
+                    name=f"sub-{gw.name}-{i}-{j}",
+                )
                 for gw in gws
-                for m in made
-                for _ in range(2)
+                for i, m in enumerate(made)
+                for j in range(2)
             ]
             # Each worker posts its callbacks to the two gateways in turn.
             posters = [
                 CallbackPoster(
-                    client, m["task"]["id"], m["callbackToken"], partial(next, cycle([gw.url for gw in gws]))
+                    client,
+                    m["task"]["id"],
+                    m["callbackToken"],
+                    partial(next, cycle([gw.url for gw in gws])),
+                    history=seen,
                 )
                 for m in made
             ]
@@ -136,6 +151,11 @@ async def test_gateways_recover_from_a_postgresql_restart_by_themselves(tmp_path
                 finals[task_id] = (await client.get(f"{gws[0].url}/v1/tasks/{task_id}")).json()
                 answer = await client.get(f"{gws[1].url}/v1/tasks/{task_id}/events", params={"cursor": 0})
                 histories[task_id] = answer.json()
+                seen.final(task_id, histories[task_id])
+            drained = await client.post(f"{gws[0].url}/v1/notifications/drain")
+            assert drained.status_code == 200, drained.text
+            for item in drained.json():
+                seen.notification(item)
             assert all(gw.running for gw in gws), "a gateway exited"
             assert [gw.pid for gw in gws] == pids
             starts = [gw.started_pids() for gw in gws]
@@ -153,6 +173,7 @@ async def test_gateways_recover_from_a_postgresql_restart_by_themselves(tmp_path
         assert_history_is(histories[poster.task_id], poster.applied)
     for subscriber in subscribers:
         subscriber.assert_final(finals[subscriber.task_id])
+    seen.check()
     answers = sum((p.answers for p in posters), start=Counter[str]())
     drops = sorted({str(c) for s in subscribers for c in s.closes[:-1]})
     print(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -18,13 +19,14 @@ import orjson
 import pytest
 import sqlalchemy
 
-from gateway.book import Book, CallbackRequest
+from gateway.book import EXPIRY_BATCH, Book, CallbackRequest
 from gateway.errors import GatewayError
 from gateway.machine import Progress, Start, apply_event, create_task, event_to_json, expire_task
 from gateway.store import Database
-from gateway.store.base import Receipt, Store, StoreRace
+from gateway.store.base import Receipt, Store, StoreRace, WriteTx
 from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
+from gateway.sweeper import sweep_once
 from tests.support import FakeClock, postgres_database
 
 pytestmark = pytest.mark.anyio
@@ -234,6 +236,57 @@ async def test_expiry_goes_before_the_writes_waiting_for_their_turn(turn_taking_
             await anyio.wait_all_tasks_blocked()
             release.set()
     assert order == ["held", "expire", *(f"create-{i}" for i in range(5))]
+
+
+class _CountingTx:
+    """A write transaction that counts the calls made on it (the statements a transaction's work asks for)."""
+
+    def __init__(self, tx: WriteTx, calls: list[str]) -> None:
+        self._tx = tx
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._tx, name)
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append(name)
+            return await real(*args, **kwargs)
+
+        return counted
+
+
+async def test_due_tasks_expire_in_set_based_batches_not_a_write_per_task(store: Store) -> None:
+    """Issue 9: the sweeper wrote one transaction per task, queued behind callbacks, and left due tasks
+    unexpired for seconds. A pass expires what is due a batch per transaction (EXPIRY_BATCH tasks), each
+    with a few set-based calls on the store whatever the batch's size."""
+    clock = FakeClock(1_000)
+    book = Book(store, clock)
+    due = 2 * EXPIRY_BATCH + 50
+    async with store.write() as tx:
+        for i in range(due):
+            await tx.insert_task(
+                create_task(id=f"due-{i:04d}", now_ms=1_000, ttl_ms=10, max_attempts=1), 10, 1_000
+            )
+    clock.advance(100)
+    transactions: list[list[str]] = []
+    real_transact = store.transact
+
+    async def transact(work: Any, *, urgent: bool = False) -> Any:
+        calls: list[str] = []
+        transactions.append(calls)
+        return await real_transact(lambda tx: work(_CountingTx(tx, calls)), urgent=urgent)
+
+    store.transact = transact  # type: ignore[method-assign]
+    try:
+        assert await sweep_once(book) == due
+    finally:
+        del store.transact  # the class's method again
+    assert len(transactions) == 3, [len(calls) for calls in transactions]  # 200, 200, then the last 50
+    for calls in transactions:
+        assert len(calls) <= 5, calls  # claim_due, record_many, (a bus's announce): not one per task
+    async with store.read() as tx:
+        stored = [await tx.task(f"due-{i:04d}") for i in (0, due // 2, due - 1)]
+    assert all(s is not None and s.task.state == "expired" for s in stored)
 
 
 async def test_concurrent_expiry_passes_expire_each_task_once(store: Store) -> None:

@@ -4,6 +4,7 @@ an attempt another worker began unless told to."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from gateway.client import (
@@ -104,3 +105,35 @@ async def test_a_callback_after_the_deadline_raises_expired(sqlite_url: str) -> 
                 await worker.succeed("s3://r/late", "sha256:late")
         assert late.value.reason == "expired"
         assert late.value.task is not None and late.value.task["state"] == "expired"
+
+
+@pytest.mark.anyio
+async def test_a_worker_over_its_tasks_callback_rate_waits_and_every_callback_is_applied(
+    sqlite_url: str,
+) -> None:
+    """Issue 9's callback rate per task (429 with Retry-After): the Python Worker waits as told and posts
+    the same callback again, so a worker reporting faster than the limit loses no update and raises
+    nothing; and it lets go of an idle pooled connection before the gateway's idle timeout closes it."""
+    from gateway.client.worker import KEEPALIVE_S
+    from gateway.settings import Settings
+
+    assert Settings().idle_timeout_ms / 1000 > KEEPALIVE_S
+    statuses: list[int] = []
+
+    async def seen(response: httpx.Response) -> None:
+        statuses.append(response.status_code)
+
+    async with (
+        running_gateway(sqlite_url, callback_rate_per_s=2) as gw,
+        httpx.AsyncClient(timeout=10, event_hooks={"response": [seen]}) as client,
+    ):
+        made = await create_task(gw, "fast-1", ttl_ms=120_000, max_attempts=1)
+        worker = Worker(gw.url, "fast-1", made.callback_token, client=client)
+        await worker.start("w1")
+        for p in (10, 20, 30, 40):
+            answer = await worker.progress(p, f"row-{p}")
+            assert answer["reason"] == "progress", answer
+        await worker.succeed("s3://r/fast-1", "sha256:1")
+        task = (await gw.client.get("/v1/tasks/fast-1")).json()
+    assert (task["state"], task["version"]) == ("succeeded", 6), task
+    assert 429 in statuses and set(statuses) == {200, 429}, statuses  # the limit was hit, and waited out

@@ -104,3 +104,19 @@ def test_the_readme_links_the_docs_and_nothing_outside_the_repository() -> None:
         assert not re.search(r"shared/|/work/|reference design", text), text_path
     # gateway watch's environment is documented.
     assert "GATEWAY_URL" in README and "GATEWAY_TOKEN" in README
+
+
+def test_every_setting_has_a_readme_row_with_its_default() -> None:
+    """Each limit (and every other setting) is "a setting with a safe default ... and a README line"
+    (issue 9): a row of the README's settings table, whose default is the one the code uses."""
+    from gateway.settings import _ENV
+
+    rows = dict(re.findall(r"^\| `(GATEWAY_\w+)` \| (.+?) \|", README, re.MULTILINE))
+    missing = [name for name in _ENV.values() if name not in rows]
+    assert missing == [], f"no row in the README's settings table: {missing}"
+    for field, name in _ENV.items():
+        default = Settings.model_fields[field].default
+        if isinstance(default, bool) or default is None or default == ():
+            continue  # said in words (none, open mode, kept in a file)
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        assert rows[name] == f"`{shown}`", (name, rows[name], default)
