@@ -464,20 +464,6 @@ async def test_a_websocket_that_never_reads_is_dropped_when_the_grace_ends(sqlit
 
 
 @pytest.mark.anyio
-async def test_a_websocket_that_reads_again_within_the_grace_is_told_4008(sqlite_url: str) -> None:
-    # The default grace (30 s), with uvicorn's keep-alive ping due meanwhile: the peer still gets 4008.
-    settings = {"write_timeout_ms": 500, "callback_rate_per_s": 0}
-    async with live_gateway(sqlite_url, **settings) as gw:
-        made = await create_task(gw, "t", max_attempts=10)
-        async with tcp(port(gw), receive_buffer=4096) as stream:
-            ws = RawWebSocket(stream, f"/v1/tasks/t/ws?token={made.subscribe_token}")
-            await ws.open()
-            await flood(gw, "t", made.callback_token, 150)
-            await wait_until(lambda: gw.gateway.hub.stats()["connections"] == 0)
-            assert await ws.close_code(within_s=30) == 4008
-
-
-@pytest.mark.anyio
 async def test_a_websocket_that_reads_only_after_its_keepalive_ping_was_due_is_told_4008(
     sqlite_url: str,
 ) -> None:
