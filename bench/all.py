@@ -40,7 +40,6 @@ import callbacks
 import fanout
 import harness
 from harness import Clients, rss_bytes
-from subscribers import NICE
 
 DOCS = harness.ROOT / "docs" / "benchmarks.md"
 TERMINATED = threading.Event()  # SIGTERM was received
@@ -666,8 +665,9 @@ def write_docs(report: Report, cfg: Config, facts: list[tuple[str, str]], elapse
         "`GATEWAY_SECRET` set and `GATEWAY_LOG_LEVEL=warning`, in open mode on loopback, on a SQLite file of "
         "its own (workloads 2 to 5) or a PostgreSQL database made for the run and dropped after it. The "
         "subscribers are `websockets` clients in "
-        f"{cfg.procs} separate processes at nice {NICE} (on this machine they stand for clients on other "
-        "machines: the server under test, gateway or floor alike, gets the CPU it asks for first). The "
+        f"{cfg.procs} separate processes under Linux's `SCHED_IDLE` policy (on this machine they stand for "
+        "clients on other machines: they take only the CPU time the server under test, gateway or floor "
+        "alike, does not want, and never delay its wake-ups). The "
         "floors are measured in the same run, one after the other on "
         "the same machine; a ratio is figure / floor. Targets are the performance issue's; they are "
         "printed, never asserted.",

@@ -140,7 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
         return serve_workers(settings, settings.workers, secret_source=source)
 
     from gateway.web.app import create_app
-    from gateway.web.server import GatewayServer, server_config, tune_gc
+    from gateway.web.server import GatewayServer, server_config, tune_interpreter
 
     app = create_app(settings)
     config = server_config(
@@ -149,7 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
     server = GatewayServer(
         config, app, on_listening=lambda host, port: announce(settings, source, host, port)
     )
-    tune_gc()
+    tune_interpreter()
     server.run()
     if not server.started:
         return STARTUP_FAILED

@@ -25,21 +25,30 @@ from gateway.web.protocol import GatewayWebSocketProtocol
 GOODBYE_S = 2.0
 # The cyclic garbage collector's young-generation threshold in a gateway process (CPython's default: 700).
 GC_YOUNG_THRESHOLD = 10_000
+# How long a thread waiting for the interpreter lock waits before asking for it (CPython's default: 5 ms).
+SWITCH_INTERVAL_S = 0.001
 
 
-def tune_gc() -> None:
-    """Make the cyclic garbage collector run less often in a gateway process (``gateway serve`` and each
-    ``--workers`` child; not in-process users of the app). Thousands of sockets are thousands of long-lived
-    objects that every older-generation pass walks again; with the default threshold a reconnect storm of
-    5,000 sockets met several of those passes of 100-300 ms each. A young threshold of 10,000 allocations
-    (at most that many objects of cyclic garbage waiting) made that storm 20% faster (bench/all.py --only 5:
-    3.7 s -> 2.9 s). Everything loaded at start (modules, the app) is set aside for good (``gc.freeze``)."""
+def tune_interpreter() -> None:
+    """CPython settings for a gateway process (``gateway serve`` and each ``--workers`` child; not for
+    in-process users of the app), measured with ``bench/``:
+
+    - the cyclic garbage collector runs less often: thousands of sockets are thousands of long-lived
+      objects that every older-generation pass walks again; with the default threshold a reconnect storm
+      of 5,000 sockets met several of those passes of 100-300 ms each. A young threshold of 10,000
+      allocations (at most that many objects of cyclic garbage waiting) made that storm 20% faster
+      (3.7 s -> 2.9 s). What is loaded at start (modules, the app) is set aside for good (``gc.freeze``);
+    - a thread that needs the interpreter lock gets it within 1 ms, not 5: the SQLite writer's thread,
+      back from its commit's fsync while fan-out holds the lock, answered the callback up to 5 ms late
+      (commit p99 at 1,000 subscribers 2.4 -> 1.2-2.9 ms)."""
     import gc
+    import sys
 
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvicorn.Config:

@@ -122,7 +122,7 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
 def _child(settings: Settings, sock: socket.socket) -> None:
     _die_with_parent()
     from gateway.web.app import create_app
-    from gateway.web.server import GatewayServer, server_config, tune_gc
+    from gateway.web.server import GatewayServer, server_config, tune_interpreter
 
     logging.basicConfig(level=settings.logging_level, format="%(levelname)s:     %(name)s: %(message)s")
     app = create_app(settings)
@@ -130,7 +130,7 @@ def _child(settings: Settings, sock: socket.socket) -> None:
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True
     )
     server = GatewayServer(config, app)
-    tune_gc()
+    tune_interpreter()
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(STARTUP_FAILED)
