@@ -8,7 +8,7 @@ A configuration the gateway cannot use ends in one line on stderr and a non-zero
 from __future__ import annotations
 
 import argparse
-import logging
+import contextlib
 import os
 import re
 import sys
@@ -116,8 +116,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
         settings.check_bind()
         settings.check_database()
+        _check_port(settings.host, settings.port)  # before the SQLite lock file is made for nothing
         settings.check_processes()
-        _check_port(settings.host, settings.port)
         source = secret_source(settings, option=args.secret is not None)
         settings = with_secret(settings)
     except ConfigError as exc:
@@ -133,7 +133,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gateway: could not start: the database: {_one_line(exc)}", file=sys.stderr)
         return STARTUP_FAILED
 
-    logging.basicConfig(level=settings.logging_level, format="%(levelname)s:     %(name)s: %(message)s")
+    from gateway.web.server import setup_logging
+
+    setup_logging(settings)
     if settings.workers > 1:
         from gateway.web.workers import serve_workers
 
@@ -150,7 +152,9 @@ def _serve(args: argparse.Namespace) -> int:
         config, app, on_listening=lambda host, port: announce(settings, source, host, port)
     )
     tune_interpreter()
-    server.run()
+    # Ctrl-C: uvicorn stops cleanly, then raises the SIGINT it caught again; that is the end, not an error.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
     if not server.started:
         return STARTUP_FAILED
     return 1 if server.failed else 0

@@ -259,6 +259,13 @@ class GatewayApp(Starlette):
                     scope["app"] = self
                     await route.endpoint(WebSocket(scope, receive, send))
                     return
+            if "websocket.http.response" in scope.get("extensions", {}):
+                # No socket here: the handshake is answered 404 not-found, as an HTTP route would be
+                # (Starlette refuses it with a bare 403, which reads as a credential problem).
+                refusal = NotFound(f"no route {scope['path']}")
+                answer = JSON(refusal.to_json(), status_code=refusal.status)
+                await WebSocket(scope, receive, send).send_denial_response(answer)
+                return
         await super().__call__(scope, receive, send)
 
 

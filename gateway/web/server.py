@@ -10,7 +10,7 @@ import logging
 import re
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
 import anyio
@@ -21,12 +21,23 @@ from gateway.errors import CLOSE_GOING_AWAY
 from gateway.web.http_protocol import http_protocol
 from gateway.web.protocol import GatewayWebSocketProtocol
 
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
 # How long shutdown waits for sockets to say goodbye before uvicorn closes what is left.
 GOODBYE_S = 2.0
 # The cyclic garbage collector's young-generation threshold in a gateway process (CPython's default: 700).
 GC_YOUNG_THRESHOLD = 10_000
 # How long a thread waiting for the interpreter lock waits before asking for it (CPython's default: 5 ms).
 SWITCH_INTERVAL_S = 0.001
+
+
+def setup_logging(settings: Settings) -> None:
+    """A gateway process's log: ``LEVEL: logger: message`` on stderr at the settings' level. httpx's line per
+    request (the demo worker's callbacks, the webhook relay's POSTs) only from warning up: the relay logs
+    what matters of those itself."""
+    logging.basicConfig(level=settings.logging_level, format="%(levelname)s:     %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, settings.logging_level))
 
 
 def tune_interpreter() -> None:

@@ -122,9 +122,9 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
 def _child(settings: Settings, sock: socket.socket) -> None:
     _die_with_parent()
     from gateway.web.app import create_app
-    from gateway.web.server import GatewayServer, server_config, tune_interpreter
+    from gateway.web.server import GatewayServer, server_config, setup_logging, tune_interpreter
 
-    logging.basicConfig(level=settings.logging_level, format="%(levelname)s:     %(name)s: %(message)s")
+    setup_logging(settings)
     app = create_app(settings)
     config = server_config(
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import stat
 import subprocess
@@ -80,6 +81,7 @@ def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path: Path) -> Non
     line = one_line(done)
     assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line and "GATEWAY_PORT" in line
     assert not (tmp_path / "gateway.db").exists()  # refused before the database was made
+    assert not (tmp_path / "gateway.db.lock").exists()  # ... or its lock file
 
 
 def test_a_sqlite_file_in_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
@@ -146,6 +148,30 @@ async def test_serve_says_on_stderr_what_it_runs_on_zero_config(tmp_path: Path) 
         assert start_lines(out.read_text()) == []  # stderr only
     finally:
         await gw.stop()
+
+
+@pytest.mark.anyio
+async def test_ctrl_c_stops_serve_cleanly_without_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C is how a newcomer stops the README's first command: a clean stop, exit 0, no traceback; and
+    the demo worker's HTTP requests are not logged one line each."""
+    err = tmp_path / "serve.err"
+    gw = await spawn_gateway("ctrl-c", "sqlite:///gateway.db", err, env={"GATEWAY_SECRET": SECRET})
+    try:
+        await gw.serving()
+        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+            started = await client.post("/v1/demo/tasks")
+            assert started.status_code == 201, started.text
+            task_id = started.json()["task"]["id"]
+            with anyio.fail_after(30):
+                while (await client.get(f"/v1/tasks/{task_id}")).json()["version"] < 3:  # noqa: ASYNC110
+                    await anyio.sleep(0.1)  # polling the task as a client would; its worker reports
+    finally:
+        code = await gw.stop(signal.SIGINT)
+    output = gw.output()
+    assert code == 0, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert "Application shutdown complete" in output
+    assert "httpx" not in output, output
 
 
 @pytest.fixture

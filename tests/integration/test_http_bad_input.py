@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from tests.support import FakeClock, Running, bearer, create_task, error, post_callback, running_gateway
 
@@ -362,6 +364,15 @@ async def test_unknown_route_and_wrong_method(sqlite_url: str, clock: FakeClock)
             ("GET", "/healthz/x"),
         ):
             error(await gw.client.request(method, path), 404, "not-found")
+        # A WebSocket handshake to no socket route is answered 404 not-found too, not a bare 403 that
+        # reads as a credential problem (a client given a wrong --url says so).
+        for path in ("/v1/nope", "/api/v1/ws", "/v1/tasks/t/ws/extra"):
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(gw.url.replace("http", "ws", 1) + path):
+                    pass
+            response = refused.value.response
+            assert response.status_code == 404, path
+            assert orjson.loads(response.body)["error"]["code"] == "not-found"
         for method, path in (
             ("DELETE", "/v1/tasks"),
             ("PUT", "/v1/tasks"),
