@@ -60,7 +60,7 @@ async def test_subscribers_joining_during_a_burst_see_each_version_once_in_order
     rng.shuffle(kinds)
 
     # A burst on one task, faster than the per-task callback rate allows: that limit is lifted here.
-    async with live_gateway(database_url, retention_versions=retention, callback_rate_per_s=0) as gw:
+    async with live_gateway(database_url, retention_versions=retention) as gw:
         made = await create_task(gw, "race", max_attempts=10_000)
         token, sub_token = made["callbackToken"], made["subscribeToken"]
         answered = 0

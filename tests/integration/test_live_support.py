@@ -39,8 +39,11 @@ STEP_S = 10.0
 
 def live_gateway(database_url: str, **overrides: Any) -> AbstractAsyncContextManager[Running]:
     """``running_gateway`` with the background sweeper off unless a test asks for it: these tests drive
-    expiry by hand (``sweep_once``) where they need it, so that no entry arrives unasked."""
+    expiry by hand (``sweep_once``) where they need it, so that no entry arrives unasked. The per-task
+    callback rate limit is off too: these tests drive tasks as fast as the gateway answers (the limit has
+    tests of its own, in test_limits), and how fast that is depends on the machine."""
     overrides.setdefault("sweep_interval_ms", 0)
+    overrides.setdefault("callback_rate_per_s", 0)
     return running_gateway(database_url, **overrides)
 
 
