@@ -8,7 +8,8 @@ that fall due close together expire in one batch). Passes may overlap, up to ``m
 on time even while a slow one is still committing. A task is expired within one pass of its deadline, with
 its entry and notification at ``expiresAtMs``.
 
-A pass works through the due tasks in bounded, set-based batches, one transaction each, so a backlog makes
+A pass reads the earliest deadline first and writes only when a task is due. It works through the due
+tasks in bounded, set-based batches, one transaction each, so a backlog makes
 progress batch by batch and an outage only delays it: the next pass goes on from there. A pass's first
 batch is an urgent write: on SQLite it goes before the callback batches and creations waiting for their
 turn to write, so a stream of callbacks never starves expiry. With several gateway processes (or
@@ -105,8 +106,12 @@ class Sweeper:
         """Expire what is due, then learn the next deadline. Passes overlap: a slow commit holds up only
         the tasks of its own batch, not those falling due while it runs."""
         try:
-            await sweep_once(self.book, self.metrics)
+            # A read first: a pass with nothing due writes nothing (on SQLite it would take the write turn,
+            # and a callback arriving meanwhile would wait for it, five times a second).
             next_ms = await self.book.next_deadline()
+            if next_ms is not None and next_ms <= self.book.clock():
+                await sweep_once(self.book, self.metrics)
+                next_ms = await self.book.next_deadline()
         except Exception as exc:  # a database outage must not end expiry for the life of the process
             if database_unavailable(exc):  # one line per pass, not a traceback every 200 ms
                 log.warning("expiry pass failed: the database is unreachable (%s); retrying", exc)

@@ -62,3 +62,55 @@ async def test_a_stalled_pass_does_not_hold_up_the_next() -> None:
             store.go.set()
             tg.cancel_scope.cancel()
     assert await state("first") == "expired"
+
+
+class CountsWrites(MemoryStore):
+    """Counts write transactions, and says when one begins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.wrote = anyio.Event()
+
+    @asynccontextmanager
+    async def write(self, *, urgent: bool = False) -> AsyncIterator[MemoryTx]:
+        self.writes += 1
+        self.wrote.set()
+        async with super().write(urgent=urgent) as tx:
+            yield tx
+
+
+async def test_a_pass_with_nothing_due_takes_no_write_turn() -> None:
+    """Passes run five times a second whatever is due; one that finds nothing due must not write. On SQLite
+    a write takes the process's one write turn, and a callback arriving meanwhile waits for it."""
+    clock = FakeClock(1_000)
+    store = CountsWrites()
+    book = Book(store, clock)
+    async with store.write() as tx:
+        task = create_task(id="later", now_ms=1_000, ttl_ms=60_000, max_attempts=1)
+        await tx.insert_task(task, 60_000, 1_000)
+    store.writes = 0
+    passes = 0
+    real_next_deadline = book.next_deadline
+    enough = anyio.Event()
+
+    async def counting_next_deadline() -> int | None:
+        nonlocal passes
+        passes += 1
+        if passes >= 10:
+            enough.set()
+        return await real_next_deadline()
+
+    book.next_deadline = counting_next_deadline  # type: ignore[method-assign]
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_sweeper, book, 0.01)
+            await enough.wait()  # ten passes at least, nothing due in any
+            assert store.writes == 0
+            store.wrote = anyio.Event()
+            clock.advance(60_000)  # now it is due: the next pass writes and expires it
+            await store.wrote.wait()
+            tg.cancel_scope.cancel()  # the batch under way ends first (it is shielded)
+    async with store.read() as tx:
+        stored = await tx.task("later")
+    assert stored is not None and stored.task.state == "expired"
