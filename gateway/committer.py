@@ -75,12 +75,8 @@ class Committer:
         future: asyncio.Future[CallbackOutcome] = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
         self._wakeup.set()
-        self.in_flight += 1
-        try:
-            # Shielded: a client that hangs up does not take its callback out of a batch being committed.
-            return await asyncio.shield(future)
-        finally:
-            self.in_flight -= 1
+        # Shielded: a client that hangs up does not take its callback out of a batch being committed.
+        return await asyncio.shield(future)
 
     async def run(self) -> None:
         self._running = True

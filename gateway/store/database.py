@@ -158,8 +158,6 @@ async def task_exists(url: str, task_id: str, deadline_s: float = 5.0) -> bool |
 
 
 def _sqlite_task_exists(path: str, task_id: str) -> bool | None:
-    import sqlite3
-
     if not os.path.isfile(path):
         return None
     try:

@@ -22,7 +22,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.machine import Task, Transition
 from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
 from gateway.store.database import Database
-from gateway.store.tables import ACTIVE_STATES, callbacks, deliveries, entries, outbox, tasks
+from gateway.store.tables import (
+    ACTIVE_STATES,
+    callbacks,
+    changed_values,
+    deliveries,
+    entries,
+    outbox,
+    task_values,
+    tasks,
+)
 
 R = TypeVar("R")
 
@@ -85,16 +94,10 @@ class SqlTx:
         return task
 
     def _changes(self, task: Task) -> dict[str, Any]:
-        """The columns of ``task`` that differ from the row as this transaction knows it (all of them for
-        a row it did not read), by name; the version always differs."""
-        values = _task_values(task)
-        del values["id"]
+        """The columns of ``task`` that differ from the row as this transaction knows it."""
         before = self._read.get(task.id)
         self._read[task.id] = task
-        if before is None:
-            return values
-        old = _task_values(before)
-        return {name: value for name, value in values.items() if old[name] != value}
+        return changed_values(before, task)
 
     # --- reads ----------------------------------------------------------------------------------------
 
@@ -161,7 +164,7 @@ class SqlTx:
 
     async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
         await self.conn.execute(
-            insert(tasks).values(**_task_values(task), ttl_ms=ttl_ms, created_at_ms=created_at_ms)
+            insert(tasks).values(**task_values(task), ttl_ms=ttl_ms, created_at_ms=created_at_ms)
         )
 
     async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
@@ -382,21 +385,6 @@ def _update_at_version(columns: tuple[str, ...]) -> Update:
         .where(tasks.c.id == bindparam("w_id"), tasks.c.version == bindparam("w_before"))
         .values({name: bindparam(f"v_{name}") for name in columns})
     )
-
-
-def _task_values(task: Task) -> dict[str, Any]:
-    return {
-        "id": task.id,
-        "state": task.state,
-        "expires_at_ms": task.expires_at_ms,
-        "attempts": task.attempts,
-        "max_attempts": task.max_attempts,
-        "progress": task.progress,
-        "version": task.version,
-        "result_ref": task.result_ref,
-        "result_hash": task.result_hash,
-        "error": task.error,
-    }
 
 
 def task_from_row(row: Row[Any]) -> Task:

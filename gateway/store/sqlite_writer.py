@@ -29,25 +29,13 @@ import anyio
 
 from gateway.machine import Task, Transition
 from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace
-from gateway.store.tables import ACTIVE_STATES
+from gateway.store.tables import ACTIVE_STATES, TASK_COLUMNS, changed_values, task_values
 
 R = TypeVar("R")
 
 # ``IN (...)`` lists go in chunks of this size (SQLite's default limit is 32,766 parameters).
 _IN_CHUNK = 500
-_TASK_COLUMNS = (
-    "id",
-    "state",
-    "expires_at_ms",
-    "attempts",
-    "max_attempts",
-    "progress",
-    "version",
-    "result_ref",
-    "result_hash",
-    "error",
-)
-_SELECT_TASK = f"SELECT {', '.join(_TASK_COLUMNS)}, ttl_ms FROM tasks"
+_SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)}, ttl_ms FROM tasks"
 _ACTIVE = "state IN ({})".format(", ".join(f"'{s}'" for s in ACTIVE_STATES))
 
 
@@ -64,21 +52,6 @@ def apply_pragmas(connection: Any) -> None:
 
 def _task(row: Sequence[Any]) -> Task:
     return Task(*row[:10])
-
-
-def _values(task: Task) -> tuple[Any, ...]:
-    return (
-        task.id,
-        task.state,
-        task.expires_at_ms,
-        task.attempts,
-        task.max_attempts,
-        task.progress,
-        task.version,
-        task.result_ref,
-        task.result_hash,
-        task.error,
-    )
 
 
 def _marks(count: int) -> str:
@@ -342,20 +315,15 @@ class DirectTx:
         return await self._do(run)
 
     async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
-        columns = ", ".join((*_TASK_COLUMNS, "ttl_ms", "created_at_ms"))
-        query = f"INSERT INTO tasks ({columns}) VALUES ({_marks(len(_TASK_COLUMNS) + 2)})"
-        await self._do(lambda c: c.execute(query, (*_values(task), ttl_ms, created_at_ms)))
+        columns = ", ".join((*TASK_COLUMNS, "ttl_ms", "created_at_ms"))
+        query = f"INSERT INTO tasks ({columns}) VALUES ({_marks(len(TASK_COLUMNS) + 2)})"
+        await self._do(lambda c: c.execute(query, (*task_values(task).values(), ttl_ms, created_at_ms)))
 
     def _changes(self, task: Task) -> dict[str, Any]:
-        """The columns of ``task`` that differ from the row as this transaction knows it (all of them for
-        a row it did not read), by name; the version always differs."""
-        values = dict(zip(_TASK_COLUMNS[1:], _values(task)[1:], strict=True))
+        """The columns of ``task`` that differ from the row as this transaction knows it."""
         before = self._read.get(task.id)
         self._read[task.id] = task
-        if before is None:
-            return values
-        old = _values(before)[1:]
-        return {name: value for (name, value), was in zip(values.items(), old, strict=True) if was != value}
+        return changed_values(before, task)
 
     async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
         await self.record_many([(transition, encoded_event, notify_at_ms)])

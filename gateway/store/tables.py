@@ -5,10 +5,54 @@ History rows keep the event as the JSON text the wire carries, so an entry is en
 written, and can be sent as it was stored.
 """
 
+from typing import Any
+
 from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, String, Text, text
 from sqlmodel import Field, SQLModel
 
+from gateway.machine import Task
+
 ACTIVE_STATES = ("queued", "running")
+# The columns of a ``tasks`` row that hold the machine's task, in the order of its fields.
+TASK_COLUMNS = (
+    "id",
+    "state",
+    "expires_at_ms",
+    "attempts",
+    "max_attempts",
+    "progress",
+    "version",
+    "result_ref",
+    "result_hash",
+    "error",
+)
+
+
+def task_values(task: Task) -> dict[str, Any]:
+    """The machine's task as the values of its ``tasks`` row, by column (``TASK_COLUMNS`` order)."""
+    return {
+        "id": task.id,
+        "state": task.state,
+        "expires_at_ms": task.expires_at_ms,
+        "attempts": task.attempts,
+        "max_attempts": task.max_attempts,
+        "progress": task.progress,
+        "version": task.version,
+        "result_ref": task.result_ref,
+        "result_hash": task.result_hash,
+        "error": task.error,
+    }
+
+
+def changed_values(before: Task | None, task: Task) -> dict[str, Any]:
+    """The columns of ``task``'s row that differ from ``before`` (all but the id when the row was not read):
+    what an update writes. A progress callback changes two, progress and version."""
+    values = task_values(task)
+    del values["id"]
+    if before is None:
+        return values
+    old = task_values(before)
+    return {name: value for name, value in values.items() if old[name] != value}
 
 
 class TaskRow(SQLModel, table=True):

@@ -9,8 +9,9 @@ rolled-back change left behind.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -29,6 +30,8 @@ from gateway.store.sql import SqlStore
 from gateway.sweeper import sweep_once
 from tests.support import FakeClock, postgres_database
 
+S = TypeVar("S", bound=Store)
+
 pytestmark = pytest.mark.anyio
 
 
@@ -43,14 +46,20 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
             yield url
 
 
+@asynccontextmanager
+async def opened(store: S) -> AsyncIterator[S]:
+    """``store``, open for the block."""
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
 @pytest.fixture
 async def store(store_url: str) -> AsyncIterator[Store]:
-    opened: Store = MemoryStore() if store_url == "memory" else SqlStore(Database(store_url))
-    await opened.open()
-    try:
-        yield opened
-    finally:
-        await opened.close()
+    async with opened(MemoryStore() if store_url == "memory" else SqlStore(Database(store_url))) as made:
+        yield made
 
 
 def queued(task_id: str, *, now: int = 1_000, ttl_ms: int = 60_000) -> tuple:  # type: ignore[type-arg]
@@ -188,14 +197,11 @@ async def test_next_deadline_is_the_earliest_of_the_live_tasks(store: Store) -> 
 @pytest.fixture(params=["memory", "sqlite"])
 async def turn_taking_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     """The stores whose writes take turns (PostgreSQL has none: rows are locked, expiry skips locked ones)."""
-    opened: Store = (
+    made: Store = (
         MemoryStore() if request.param == "memory" else SqlStore(Database(f"sqlite:///{tmp_path / 's.db'}"))
     )
-    await opened.open()
-    try:
-        yield opened
-    finally:
-        await opened.close()
+    async with opened(made):
+        yield made
 
 
 async def test_expiry_goes_before_the_writes_waiting_for_their_turn(turn_taking_store: Store) -> None:
@@ -512,12 +518,8 @@ async def test_the_task_list_pages_through_every_task_once_in_id_order(store: St
 
 @pytest.fixture
 async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
-    opened = SqlStore(Database(database_url))
-    await opened.open()
-    try:
-        yield opened
-    finally:
-        await opened.close()
+    async with opened(SqlStore(Database(database_url))) as made:
+        yield made
 
 
 async def test_an_update_writes_only_the_columns_that_changed(sql_store: SqlStore) -> None:
