@@ -3,7 +3,10 @@
 It runs at start (so tasks that fell due while the gateway was down expire at once), then wakes at the
 next deadline it knows of: after each pass it reads the earliest deadline of the live tasks, and a task this
 process creates with an earlier one wakes it sooner. It never sleeps longer than ``interval_s`` (the tasks
-other processes create are found at the latest then), and starts at most one pass per ``min_gap_s`` (tasks
+other processes create are found at the latest then); where this process makes every task (a SQLite file,
+which no other process writes), it knows every deadline, and looks only once a second besides
+(``SOLO_IDLE_S``: a wall clock set forward is noticed then), instead of reading the store five times a
+second for nothing. It starts at most one pass per ``min_gap_s`` (tasks
 that fall due close together expire in one batch). Passes may overlap, up to ``max_passes``: a pass starts
 on time even while a slow one is still committing. A task is expired within one pass of its deadline, with
 its entry and notification at ``expiresAtMs``.
@@ -34,6 +37,8 @@ log = logging.getLogger("gateway.sweeper")
 
 # The shortest time between the starts of two passes: deadlines this close together share a batch.
 MIN_GAP_S = 0.05
+# The longest a sweeper that knows every deadline (``solo``) sleeps when none is due sooner.
+SOLO_IDLE_S = 1.0
 # Passes under way at once at most (a pass starts at its time even while a slow one is committing).
 MAX_PASSES = 3
 
@@ -67,9 +72,12 @@ class Sweeper:
         *,
         min_gap_s: float = MIN_GAP_S,
         max_passes: int = MAX_PASSES,
+        solo: bool = False,
     ) -> None:
         self.book = book
-        self.interval_s = interval_s
+        # The longest sleep between passes; ``solo`` (every task is made by this process, which hears of
+        # each deadline through ``deadline``): at least ``SOLO_IDLE_S``.
+        self.interval_s = max(interval_s, SOLO_IDLE_S) if solo else interval_s
         self.metrics = metrics
         self.min_gap_s = min(min_gap_s, interval_s)
         self.max_passes = max_passes
@@ -134,9 +142,11 @@ class Sweeper:
                 await self._sooner.wait()
 
 
-async def run_sweeper(book: Book, interval_s: float, metrics: Metrics | None = None) -> None:
+async def run_sweeper(
+    book: Book, interval_s: float, metrics: Metrics | None = None, *, solo: bool = False
+) -> None:
     """A :class:`Sweeper` that wakes for this process's new deadlines, for the life of the caller."""
-    sweeper = Sweeper(book, interval_s, metrics)
+    sweeper = Sweeper(book, interval_s, metrics, solo=solo)
     book.on_deadline = sweeper.deadline
     try:
         await sweeper.run()

@@ -175,8 +175,10 @@ class Gateway:
                 )
                 if self.settings.sweep_interval_ms > 0:
                     interval_s = self.settings.sweep_interval_ms / 1000
-                    if self.db.is_sqlite:
-                        sweeper = functools.partial(run_sweeper, self.book, interval_s, self.metrics)
+                    if self.db.is_sqlite:  # a file only this process writes: it makes every deadline
+                        sweeper = functools.partial(
+                            run_sweeper, self.book, interval_s, self.metrics, solo=True
+                        )
                     else:  # off the event loop (gateway.sweeper_thread)
                         url = self.settings.database_url
                         sweeper = functools.partial(
