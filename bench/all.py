@@ -8,9 +8,10 @@ the ratio, with the target it is held to; targets are printed, never asserted. T
 it needs (gateways as ``gateway serve``, the floor servers, the client processes, a PostgreSQL database of
 its own per run) and ends every process and drops every database it made, however it ends.
 
-``--smoke`` runs every workload tiny (about 10 s of load, small N) and checks only that each produced a
-figure and that no frame was lost or reordered (no subscriber failed to connect or missed its end); it
-exits 1 otherwise, and does not write docs/benchmarks.md. A full run writes docs/benchmarks.md (not with
+``--smoke`` runs every workload tiny (small N, short runs, in about 10 s: it starts its servers together
+and lends a process to several workloads, see ``Servers``) and checks only that each produced a figure
+and that no frame was lost or reordered (no subscriber failed to connect or missed its end); it exits 1
+otherwise, and does not write docs/benchmarks.md. A full run writes docs/benchmarks.md (not with
 ``--only``) and exits 1 if a workload could not run.
 """
 
@@ -31,7 +32,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,12 +121,12 @@ FULL = Config(
     total_timeout_s=1800.0,
 )
 SMOKE = Config(
-    callback_seconds=0.3,
+    callback_seconds=0.2,
     callback_connections=8,
     fanout=((50, 10, 50.0),),
     memory_n=200,
     latency_n=(2, 20, 100),
-    latency_seconds=0.5,
+    latency_seconds=0.3,
     latency_rate=50.0,
     storm_n=200,
     storm_tasks=2,
@@ -239,10 +240,128 @@ def need_fds(n: int) -> None:
         )
 
 
+# --- the server processes ----------------------------------------------------------------------------
+
+ServerFactory = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
+
+
+@contextlib.asynccontextmanager
+async def pg_gateway(admin_url: str) -> AsyncIterator[harness.Server]:
+    async with harness.pg_database(admin_url, "gw_bench_all") as url, harness.gateway(url) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def sqlite_handler() -> AsyncIterator[int]:
+    with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+        async with callbacks.floor("sqlite", str(Path(tmp) / "floor.db")) as port:
+            yield port
+
+
+@contextlib.asynccontextmanager
+async def pg_handler(admin_url: str) -> AsyncIterator[int]:
+    async with (
+        harness.pg_database(admin_url, "gw_bench_all") as url,
+        callbacks.floor("postgresql", url) as port,
+    ):
+        yield port
+
+
+def server_factories(admin_url: str) -> dict[str, ServerFactory]:
+    """The servers the workloads use, by name: a gateway (on a SQLite file of its own, or on a PostgreSQL
+    database made for it), the raw ``websockets`` floor server, the callbacks workload's handlers."""
+    return {
+        "gateway": harness.gateway,
+        "gateway on PostgreSQL": lambda: pg_gateway(admin_url),
+        "floor": harness.floor_server,
+        "fresh gateway": harness.gateway,
+        "fresh floor": harness.floor_server,
+        "handler without database": lambda: callbacks.floor("none", ""),
+        "handler on SQLite": sqlite_handler,
+        "handler on PostgreSQL": lambda: pg_handler(admin_url),
+    }
+
+
+# What a smoke run starts, together, before a workload runs, and lends to it (see Servers).
+SMOKE_SERVERS = {
+    1: (
+        "handler without database",
+        "gateway",
+        "handler on SQLite",
+        "gateway on PostgreSQL",
+        "handler on PostgreSQL",
+    ),
+    2: ("gateway", "floor"),
+    3: ("fresh gateway", "fresh floor"),
+    4: ("gateway",),
+    5: ("gateway", "floor"),
+}
+
+
+class Servers:
+    """Where the workloads get their server processes: ``async with servers.use(name) as server``.
+
+    A full run starts a fresh process for every measurement and stops it after, so that nothing an earlier
+    measurement left in a process (its memory, its database, its work) is counted in a later one. A smoke
+    run, whose figures are not judged, starts the servers of all its workloads together before the first
+    one (:meth:`lend`), stops them together after the last, and lends the same process to every
+    measurement that uses its name: one SQLite gateway and one floor server serve workloads 1 (SQLite),
+    2, 4 and 5, each run on a task of its own; the idle-memory workload, whose figure is the growth of a
+    process's RSS from its baseline, has a gateway and a floor server that serve nothing else.
+    """
+
+    def __init__(self, factories: dict[str, ServerFactory]) -> None:
+        self.factories = factories
+        self.lent: dict[str, Any] = {}
+        self._holders: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+
+    def use(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        if name in self.lent:
+            return contextlib.nullcontext(self.lent[name])
+        return self.factories[name]()
+
+    async def lend(self, names: Collection[str]) -> None:
+        """Start these servers together; :meth:`use` lends them until :meth:`close`."""
+        loop = asyncio.get_running_loop()
+        started = {name: loop.create_future() for name in names}
+        self._holders += [asyncio.create_task(self._hold(name, ready)) for name, ready in started.items()]
+        results = await asyncio.gather(*started.values(), return_exceptions=True)
+        for name, result in zip(started, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):  # the workload that uses it tries again, and says why
+                print(f"{name} did not start: {type(result).__name__}: {result}", file=sys.stderr)
+            else:
+                self.lent[name] = result
+
+    async def _hold(self, name: str, ready: asyncio.Future[Any]) -> None:
+        try:
+            async with self.factories[name]() as server:
+                ready.set_result(server)
+                await self._stop.wait()
+        except asyncio.CancelledError:
+            ready.cancel()
+            raise
+        except Exception as exc:
+            if ready.done():
+                raise
+            ready.set_exception(exc)
+
+    async def close(self) -> None:
+        """Stop the lent servers (together)."""
+        self._stop.set()
+        self.lent.clear()
+        for result in await asyncio.gather(*self._holders, return_exceptions=True):
+            if isinstance(result, Exception):
+                print(f"a server did not stop cleanly: {type(result).__name__}: {result}", file=sys.stderr)
+        self._holders.clear()
+
+
 # --- 1. callbacks/s ----------------------------------------------------------------------------------
 
 
-async def workload_callbacks(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_callbacks(cfg: Config, servers: Servers, report: Report) -> None:
     args = argparse.Namespace(seconds=cfg.callback_seconds, connections=cfg.callback_connections)
 
     def add(name: str, gateway: dict[str, Any], floor: dict[str, Any]) -> None:
@@ -270,17 +389,19 @@ async def workload_callbacks(cfg: Config, admin_url: str, report: Report) -> Non
                     f"callbacks/s {name} {label}: answers other than 200: {result['errors']}"
                 )
 
-    bare = await callbacks.run_floor("none", "", args)
+    async with servers.use("handler without database") as port:
+        bare = await callbacks.measure(port, args)
     report.figure("callbacks/s no-database handler", bare["per_s"])
     try:
-        with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
-            gateway = await callbacks.run_gateway(f"sqlite:///{Path(tmp) / 'gw.db'}", args)
-            floor = await callbacks.run_floor("sqlite", str(Path(tmp) / "floor.db"), args)
+        async with servers.use("gateway") as server:
+            gateway = await callbacks.measure_gateway(server, "sqlite", args)
+        async with servers.use("handler on SQLite") as port:
+            floor = await callbacks.measure(port, args)
         add("SQLite", gateway, floor)
-        async with harness.pg_database(admin_url, "gw_bench_all") as url:
-            gateway = await callbacks.run_gateway(url, args)
-        async with harness.pg_database(admin_url, "gw_bench_all") as url:
-            floor = await callbacks.run_floor("postgresql", url, args)
+        async with servers.use("gateway on PostgreSQL") as server:
+            gateway = await callbacks.measure_gateway(server, "postgresql", args)
+        async with servers.use("handler on PostgreSQL") as port:
+            floor = await callbacks.measure(port, args)
         add("PostgreSQL", gateway, floor)
     finally:
         report.rows.append(
@@ -291,11 +412,17 @@ async def workload_callbacks(cfg: Config, admin_url: str, report: Report) -> Non
 # --- 2. fan-out --------------------------------------------------------------------------------------
 
 
-async def workload_fanout(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_fanout(cfg: Config, servers: Servers, report: Report) -> None:
     for n, count, rate in cfg.fanout:
         need_fds(n)
-        gateway = await fanout.bench_gateway(n, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s)
-        floor = await fanout.bench_floor(n, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s)
+        async with servers.use("gateway") as server:
+            gateway = await fanout.bench_gateway(
+                n, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s, server=server
+            )
+        async with servers.use("floor") as server:
+            floor = await fanout.bench_floor(
+                n, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s, server=server
+            )
         report.rows.append(
             Row(
                 2,
@@ -340,12 +467,12 @@ async def warm_up(url: str) -> None:
         await asyncio.wait_for(ws.recv(), 10)
 
 
-async def idle_gateway(n: int, cfg: Config) -> dict[str, Any]:
+async def idle_gateway(n: int, cfg: Config, servers: Servers) -> dict[str, Any]:
     import httpx
 
     task_id = f"idle-{uuid.uuid4().hex[:8]}"
     async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(harness.gateway())
+        server = await stack.enter_async_context(servers.use("fresh gateway"))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=server.http, timeout=60))
         made = await fanout.create_task(http, task_id)
         url = f"{server.ws}/v1/tasks/{task_id}/ws?cursor=0&token={made['subscribeToken']}"
@@ -374,11 +501,11 @@ async def idle_gateway(n: int, cfg: Config) -> dict[str, Any]:
     }
 
 
-async def idle_floor(n: int, cfg: Config) -> dict[str, Any]:
+async def idle_floor(n: int, cfg: Config, servers: Servers) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
     async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(harness.floor_server())
+        server = await stack.enter_async_context(servers.use("fresh floor"))
         publisher = await stack.enter_async_context(connect(f"{server.ws}/publish", compression=None))
         await warm_up(f"{server.ws}/")
         await asyncio.sleep(0.2)
@@ -405,11 +532,11 @@ async def idle_floor(n: int, cfg: Config) -> dict[str, Any]:
     }
 
 
-async def workload_memory(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_memory(cfg: Config, servers: Servers, report: Report) -> None:
     n = cfg.memory_n
     need_fds(n)
-    gateway = await idle_gateway(n, cfg)
-    floor = await idle_floor(n, cfg)
+    gateway = await idle_gateway(n, cfg, servers)
+    floor = await idle_floor(n, cfg, servers)
     report.rows.append(
         Row(
             3,
@@ -435,16 +562,23 @@ async def workload_memory(cfg: Config, admin_url: str, report: Report) -> None:
 # --- 4. callback latency under fan-out ---------------------------------------------------------------
 
 
-async def workload_latency(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_latency(cfg: Config, servers: Servers, report: Report) -> None:
     small, middle, large = cfg.latency_n
     seconds, rate = cfg.latency_seconds, cfg.latency_rate
     need_fds(large)
     count = int(seconds * rate) + 1
     runs = {}
     for subscribers in (small, middle, large):
-        runs[subscribers] = await fanout.bench_gateway(
-            subscribers, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s, seconds=seconds
-        )
+        async with servers.use("gateway") as server:
+            runs[subscribers] = await fanout.bench_gateway(
+                subscribers,
+                count,
+                rate,
+                cfg.procs,
+                timeout_s=cfg.step_timeout_s,
+                seconds=seconds,
+                server=server,
+            )
     base = runs[small]
     for n, target in ((middle, "<= 2x"), (large, "(shed fan-out)")):
         report.rows.append(
@@ -506,11 +640,11 @@ async def storm(groups: list[tuple[str, int, str | None]], cfg: Config) -> dict[
     return {**stats, "seconds": seconds, "listen_overflows": dropped}
 
 
-async def storm_gateway(cfg: Config) -> dict[str, Any]:
+async def storm_gateway(cfg: Config, servers: Servers) -> dict[str, Any]:
     import httpx
 
     n, tasks = cfg.storm_n, max(1, min(cfg.storm_tasks, cfg.storm_n // 2))
-    async with harness.gateway() as server, httpx.AsyncClient(base_url=server.http, timeout=60) as http:
+    async with servers.use("gateway") as server, httpx.AsyncClient(base_url=server.http, timeout=60) as http:
         groups: list[tuple[str, int, str | None]] = []
         per_task = [n // tasks + (1 if i < n % tasks else 0) for i in range(tasks)]
         for i, count in enumerate(per_task):
@@ -524,16 +658,16 @@ async def storm_gateway(cfg: Config) -> dict[str, Any]:
         return await storm(groups, cfg)
 
 
-async def storm_floor(cfg: Config) -> dict[str, Any]:
-    async with harness.floor_server() as server:
+async def storm_floor(cfg: Config, servers: Servers) -> dict[str, Any]:
+    async with servers.use("floor") as server:
         return await storm([(f"{server.ws}/", cfg.storm_n, "hello")], cfg)
 
 
-async def workload_storm(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_storm(cfg: Config, servers: Servers, report: Report) -> None:
     n = cfg.storm_n
     need_fds(n)
-    gateway = await storm_gateway(cfg)
-    floor = await storm_floor(cfg)
+    gateway = await storm_gateway(cfg, servers)
+    floor = await storm_floor(cfg, servers)
     report.rows.append(
         Row(
             5,
@@ -564,7 +698,7 @@ async def workload_storm(cfg: Config, admin_url: str, report: Report) -> None:
 
 # --- the run -----------------------------------------------------------------------------------------
 
-Workload = Callable[[Config, str, Report], Coroutine[Any, Any, None]]
+Workload = Callable[[Config, Servers, Report], Coroutine[Any, Any, None]]
 RUNNERS: dict[int, Workload] = {
     1: workload_callbacks,
     2: workload_fanout,
@@ -719,14 +853,25 @@ async def run(args: argparse.Namespace) -> int:
         report.problems.append(f"PostgreSQL at {args.pg_admin_url} is unreachable: {exc}")
     mode = "smoke" if args.smoke else "full"
     print(f"bench/all.py ({mode}): workloads {', '.join(map(str, only))}; {os.cpu_count()} cores", flush=True)
+    servers = Servers(server_factories(args.pg_admin_url))
     try:
         async with asyncio.timeout(cfg.total_timeout_s):
+            if args.smoke:
+                t0 = time.monotonic()
+                names = list(dict.fromkeys(name for number in only for name in SMOKE_SERVERS[number]))
+                await servers.lend(names)
+                took = time.monotonic() - t0
+                print(
+                    f"[{time.monotonic() - started:6.1f} s] {len(servers.lent)} servers started together "
+                    f"in {took:.1f} s, lent to the workloads",
+                    flush=True,
+                )
             for number in only:
                 name = WORKLOADS[number][0]
                 t0 = time.monotonic()
                 print(f"[{time.monotonic() - started:6.1f} s] {number}. {name} ...", flush=True)
                 try:
-                    await RUNNERS[number](cfg, args.pg_admin_url, report)
+                    await RUNNERS[number](cfg, servers, report)
                 except Exception as exc:
                     traceback.print_exc()
                     report.failures.append(f"{number}. {name}: {type(exc).__name__}: {exc}")
@@ -736,6 +881,13 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"[{time.monotonic() - started:6.1f} s] {number}. {name} took {took:.1f} s", flush=True)
     except TimeoutError:
         report.failures.append(f"the run passed its total time bound of {cfg.total_timeout_s:.0f} s")
+    finally:
+        if servers.lent:
+            t0 = time.monotonic()
+            await servers.close()
+            report.gateway_logs("the servers lent to several workloads")
+            took = time.monotonic() - t0
+            print(f"[{time.monotonic() - started:6.1f} s] lent servers stopped in {took:.1f} s", flush=True)
     elapsed = time.monotonic() - started
     print()
     print(table(report.rows, markdown=False))

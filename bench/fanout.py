@@ -130,15 +130,18 @@ async def bench_gateway(
     remote: bool = False,
     timeout_s: float = 180.0,
     seconds: float | None = None,
+    server: harness.Server | None = None,
 ) -> dict[str, Any]:
     """One run: ``subscribers`` on one gateway process (none: callbacks alone); ``callbacks`` posted to it
     at ``rate`` (with ``seconds``: for that long at most, then the task ended), or (``remote``) to a second
-    process on the same database and bus."""
+    process on the same database and bus. The gateway is started for the run and stopped after it, or is
+    ``server``, already running (a run makes a task of its own)."""
     import httpx
 
     task_id = f"bench-{uuid.uuid4().hex[:8]}"  # runs may share a database
     async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(harness.gateway(database_url, bus=bus))
+        if server is None:
+            server = await stack.enter_async_context(harness.gateway(database_url, bus=bus))
         writer = server
         if remote:
             writer = await stack.enter_async_context(harness.gateway(database_url, bus=bus))
@@ -160,6 +163,7 @@ async def bench_gateway(
             stack.push_async_callback(clients.close)
             await clients.connect(timeout_s)
         rss_idle = rss_bytes(server.pid)
+        direct_before = metric((await http.get("/metrics")).text, "gateway_hub_direct_writes")
         cpu_before = cpu_seconds(server.pid)
         async with harness.profiled(server.pid, f"fanout-gateway-{subscribers}"):
             posted = await post_callbacks(
@@ -171,7 +175,7 @@ async def bench_gateway(
                 stats = await clients.done(timeout_s)
             cpu = cpu_seconds(server.pid) - cpu_before
         version = (await http.get(f"/v1/tasks/{task_id}")).json()["version"]
-        direct = metric((await http.get("/metrics")).text, "gateway_hub_direct_writes")
+        direct = metric((await http.get("/metrics")).text, "gateway_hub_direct_writes") - direct_before
     frames = stats.get("deliveries", 0)
     return {
         **stats,
@@ -216,13 +220,20 @@ def sample_frame(version: int) -> str:
 
 
 async def bench_floor(
-    subscribers: int, callbacks: int, rate: float, procs: int, timeout_s: float = 180.0
+    subscribers: int,
+    callbacks: int,
+    rate: float,
+    procs: int,
+    timeout_s: float = 180.0,
+    server: harness.Server | None = None,
 ) -> dict[str, Any]:
-    """The same run against the raw ``websockets`` broadcast server: ``callbacks`` frames at ``rate``."""
+    """The same run against the raw ``websockets`` broadcast server (``server`` if given, else one started
+    for the run): ``callbacks`` frames at ``rate``."""
     from websockets.asyncio.client import connect
 
     async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(harness.floor_server())
+        if server is None:
+            server = await stack.enter_async_context(harness.floor_server())
         publisher = await stack.enter_async_context(connect(f"{server.ws}/publish", compression=None))
         rss_before = rss_bytes(server.pid)
         clients = await Clients.start(
