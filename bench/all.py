@@ -8,9 +8,10 @@ the ratio, with the target it is held to; targets are printed, never asserted. T
 it needs (gateways as ``gateway serve``, the floor servers, the client processes, a PostgreSQL database of
 its own per run) and ends every process and drops every database it made, however it ends.
 
-``--smoke`` runs every workload tiny (about 10 s of load, small N) and checks only that each produced a
-figure and that no frame was lost or reordered (no subscriber failed to connect or missed its end); it
-exits 1 otherwise, and does not write docs/benchmarks.md. A full run writes docs/benchmarks.md (not with
+``--smoke`` runs every workload tiny (small N, short runs, in about 10 s: it starts its servers together
+and lends a process to several workloads, see ``Servers``) and checks only that each produced a figure
+and that no frame was lost or reordered (no subscriber failed to connect or missed its end); it exits 1
+otherwise, and does not write docs/benchmarks.md. A full run writes docs/benchmarks.md (not with
 ``--only``) and exits 1 if a workload could not run.
 """
 
@@ -31,7 +32,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,16 @@ WORKLOADS = {
     2: (
         "fan-out",
         "one task with N subscribers in client processes, callbacks at a fixed rate: the gateway process's "
-        "CPU (utime + stime from /proc) per delivered frame, the callbacks' own HTTP and commit included, "
-        "beside a raw `websockets` `broadcast()` server sending frames of the same size; and the frames "
+        "CPU (its CPU-time clock, every thread) per delivered frame, the callbacks' own HTTP and commit "
+        "included, beside a raw `websockets` `broadcast()` server sending frames of the same size, each "
+        "fed by a publisher WebSocket message. The callbacks cost the gateway what a publisher's message "
+        "does not cost the floor (an HTTP request and a database commit each, about 2 ms of CPU): at "
+        "N = 100 that is about 20 us per frame, which would hide what fan-out itself costs. So each N is "
+        "also run with no subscriber, the same callbacks (same count, same rate) to the gateway and the "
+        "same messages to the floor, with the CPU read at the same points (before the first callback or "
+        "message; after the last is answered or read, and, with subscribers, once every subscriber has "
+        "it), and a second row gives the CPU per frame above that base: (CPU with N - CPU with none) / "
+        "frames, for each side. And the frames "
         "lost or out of order, checked per subscriber by the client processes (versions 1, 2, 3, ... "
         "after the resume frame; a `conflated` snapshot may jump ahead; a socket the server ends early "
         "with a reason, such as 4008, is counted apart). Subscribers connect 200 at a time per client "
@@ -120,12 +129,12 @@ FULL = Config(
     total_timeout_s=1800.0,
 )
 SMOKE = Config(
-    callback_seconds=0.3,
+    callback_seconds=0.2,
     callback_connections=8,
     fanout=((50, 10, 50.0),),
     memory_n=200,
     latency_n=(2, 20, 100),
-    latency_seconds=0.5,
+    latency_seconds=0.3,
     latency_rate=50.0,
     storm_n=200,
     storm_tasks=2,
@@ -176,9 +185,9 @@ class Report:
     problems: list[str] = field(default_factory=list)  # the smoke checks that failed
     failures: list[str] = field(default_factory=list)  # workloads that could not run
 
-    def figure(self, what: str, value: float | None) -> None:
-        """A figure must exist: a finite positive number."""
-        if value is None or not math.isfinite(value) or value <= 0:
+    def figure(self, what: str, value: float | None, positive: bool = True) -> None:
+        """A figure must exist: a finite number, positive unless told otherwise."""
+        if value is None or not math.isfinite(value) or (positive and value <= 0):
             self.problems.append(f"{what}: no figure ({value})")
 
     def gateway_logs(self, workload: str) -> None:
@@ -239,10 +248,128 @@ def need_fds(n: int) -> None:
         )
 
 
+# --- the server processes ----------------------------------------------------------------------------
+
+ServerFactory = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
+
+
+@contextlib.asynccontextmanager
+async def pg_gateway(admin_url: str) -> AsyncIterator[harness.Server]:
+    async with harness.pg_database(admin_url, "gw_bench_all") as url, harness.gateway(url) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def sqlite_handler() -> AsyncIterator[int]:
+    with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+        async with callbacks.floor("sqlite", str(Path(tmp) / "floor.db")) as port:
+            yield port
+
+
+@contextlib.asynccontextmanager
+async def pg_handler(admin_url: str) -> AsyncIterator[int]:
+    async with (
+        harness.pg_database(admin_url, "gw_bench_all") as url,
+        callbacks.floor("postgresql", url) as port,
+    ):
+        yield port
+
+
+def server_factories(admin_url: str) -> dict[str, ServerFactory]:
+    """The servers the workloads use, by name: a gateway (on a SQLite file of its own, or on a PostgreSQL
+    database made for it), the raw ``websockets`` floor server, the callbacks workload's handlers."""
+    return {
+        "gateway": harness.gateway,
+        "gateway on PostgreSQL": lambda: pg_gateway(admin_url),
+        "floor": harness.floor_server,
+        "fresh gateway": harness.gateway,
+        "fresh floor": harness.floor_server,
+        "handler without database": lambda: callbacks.floor("none", ""),
+        "handler on SQLite": sqlite_handler,
+        "handler on PostgreSQL": lambda: pg_handler(admin_url),
+    }
+
+
+# What a smoke run starts, together, before a workload runs, and lends to it (see Servers).
+SMOKE_SERVERS = {
+    1: (
+        "handler without database",
+        "gateway",
+        "handler on SQLite",
+        "gateway on PostgreSQL",
+        "handler on PostgreSQL",
+    ),
+    2: ("gateway", "floor"),
+    3: ("fresh gateway", "fresh floor"),
+    4: ("gateway",),
+    5: ("gateway", "floor"),
+}
+
+
+class Servers:
+    """Where the workloads get their server processes: ``async with servers.use(name) as server``.
+
+    A full run starts a fresh process for every measurement and stops it after, so that nothing an earlier
+    measurement left in a process (its memory, its database, its work) is counted in a later one. A smoke
+    run, whose figures are not judged, starts the servers of all its workloads together before the first
+    one (:meth:`lend`), stops them together after the last, and lends the same process to every
+    measurement that uses its name: one SQLite gateway and one floor server serve workloads 1 (SQLite),
+    2, 4 and 5, each run on a task of its own; the idle-memory workload, whose figure is the growth of a
+    process's RSS from its baseline, has a gateway and a floor server that serve nothing else.
+    """
+
+    def __init__(self, factories: dict[str, ServerFactory]) -> None:
+        self.factories = factories
+        self.lent: dict[str, Any] = {}
+        self._holders: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+
+    def use(self, name: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        if name in self.lent:
+            return contextlib.nullcontext(self.lent[name])
+        return self.factories[name]()
+
+    async def lend(self, names: Collection[str]) -> None:
+        """Start these servers together; :meth:`use` lends them until :meth:`close`."""
+        loop = asyncio.get_running_loop()
+        started = {name: loop.create_future() for name in names}
+        self._holders += [asyncio.create_task(self._hold(name, ready)) for name, ready in started.items()]
+        results = await asyncio.gather(*started.values(), return_exceptions=True)
+        for name, result in zip(started, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):  # the workload that uses it tries again, and says why
+                print(f"{name} did not start: {type(result).__name__}: {result}", file=sys.stderr)
+            else:
+                self.lent[name] = result
+
+    async def _hold(self, name: str, ready: asyncio.Future[Any]) -> None:
+        try:
+            async with self.factories[name]() as server:
+                ready.set_result(server)
+                await self._stop.wait()
+        except asyncio.CancelledError:
+            ready.cancel()
+            raise
+        except Exception as exc:
+            if ready.done():
+                raise
+            ready.set_exception(exc)
+
+    async def close(self) -> None:
+        """Stop the lent servers (together)."""
+        self._stop.set()
+        self.lent.clear()
+        for result in await asyncio.gather(*self._holders, return_exceptions=True):
+            if isinstance(result, Exception):
+                print(f"a server did not stop cleanly: {type(result).__name__}: {result}", file=sys.stderr)
+        self._holders.clear()
+
+
 # --- 1. callbacks/s ----------------------------------------------------------------------------------
 
 
-async def workload_callbacks(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_callbacks(cfg: Config, servers: Servers, report: Report) -> None:
     args = argparse.Namespace(seconds=cfg.callback_seconds, connections=cfg.callback_connections)
 
     def add(name: str, gateway: dict[str, Any], floor: dict[str, Any]) -> None:
@@ -270,17 +397,19 @@ async def workload_callbacks(cfg: Config, admin_url: str, report: Report) -> Non
                     f"callbacks/s {name} {label}: answers other than 200: {result['errors']}"
                 )
 
-    bare = await callbacks.run_floor("none", "", args)
+    async with servers.use("handler without database") as port:
+        bare = await callbacks.measure(port, args)
     report.figure("callbacks/s no-database handler", bare["per_s"])
     try:
-        with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
-            gateway = await callbacks.run_gateway(f"sqlite:///{Path(tmp) / 'gw.db'}", args)
-            floor = await callbacks.run_floor("sqlite", str(Path(tmp) / "floor.db"), args)
+        async with servers.use("gateway") as server:
+            gateway = await callbacks.measure_gateway(server, "sqlite", args)
+        async with servers.use("handler on SQLite") as port:
+            floor = await callbacks.measure(port, args)
         add("SQLite", gateway, floor)
-        async with harness.pg_database(admin_url, "gw_bench_all") as url:
-            gateway = await callbacks.run_gateway(url, args)
-        async with harness.pg_database(admin_url, "gw_bench_all") as url:
-            floor = await callbacks.run_floor("postgresql", url, args)
+        async with servers.use("gateway on PostgreSQL") as server:
+            gateway = await callbacks.measure_gateway(server, "postgresql", args)
+        async with servers.use("handler on PostgreSQL") as port:
+            floor = await callbacks.measure(port, args)
         add("PostgreSQL", gateway, floor)
     finally:
         report.rows.append(
@@ -291,17 +420,43 @@ async def workload_callbacks(cfg: Config, admin_url: str, report: Report) -> Non
 # --- 2. fan-out --------------------------------------------------------------------------------------
 
 
-async def workload_fanout(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_fanout(cfg: Config, servers: Servers, report: Report) -> None:
     for n, count, rate in cfg.fanout:
         need_fds(n)
-        gateway = await fanout.bench_gateway(n, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s)
-        floor = await fanout.bench_floor(n, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s)
+        runs: dict[str, dict[int, dict[str, Any]]] = {"gateway": {}, "floor": {}}
+        for subscribers in (0, n):  # the base first: the same callbacks (publishes) with no subscriber
+            async with servers.use("gateway") as server:
+                runs["gateway"][subscribers] = await fanout.bench_gateway(
+                    subscribers, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s, server=server
+                )
+        for subscribers in (0, n):
+            async with servers.use("floor") as server:
+                runs["floor"][subscribers] = await fanout.bench_floor(
+                    subscribers, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s, server=server
+                )
+        gateway, floor = runs["gateway"][n], runs["floor"][n]
+        above = {
+            side: (run[n]["cpu_s"] - run[0]["cpu_s"]) * 1e6 / run[n]["frames"]
+            if run[n]["frames"]
+            else math.nan
+            for side, run in runs.items()
+        }
         report.rows.append(
             Row(
                 2,
                 f"fan-out N={n:,}: server CPU per frame",
                 gateway["cpu_us_per_frame"],
                 floor["cpu_us_per_frame"],
+                "us",
+                "<= 1.3x (callbacks' own CPU included)",
+            )
+        )
+        report.rows.append(
+            Row(
+                2,
+                f"fan-out N={n:,}: CPU per frame above the same callbacks with no subscriber",
+                above["gateway"],
+                above["floor"],
                 "us",
                 "<= 1.3x",
             )
@@ -320,12 +475,23 @@ async def workload_fanout(cfg: Config, admin_url: str, report: Report) -> None:
         )
         report.figure(f"fan-out N={n} gateway CPU/frame", gateway["cpu_us_per_frame"])
         report.figure(f"fan-out N={n} floor CPU/frame", floor["cpu_us_per_frame"])
+        # A difference of two readings: on a tiny smoke run noise may take it to zero or below; it must
+        # exist.
+        report.figure(
+            f"fan-out N={n} gateway CPU/frame above no subscriber", above["gateway"], positive=False
+        )
+        report.figure(f"fan-out N={n} floor CPU/frame above no subscriber", above["floor"], positive=False)
         report.frames(f"fan-out N={n} gateway", gateway)
         report.frames(f"fan-out N={n} floor", floor)
+        base_gateway, base_floor = runs["gateway"][0], runs["floor"][0]
         report.details.append(
             f"fan-out N={n:,}, {count} callbacks at {rate:g}/s, {cfg.procs} client processes: gateway "
             f"{frames_summary(gateway)}; callbacks p50 {gateway['callback_p50_ms']:.1f} ms, p99 "
-            f"{gateway['callback_p99_ms']:.1f} ms | floor {frames_summary(floor)}"
+            f"{gateway['callback_p99_ms']:.1f} ms | floor {frames_summary(floor)} | with no subscriber "
+            f"(the base): gateway {base_gateway['cpu_s'] * 1e3:,.1f} ms of CPU "
+            f"({base_gateway['cpu_us_per_callback']:,.0f} us per callback), floor "
+            f"{base_floor['cpu_s'] * 1e3:,.1f} ms; with {n:,}: gateway {gateway['cpu_s'] * 1e3:,.1f} ms, "
+            f"floor {floor['cpu_s'] * 1e3:,.1f} ms"
         )
 
 
@@ -340,12 +506,12 @@ async def warm_up(url: str) -> None:
         await asyncio.wait_for(ws.recv(), 10)
 
 
-async def idle_gateway(n: int, cfg: Config) -> dict[str, Any]:
+async def idle_gateway(n: int, cfg: Config, servers: Servers) -> dict[str, Any]:
     import httpx
 
     task_id = f"idle-{uuid.uuid4().hex[:8]}"
     async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(harness.gateway())
+        server = await stack.enter_async_context(servers.use("fresh gateway"))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=server.http, timeout=60))
         made = await fanout.create_task(http, task_id)
         url = f"{server.ws}/v1/tasks/{task_id}/ws?cursor=0&token={made['subscribeToken']}"
@@ -374,11 +540,11 @@ async def idle_gateway(n: int, cfg: Config) -> dict[str, Any]:
     }
 
 
-async def idle_floor(n: int, cfg: Config) -> dict[str, Any]:
+async def idle_floor(n: int, cfg: Config, servers: Servers) -> dict[str, Any]:
     from websockets.asyncio.client import connect
 
     async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(harness.floor_server())
+        server = await stack.enter_async_context(servers.use("fresh floor"))
         publisher = await stack.enter_async_context(connect(f"{server.ws}/publish", compression=None))
         await warm_up(f"{server.ws}/")
         await asyncio.sleep(0.2)
@@ -405,11 +571,11 @@ async def idle_floor(n: int, cfg: Config) -> dict[str, Any]:
     }
 
 
-async def workload_memory(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_memory(cfg: Config, servers: Servers, report: Report) -> None:
     n = cfg.memory_n
     need_fds(n)
-    gateway = await idle_gateway(n, cfg)
-    floor = await idle_floor(n, cfg)
+    gateway = await idle_gateway(n, cfg, servers)
+    floor = await idle_floor(n, cfg, servers)
     report.rows.append(
         Row(
             3,
@@ -435,16 +601,23 @@ async def workload_memory(cfg: Config, admin_url: str, report: Report) -> None:
 # --- 4. callback latency under fan-out ---------------------------------------------------------------
 
 
-async def workload_latency(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_latency(cfg: Config, servers: Servers, report: Report) -> None:
     small, middle, large = cfg.latency_n
     seconds, rate = cfg.latency_seconds, cfg.latency_rate
     need_fds(large)
     count = int(seconds * rate) + 1
     runs = {}
     for subscribers in (small, middle, large):
-        runs[subscribers] = await fanout.bench_gateway(
-            subscribers, count, rate, cfg.procs, timeout_s=cfg.step_timeout_s, seconds=seconds
-        )
+        async with servers.use("gateway") as server:
+            runs[subscribers] = await fanout.bench_gateway(
+                subscribers,
+                count,
+                rate,
+                cfg.procs,
+                timeout_s=cfg.step_timeout_s,
+                seconds=seconds,
+                server=server,
+            )
     base = runs[small]
     for n, target in ((middle, "<= 2x"), (large, "(shed fan-out)")):
         report.rows.append(
@@ -506,11 +679,11 @@ async def storm(groups: list[tuple[str, int, str | None]], cfg: Config) -> dict[
     return {**stats, "seconds": seconds, "listen_overflows": dropped}
 
 
-async def storm_gateway(cfg: Config) -> dict[str, Any]:
+async def storm_gateway(cfg: Config, servers: Servers) -> dict[str, Any]:
     import httpx
 
     n, tasks = cfg.storm_n, max(1, min(cfg.storm_tasks, cfg.storm_n // 2))
-    async with harness.gateway() as server, httpx.AsyncClient(base_url=server.http, timeout=60) as http:
+    async with servers.use("gateway") as server, httpx.AsyncClient(base_url=server.http, timeout=60) as http:
         groups: list[tuple[str, int, str | None]] = []
         per_task = [n // tasks + (1 if i < n % tasks else 0) for i in range(tasks)]
         for i, count in enumerate(per_task):
@@ -524,16 +697,16 @@ async def storm_gateway(cfg: Config) -> dict[str, Any]:
         return await storm(groups, cfg)
 
 
-async def storm_floor(cfg: Config) -> dict[str, Any]:
-    async with harness.floor_server() as server:
+async def storm_floor(cfg: Config, servers: Servers) -> dict[str, Any]:
+    async with servers.use("floor") as server:
         return await storm([(f"{server.ws}/", cfg.storm_n, "hello")], cfg)
 
 
-async def workload_storm(cfg: Config, admin_url: str, report: Report) -> None:
+async def workload_storm(cfg: Config, servers: Servers, report: Report) -> None:
     n = cfg.storm_n
     need_fds(n)
-    gateway = await storm_gateway(cfg)
-    floor = await storm_floor(cfg)
+    gateway = await storm_gateway(cfg, servers)
+    floor = await storm_floor(cfg, servers)
     report.rows.append(
         Row(
             5,
@@ -564,7 +737,7 @@ async def workload_storm(cfg: Config, admin_url: str, report: Report) -> None:
 
 # --- the run -----------------------------------------------------------------------------------------
 
-Workload = Callable[[Config, str, Report], Coroutine[Any, Any, None]]
+Workload = Callable[[Config, Servers, Report], Coroutine[Any, Any, None]]
 RUNNERS: dict[int, Workload] = {
     1: workload_callbacks,
     2: workload_fanout,
@@ -719,14 +892,25 @@ async def run(args: argparse.Namespace) -> int:
         report.problems.append(f"PostgreSQL at {args.pg_admin_url} is unreachable: {exc}")
     mode = "smoke" if args.smoke else "full"
     print(f"bench/all.py ({mode}): workloads {', '.join(map(str, only))}; {os.cpu_count()} cores", flush=True)
+    servers = Servers(server_factories(args.pg_admin_url))
     try:
         async with asyncio.timeout(cfg.total_timeout_s):
+            if args.smoke:
+                t0 = time.monotonic()
+                names = list(dict.fromkeys(name for number in only for name in SMOKE_SERVERS[number]))
+                await servers.lend(names)
+                took = time.monotonic() - t0
+                print(
+                    f"[{time.monotonic() - started:6.1f} s] {len(servers.lent)} servers started together "
+                    f"in {took:.1f} s, lent to the workloads",
+                    flush=True,
+                )
             for number in only:
                 name = WORKLOADS[number][0]
                 t0 = time.monotonic()
                 print(f"[{time.monotonic() - started:6.1f} s] {number}. {name} ...", flush=True)
                 try:
-                    await RUNNERS[number](cfg, args.pg_admin_url, report)
+                    await RUNNERS[number](cfg, servers, report)
                 except Exception as exc:
                     traceback.print_exc()
                     report.failures.append(f"{number}. {name}: {type(exc).__name__}: {exc}")
@@ -736,6 +920,13 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"[{time.monotonic() - started:6.1f} s] {number}. {name} took {took:.1f} s", flush=True)
     except TimeoutError:
         report.failures.append(f"the run passed its total time bound of {cfg.total_timeout_s:.0f} s")
+    finally:
+        if servers.lent:
+            t0 = time.monotonic()
+            await servers.close()
+            report.gateway_logs("the servers lent to several workloads")
+            took = time.monotonic() - t0
+            print(f"[{time.monotonic() - started:6.1f} s] lent servers stopped in {took:.1f} s", flush=True)
     elapsed = time.monotonic() - started
     print()
     print(table(report.rows, markdown=False))

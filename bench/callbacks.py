@@ -225,16 +225,29 @@ async def pg_database(admin_url: str = PG_ADMIN) -> AsyncIterator[str]:
         yield url
 
 
+async def measure_gateway(gateway: harness.Server, store: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The client against a running gateway (``store``: sqlite or postgresql, for the profile's name)."""
+    async with harness.profiled(gateway.pid, f"callbacks-gateway-{store}"):
+        return await measure(gateway.port, args)
+
+
 async def run_gateway(database_url: str, args: argparse.Namespace) -> dict[str, Any]:
     async with harness.gateway(database_url) as gateway:
-        name = "callbacks-gateway-" + ("sqlite" if database_url.startswith("sqlite") else "postgresql")
-        async with harness.profiled(gateway.pid, name):
-            return await measure(gateway.port, args)
+        store = "sqlite" if database_url.startswith("sqlite") else "postgresql"
+        return await measure_gateway(gateway, store, args)
+
+
+@contextlib.asynccontextmanager
+async def floor(kind: str, target: str) -> AsyncIterator[int]:
+    """The floor handler (``kind``: none, sqlite on file ``target``, postgresql at URL ``target``) running;
+    yields its port."""
+    port = free_port()
+    async with server([sys.executable, "-c", FLOOR_SERVER, kind, target, str(port)], port):
+        yield port
 
 
 async def run_floor(kind: str, target: str, args: argparse.Namespace) -> dict[str, Any]:
-    port = free_port()
-    async with server([sys.executable, "-c", FLOOR_SERVER, kind, target, str(port)], port):
+    async with floor(kind, target) as port:
         return await measure(port, args)
 
 

@@ -1,7 +1,7 @@
 """Fan-out benchmark: one task, N subscribers in separate client processes, callbacks at a fixed rate.
 
-Prints the gateway server's CPU microseconds per delivered frame (utime + stime of its process, from
-/proc/<pid>/stat), its idle memory per subscriber (VmRSS growth / N), the callbacks' latency and the frames
+Prints the gateway server's CPU microseconds per delivered frame (its process's CPU-time clock, every
+thread), its idle memory per subscriber (VmRSS growth / N), the callbacks' latency and the frames
 lost or out of order (every client process checks, per subscriber, that versions arrive as 1, 2, 3, ...;
 a ``conflated`` snapshot may jump ahead), beside a minimal raw ``websockets`` broadcast server sending
 frames of the same size (the floor of Python on this machine), and the ratio.
@@ -130,15 +130,22 @@ async def bench_gateway(
     remote: bool = False,
     timeout_s: float = 180.0,
     seconds: float | None = None,
+    server: harness.Server | None = None,
 ) -> dict[str, Any]:
     """One run: ``subscribers`` on one gateway process (none: callbacks alone); ``callbacks`` posted to it
     at ``rate`` (with ``seconds``: for that long at most, then the task ended), or (``remote``) to a second
-    process on the same database and bus."""
+    process on the same database and bus. The gateway is started for the run and stopped after it, or is
+    ``server``, already running (a run makes a task of its own).
+
+    The server's CPU is read before the first callback and after the last one is answered and, with
+    subscribers, once every subscriber has the last entry: with none, the window holds the callbacks
+    alone, the base a run with subscribers is compared with."""
     import httpx
 
     task_id = f"bench-{uuid.uuid4().hex[:8]}"  # runs may share a database
     async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(harness.gateway(database_url, bus=bus))
+        if server is None:
+            server = await stack.enter_async_context(harness.gateway(database_url, bus=bus))
         writer = server
         if remote:
             writer = await stack.enter_async_context(harness.gateway(database_url, bus=bus))
@@ -160,6 +167,7 @@ async def bench_gateway(
             stack.push_async_callback(clients.close)
             await clients.connect(timeout_s)
         rss_idle = rss_bytes(server.pid)
+        direct_before = metric((await http.get("/metrics")).text, "gateway_hub_direct_writes")
         cpu_before = cpu_seconds(server.pid)
         async with harness.profiled(server.pid, f"fanout-gateway-{subscribers}"):
             posted = await post_callbacks(
@@ -171,7 +179,7 @@ async def bench_gateway(
                 stats = await clients.done(timeout_s)
             cpu = cpu_seconds(server.pid) - cpu_before
         version = (await http.get(f"/v1/tasks/{task_id}")).json()["version"]
-        direct = metric((await http.get("/metrics")).text, "gateway_hub_direct_writes")
+        direct = metric((await http.get("/metrics")).text, "gateway_hub_direct_writes") - direct_before
     frames = stats.get("deliveries", 0)
     return {
         **stats,
@@ -179,6 +187,7 @@ async def bench_gateway(
         "frames": frames,
         "direct_writes": direct,
         "entries": version - start_version,
+        "cpu_s": cpu,
         "cpu_us_per_frame": cpu * 1e6 / frames if frames else float("nan"),
         "cpu_us_per_callback": cpu * 1e6 / posted["posted"],
         "idle_bytes_per_subscriber": (rss_idle - rss_before) / subscribers if subscribers else float("nan"),
@@ -216,24 +225,36 @@ def sample_frame(version: int) -> str:
 
 
 async def bench_floor(
-    subscribers: int, callbacks: int, rate: float, procs: int, timeout_s: float = 180.0
+    subscribers: int,
+    callbacks: int,
+    rate: float,
+    procs: int,
+    timeout_s: float = 180.0,
+    server: harness.Server | None = None,
 ) -> dict[str, Any]:
-    """The same run against the raw ``websockets`` broadcast server: ``callbacks`` frames at ``rate``."""
+    """The same run against the raw ``websockets`` broadcast server: ``callbacks`` frames at ``rate``, sent by
+    a publisher connection (to ``server`` if given, else to one started for the run). The server's CPU is
+    read before the first frame and after it has answered a ping sent behind the last one (it has read
+    them all) and, with subscribers, once every subscriber has the last one: with none, the window holds
+    the publisher's frames alone."""
     from websockets.asyncio.client import connect
 
     async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(harness.floor_server())
+        if server is None:
+            server = await stack.enter_async_context(harness.floor_server())
         publisher = await stack.enter_async_context(connect(f"{server.ws}/publish", compression=None))
         rss_before = rss_bytes(server.pid)
-        clients = await Clients.start(
-            [(f"{server.ws}/", subscribers, "hello")],
-            procs=procs,
-            stream=True,
-            final=callbacks,
-            timeout_s=timeout_s,
-        )
-        stack.push_async_callback(clients.close)
-        await clients.connect(timeout_s)
+        clients = None
+        if subscribers:
+            clients = await Clients.start(
+                [(f"{server.ws}/", subscribers, "hello")],
+                procs=procs,
+                stream=True,
+                final=callbacks,
+                timeout_s=timeout_s,
+            )
+            stack.push_async_callback(clients.close)
+            await clients.connect(timeout_s)
         rss_idle = rss_bytes(server.pid)
         frames_out = [sample_frame(v) for v in range(1, callbacks + 1)]
         cpu_before = cpu_seconds(server.pid)
@@ -243,14 +264,16 @@ async def bench_floor(
                 due = started + i / rate
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 await publisher.send(frame)
-            stats = await clients.done(timeout_s)
+            await asyncio.wait_for(await publisher.ping(), timeout_s)
+            stats = await clients.done(timeout_s) if clients is not None else {}
             cpu = cpu_seconds(server.pid) - cpu_before
-    frames = stats["deliveries"]
+    frames = stats.get("deliveries", 0)
     return {
         **stats,
         "frames": frames,
+        "cpu_s": cpu,
         "cpu_us_per_frame": cpu * 1e6 / frames if frames else float("nan"),
-        "idle_bytes_per_subscriber": (rss_idle - rss_before) / subscribers,
+        "idle_bytes_per_subscriber": (rss_idle - rss_before) / subscribers if subscribers else float("nan"),
     }
 
 
