@@ -1,7 +1,9 @@
-"""The store on SQLite or PostgreSQL: the book's statements in SQLAlchemy Core.
+"""The store on SQLite or PostgreSQL: reads in SQLAlchemy Core, and where the writes go.
 
-On a SQLite file the writes take another way: the writer's own connection and thread, a whole transaction
-in one hop (``gateway.store.sqlite_writer``); reads, and every PostgreSQL statement, are here.
+The writes take the database's own way (``gateway.store.direct``: the statements written once in SQL): on
+a SQLite file the writer's own connection and thread, a whole transaction in one hop
+(``gateway.store.sqlite_writer``); on PostgreSQL asyncpg itself, on a connection of the engine's pool
+(``gateway.store.pg_writer``). Reads, and the writes of an in-memory SQLite database, are here.
 
 A transaction is one :class:`~gateway.store.database.Database` connection. On PostgreSQL a task is locked
 with ``SELECT ... FOR UPDATE`` and due tasks are claimed with ``FOR UPDATE SKIP LOCKED``, so several gateway
@@ -22,10 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.machine import Task, Transition
 from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
 from gateway.store.database import Database
+from gateway.store.direct import KnownRows
 from gateway.store.tables import (
     ACTIVE_STATES,
     callbacks,
-    changed_values,
     deliveries,
     entries,
     outbox,
@@ -64,6 +66,10 @@ class SqlStore:
             async with self.db.write_turn(urgent=urgent), writer.write() as tx:
                 yield tx
             return
+        if self.db.pg_writer is not None:  # PostgreSQL: asyncpg's own connection, writes sent together
+            async with self.db.pg_writer.write() as tx:
+                yield tx
+            return
         try:
             async with self.db.write(urgent=urgent) as conn:
                 yield SqlTx(conn, self.db.is_sqlite)
@@ -79,25 +85,13 @@ class SqlStore:
             return await writer.transact(work)
 
 
-class SqlTx:
-    __slots__ = ("_read", "conn", "is_sqlite")
+class SqlTx(KnownRows):
+    __slots__ = ("conn", "is_sqlite")
 
     def __init__(self, conn: AsyncConnection, is_sqlite: bool) -> None:
+        super().__init__()
         self.conn = conn
         self.is_sqlite = is_sqlite
-        # Each task row as this transaction read it (or last wrote it): an update writes only the columns
-        # that differ from it (a progress callback writes two: progress and version).
-        self._read: dict[str, Task] = {}
-
-    def _seen(self, task: Task) -> Task:
-        self._read[task.id] = task
-        return task
-
-    def _changes(self, task: Task) -> dict[str, Any]:
-        """The columns of ``task`` that differ from the row as this transaction knows it."""
-        before = self._read.get(task.id)
-        self._read[task.id] = task
-        return changed_values(before, task)
 
     # --- reads ----------------------------------------------------------------------------------------
 
