@@ -9,7 +9,8 @@ runs them (PostgreSQL's numbers them ``$1, $2...``) and says the little that dif
   (``FOR UPDATE``) and claims due work with ``SKIP LOCKED`` so that processes sweeping together take
   different rows;
 - how a list of ids is passed: SQLite's ``IN (?, ?, ...)`` in chunks, PostgreSQL's ``= ANY(?)`` with one
-  array (one statement text, one prepared statement, whatever the batch's size);
+  array (one statement text, one prepared statement, whatever the batch's size; its locks and dedup
+  lookups probe the primary key once per id instead, see ``pg_writer``);
 - the writes of a batch: SQLite runs an ``executemany`` per table (each statement costs no round trip on
   the writer's thread), PostgreSQL sends them at once, with the transaction's next statement or its commit.
 """
@@ -32,18 +33,13 @@ _INSERT_TASK = "INSERT INTO tasks ({}) VALUES ({})".format(
 )
 
 
-def marks(count: int) -> str:
+def _marks(count: int) -> str:
     return ", ".join("?" * count)
 
 
-def task_of(row: Sequence[Any]) -> Task:
+def _task_of(row: Sequence[Any]) -> Task:
     """The task in a row that starts with ``TASK_COLUMNS``."""
     return Task(*row[:10])
-
-
-def stored_of(row: Sequence[Any]) -> StoredTask:
-    """A row of ``SELECT_TASK`` as the stored task."""
-    return StoredTask(task_of(row), row[10])
 
 
 def spans(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, tuple[int, Task]]:
@@ -106,7 +102,7 @@ class DirectTx(KnownRows):
         parameters; none when ``values`` is empty."""
         for start in range(0, len(values), IN_CHUNK):
             chunk = values[start : start + IN_CHUNK]
-            yield f"{column} IN ({marks(len(chunk))})", list(chunk)
+            yield f"{column} IN ({_marks(len(chunk))})", list(chunk)
 
     # --- reads ----------------------------------------------------------------------------------------
 
@@ -150,7 +146,7 @@ class DirectTx(KnownRows):
             params.append(after)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         return [
-            task_of(r)
+            _task_of(r)
             for r in await self.fetch(f"{SELECT_TASK}{clause} ORDER BY id LIMIT ?", (*params, limit))
         ]
 
@@ -166,10 +162,16 @@ class DirectTx(KnownRows):
         found: dict[str, StoredTask] = {}
         # In id order, so that concurrent batches lock in one order and cannot deadlock.
         for condition, params in self.in_list("id", sorted({i for i in task_ids if "\x00" not in i})):
-            for row in await self.fetch(f"{SELECT_TASK} WHERE {condition} ORDER BY id{self.LOCK}", params):
-                stored = stored_of(row)
-                found[stored.task.id] = StoredTask(self._seen(stored.task), stored.ttl_ms)
+            found.update(
+                self._locked(
+                    await self.fetch(f"{SELECT_TASK} WHERE {condition} ORDER BY id{self.LOCK}", params)
+                )
+            )
         return found
+
+    def _locked(self, rows: Sequence[Sequence[Any]]) -> dict[str, StoredTask]:
+        """Rows of ``SELECT_TASK`` that this transaction locked, by task id."""
+        return {row[0]: StoredTask(self._seen(_task_of(row)), row[10]) for row in rows}
 
     async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
         await self.run(_INSERT_TASK, (*task_values(task).values(), ttl_ms, created_at_ms))
@@ -207,7 +209,7 @@ class DirectTx(KnownRows):
         query = (
             f"{SELECT_TASK} WHERE {_ACTIVE} AND expires_at_ms <= ? ORDER BY expires_at_ms LIMIT ?{self.CLAIM}"
         )
-        return [self._seen(task_of(r)) for r in await self.fetch(query, (now_ms, limit))]
+        return [self._seen(_task_of(r)) for r in await self.fetch(query, (now_ms, limit))]
 
     async def callback_digest(self, callback_id: str) -> str | None:
         return (await self.callback_digests([callback_id])).get(callback_id)
@@ -293,4 +295,4 @@ class DirectTx(KnownRows):
         if "\x00" in task_id:  # no task has one (create refuses it), and PostgreSQL text cannot hold it
             return None
         rows = await self.fetch(f"{SELECT_TASK} WHERE id = ?{lock}", (task_id,))
-        return stored_of(rows[0]) if rows else None
+        return StoredTask(_task_of(rows[0]), rows[0][10]) if rows else None

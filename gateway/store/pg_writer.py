@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.machine import Task, Transition
 from gateway.store.base import StoredTask, StoreRace
-from gateway.store.direct import SELECT_TASK, DirectTx, spans, stored_of
+from gateway.store.direct import SELECT_TASK, DirectTx, spans
 from gateway.store.tables import callbacks, entries, outbox, task_values, tasks
 
 # The longest a rollback may take before its connection is given up (invalidated) instead.
@@ -158,11 +158,7 @@ class PgTx(DirectTx):
         ids = sorted({i for i in task_ids if "\x00" not in i})
         if not ids:
             return {}
-        found: dict[str, StoredTask] = {}
-        for row in await self.fetch(_LOCK_TASKS, (ids,)):
-            stored = stored_of(row)
-            found[stored.task.id] = StoredTask(self._seen(stored.task), stored.ttl_ms)
-        return found
+        return self._locked(await self.fetch(_LOCK_TASKS, (ids,)))
 
     async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
         if not callback_ids:

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.machine import Task, Transition
 from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
 from gateway.store.database import Database
-from gateway.store.direct import KnownRows
+from gateway.store.direct import IN_CHUNK, KnownRows
 from gateway.store.tables import (
     ACTIVE_STATES,
     callbacks,
@@ -36,9 +36,6 @@ from gateway.store.tables import (
 )
 
 R = TypeVar("R")
-
-# ``IN (...)`` lists are sent in chunks of this size (SQLite's default limit is 32,766 parameters).
-_IN_CHUNK = 500
 
 
 class SqlStore:
@@ -109,8 +106,8 @@ class SqlTx(KnownRows):
     async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         found: dict[str, int] = {}
         ids = [i for i in task_ids if "\x00" not in i]
-        for start in range(0, len(ids), _IN_CHUNK):
-            chunk = ids[start : start + _IN_CHUNK]
+        for start in range(0, len(ids), IN_CHUNK):
+            chunk = ids[start : start + IN_CHUNK]
             result = await self.conn.execute(select(tasks.c.id, tasks.c.version).where(tasks.c.id.in_(chunk)))
             found.update((r.id, r.version) for r in result)
         return found
@@ -146,8 +143,8 @@ class SqlTx(KnownRows):
     async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
         found: dict[str, StoredTask] = {}
         ids = sorted({i for i in task_ids if "\x00" not in i})
-        for start in range(0, len(ids), _IN_CHUNK):
-            query = select(tasks).where(tasks.c.id.in_(ids[start : start + _IN_CHUNK])).order_by(tasks.c.id)
+        for start in range(0, len(ids), IN_CHUNK):
+            query = select(tasks).where(tasks.c.id.in_(ids[start : start + IN_CHUNK])).order_by(tasks.c.id)
             if not self.is_sqlite:
                 query = query.with_for_update()
             found.update(
@@ -260,9 +257,9 @@ class SqlTx(KnownRows):
     async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
         found: dict[str, str] = {}
         ids = sorted(set(callback_ids))
-        for start in range(0, len(ids), _IN_CHUNK):
+        for start in range(0, len(ids), IN_CHUNK):
             query = select(callbacks.c.callback_id, callbacks.c.digest).where(
-                callbacks.c.callback_id.in_(ids[start : start + _IN_CHUNK])
+                callbacks.c.callback_id.in_(ids[start : start + IN_CHUNK])
             )
             found.update((row.callback_id, row.digest) for row in await self.conn.execute(query))
         return found
@@ -328,10 +325,10 @@ class SqlTx(KnownRows):
 
     async def relay_sent(self, outbox_ids: Sequence[int], now_ms: int) -> None:
         ids = sorted(set(outbox_ids))
-        for start in range(0, len(ids), _IN_CHUNK):
+        for start in range(0, len(ids), IN_CHUNK):
             await self.conn.execute(
                 update(outbox)
-                .where(outbox.c.id.in_(ids[start : start + _IN_CHUNK]), outbox.c.relayed_at_ms.is_(None))
+                .where(outbox.c.id.in_(ids[start : start + IN_CHUNK]), outbox.c.relayed_at_ms.is_(None))
                 .values(relayed_at_ms=now_ms)
             )
 
