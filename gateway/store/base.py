@@ -4,7 +4,8 @@ The book (``gateway.book``) holds the rules: dedup order, attempt fencing, the o
 holds the statements, inside one transaction at a time: ``read()`` sees one consistent state, ``write()``
 commits everything done in it together or nothing. Implementations, side by side:
 
-- :class:`gateway.store.sql.SqlStore`: SQLite (the default) and PostgreSQL, through SQLAlchemy;
+- :class:`gateway.store.sql.SqlStore`: SQLite (the default) and PostgreSQL, reads through SQLAlchemy, writes
+  in each database's own SQL on its driver (``gateway.store.direct``);
 - :class:`gateway.store.memory.MemoryStore`: the in-memory twin, for tests of the layers above.
 
 Every implementation passes one conformance suite (``tests/integration/test_store_conformance.py``).

@@ -1,10 +1,10 @@
 """The database: engine set-up for SQLite (the zero-configuration default) and PostgreSQL.
 
-``Database.write()`` opens the one kind of transaction that changes data. On PostgreSQL it is a plain
-transaction and rows are locked with ``SELECT ... FOR UPDATE``; on SQLite, which has one writer anyway,
-writes of this process queue on an in-process lock (an urgent write, expiry, goes before the others
-waiting), and a lock file keeps a second process off the file (SQLite serves one gateway process; any
-number share a PostgreSQL database).
+Transactions that change data: on PostgreSQL plain transactions on asyncpg connections of the engine's
+pool (``pg_writer``), rows locked with ``SELECT ... FOR UPDATE``; on SQLite, which has one writer anyway,
+the writer's own connection (``sqlite_writer``), writes of this process queuing on an in-process lock for
+their turn (an urgent write, expiry, goes before the others waiting), and a lock file keeps a second
+process off the file (SQLite serves one gateway process; any number share a PostgreSQL database).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import IO, Any
 from urllib.parse import quote
 
 import anyio
+import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
@@ -27,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from gateway.settings import ConfigError
 from gateway.store import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 from gateway.store.migrate import migrate
+from gateway.store.pg_writer import PgWriter
 from gateway.store.priority_lock import PriorityLock
 from gateway.store.sqlite_writer import SqliteWriter, apply_pragmas
 
@@ -65,11 +67,18 @@ class Database:
         self._lock_file: IO[str] | None = None
         kwargs: dict[str, Any] = {}
         if not self.is_sqlite:
-            # A database that does not answer is noticed in seconds, not asyncpg's default minute.
+            # A database that does not answer is noticed in seconds, not asyncpg's default minute. asyncpg
+            # keeps each statement of the writes prepared (pg_writer), the batch writes' too: longer than
+            # its default limit of 1 KiB, it would be parsed and planned again for every batch.
+            connect_args = {"timeout": 5, "max_cacheable_statement_size": 16 * 1024}
             kwargs.update(
-                pool_size=pool_size, max_overflow=max_overflow, pool_timeout=10, connect_args={"timeout": 5}
+                pool_size=pool_size, max_overflow=max_overflow, pool_timeout=10, connect_args=connect_args
             )
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+        # PostgreSQL's writes go on asyncpg itself, on connections of the engine's pool.
+        self.pg_writer = (
+            None if self.is_sqlite else PgWriter(self.engine, pool_capacity=pool_size + max_overflow)
+        )
         if self.is_sqlite:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
 
@@ -225,9 +234,14 @@ def database_unavailable(exc: BaseException) -> bool:
         return True
     if isinstance(exc, sqlite3.OperationalError):  # the SQLite writer's own connection (locked, disk I/O)
         return True
-    if not isinstance(exc, DBAPIError):
-        return False
-    if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
+    if isinstance(exc, asyncpg.InterfaceError):  # PostgreSQL's writes on asyncpg itself: a connection closed
         return True
-    state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError)):
+            return True
+        state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    elif isinstance(exc, asyncpg.PostgresError):  # (there, the server's errors come as asyncpg raised them)
+        state = exc.sqlstate
+    else:
+        return False
     return isinstance(state, str) and (state[:2] in _UNAVAILABLE_CLASSES or state in _UNAVAILABLE_STATES)

@@ -1,7 +1,9 @@
-"""The store on SQLite or PostgreSQL: the book's statements in SQLAlchemy Core.
+"""The store on SQLite or PostgreSQL: reads in SQLAlchemy Core, and where the writes go.
 
-On a SQLite file the writes take another way: the writer's own connection and thread, a whole transaction
-in one hop (``gateway.store.sqlite_writer``); reads, and every PostgreSQL statement, are here.
+The writes take the database's own way (``gateway.store.direct``: the statements written once in SQL): on
+a SQLite file the writer's own connection and thread, a whole transaction in one hop
+(``gateway.store.sqlite_writer``); on PostgreSQL asyncpg itself, on a connection of the engine's pool
+(``gateway.store.pg_writer``). Reads, and the writes of an in-memory SQLite database, are here.
 
 A transaction is one :class:`~gateway.store.database.Database` connection. On PostgreSQL a task is locked
 with ``SELECT ... FOR UPDATE`` and due tasks are claimed with ``FOR UPDATE SKIP LOCKED``, so several gateway
@@ -22,10 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.machine import Task, Transition
 from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
 from gateway.store.database import Database
+from gateway.store.direct import IN_CHUNK, KnownRows
 from gateway.store.tables import (
     ACTIVE_STATES,
     callbacks,
-    changed_values,
     deliveries,
     entries,
     outbox,
@@ -34,9 +36,6 @@ from gateway.store.tables import (
 )
 
 R = TypeVar("R")
-
-# ``IN (...)`` lists are sent in chunks of this size (SQLite's default limit is 32,766 parameters).
-_IN_CHUNK = 500
 
 
 class SqlStore:
@@ -64,6 +63,10 @@ class SqlStore:
             async with self.db.write_turn(urgent=urgent), writer.write() as tx:
                 yield tx
             return
+        if self.db.pg_writer is not None:  # PostgreSQL: asyncpg's own connection, writes sent together
+            async with self.db.pg_writer.write() as tx:
+                yield tx
+            return
         try:
             async with self.db.write(urgent=urgent) as conn:
                 yield SqlTx(conn, self.db.is_sqlite)
@@ -79,25 +82,13 @@ class SqlStore:
             return await writer.transact(work)
 
 
-class SqlTx:
-    __slots__ = ("_read", "conn", "is_sqlite")
+class SqlTx(KnownRows):
+    __slots__ = ("conn", "is_sqlite")
 
     def __init__(self, conn: AsyncConnection, is_sqlite: bool) -> None:
+        super().__init__()
         self.conn = conn
         self.is_sqlite = is_sqlite
-        # Each task row as this transaction read it (or last wrote it): an update writes only the columns
-        # that differ from it (a progress callback writes two: progress and version).
-        self._read: dict[str, Task] = {}
-
-    def _seen(self, task: Task) -> Task:
-        self._read[task.id] = task
-        return task
-
-    def _changes(self, task: Task) -> dict[str, Any]:
-        """The columns of ``task`` that differ from the row as this transaction knows it."""
-        before = self._read.get(task.id)
-        self._read[task.id] = task
-        return changed_values(before, task)
 
     # --- reads ----------------------------------------------------------------------------------------
 
@@ -115,8 +106,8 @@ class SqlTx:
     async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         found: dict[str, int] = {}
         ids = [i for i in task_ids if "\x00" not in i]
-        for start in range(0, len(ids), _IN_CHUNK):
-            chunk = ids[start : start + _IN_CHUNK]
+        for start in range(0, len(ids), IN_CHUNK):
+            chunk = ids[start : start + IN_CHUNK]
             result = await self.conn.execute(select(tasks.c.id, tasks.c.version).where(tasks.c.id.in_(chunk)))
             found.update((r.id, r.version) for r in result)
         return found
@@ -152,8 +143,8 @@ class SqlTx:
     async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
         found: dict[str, StoredTask] = {}
         ids = sorted({i for i in task_ids if "\x00" not in i})
-        for start in range(0, len(ids), _IN_CHUNK):
-            query = select(tasks).where(tasks.c.id.in_(ids[start : start + _IN_CHUNK])).order_by(tasks.c.id)
+        for start in range(0, len(ids), IN_CHUNK):
+            query = select(tasks).where(tasks.c.id.in_(ids[start : start + IN_CHUNK])).order_by(tasks.c.id)
             if not self.is_sqlite:
                 query = query.with_for_update()
             found.update(
@@ -266,9 +257,9 @@ class SqlTx:
     async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
         found: dict[str, str] = {}
         ids = sorted(set(callback_ids))
-        for start in range(0, len(ids), _IN_CHUNK):
+        for start in range(0, len(ids), IN_CHUNK):
             query = select(callbacks.c.callback_id, callbacks.c.digest).where(
-                callbacks.c.callback_id.in_(ids[start : start + _IN_CHUNK])
+                callbacks.c.callback_id.in_(ids[start : start + IN_CHUNK])
             )
             found.update((row.callback_id, row.digest) for row in await self.conn.execute(query))
         return found
@@ -334,10 +325,10 @@ class SqlTx:
 
     async def relay_sent(self, outbox_ids: Sequence[int], now_ms: int) -> None:
         ids = sorted(set(outbox_ids))
-        for start in range(0, len(ids), _IN_CHUNK):
+        for start in range(0, len(ids), IN_CHUNK):
             await self.conn.execute(
                 update(outbox)
-                .where(outbox.c.id.in_(ids[start : start + _IN_CHUNK]), outbox.c.relayed_at_ms.is_(None))
+                .where(outbox.c.id.in_(ids[start : start + IN_CHUNK]), outbox.c.relayed_at_ms.is_(None))
                 .values(relayed_at_ms=now_ms)
             )
 

@@ -27,16 +27,10 @@ from typing import Any, TypeVar
 
 import anyio
 
-from gateway.machine import Task, Transition
-from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace
-from gateway.store.tables import ACTIVE_STATES, TASK_COLUMNS, changed_values, task_values
+from gateway.store.base import StoreRace
+from gateway.store.direct import DirectTx
 
 R = TypeVar("R")
-
-# ``IN (...)`` lists go in chunks of this size (SQLite's default limit is 32,766 parameters).
-_IN_CHUNK = 500
-_SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)}, ttl_ms FROM tasks"
-_ACTIVE = "state IN ({})".format(", ".join(f"'{s}'" for s in ACTIVE_STATES))
 
 
 def apply_pragmas(connection: Any) -> None:
@@ -48,14 +42,6 @@ def apply_pragmas(connection: Any) -> None:
     cursor.execute("PRAGMA synchronous=FULL")
     cursor.execute("PRAGMA busy_timeout=5000")
     cursor.close()
-
-
-def _task(row: Sequence[Any]) -> Task:
-    return Task(*row[:10])
-
-
-def _marks(count: int) -> str:
-    return ", ".join("?" * count)
 
 
 class SqliteWriter:
@@ -84,7 +70,7 @@ class SqliteWriter:
     async def _hop(self, fn: Callable[[], R]) -> R:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-    async def transact(self, work: Callable[[DirectTx], Awaitable[R]]) -> R:
+    async def transact(self, work: Callable[[SqliteTx], Awaitable[R]]) -> R:
         """Run ``work`` in one transaction, begun, worked and committed on the writer's thread in one hop.
         The caller holds the process's write turn (``Database.write_turn``).
 
@@ -105,11 +91,11 @@ class SqliteWriter:
                 result: R = await done
             return result
 
-    def _run(self, work: Callable[[DirectTx], Awaitable[R]], handover: _Handover) -> R:
+    def _run(self, work: Callable[[SqliteTx], Awaitable[R]], handover: _Handover) -> R:
         conn = self._connection()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            result: R = _drive(work(DirectTx(conn, None)))
+            result: R = _drive(work(SqliteTx(conn, None)))
             if not handover.commit():
                 raise _Abandoned
             conn.execute("COMMIT")
@@ -120,13 +106,13 @@ class SqliteWriter:
         return result
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[DirectTx]:
+    async def write(self) -> AsyncIterator[SqliteTx]:
         """A transaction whose statements each take a hop to the writer's thread (for writes that await
         other things between statements). The caller holds the process's write turn."""
         conn = await self._hop(self._connection)
         try:
             await self._hop(lambda: conn.execute("BEGIN IMMEDIATE"))
-            yield DirectTx(conn, self._hop)
+            yield SqliteTx(conn, self._hop)
         except BaseException:
             # Queued behind every statement sent (the thread runs them in order), a BEGIN or a statement
             # whose caller was cut short included: none of it can outlive the rollback.
@@ -208,22 +194,20 @@ def _drive(awaitable: Awaitable[R]) -> R:
     raise RuntimeError("a SQLite write transaction's work waited on something other than its statements")
 
 
-class DirectTx:
-    """A write transaction on the writer's connection: the store's statements in SQLite's SQL.
+class SqliteTx(DirectTx):
+    """A write transaction on the writer's connection (the statements: ``gateway.store.direct``).
 
     With ``hop`` None it runs on the writer's thread (inside :meth:`SqliteWriter.transact`) and each
     method returns without suspending; with ``hop`` each statement is sent to that thread."""
 
-    __slots__ = ("_conn", "_hop", "_read")
+    __slots__ = ("_conn", "_hop")
 
     def __init__(
         self, conn: sqlite3.Connection, hop: Callable[[Callable[[], Any]], Awaitable[Any]] | None
     ) -> None:
+        super().__init__()
         self._conn = conn
         self._hop = hop
-        # Each task row as this transaction read it (or last wrote it): an update writes only the columns
-        # that differ from it (a progress callback writes two: progress and version).
-        self._read: dict[str, Task] = {}
 
     async def _do(self, fn: Callable[[sqlite3.Connection], R]) -> R:
         try:
@@ -234,239 +218,14 @@ class DirectTx:
         except sqlite3.IntegrityError as exc:
             raise StoreRace(str(exc)) from exc
 
-    def _seen(self, task: Task) -> Task:
-        self._read[task.id] = task
-        return task
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
+        return await self._do(lambda c: c.execute(sql, params).fetchall())
 
-    # --- reads ----------------------------------------------------------------------------------------
+    async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return await self._do(lambda c: c.execute(sql, params).rowcount)
 
-    async def task(self, task_id: str) -> StoredTask | None:
-        def run(c: sqlite3.Connection) -> StoredTask | None:
-            row = c.execute(f"{_SELECT_TASK} WHERE id = ?", (task_id,)).fetchone()
-            return None if row is None else StoredTask(_task(row), row[10])
-
-        return await self._do(run)
-
-    async def lock_task(self, task_id: str) -> StoredTask | None:
-        stored = await self.task(task_id)  # the write transaction holds SQLite's one write lock already
-        if stored is not None:
-            self._seen(stored.task)
-        return stored
-
-    async def entries(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
-        return await self._do(
-            lambda c: c.execute(
-                "SELECT version, event FROM entries WHERE task_id = ? AND version > ? AND version <= ? "
-                "ORDER BY version",
-                (task_id, after, upto),
-            ).fetchall()
-        )
-
-    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
-        ids = [i for i in task_ids if "\x00" not in i]
-
-        def run(c: sqlite3.Connection) -> dict[str, int]:
-            found: dict[str, int] = {}
-            for start in range(0, len(ids), _IN_CHUNK):
-                chunk = ids[start : start + _IN_CHUNK]
-                found.update(
-                    c.execute(f"SELECT id, version FROM tasks WHERE id IN ({_marks(len(chunk))})", chunk)
-                )
-            return found
-
-        return await self._do(run)
-
-    async def relay_pending(self) -> int:
-        return await self._do(
-            lambda c: int(c.execute("SELECT count(*) FROM outbox WHERE relayed_at_ms IS NULL").fetchone()[0])
-        )
-
-    async def next_deadline(self) -> int | None:
-        return await self._do(
-            lambda c: c.execute(f"SELECT min(expires_at_ms) FROM tasks WHERE {_ACTIVE}").fetchone()[0]
-        )
-
-    async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
-        where, params = [], []
-        if state is not None:
-            where.append("state = ?")
-            params.append(state)
-        if after is not None:
-            where.append("id > ?")
-            params.append(after)
-        clause = f" WHERE {' AND '.join(where)}" if where else ""
-        query = f"{_SELECT_TASK}{clause} ORDER BY id LIMIT ?"
-        return await self._do(lambda c: [_task(r) for r in c.execute(query, (*params, limit))])
-
-    # --- writes ---------------------------------------------------------------------------------------
-
-    async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
-        ids = sorted({i for i in task_ids if "\x00" not in i})
-
-        def run(c: sqlite3.Connection) -> dict[str, StoredTask]:
-            found: dict[str, StoredTask] = {}
-            for start in range(0, len(ids), _IN_CHUNK):
-                chunk = ids[start : start + _IN_CHUNK]
-                query = f"{_SELECT_TASK} WHERE id IN ({_marks(len(chunk))}) ORDER BY id"
-                for row in c.execute(query, chunk):
-                    found[row[0]] = StoredTask(self._seen(_task(row)), row[10])
-            return found
-
-        return await self._do(run)
-
-    async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
-        columns = ", ".join((*TASK_COLUMNS, "ttl_ms", "created_at_ms"))
-        query = f"INSERT INTO tasks ({columns}) VALUES ({_marks(len(TASK_COLUMNS) + 2)})"
-        await self._do(lambda c: c.execute(query, (*task_values(task).values(), ttl_ms, created_at_ms)))
-
-    def _changes(self, task: Task) -> dict[str, Any]:
-        """The columns of ``task`` that differ from the row as this transaction knows it."""
-        before = self._read.get(task.id)
-        self._read[task.id] = task
-        return changed_values(before, task)
-
-    async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
-        await self.record_many([(transition, encoded_event, notify_at_ms)])
-
-    async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
-        # One row write per task, from the version before its first transition to its last state.
-        first: dict[str, Transition] = {}
-        last: dict[str, Transition] = {}
-        for transition, _, _ in items:
-            first.setdefault(transition.task.id, transition)
-            last[transition.task.id] = transition
-        # One executemany per set of changed columns (a batch of progress callbacks: one).
-        updates: dict[str, list[tuple[Any, ...]]] = {}
-        for task_id, transition in last.items():
-            changes = self._changes(transition.task)
-            query = f"UPDATE tasks SET {', '.join(f'{n} = ?' for n in changes)} WHERE id = ? AND version = ?"
-            before = first[task_id].task.version - 1
-            updates.setdefault(query, []).append((*changes.values(), task_id, before))
-        history = [
-            (t.task.id, t.entry.version, t.entry.event.type, t.entry.event.at_ms, encoded)
-            for t, encoded, _ in items
-            if t.entry is not None
-        ]
-        notified = [(t.task.id, t.task.state, at, t.task.version) for t, _, at in items if t.notify]
-
-        def run(c: sqlite3.Connection) -> None:
-            for query, rows in updates.items():
-                if c.executemany(query, rows).rowcount != len(rows):
-                    # The write lock makes this impossible; never write over a concurrent change.
-                    raise RuntimeError("a task changed under its lock")
-            c.executemany(
-                "INSERT INTO entries (task_id, version, type, at_ms, event) VALUES (?, ?, ?, ?, ?)", history
-            )
-            if notified:
-                c.executemany(
-                    "INSERT INTO outbox (task_id, state, at_ms, version) VALUES (?, ?, ?, ?)", notified
-                )
-
-        await self._do(run)
-
-    async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
-        # The partial index ix_tasks_live_deadline answers this in O(batch), whatever the table's size.
-        query = f"{_SELECT_TASK} WHERE {_ACTIVE} AND expires_at_ms <= ? ORDER BY expires_at_ms LIMIT ?"
-        return await self._do(lambda c: [self._seen(_task(r)) for r in c.execute(query, (now_ms, limit))])
-
-    async def callback_digest(self, callback_id: str) -> str | None:
-        return (await self.callback_digests([callback_id])).get(callback_id)
-
-    async def insert_callback(self, callback_id: str, task_id: str, at_ms: int, digest: str) -> None:
-        await self.insert_callbacks([(callback_id, task_id, at_ms, digest)])
-
-    async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
-        ids = sorted(set(callback_ids))
-
-        def run(c: sqlite3.Connection) -> dict[str, str]:
-            found: dict[str, str] = {}
-            for start in range(0, len(ids), _IN_CHUNK):
-                chunk = ids[start : start + _IN_CHUNK]
-                marks = _marks(len(chunk))
-                found.update(
-                    c.execute(
-                        f"SELECT callback_id, digest FROM callbacks WHERE callback_id IN ({marks})", chunk
-                    )
-                )
-            return found
-
-        return await self._do(run)
-
-    async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
-        if rows:
-            await self._do(
-                lambda c: c.executemany(
-                    "INSERT INTO callbacks (callback_id, task_id, at_ms, digest) VALUES (?, ?, ?, ?)", rows
-                )
-            )
-
-    async def receipt(self, idempotency_key: str) -> Receipt | None:
-        def run(c: sqlite3.Connection) -> Receipt | None:
-            row = c.execute(
-                "SELECT task_id, result_ref, result_hash, idempotency_key, delivered_at_ms FROM deliveries "
-                "WHERE idempotency_key = ?",
-                (idempotency_key,),
-            ).fetchone()
-            return None if row is None else Receipt(*row)
-
-        return await self._do(run)
-
-    async def insert_receipt(self, receipt: Receipt) -> None:
-        await self._do(
-            lambda c: c.execute(
-                "INSERT INTO deliveries (idempotency_key, task_id, result_ref, result_hash, delivered_at_ms) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (
-                    receipt.idempotency_key,
-                    receipt.task_id,
-                    receipt.result_ref,
-                    receipt.result_hash,
-                    receipt.delivered_at_ms,
-                ),
-            )
-        )
-
-    async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
-        rows = await self._do(
-            lambda c: c.execute(
-                "UPDATE outbox SET drained_at_ms = ? WHERE drained_at_ms IS NULL "
-                "RETURNING id, task_id, state, at_ms, version",
-                (now_ms,),
-            ).fetchall()
-        )
-        return [(r[0], Notification(*r[1:])) for r in rows]
-
-    async def claim_relay(self, now_ms: int, lease_until_ms: int, limit: int) -> list[Outgoing]:
-        # The partial index ix_outbox_relay_due answers this in O(batch): relayed rows are not in it.
-        def run(c: sqlite3.Connection) -> list[Outgoing]:
-            rows = c.execute(
-                "SELECT id, task_id, state, at_ms, version, relay_attempts FROM outbox "
-                "WHERE relayed_at_ms IS NULL AND relay_next_at_ms <= ? ORDER BY relay_next_at_ms, id LIMIT ?",
-                (now_ms, limit),
-            ).fetchall()
-            c.executemany(
-                "UPDATE outbox SET relay_next_at_ms = ?, relay_attempts = relay_attempts + 1 WHERE id = ?",
-                [(lease_until_ms, r[0]) for r in rows],
-            )
-            return [Outgoing(r[0], Notification(*r[1:5]), r[5] + 1) for r in rows]
-
-        return await self._do(run)
-
-    async def relay_sent(self, outbox_ids: Sequence[int], now_ms: int) -> None:
-        rows = [(now_ms, i) for i in sorted(set(outbox_ids))]
-        await self._do(
-            lambda c: c.executemany(
-                "UPDATE outbox SET relayed_at_ms = ? WHERE id = ? AND relayed_at_ms IS NULL", rows
-            )
-        )
-
-    async def relay_later(self, outbox_id: int, next_at_ms: int) -> None:
-        await self._do(
-            lambda c: c.execute(
-                "UPDATE outbox SET relay_next_at_ms = ? WHERE id = ? AND relayed_at_ms IS NULL",
-                (next_at_ms, outbox_id),
-            )
-        )
+    async def run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        return await self._do(lambda c: c.executemany(sql, rows).rowcount)
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         raise NotImplementedError("SQLite has no NOTIFY")

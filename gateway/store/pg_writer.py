@@ -1,0 +1,298 @@
+"""PostgreSQL writes on asyncpg itself: a write transaction on a connection of SQLAlchemy's pool, its
+statements (``gateway.store.direct``) sent with no SQLAlchemy between.
+
+Why: under a stream of callbacks the gateway's process is the bottleneck, not PostgreSQL, and through
+SQLAlchemy Core a callback batch spent more of its CPU compiling, caching and crossing greenlets than in
+the driver, for nine round trips (begin, lock, dedup, three writes, the callback ids, ``NOTIFY``, commit).
+Here the statement texts are made once, asyncpg prepares each once per connection, and a batch makes five
+round trips: ``BEGIN``, the lock, the dedup lookup, every write at once, ``COMMIT``.
+
+Every write at once: the batch writes of a transaction (task rows, their entries and notifications, the
+callback ids, the ``NOTIFY`` messages) are held by :class:`PgTx` until the transaction's next statement or
+its commit, then sent as one statement (data-modifying CTEs over ``unnest`` of one array per column). The
+task rows go first and the rest only if each of them was at the version the transaction read: a task row
+changed under its lock (impossible while the lock holds) writes nothing and raises.
+
+The connection comes from the engine's pool, shared with the reads, and goes back to it as it came:
+outside any transaction. A transaction cut short (an error, its deadline, a stop) is rolled back before
+the connection goes back; a connection that is broken, or cannot roll back in time, is invalidated (the
+pool opens another), and one found closed when taken (PostgreSQL restarted meanwhile) is replaced before
+the transaction starts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy import Table
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gateway.machine import Task, Transition
+from gateway.store.base import StoredTask, StoreRace
+from gateway.store.direct import SELECT_TASK, DirectTx, spans
+from gateway.store.tables import callbacks, entries, outbox, task_values, tasks
+
+# The longest a rollback may take before its connection is given up (invalidated) instead.
+ROLLBACK_DEADLINE_S = 5.0
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+
+
+class PgWriter:
+    """Write transactions on the raw asyncpg connections of ``engine``'s pool."""
+
+    def __init__(self, engine: AsyncEngine, *, pool_capacity: int) -> None:
+        self.engine = engine
+        # Connections the pool may hold: how many closed ones a checkout may find before an open one.
+        self._capacity = pool_capacity
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[PgTx]:
+        """A transaction that commits when the block ends without an exception; :class:`StoreRace` when
+        a unique key was taken by a concurrent transaction (nothing written)."""
+        conn, driver = await self._checkout()
+        try:
+            await driver.execute("BEGIN")
+            tx = PgTx(driver)
+            yield tx
+            await tx.flush()
+            try:
+                status = await driver.execute("COMMIT")
+            except asyncpg.UniqueViolationError as exc:
+                raise StoreRace(str(exc)) from exc
+            if status != "COMMIT":  # a statement failed and its error was swallowed: nothing was written
+                raise RuntimeError(f"the transaction did not commit ({status})")
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                kept = await self._checkin(conn, driver, committed=False)
+            if not kept and isinstance(exc, _DRIVER_ERRORS):
+                # What the driver says of a connection that died under a statement varies (the server's
+                # FATAL message, "connection is closed", a protocol state error): it is one thing.
+                raise ConnectionError("the connection to PostgreSQL was lost during a write") from exc
+            raise
+        with anyio.CancelScope(shield=True):
+            await self._checkin(conn, driver, committed=True)
+
+    async def _checkout(self) -> tuple[AsyncConnection, Any]:
+        """A pooled connection and its asyncpg connection, open (as far as can be told without a query)."""
+        for attempt in range(self._capacity + 1):
+            conn = await self.engine.connect()
+            try:
+                driver: Any = (await conn.get_raw_connection()).driver_connection
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await conn.close()
+                raise
+            if not driver.is_closed() or attempt == self._capacity:
+                return conn, driver
+            # Closed while it waited in the pool (PostgreSQL restarted, an idle timeout): replaced.
+            with anyio.CancelScope(shield=True):
+                await conn.invalidate()
+                await conn.close()
+        raise AssertionError("unreachable")
+
+    async def _checkin(self, conn: AsyncConnection, driver: Any, *, committed: bool) -> bool:
+        """Give the connection back to the pool outside any transaction (``True``), or invalidate it."""
+        kept = not driver.is_closed()
+        if kept and not committed:
+            # Also after a statement cut short: asyncpg waits for its cancellation first. Outside a
+            # transaction (BEGIN never ran, or COMMIT failed and ended it) this is a harmless warning.
+            try:
+                with anyio.fail_after(ROLLBACK_DEADLINE_S):
+                    await driver.execute("ROLLBACK")
+            except Exception:
+                kept = False
+        kept = kept and not driver.is_in_transaction()
+        if not kept:
+            await conn.invalidate()
+        await conn.close()
+        return kept
+
+
+class PgTx(DirectTx):
+    """A write transaction on an asyncpg connection: the statements of :class:`DirectTx` numbered for
+    PostgreSQL, rows locked, lists of ids as one array, the batch writes held and sent together."""
+
+    __slots__ = ("_batch", "_conn")
+
+    LOCK = " FOR UPDATE"
+    CLAIM = " FOR UPDATE SKIP LOCKED"
+
+    def __init__(self, conn: Any) -> None:
+        super().__init__()
+        self._conn = conn
+        self._batch = _Batch()
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
+        await self.flush()
+        try:
+            rows: Sequence[Sequence[Any]] = await self._conn.fetch(numbered(sql), *params)
+        except asyncpg.UniqueViolationError as exc:
+            raise StoreRace(str(exc)) from exc
+        return rows
+
+    async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        await self.flush()
+        try:
+            status: str = await self._conn.execute(numbered(sql), *params)
+        except asyncpg.UniqueViolationError as exc:
+            raise StoreRace(str(exc)) from exc
+        return int(status.rpartition(" ")[2])  # "UPDATE 3", "INSERT 0 1"
+
+    def in_list(self, column: str, values: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
+        if values:
+            yield f"{column} = ANY(?)", [list(values)]
+
+    # Locks and dedup look each id up on its own (an index probe per id). A prepared ``id = ANY(?)`` gets a
+    # generic plan after five runs, and on a table without statistics yet (a new database, until autovacuum
+    # analyzes it) that plan is a scan of the whole table, kept while the table grows: seen as 450 rows
+    # read per callback in the callbacks benchmark.
+
+    async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
+        # Locked in the order of the ids (sorted), so that concurrent batches lock in one order.
+        ids = sorted({i for i in task_ids if "\x00" not in i})
+        if not ids:
+            return {}
+        return self._locked(await self.fetch(_LOCK_TASKS, (ids,)))
+
+    async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
+        if not callback_ids:
+            return {}
+        rows = await self.fetch(_DIGESTS, (sorted(set(callback_ids)),))
+        return {r[0]: r[1] for r in rows if r[1] is not None}
+
+    # --- the batch writes, held until the next statement or the commit ----------------------------------
+
+    async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
+        batch = self._batch
+        for task_id, (before, task) in spans(items).items():
+            batch.columns.update(self._changes(task))
+            held = batch.updates.get(task_id)
+            batch.updates[task_id] = (before if held is None else held[0], task)
+        for t, encoded, at in items:
+            if t.entry is not None:
+                batch.entries.append(
+                    (t.task.id, t.entry.version, t.entry.event.type, t.entry.event.at_ms, encoded)
+                )
+            if t.notify:
+                batch.outbox.append((t.task.id, t.task.state, at, t.task.version))
+
+    async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
+        self._batch.callbacks.extend(rows)
+
+    async def notify(self, channel: str, payloads: Sequence[str]) -> None:
+        self._batch.notices.extend((channel, p) for p in payloads)
+
+    async def flush(self) -> None:
+        """Send the writes held so far, in one statement."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = _Batch()
+        columns = tuple(sorted(batch.columns))
+        params: list[Any] = []
+        if batch.updates:
+            ids = list(batch.updates)
+            values = [task_values(task) for _, task in batch.updates.values()]
+            params += [ids, [before for before, _ in batch.updates.values()]]
+            params += [[v[name] for v in values] for name in columns]
+            params.append(len(ids))
+        # Callback ids in one order, so that two batches inserting the same ones cannot deadlock: the
+        # second waits for the first, then loses the race (StoreRace) and runs again.
+        for rows, width in (
+            (batch.entries, 5),
+            (batch.outbox, 4),
+            (sorted(batch.callbacks), 4),
+            (batch.notices, 2),
+        ):
+            params += _arrays(rows, width)
+        try:
+            checked, _ = await self._conn.fetchrow(_batch_sql(columns if batch.updates else None), *params)
+        except asyncpg.UniqueViolationError as exc:
+            raise StoreRace(str(exc)) from exc
+        if not checked:  # the row locks make this impossible; never write over a concurrent change
+            raise RuntimeError("a task changed under its lock")
+
+
+class _Batch:
+    """The writes a :class:`PgTx` holds."""
+
+    __slots__ = ("callbacks", "columns", "entries", "notices", "outbox", "updates")
+
+    def __init__(self) -> None:
+        # Each task's row write: the version it was read at, its last state; and the columns to set.
+        self.updates: dict[str, tuple[int, Task]] = {}
+        self.columns: set[str] = set()
+        self.entries: list[tuple[str, int, str, float, bytes]] = []
+        self.outbox: list[tuple[str, str, float, int]] = []
+        self.callbacks: list[tuple[str, str, int, str]] = []
+        self.notices: list[tuple[str, str]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.updates or self.entries or self.outbox or self.callbacks or self.notices)
+
+
+def _arrays(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    """Rows as one array per column."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
+@functools.lru_cache(maxsize=512)
+def numbered(sql: str) -> str:
+    """``?`` placeholders as PostgreSQL's ``$1, $2...``."""
+    first, *rest = sql.split("?")
+    return first + "".join(f"${n}{part}" for n, part in enumerate(rest, 1))
+
+
+_LOCK_TASKS = (
+    "SELECT t.* FROM unnest(?::text[]) AS i(id) "
+    f"CROSS JOIN LATERAL ({SELECT_TASK} WHERE id = i.id FOR UPDATE) AS t"
+)
+_DIGESTS = (
+    "SELECT i.id, (SELECT digest FROM callbacks WHERE callback_id = i.id) FROM unnest(?::text[]) AS i(id)"
+)
+_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+def _unnest(table: Table, names: Sequence[str], aliases: Sequence[str] | None = None) -> str:
+    """``unnest`` of one array parameter per column of ``table``, typed as the column is."""
+    arrays = ", ".join(f"?::{table.c[name].type.compile(dialect=_DIALECT)}[]" for name in names)
+    return f"unnest({arrays})" + (f" AS v({', '.join(aliases)})" if aliases else "")
+
+
+def _insert(table: Table, names: Sequence[str]) -> str:
+    return (
+        f"{table.name}_rows AS (INSERT INTO {table.name} ({', '.join(names)}) "
+        f"SELECT * FROM {_unnest(table, names)} WHERE (SELECT ok FROM checked))"
+    )
+
+
+@functools.cache
+def _batch_sql(columns: tuple[str, ...] | None) -> str:
+    """The statement of a batch's writes (its parameters in :meth:`PgTx.flush`): the task rows (``None``:
+    none) setting ``columns``, checked at their versions, then the entries, notifications, callback ids
+    and ``NOTIFY`` messages. Answers whether the task rows were as read, and how many messages went."""
+    if columns is None:
+        parts = ["checked AS (SELECT true AS ok)"]
+    else:
+        source = _unnest(tasks, ("id", "version", *columns), ("id", "before", *columns))
+        assigned = ", ".join(f"{name} = v.{name}" for name in columns)
+        parts = [
+            f"updated AS (UPDATE tasks AS t SET {assigned} FROM {source} "
+            "WHERE t.id = v.id AND t.version = v.before RETURNING t.id)",
+            "checked AS (SELECT count(*) = ? AS ok FROM updated)",
+        ]
+    parts += [
+        _insert(entries, ("task_id", "version", "type", "at_ms", "event")),
+        _insert(outbox, ("task_id", "state", "at_ms", "version")),
+        _insert(callbacks, ("callback_id", "task_id", "at_ms", "digest")),
+        # unnest keeps the arrays' order, and pg_notify runs after the ORDER BY: messages go in order.
+        "sent AS (SELECT pg_notify(m.channel, m.payload) FROM unnest(?::text[], ?::text[]) "
+        "WITH ORDINALITY AS m(channel, payload, n) WHERE (SELECT ok FROM checked) ORDER BY m.n)",
+    ]
+    return numbered(f"WITH {', '.join(parts)} SELECT (SELECT ok FROM checked), (SELECT count(*) FROM sent)")

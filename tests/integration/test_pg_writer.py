@@ -1,0 +1,175 @@
+"""PostgreSQL's writes go on asyncpg itself, on connections of SQLAlchemy's pool (gateway.store.pg_writer).
+
+What a caller is told must be what the database holds when a write is cut short by its deadline; a
+connection must go back to the pool outside any transaction, whatever ended the one on it (a session left
+"idle in transaction" holds its row locks, and every later callback of those tasks would wait on them);
+and a connection PostgreSQL closed (a restart, an operator's ``pg_terminate_backend``) must cost at most
+the transaction that was on it, answered as the database being unavailable (503, retry), not a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+import sqlalchemy
+
+import gateway.book
+from gateway.book import Book
+from gateway.machine import Start, create_task
+from gateway.store import Database
+from gateway.store.base import StoreRace
+from gateway.store.database import database_unavailable
+from gateway.store.sql import SqlStore
+from tests.support import FakeClock, postgres_database
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with postgres_database() as made:
+        yield made
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[SqlStore]:
+    opened = SqlStore(Database(url))
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+async def other(url: str) -> AsyncIterator[Any]:
+    """A connection of another program (an operator's psql)."""
+    conn = await asyncpg.connect(url, timeout=5)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def version(store: SqlStore, task_id: str) -> int:
+    async with store.read() as tx:
+        stored = await tx.task(task_id)
+    assert stored is not None
+    return stored.task.version
+
+
+async def sessions_in_a_transaction(other: Any) -> int:
+    """The sessions of the database, the caller's aside, that are between statements of a transaction."""
+    count: int = await other.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"
+    )
+    return count
+
+
+async def test_a_callback_answered_503_at_its_deadline_is_not_applied_afterwards(
+    store: SqlStore, other: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another program holds the task's row lock past the database deadline: the worker is answered
+    503, so the callback must not be applied once the lock is let go (live subscribers would never hear
+    of it, and the worker retries it), and the connection it waited on is back in the pool, usable."""
+    book = Book(store, FakeClock())
+    await book.create("t", 60_000, 3)
+    async with other.transaction():
+        await other.execute("SELECT 1 FROM tasks WHERE id = 't' FOR UPDATE")
+        monkeypatch.setattr(gateway.book, "DB_DEADLINE_S", 0.5)
+        with pytest.raises(TimeoutError):
+            await book.callback("t", lambda now: Start(now, "w1"))
+    monkeypatch.setattr(gateway.book, "DB_DEADLINE_S", 10.0)
+    assert await sessions_in_a_transaction(other) == 0
+    assert await version(store, "t") == 0
+    outcome = await book.callback("t", lambda now: Start(now, "w1"))  # the worker's retry
+    assert outcome.transition.task.version == 1 and await version(store, "t") == 1
+
+
+async def test_a_failed_transaction_leaves_its_connection_outside_any_transaction(
+    store: SqlStore, other: Any
+) -> None:
+    """Every way a transaction ends without its commit (its work raised, a lost race, a statement the
+    database refused) rolls it back before the connection goes back to the pool."""
+    book = Book(store, FakeClock())
+    await book.create("t", 60_000, 3)
+    with pytest.raises(RuntimeError):
+        async with store.write() as tx:
+            await tx.lock_tasks(["t"])
+            raise RuntimeError("the work failed")
+    with pytest.raises(asyncpg.StringDataRightTruncationError):
+        async with store.write() as tx:
+            await tx.lock_tasks(["t"])
+            await tx.insert_task(
+                create_task(id="x" * 200, now_ms=1_000, ttl_ms=60_000, max_attempts=3), 60_000, 1_000
+            )
+    with pytest.raises(StoreRace):
+        async with store.write() as tx:
+            await tx.lock_tasks(["t"])
+            await tx.insert_task(
+                create_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3), 60_000, 1_000
+            )
+    assert await sessions_in_a_transaction(other) == 0
+    outcome = await book.callback("t", lambda now: Start(now, "w1"))
+    assert outcome.transition.task.version == 1
+
+
+async def test_a_pooled_connection_postgresql_closed_is_replaced_before_a_write(
+    store: SqlStore, other: Any
+) -> None:
+    """PostgreSQL closes the pool's idle connections (a restart, an operator terminating sessions): the
+    next write takes a new connection instead of failing on a closed one (a 503 for nothing)."""
+    returned: list[Any] = []
+
+    def checked_in(dbapi_connection: Any, *args: object) -> None:
+        if dbapi_connection is not None:  # (None: one invalidated)
+            returned.append(dbapi_connection.driver_connection)
+
+    sqlalchemy.event.listen(store.db.engine.sync_engine, "checkin", checked_in)
+    book = Book(store, FakeClock())
+    await book.create("t", 60_000, 3)
+    assert returned
+    await other.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    with anyio.fail_after(5):
+        while not all(conn.is_closed() for conn in returned):  # noqa: ASYNC110  (the driver's own state)
+            await anyio.sleep(0.01)
+    outcome = await book.callback("t", lambda now: Start(now, "w1"))
+    assert outcome.transition.task.version == 1
+
+
+async def test_a_connection_lost_mid_transaction_is_unavailable_and_the_next_write_works(
+    store: SqlStore, other: Any
+) -> None:
+    with pytest.raises(Exception) as lost:
+        async with store.write() as tx:
+            (row,) = await tx.fetch("SELECT pg_backend_pid()")  # type: ignore[attr-defined]
+            await other.execute("SELECT pg_terminate_backend($1)", row[0])
+            await tx.insert_task(
+                create_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3), 60_000, 1_000
+            )
+    assert database_unavailable(lost.value), repr(lost.value)
+    book = Book(store, FakeClock())
+    _, created = await book.create("t", 60_000, 3)
+    assert created
+
+
+async def test_a_transaction_whose_statement_failed_never_reports_a_commit(store: SqlStore) -> None:
+    """A statement's error caught inside the transaction: PostgreSQL has rolled it back, so its end must
+    raise rather than pass for a commit of what came before the error."""
+    with pytest.raises(RuntimeError, match="did not commit"):
+        async with store.write() as tx:
+            await tx.insert_task(
+                create_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3), 60_000, 1_000
+            )
+            with pytest.raises(asyncpg.DivisionByZeroError):
+                await tx.fetch("SELECT 1 / 0")  # type: ignore[attr-defined]
+    async with store.read() as tx:
+        assert await tx.task("t") is None
