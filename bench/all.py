@@ -85,7 +85,12 @@ WORKLOADS = {
         "each sent when due or as soon as the previous one is answered, for a fixed time) on one task "
         "with N = 1,000 and 5,000 subscribers, beside the same callbacks with 10 subscribers: the answer "
         "should follow the commit, not the fan-out; where fan-out asks more than the process has, the "
-        "fan-out is shed (several entries in one write, or a `conflated` snapshot), not the callbacks.",
+        "fan-out is shed (several entries in one write, or a `conflated` snapshot), not the callbacks. "
+        "For these runs the gateway, and the bench process that times its answers, are on one core and "
+        "the subscriber processes on the other(s), as clients on other machines would be: `SCHED_IDLE` "
+        "alone did not keep them off the gateway's wake-ups (under this kernel's preemption model, "
+        "PREEMPT_NONE, a client inside a system call is not preempted until it leaves it; `perf sched "
+        "timehist` showed the gateway's threads runnable but waiting 3-5 ms behind one).",
     ),
     5: (
         "reconnect storm",
@@ -617,6 +622,7 @@ async def workload_latency(cfg: Config, servers: Servers, report: Report) -> Non
                 timeout_s=cfg.step_timeout_s,
                 seconds=seconds,
                 server=server,
+                cores=harness.split_cores(),
             )
     base = runs[small]
     for n, target in ((middle, "<= 2x"), (large, "(shed fan-out)")):

@@ -131,6 +131,7 @@ async def bench_gateway(
     timeout_s: float = 180.0,
     seconds: float | None = None,
     server: harness.Server | None = None,
+    cores: tuple[set[int], set[int]] | None = None,
 ) -> dict[str, Any]:
     """One run: ``subscribers`` on one gateway process (none: callbacks alone); ``callbacks`` posted to it
     at ``rate`` (with ``seconds``: for that long at most, then the task ended), or (``remote``) to a second
@@ -139,7 +140,10 @@ async def bench_gateway(
 
     The server's CPU is read before the first callback and after the last one is answered and, with
     subscribers, once every subscriber has the last entry: with none, the window holds the callbacks
-    alone, the base a run with subscribers is compared with."""
+    alone, the base a run with subscribers is compared with.
+
+    ``cores`` (``harness.split_cores``): the gateway and this process (which times the callbacks) on the
+    first set for the run, the subscriber processes on the second."""
     import httpx
 
     task_id = f"bench-{uuid.uuid4().hex[:8]}"  # runs may share a database
@@ -149,6 +153,8 @@ async def bench_gateway(
         writer = server
         if remote:
             writer = await stack.enter_async_context(harness.gateway(database_url, bus=bus))
+        if cores is not None:
+            stack.enter_context(harness.on_cores([server.pid, writer.pid, os.getpid()], cores[0]))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=server.http, timeout=60))
         write_http = await stack.enter_async_context(httpx.AsyncClient(base_url=writer.http, timeout=60))
         made = await create_task(http, task_id, attempts_for(callbacks))
@@ -163,6 +169,7 @@ async def bench_gateway(
                 stream=True,
                 expect_close=1000,
                 timeout_s=timeout_s,
+                cores=cores[1] if cores is not None else None,
             )
             stack.push_async_callback(clients.close)
             await clients.connect(timeout_s)

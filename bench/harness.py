@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,49 @@ async def profiled(pid: int, name: str) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(spy.wait(), 30)
         print(f"profile of pid {pid}: {out}", file=sys.stderr)
+
+
+# Cores for a latency measurement (workload 4): the server under test, with the process that times its
+# answers, on the first; the subscriber processes on the others. The subscribers stand for clients on other
+# machines. SCHED_IDLE alone (see subscribers.py) does not keep them off the server's wake-ups here: under
+# this kernel's preemption model (PREEMPT_NONE, 250 Hz) a client inside a system call is not preempted
+# until it leaves it, and `perf sched timehist` showed the gateway's threads runnable but waiting 3-5 ms
+# behind one. ``None`` where there is one core, or the process may not choose.
+def split_cores() -> tuple[set[int], set[int]] | None:
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    if len(cores) < 2:
+        return None
+    return {cores[0]}, set(cores[1:])
+
+
+def set_cores(pid: int, cores: set[int]) -> dict[int, set[int]]:
+    """Every thread of ``pid`` on ``cores`` (threads it starts later inherit it); their cores before."""
+    before: dict[int, set[int]] = {}
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cores)
+    return before
+
+
+@contextlib.contextmanager
+def on_cores(pids: Sequence[int], cores: set[int] | None) -> Iterator[None]:
+    """The processes ``pids`` (every thread) on ``cores`` for the block, then back (``None``: unchanged)."""
+    if cores is None:
+        yield
+        return
+    before: dict[int, set[int]] = {}
+    for pid in dict.fromkeys(pids):  # each once: a second pass would keep the new cores as the old
+        before.update(set_cores(pid, cores))
+    try:
+        yield
+    finally:
+        for tid, cores_before in before.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cores_before)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -476,6 +519,7 @@ class Clients:
         concurrency: int = 200,
         expect_close: int | None = None,
         timeout_s: float = 180.0,
+        cores: set[int] | None = None,
     ) -> Clients:
         total = sum(count for _, count, _ in groups)
         procs = max(1, min(procs, total))
@@ -496,6 +540,7 @@ class Clients:
                     "concurrency": concurrency,
                     "expect_close": expect_close,
                     "timeout_s": timeout_s,
+                    "cores": sorted(cores) if cores else None,
                 }
                 processes.append(
                     await spawn(

@@ -319,7 +319,10 @@ def report(subs: list[Sub], final: int | None, expect_close: int | None) -> dict
 NICE = 10
 
 
-def step_aside() -> None:
+def step_aside(cores: list[int] | None = None) -> None:
+    """SCHED_IDLE (nice 10 where there is none); on ``cores`` if given (``harness.split_cores``)."""
+    if cores:
+        os.sched_setaffinity(0, cores)
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
@@ -327,6 +330,7 @@ def step_aside() -> None:
 
 
 if __name__ == "__main__":
-    step_aside()
+    spec = json.loads(sys.argv[1])
+    step_aside(spec.get("cores"))
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main(json.loads(sys.argv[1])))
+        asyncio.run(main(spec))
