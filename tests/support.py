@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, overload
@@ -23,6 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
+from gateway.store.base import Store, WriteTx
 from gateway.store.database import Database
 from gateway.store.migrate import migrate
 from gateway.web.server import GatewayServer, server_config
@@ -249,6 +250,37 @@ async def post_callback(
     assert answer.status_code == expect, answer.text
     result: dict[str, Any] = answer.json()
     return result
+
+
+# --- write transactions cut short ---------------------------------------------------------------------
+
+
+async def transact_cut_short(
+    store: Store,
+    work: Callable[[WriteTx], Awaitable[object]],
+    committing: Callable[[], Awaitable[None]],
+    finish_commit: Callable[[], Awaitable[None]],
+) -> list[object]:
+    """``store.transact(work)`` whose caller is cancelled (a stop, or the database deadline) once
+    ``committing()`` has returned (its COMMIT is under way and held there); then ``finish_commit()`` lets
+    the COMMIT go on. What the caller was told: ``[result]``, or ``["cancelled"]``."""
+    outcome: list[object] = []
+
+    async def caller(scope: anyio.CancelScope) -> None:
+        with scope:
+            outcome.append(await store.transact(work))
+            return
+        outcome.append("cancelled")
+
+    async with anyio.create_task_group() as tg:
+        scope = anyio.CancelScope()
+        tg.start_soon(caller, scope)
+        with anyio.fail_after(5):
+            await committing()
+        scope.cancel()
+        await anyio.wait_all_tasks_blocked()
+        await finish_commit()
+    return outcome
 
 
 # --- PostgreSQL -------------------------------------------------------------------------------------------

@@ -14,10 +14,11 @@ task rows go first and the rest only if each of them was at the version the tran
 changed under its lock (impossible while the lock holds) writes nothing and raises.
 
 The connection comes from the engine's pool, shared with the reads, and goes back to it as it came:
-outside any transaction. A transaction cut short (an error, its deadline, a stop) is rolled back before
-the connection goes back; a connection that is broken, or cannot roll back in time, is invalidated (the
-pool opens another), and one found closed when taken (PostgreSQL restarted meanwhile) is replaced before
-the transaction starts.
+outside any transaction. A transaction cut short (an error, its deadline, a stop) before its ``COMMIT`` is
+rolled back before the connection goes back; one cut short during its ``COMMIT`` waits for the answer, so
+that the caller is told what PostgreSQL did (as the SQLite writer's ``transact`` does). A connection that
+is broken, or cannot roll back in time, is invalidated (the pool opens another), and one found closed when
+taken (PostgreSQL restarted meanwhile) is replaced before the transaction starts.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from gateway.store.tables import callbacks, entries, outbox, task_values, tasks
 
 # The longest a rollback may take before its connection is given up (invalidated) instead.
 ROLLBACK_DEADLINE_S = 5.0
+# The longest a caller waits for the answer to its COMMIT, past its own deadline or a stop included.
+COMMIT_DEADLINE_S = 5.0
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
 
@@ -61,10 +64,8 @@ class PgWriter:
             tx = PgTx(driver)
             yield tx
             await tx.flush()
-            try:
-                status = await driver.execute("COMMIT")
-            except asyncpg.UniqueViolationError as exc:
-                raise StoreRace(str(exc)) from exc
+            await anyio.lowlevel.checkpoint_if_cancelled()  # cut short before its COMMIT: rolled back
+            status = await _commit(driver)
             if status != "COMMIT":  # a statement failed and its error was swallowed: nothing was written
                 raise RuntimeError(f"the transaction did not commit ({status})")
         except BaseException as exc:
@@ -112,6 +113,21 @@ class PgWriter:
             await conn.invalidate()
         await conn.close()
         return kept
+
+
+async def _commit(driver: Any) -> str:
+    """``COMMIT``, its answer waited for whatever cancels the caller meanwhile: once it is sent, PostgreSQL
+    may commit whatever the client does (a cancel cannot stop a commit past its point of no return, and
+    one lost on the way is never seen), so the caller is told what it did. No answer within
+    ``COMMIT_DEADLINE_S``: the outcome is unknown, the connection closed, and ``ConnectionError`` (a 503)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(COMMIT_DEADLINE_S):
+        try:
+            status: str = await driver.execute("COMMIT")
+        except asyncpg.UniqueViolationError as exc:
+            raise StoreRace(str(exc)) from exc
+        return status
+    driver.terminate()
+    raise ConnectionError(f"PostgreSQL did not answer a COMMIT within {COMMIT_DEADLINE_S:g} s")
 
 
 class PgTx(DirectTx):

@@ -18,13 +18,14 @@ import pytest
 import sqlalchemy
 
 import gateway.book
+import gateway.store.pg_writer
 from gateway.book import Book
 from gateway.machine import Start, create_task
 from gateway.store import Database
-from gateway.store.base import StoreRace
+from gateway.store.base import StoreRace, WriteTx
 from gateway.store.database import database_unavailable
 from gateway.store.sql import SqlStore
-from tests.support import FakeClock, postgres_database
+from tests.support import FakeClock, postgres_database, transact_cut_short
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -173,3 +174,81 @@ async def test_a_transaction_whose_statement_failed_never_reports_a_commit(store
                 await tx.fetch("SELECT 1 / 0")  # type: ignore[attr-defined]
     async with store.read() as tx:
         assert await tx.task("t") is None
+
+
+# A COMMIT that PostgreSQL holds until the test lets it go, and that a cancel cannot stop: a deferred
+# trigger waits for an advisory lock the test holds and ignores query_canceled, as a COMMIT past its point
+# of no return does (its WAL flush on a slow disk, a synchronous standby).
+_HELD_COMMIT = """
+CREATE FUNCTION held_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    LOOP
+        BEGIN
+            PERFORM pg_advisory_xact_lock_shared(4242);
+            RETURN NULL;
+        EXCEPTION WHEN query_canceled THEN
+            NULL;
+        END;
+    END LOOP;
+END $$;
+CREATE CONSTRAINT TRIGGER held_commit AFTER INSERT ON tasks DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION held_commit();
+"""
+
+
+async def wait_for_a_commit_held(other: Any) -> None:
+    while not await other.fetchval(  # noqa: ASYNC110  (another session's state: nothing to wait on)
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND query = 'COMMIT' AND wait_event_type = 'Lock'"
+    ):
+        await anyio.sleep(0.01)
+
+
+async def test_a_caller_cut_short_during_its_commit_gets_what_was_committed(
+    store: SqlStore, other: Any
+) -> None:
+    """The deadline (or a stop) falls while PostgreSQL is committing: the caller must be told what the
+    database holds. Told "cancelled" (a 503) for a committed callback, the worker retries what was applied,
+    and its news is never published (no bus message, no wake-up of the webhook relay)."""
+    await other.execute(_HELD_COMMIT)
+    await other.execute("SELECT pg_advisory_lock(4242)")
+    task = create_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3)
+
+    async def work(tx: WriteTx) -> str:
+        await tx.insert_task(task, 60_000, 1_000)
+        return "created"
+
+    async def finish_commit() -> None:
+        await other.execute("SELECT pg_advisory_unlock(4242)")
+
+    outcome = await transact_cut_short(store, work, lambda: wait_for_a_commit_held(other), finish_commit)
+    async with store.read() as tx:
+        committed = await tx.task("t") is not None
+    assert outcome == (["created"] if committed else ["cancelled"])
+    assert committed  # the trigger ignores the cancel: the COMMIT went through
+    assert await sessions_in_a_transaction(other) == 0
+
+
+async def test_a_commit_that_never_answers_is_unavailable_and_its_connection_is_not_reused(
+    url: str, other: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting for a COMMIT's answer is bounded: past ``COMMIT_DEADLINE_S`` its outcome is unknown, which
+    is a 503 (the worker retries with its callbackId), and the connection, in the middle of the COMMIT,
+    is closed rather than handed to the next write."""
+    await other.execute(_HELD_COMMIT)
+    await other.execute("SELECT pg_advisory_lock(4242)")
+    monkeypatch.setattr(gateway.store.pg_writer, "COMMIT_DEADLINE_S", 0.2)
+    task = create_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3)
+    store = SqlStore(Database(url, pool_size=1, max_overflow=0))  # one connection: the next write's
+    await store.open()
+    try:
+        with anyio.fail_after(5), pytest.raises(ConnectionError) as unknown:
+            async with store.write() as tx:
+                await tx.insert_task(task, 60_000, 1_000)
+        assert database_unavailable(unknown.value)
+        with anyio.fail_after(5):
+            async with store.write() as tx:
+                assert await tx.receipt("k") is None
+    finally:
+        await other.execute("SELECT pg_advisory_unlock(4242)")
+        await store.close()

@@ -25,7 +25,7 @@ from gateway.store import Database
 from gateway.store.base import WriteTx
 from gateway.store.sql import SqlStore
 from gateway.store.sqlite_writer import SqliteWriter
-from tests.support import FakeClock, create_task, error, running_gateway
+from tests.support import FakeClock, create_task, error, running_gateway, transact_cut_short
 
 pytestmark = pytest.mark.anyio
 
@@ -113,23 +113,12 @@ async def test_a_caller_cut_short_during_its_commit_gets_what_was_committed(stor
         await tx.insert_task(task, 60_000, 1_000)
         return "created"
 
-    outcome: list[object] = []
     gate = StatementGate(writer, "COMMIT")
 
-    async def caller(scope: anyio.CancelScope) -> None:
-        with scope:
-            outcome.append(await store.transact(work))
-            return
-        outcome.append("cancelled")
-
-    async with anyio.create_task_group() as tg:
-        scope = anyio.CancelScope()
-        tg.start_soon(caller, scope)
-        with anyio.fail_after(5):
-            await gate.reached.wait()
-        scope.cancel()  # a stop, or the database deadline, while the commit is under way
-        await anyio.wait_all_tasks_blocked()
+    async def finish_commit() -> None:
         gate.open()
+
+    outcome = await transact_cut_short(store, work, gate.reached.wait, finish_commit)
     assert await version(store, "t") == 0  # committed: the caller must have been told
     assert outcome == ["created"]
 
