@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import anyio
 import asyncpg
@@ -250,6 +250,19 @@ async def post_callback(
     assert answer.status_code == expect, answer.text
     result: dict[str, Any] = answer.json()
     return result
+
+
+S = TypeVar("S", bound=Store)
+
+
+@asynccontextmanager
+async def opened(store: S) -> AsyncIterator[S]:
+    """``store``, open for the block."""
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 # --- write transactions cut short ---------------------------------------------------------------------

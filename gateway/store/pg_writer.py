@@ -71,6 +71,8 @@ class PgWriter:
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 kept = await self._checkin(conn, driver, committed=False)
+            if isinstance(exc, asyncpg.UniqueViolationError):  # from any statement, or the COMMIT
+                raise StoreRace(str(exc)) from exc
             if not kept and isinstance(exc, _DRIVER_ERRORS):
                 # What the driver says of a connection that died under a statement varies (the server's
                 # FATAL message, "connection is closed", a protocol state error): it is one thing.
@@ -121,10 +123,7 @@ async def _commit(driver: Any) -> str:
     one lost on the way is never seen), so the caller is told what it did. No answer within
     ``COMMIT_DEADLINE_S``: the outcome is unknown, the connection closed, and ``ConnectionError`` (a 503)."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(COMMIT_DEADLINE_S):
-        try:
-            status: str = await driver.execute("COMMIT")
-        except asyncpg.UniqueViolationError as exc:
-            raise StoreRace(str(exc)) from exc
+        status: str = await driver.execute("COMMIT")
         return status
     driver.terminate()
     raise ConnectionError(f"PostgreSQL did not answer a COMMIT within {COMMIT_DEADLINE_S:g} s")
@@ -146,18 +145,12 @@ class PgTx(DirectTx):
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
         await self.flush()
-        try:
-            rows: Sequence[Sequence[Any]] = await self._conn.fetch(numbered(sql), *params)
-        except asyncpg.UniqueViolationError as exc:
-            raise StoreRace(str(exc)) from exc
+        rows: Sequence[Sequence[Any]] = await self._conn.fetch(numbered(sql), *params)
         return rows
 
     async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
         await self.flush()
-        try:
-            status: str = await self._conn.execute(numbered(sql), *params)
-        except asyncpg.UniqueViolationError as exc:
-            raise StoreRace(str(exc)) from exc
+        status: str = await self._conn.execute(numbered(sql), *params)
         return int(status.rpartition(" ")[2])  # "UPDATE 3", "INSERT 0 1"
 
     def in_list(self, column: str, values: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
@@ -227,10 +220,7 @@ class PgTx(DirectTx):
             (batch.notices, 2),
         ):
             params += _arrays(rows, width)
-        try:
-            checked, _ = await self._conn.fetchrow(_batch_sql(columns if batch.updates else None), *params)
-        except asyncpg.UniqueViolationError as exc:
-            raise StoreRace(str(exc)) from exc
+        checked, _ = await self._conn.fetchrow(_batch_sql(columns if batch.updates else None), *params)
         if not checked:  # the row locks make this impossible; never write over a concurrent change
             raise RuntimeError("a task changed under its lock")
 

@@ -25,7 +25,7 @@ from gateway.store import Database
 from gateway.store.base import StoreRace, WriteTx
 from gateway.store.database import database_unavailable
 from gateway.store.sql import SqlStore
-from tests.support import FakeClock, postgres_database, transact_cut_short
+from tests.support import FakeClock, opened, postgres_database, transact_cut_short
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -38,12 +38,8 @@ def url() -> Iterator[str]:
 
 @pytest.fixture
 async def store(url: str) -> AsyncIterator[SqlStore]:
-    opened = SqlStore(Database(url))
-    await opened.open()
-    try:
-        yield opened
-    finally:
-        await opened.close()
+    async with opened(SqlStore(Database(url))) as made:
+        yield made
 
 
 @pytest.fixture

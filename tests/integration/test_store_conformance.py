@@ -9,9 +9,8 @@ rolled-back change left behind.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -28,9 +27,7 @@ from gateway.store.base import Receipt, Store, StoreRace, WriteTx
 from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
 from gateway.sweeper import sweep_once
-from tests.support import FakeClock, postgres_database
-
-S = TypeVar("S", bound=Store)
+from tests.support import FakeClock, opened, postgres_database
 
 pytestmark = pytest.mark.anyio
 
@@ -44,16 +41,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     else:
         with postgres_database() as url:
             yield url
-
-
-@asynccontextmanager
-async def opened(store: S) -> AsyncIterator[S]:
-    """``store``, open for the block."""
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 @pytest.fixture
