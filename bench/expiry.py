@@ -20,9 +20,9 @@ import uuid
 import asyncpg
 
 from gateway.book import EXPIRY_BATCH, Book
+from gateway.jobs.sweeper import sweep_once
 from gateway.store import Database
 from gateway.store.sql import SqlStore
-from gateway.sweeper import sweep_once
 
 NOW = 1_800_000_000_000
 

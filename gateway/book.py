@@ -14,7 +14,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import orjson
@@ -24,6 +24,7 @@ from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.frames import event_frame
 from gateway.machine import (
     Event,
+    Resume,
     Task,
     Transition,
     apply_event,
@@ -36,7 +37,7 @@ from gateway.machine import (
 )
 from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
 
-__all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Notification", "Receipt", "Resume"]
+__all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Notification", "Receipt"]
 
 Clock = Callable[[], int]
 
@@ -83,19 +84,6 @@ class CallbackRequest:
     callback_id: str | None = None
     digest: str = ""
     attempt: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    mode: Literal["caught-up", "delta", "snapshot"]
-    reason: str | None
-    task: Task
-    # (version, the event's JSON as stored) for a delta; empty otherwise.
-    entries: Sequence[tuple[int, bytes]]
-
-    def entries_json(self) -> bytes:
-        """The entries as a JSON array of ``{"version", "event"}``, the stored events spliced in as stored."""
-        return b"[" + b",".join(b'{"version":%d,"event":%b}' % (v, raw) for v, raw in self.entries) + b"]"
 
 
 @dataclass(frozen=True, slots=True)

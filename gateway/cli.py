@@ -15,7 +15,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from gateway.settings import ConfigError, Settings, unknown_variables
+from gateway.errors import ConfigError
+from gateway.settings import Settings, unknown_variables
 
 # The exit code of `gateway serve` when it could not start (uvicorn's, and --workers').
 STARTUP_FAILED = 3
@@ -100,7 +101,8 @@ def _warn_unknown(environ: Mapping[str, str]) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.secret_file import with_secret
-    from gateway.startup import announce, secret_source
+    from gateway.server.startup import announce, secret_source
+    from gateway.store.database import check_database_url, check_processes
 
     _warn_unknown(os.environ)
     try:
@@ -115,9 +117,9 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers,
         )
         settings.check_bind()
-        settings.check_database()
+        check_database_url(settings.database_url)
         _check_port(settings.host, settings.port)  # before the SQLite lock file is made for nothing
-        settings.check_processes()
+        check_processes(settings.database_url, settings.workers)
         source = secret_source(settings, option=args.secret is not None)
         settings = with_secret(settings)
     except ConfigError as exc:
@@ -133,16 +135,16 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gateway: could not start: the database: {_one_line(exc)}", file=sys.stderr)
         return STARTUP_FAILED
 
-    from gateway.web.server import setup_logging
+    from gateway.server.serve import setup_logging
 
     setup_logging(settings)
     if settings.workers > 1:
-        from gateway.web.workers import serve_workers
+        from gateway.server.workers import serve_workers
 
         return serve_workers(settings, settings.workers, secret_source=source)
 
+    from gateway.server.serve import GatewayServer, server_config, tune_interpreter
     from gateway.web.app import create_app
-    from gateway.web.server import GatewayServer, server_config, tune_interpreter
 
     app = create_app(settings)
     config = server_config(
@@ -184,10 +186,12 @@ def _migrate(args: argparse.Namespace) -> int:
     database could not be reached or migrated)."""
     import anyio
 
+    from gateway.store.database import check_database_url
+
     _warn_unknown(os.environ)
     try:
         settings = Settings.from_environ(os.environ, database_url=args.database_url)
-        settings.check_database()  # an unsupported database is a configuration error
+        check_database_url(settings.database_url)  # an unsupported database is a configuration error
     except ConfigError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
@@ -256,7 +260,7 @@ def _say_if_no_such_task(database_url: str, task_id: str) -> None:
     be told)."""
     import anyio
 
-    from gateway.startup import describe_database
+    from gateway.server.startup import describe_database
     from gateway.store.database import task_exists
 
     if anyio.run(task_exists, database_url, task_id, 3.0) is False:

@@ -18,7 +18,7 @@ the code once to its HTTP status (and, for sockets, to a close code)::
     ├── RateLimited             429 rate-limited (with Retry-After)
     └── Unavailable             503 unavailable (with Retry-After)
 
-Limits the connection itself hits before any route runs (``gateway.web.http_protocol``) answer in the same
+Limits the connection itself hits before any route runs (``gateway.server.http_protocol``) answer in the same
 shape: ``431 headers-too-large``, ``408 request-timeout``, ``429 too-many-connections``.
 
 The pure state machine raises only :class:`InvalidRequest`, as the reference raises
@@ -38,6 +38,11 @@ CLOSE_INVALID_REQUEST = 4400
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_UNKNOWN_TASK = 4404
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says which setting and why (``gateway serve`` prints
+    it in one line and exits 2). Not a :class:`GatewayError`: no client causes it."""
 
 
 class GatewayError(Exception):

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from gateway.machine import Task, task_to_json
-
-if TYPE_CHECKING:
-    from gateway.book import Resume
+from gateway.machine import Resume, Task, task_to_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,19 +71,3 @@ def text_frame(payload: bytes) -> bytes:
     if n < 65536:
         return struct.pack("!BBH", 0x81, 126, n) + payload
     return struct.pack("!BBQ", 0x81, 127, n) + payload
-
-
-def task_from_json(data: dict[str, Any]) -> Task:
-    """The inverse of :func:`gateway.machine.task_to_json` (a task carried in a frame)."""
-    return Task(
-        id=data["id"],
-        state=data["state"],
-        expires_at_ms=data["expiresAtMs"],
-        attempts=data["attempts"],
-        max_attempts=data["maxAttempts"],
-        progress=data["progress"],
-        version=data["version"],
-        result_ref=data.get("resultRef"),
-        result_hash=data.get("resultHash"),
-        error=data.get("error"),
-    )

@@ -12,6 +12,7 @@ new task row. Checks run in the reference's order and fail with the reference's 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeAlias
 
@@ -306,3 +307,35 @@ def task_to_json(task: Task) -> dict[str, Any]:
     if task.error is not None:
         out["error"] = task.error
     return out
+
+
+def task_from_json(data: dict[str, Any]) -> Task:
+    """The inverse of :func:`task_to_json` (a task carried in a frame)."""
+    return Task(
+        id=data["id"],
+        state=data["state"],
+        expires_at_ms=data["expiresAtMs"],
+        attempts=data["attempts"],
+        max_attempts=data["maxAttempts"],
+        progress=data["progress"],
+        version=data["version"],
+        result_ref=data.get("resultRef"),
+        result_hash=data.get("resultHash"),
+        error=data.get("error"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What a subscriber resuming at a cursor gets (protocol.md, Resume): nothing new, the entries it
+    missed, or the whole state."""
+
+    mode: ResumeMode
+    reason: str | None
+    task: Task
+    # (version, the event's JSON as stored) for a delta; empty otherwise.
+    entries: Sequence[tuple[int, bytes]]
+
+    def entries_json(self) -> bytes:
+        """The entries as a JSON array of ``{"version", "event"}``, the stored events spliced in as stored."""
+        return b"[" + b",".join(b'{"version":%d,"event":%b}' % (v, raw) for v, raw in self.entries) + b"]"

@@ -18,7 +18,8 @@ import tempfile
 
 from pydantic import SecretStr
 
-from gateway.settings import MIN_SECRET_BYTES, ConfigError, Settings
+from gateway.errors import ConfigError
+from gateway.settings import MIN_SECRET_BYTES, Settings
 
 SUFFIX = ".secret"
 _WELL_FORMED = re.compile(r"[!-~]+")  # printable ASCII, no space

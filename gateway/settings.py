@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.errors import ConfigError
+
 DEFAULT_DATABASE_URL = "sqlite:///gateway.db"
 
 _ENV = {
@@ -78,10 +80,6 @@ MIN_SECRET_BYTES = 32
 NOTIFY_KEY_BYTES = (24, 64)
 
 
-class ConfigError(Exception):
-    """The configuration cannot be used; the message says which setting and why."""
-
-
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -117,7 +115,7 @@ class Settings(BaseModel):
     reconcile_interval_ms: int = Field(5_000, ge=100)
     # Processes `gateway serve` runs on one port (PostgreSQL only: a SQLite file serves one process).
     workers: int = Field(1, ge=1, le=256)
-    # The webhook relay (gateway.relay): every terminal notification POSTed to this URL, signed with the
+    # The webhook relay (gateway.jobs.relay): every terminal notification POSTed to this URL, signed with the
     # secret ("whsec_" + base64), until the receiver answers 2xx. None: no relay.
     notify_url: str | None = None
     notify_secret: SecretStr | None = None
@@ -262,26 +260,6 @@ class Settings(BaseModel):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.strip().lower().startswith("sqlite")
-
-    def check_processes(self) -> None:
-        """Refuse a second process on a SQLite file (``--workers``, or a file another gateway serves)."""
-        if not self.is_sqlite:
-            return
-        if self.workers > 1:
-            raise ConfigError(
-                f"--workers {self.workers}: a SQLite gateway runs as one process; set GATEWAY_DATABASE_URL "
-                "to a PostgreSQL database to run several"
-            )
-        from gateway.store.database import check_sqlite_free
-
-        check_sqlite_free(self.database_url)
-
-    def check_database(self) -> None:
-        """Refuse a database URL the gateway cannot use (an unsupported or unparsable URL, a SQLite file in
-        a directory that does not exist), before anything is started."""
-        from gateway.store.database import check_database_url
-
-        check_database_url(self.database_url)
 
     @property
     def demo_enabled(self) -> bool:

@@ -28,8 +28,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.frames import task_from_json
-from gateway.machine import TERMINAL, apply_event, event_from_json
+from gateway.machine import TERMINAL, apply_event, event_from_json, task_from_json
 
 RESUMES = ("caught-up", "delta", "snapshot")
 

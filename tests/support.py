@@ -23,10 +23,10 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
+from gateway.server.serve import GatewayServer, server_config
 from gateway.store.base import Store, WriteTx
 from gateway.store.database import Database
 from gateway.store.migrate import migrate
-from gateway.web.server import GatewayServer, server_config
 
 # The PostgreSQL of this machine (trust auth); tests make a database of their own in it and drop it.
 PG_ADMIN_URL = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

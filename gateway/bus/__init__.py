@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from gateway.bus.base import DEFAULT_CHANNEL, Bus, News
 from gateway.bus.local import LocalBus
-from gateway.settings import ConfigError
+from gateway.errors import ConfigError
 
 __all__ = ["DEFAULT_CHANNEL", "Bus", "LocalBus", "News", "bus_for"]
 

@@ -21,8 +21,8 @@ from typing import Protocol
 import orjson
 from anyio.abc import TaskStatus
 
-from gateway.frames import Frame, task_from_json
-from gateway.machine import Task
+from gateway.frames import Frame
+from gateway.machine import Task, task_from_json
 from gateway.store.base import WriteTx
 
 # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more; a longer frame travels as id and version.

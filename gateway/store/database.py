@@ -25,7 +25,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, Operationa
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from gateway.settings import ConfigError
+from gateway.errors import ConfigError
 from gateway.store import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 from gateway.store.migrate import migrate
 from gateway.store.pg_writer import PgWriter
@@ -207,6 +207,18 @@ def _lock_sqlite(url: str) -> IO[str] | None:
             "(set GATEWAY_DATABASE_URL to a PostgreSQL database to run several)"
         ) from None
     return handle
+
+
+def check_processes(url: str, workers: int) -> None:
+    """Refuse a second process on a SQLite file (``--workers``, or a file another gateway serves)."""
+    if not url.strip().lower().startswith("sqlite"):
+        return
+    if workers > 1:
+        raise ConfigError(
+            f"--workers {workers}: a SQLite gateway runs as one process; set GATEWAY_DATABASE_URL "
+            "to a PostgreSQL database to run several"
+        )
+    check_sqlite_free(url)
 
 
 def check_sqlite_free(url: str) -> None:

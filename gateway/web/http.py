@@ -8,18 +8,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import orjson
-from starlette.datastructures import QueryParams
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from gateway.book import CallbackRequest
-from gateway.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.errors import (
     InvalidRequest,
     NotFound,
@@ -28,23 +26,15 @@ from gateway.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
+from gateway.jobs.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.machine import is_blank, task_to_json
+from gateway.runtime import Gateway
 from gateway.web import wire
+from gateway.web.auth import Guard
 from gateway.web.openapi import openapi_document
-
-if TYPE_CHECKING:
-    from gateway.web.app import Gateway
 
 # A task id travels in URL paths: no slash, no control characters.
 _ID_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
-_INTEGER = re.compile(r"-?[0-9]{1,100}")
-
-
-class JSON(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return content if isinstance(content, bytes) else orjson.dumps(content)
 
 
 def check_json_type(request: Request) -> None:
@@ -109,8 +99,8 @@ class _StaticFiles(StaticFiles):
         return response
 
 
-def routes(gw: Gateway) -> list[Route | Mount]:
-    guard, book, metrics, settings = gw.guard, gw.book, gw.metrics, gw.settings
+def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
+    book, metrics, settings = gw.book, gw.metrics, gw.settings
     body_timeout_s = settings.body_timeout_ms / 1000
 
     async def body(request: Request) -> bytes:
@@ -134,14 +124,14 @@ def routes(gw: Gateway) -> list[Route | Mount]:
             "callbackToken": gw.tokens.issue(task.id, "callback", created_body.ttlMs),
             "subscribeToken": gw.tokens.issue(task.id, "subscribe", created_body.ttlMs),
         }
-        return JSON(answer, status_code=201 if created else 200)
+        return wire.JSON(answer, status_code=201 if created else 200)
 
     async def list_tasks(request: Request) -> Response:
         guard.management(request)
         query = wire.parse_task_list_query(request.query_params)
         # One more than the page, to know whether another page follows.
         found = await book.list_tasks(state=query.state, after=query.after(), limit=query.limit + 1)
-        return JSON(wire.task_page_json(found, query.limit))
+        return wire.JSON(wire.task_page_json(found, query.limit))
 
     async def tasks(request: Request) -> Response:
         # One route for both methods, so that another method is answered 405 with both in Allow.
@@ -150,16 +140,16 @@ def routes(gw: Gateway) -> list[Route | Mount]:
     async def get_task(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "subscribe")
-        return JSON(task_to_json(await book.get(task_id)))
+        return wire.JSON(task_to_json(await book.get(task_id)))
 
     async def events(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "subscribe")
-        cursor = query_cursor(request.query_params)
-        return JSON(wire.resume_json(await book.resume(task_id, cursor)))
+        cursor = wire.query_cursor(request.query_params)
+        return wire.JSON(wire.resume_json(await book.resume(task_id, cursor)))
 
     async def callback(request: Request) -> Response:
-        with gw.committer.answering():  # fan-out yields from here on (gateway.hub)
+        with gw.committer.answering():  # fan-out yields from here on (gateway.live.hub)
             return await _callback(request)
 
     async def _callback(request: Request) -> Response:
@@ -175,7 +165,7 @@ def routes(gw: Gateway) -> list[Route | Mount]:
         outcome = await gw.committer.submit(callback_request)
         metrics.callbacks.labels(outcome.transition.reason).inc()
         metrics.callback_seconds.observe(time.perf_counter() - started)
-        return JSON(wire.callback_json(outcome))
+        return wire.JSON(wire.callback_json(outcome))
 
     async def deliver(request: Request) -> Response:
         task_id = request.path_params["task_id"]
@@ -185,28 +175,28 @@ def routes(gw: Gateway) -> list[Route | Mount]:
             raise InvalidRequest("Idempotency-Key: header is required")
         if len(key) > 256:
             raise InvalidRequest("Idempotency-Key: at most 256 characters")
-        return JSON(wire.delivery_json(await book.deliver(task_id, key)))
+        return wire.JSON(wire.delivery_json(await book.deliver(task_id, key)))
 
     async def drain(request: Request) -> Response:
         guard.management(request)
         drained = await book.drain()
         metrics.notifications_drained.inc(len(drained))
-        return JSON([wire.notification_json(n) for n in drained])
+        return wire.JSON([wire.notification_json(n) for n in drained])
 
     async def healthz(request: Request) -> Response:
-        return JSON({"status": "ok"})
+        return wire.JSON({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
         if gw.fatal is not None:
             raise Unavailable("this process is stopping: a background part failed")
         await gw.db.ping()
-        return JSON({"status": "ready"})
+        return wire.JSON({"status": "ready"})
 
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def demo_status(request: Request) -> Response:
-        return JSON({"enabled": settings.demo_enabled})
+        return wire.JSON({"enabled": settings.demo_enabled})
 
     async def start_demo(request: Request) -> Response:
         if not settings.demo_enabled:
@@ -220,7 +210,7 @@ def routes(gw: Gateway) -> list[Route | Mount]:
             "task": task_to_json(task),
             "subscribeToken": gw.tokens.issue(task.id, "subscribe", DEMO_TTL_MS),
         }
-        return JSON(answer, status_code=201)
+        return wire.JSON(answer, status_code=201)
 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
@@ -228,7 +218,7 @@ def routes(gw: Gateway) -> list[Route | Mount]:
     document = orjson.dumps(openapi_document(_version()))
 
     async def openapi_json(request: Request) -> Response:
-        return JSON(document)
+        return wire.JSON(document)
 
     async def api_page(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "api.html")
@@ -257,20 +247,3 @@ def _version() -> str:
         return importlib.metadata.version("task-gateway")
     except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
         return "0+unknown"
-
-
-def query_cursor(query: QueryParams) -> int:
-    """``?cursor=N``; given more than once it is refused, not read as its last value."""
-    values = query.getlist("cursor")
-    if len(values) > 1:
-        raise InvalidRequest("cursor: given more than once")
-    return parse_cursor(values[0] if values else None)
-
-
-def parse_cursor(raw: str | None) -> int:
-    """A cursor from a query string; the range check (``>= 0``) is the machine's, with its message."""
-    if raw is None or raw == "":
-        return 0
-    if not _INTEGER.fullmatch(raw):
-        raise InvalidRequest(f"cursor: must be an integer, got {raw!r}")
-    return int(raw)

@@ -1,6 +1,6 @@
 """Live push: ``/v1/tasks/{id}/ws`` (one task), ``/v1/ws`` (many) and ``/v1/tasks/{id}/stream`` (SSE).
 
-Each connection has a :class:`~gateway.hub.Feed` and one writer that sends its frames; a write that makes
+Each connection has a :class:`~gateway.live.hub.Feed` and one writer that sends its frames; a write that makes
 no progress for ``write_timeout`` closes the connection with ``4008``, so a peer that stopped reading costs
 a bounded backlog and then nothing. Sockets are accepted first, then refused with an error frame and a
 close code, so that browsers see why (protocol.md, Close codes).
@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import orjson
@@ -31,15 +31,12 @@ from gateway.errors import (
     InvalidRequest,
     Unavailable,
 )
-from gateway.hub import PONG, Feed, Frame, error_frame
+from gateway.live.hub import PONG, Feed, Frame, error_frame
+from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
-from gateway.web.auth import origin_allowed
-from gateway.web.http import parse_cursor, query_cursor
-from gateway.web.http_protocol import CONNECTION
-from gateway.web.protocol import DIRECT, DirectWriter
-
-if TYPE_CHECKING:
-    from gateway.web.app import Gateway
+from gateway.web.auth import Guard, origin_allowed
+from gateway.web.extensions import connection, direct_socket
+from gateway.web.wire import parse_cursor, query_cursor
 
 log = logging.getLogger("gateway")
 UNAVAILABLE = "the database is unreachable; try again"
@@ -55,15 +52,15 @@ def socket_origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> boo
     return origin_allowed(conn.headers.get("origin"), conn.headers.get("host"), allowed)
 
 
-def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
+def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
     settings = gw.settings
     slow_close_grace_s = settings.slow_close_grace_ms / 1000
 
     def authorized(ws: WebSocket) -> None:
         """A subscription of this socket is authorized: its client may send larger messages from now on."""
-        connection = ws.scope.get("extensions", {}).get(DIRECT)
-        if isinstance(connection, DirectWriter):
-            connection.authorized(settings.ws_max_message_bytes)
+        socket = direct_socket(ws.scope)
+        if socket is not None:
+            socket.authorized(settings.ws_max_message_bytes)
 
     def new_feed() -> Feed:
         return Feed(
@@ -98,8 +95,8 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             # Its close frame waits behind what the peer has not read: let go of its subscriptions now,
             # and tell it 4008 if it drains its socket within the grace; past that it is dropped (1006).
             feed.release()
-            connection = ws.scope.get("extensions", {}).get(DIRECT)
-            if isinstance(connection, DirectWriter) and connection.close_stalled(code, slow_close_grace_s):
+            socket = direct_socket(ws.scope)
+            if socket is not None and socket.close_stalled(code, slow_close_grace_s):
                 return
             grace = slow_close_grace_s
         with anyio.move_on_after(grace):
@@ -184,7 +181,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             if isinstance(cursor, bool) or not isinstance(cursor, int):
                 raise InvalidRequest("cursor: must be an integer")
             # A message is not logged like a URL: the API key may stand here for a subscribe token.
-            gw.guard.task_credential(token, task_id, "subscribe", api_key_allowed=True)
+            guard.task_credential(token, task_id, "subscribe", api_key_allowed=True)
             await feed.subscribe(task_id, cursor)
             authorized(ws)
             return None
@@ -199,12 +196,12 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
         await ws.accept()
         task_id = ws.path_params["task_id"]
         feed = new_feed()
-        feed.direct = ws.scope.get("extensions", {}).get(DIRECT)
+        feed.direct = direct_socket(ws.scope)
         try:
             try:
                 if not socket_origin_allowed(ws, settings.allowed_origins):
                     raise Forbidden("origin not allowed")
-                gw.guard.task(ws, task_id, "subscribe")
+                guard.task(ws, task_id, "subscribe")
                 await feed.subscribe(task_id, query_cursor(ws.query_params))
                 authorized(ws)
             except GatewayError as exc:
@@ -225,7 +222,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             await refuse(ws, Forbidden("origin not allowed"), None)
             return
         feed = new_feed()
-        feed.direct = ws.scope.get("extensions", {}).get(DIRECT)
+        feed.direct = direct_socket(ws.scope)
         try:
             await pump(ws, feed, single=False)
         finally:
@@ -233,7 +230,7 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
 
     async def stream(request: Request) -> Response:
         task_id = request.path_params["task_id"]
-        gw.guard.task(request, task_id, "subscribe")
+        guard.task(request, task_id, "subscribe")
         last_id = request.headers.get("last-event-id")
         cursor = parse_cursor(last_id) if last_id is not None else query_cursor(request.query_params)
         if last_id is not None:
@@ -248,9 +245,9 @@ def live_routes(gw: Gateway) -> list[Route | WebSocketRoute]:
             feed.release()
             raise
         # A stream whose client stopped reading: the watchdog drops its connection (no close frame here).
-        connection = request.scope.get("extensions", {}).get(CONNECTION)
-        if connection is not None:
-            feed.on_stall = connection.abort
+        handle = connection(request.scope)
+        if handle is not None:
+            feed.on_stall = handle.abort
         return StreamingResponse(
             sse(feed),
             media_type="text/event-stream",

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from gateway.web import wire
+from gateway.web import answers, wire
 
 REF = "#/components/schemas/{model}"
 
@@ -109,7 +109,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "post",
         "/v1/tasks",
         "Create a task",
-        {201: wire.Created, 200: wire.Created},
+        {201: answers.Created, 200: answers.Created},
         {
             400: "",
             401: "",
@@ -130,7 +130,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "get",
         "/v1/tasks",
         "List tasks",
-        {200: wire.TaskPage},
+        {200: answers.TaskPage},
         {400: "", 401: "", 403: "", 503: ""},
         security=(API_KEY,),
         query=wire.TaskListQuery,
@@ -141,7 +141,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "get",
         _TASK,
         "Read a task",
-        {200: wire.TaskJson},
+        {200: answers.TaskJson},
         _READ_ERRORS,
         security=(SUBSCRIBE, SUBSCRIBE_QUERY, API_KEY),
         tags=("subscriber",),
@@ -150,7 +150,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "get",
         _TASK + "/events",
         "Resume from a cursor",
-        {200: wire.ResumeAnswer},
+        {200: answers.ResumeAnswer},
         {400: "", **_READ_ERRORS},
         security=(SUBSCRIBE, SUBSCRIBE_QUERY, API_KEY),
         params=(_CURSOR,),
@@ -184,7 +184,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "post",
         _TASK + "/callbacks",
         "Report a worker event",
-        {200: wire.CallbackAnswer},
+        {200: answers.CallbackAnswer},
         {
             400: "",
             401: "",
@@ -209,7 +209,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "post",
         _TASK + "/deliveries",
         "Take the result",
-        {200: wire.DeliveryAnswer},
+        {200: answers.DeliveryAnswer},
         {
             400: "",
             401: "",
@@ -246,20 +246,20 @@ OPERATIONS: tuple[Operation, ...] = (
         "get",
         "/v1/demo",
         "Whether demo tasks are on",
-        {200: wire.DemoStatus},
+        {200: answers.DemoStatus},
         tags=("dashboard",),
     ),
     Operation(
         "post",
         "/v1/demo/tasks",
         "Start a demo task",
-        {201: wire.DemoCreated},
+        {201: answers.DemoCreated},
         {403: "", 404: "`not-found`: demo tasks are off", 503: "also: too many demo tasks are running"},
         tags=("dashboard",),
         description="A task driven by a simulated worker through the public callback route.",
     ),
-    Operation("get", "/healthz", "The process is alive", {200: wire.Status}, tags=("operator",)),
-    Operation("get", "/readyz", "The database answers", {200: wire.Status}, {503: ""}, tags=("operator",)),
+    Operation("get", "/healthz", "The process is alive", {200: answers.Status}, tags=("operator",)),
+    Operation("get", "/readyz", "The database answers", {200: answers.Status}, {503: ""}, tags=("operator",)),
     Operation(
         "get",
         "/metrics",
@@ -284,7 +284,7 @@ SSE_EVENT: dict[str, Any] = {
 }
 
 # Answers that are not one model: their schema is built here from models.
-_LIST_OF = {("/v1/notifications/drain", "post"): wire.NotificationJson}
+_LIST_OF = {("/v1/notifications/drain", "post"): answers.NotificationJson}
 
 WEBSOCKETS: tuple[dict[str, str], ...] = (
     {
@@ -299,7 +299,7 @@ WEBSOCKETS: tuple[dict[str, str], ...] = (
 
 
 def _models() -> list[type[BaseModel]]:
-    found: list[type[BaseModel]] = [wire.ErrorAnswer, *_LIST_OF.values()]
+    found: list[type[BaseModel]] = [answers.ErrorAnswer, *_LIST_OF.values()]
     for op in OPERATIONS:
         found += [m for m in op.answers.values() if m is not None]
         if op.body is not None:
@@ -372,7 +372,7 @@ def _responses(op: Operation) -> dict[str, Any]:
             description = codes if status == 409 else f"{ERRORS[status]}; {codes}"
         answer = {
             "description": description,
-            "content": {"application/json": {"schema": _ref(wire.ErrorAnswer)}},
+            "content": {"application/json": {"schema": _ref(answers.ErrorAnswer)}},
         }
         if status in (429, 503):
             answer["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}

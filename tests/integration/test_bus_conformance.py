@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from gateway.bus.base import MAX_PAYLOAD_BYTES, News
 from gateway.bus.postgres import APPLICATION_NAME
-from gateway.sweeper import sweep_once
+from gateway.jobs.sweeper import sweep_once
 from tests.integration.test_live_support import (
     StreamCheck,
     create_task,

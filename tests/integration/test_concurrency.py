@@ -18,8 +18,8 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from gateway.jobs.sweeper import sweep_once
 from gateway.store.tables import deliveries
-from gateway.sweeper import sweep_once
 from tests.support import (
     FakeClock,
     Running,

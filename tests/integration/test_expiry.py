@@ -29,9 +29,9 @@ import pytest
 from anyio.abc import Process
 from sqlalchemy import func, select
 
+from gateway.jobs.sweeper import sweep_once
 from gateway.store import Database
 from gateway.store.tables import tasks
-from gateway.sweeper import sweep_once
 from tests.support import (
     GATEWAY_CLI,
     FakeClock,

@@ -157,7 +157,7 @@ async def test_a_background_part_that_fails_stops_the_process(sqlite_url: str) -
     no longer pushes entries. It stops by itself, marked failed (``gateway serve`` then exits 1, so that
     its supervisor restarts it whole)."""
     from gateway import Settings, create_app
-    from gateway.web.server import GatewayServer, server_config
+    from gateway.server.serve import GatewayServer, server_config
 
     app = create_app(Settings(database_url=sqlite_url, secret=SECRET))
     gw = app.state.gateway

@@ -18,7 +18,8 @@ from typing import Any
 import jwt
 import pytest
 
-from gateway.settings import ConfigError, Settings
+from gateway.errors import ConfigError
+from gateway.settings import Settings
 from tests.support import (
     GATEWAY_CLI,
     SECRET,

@@ -33,9 +33,9 @@ import httpx
 import pytest
 from sqlalchemy import update
 
+from gateway.jobs.sweeper import sweep_once
 from gateway.machine import expire_task
 from gateway.store.tables import tasks as tasks_table
-from gateway.sweeper import sweep_once
 from tests.support import FakeClock, Running, bearer, create_task, error, post_callback, running_gateway
 
 pytestmark = pytest.mark.anyio

@@ -23,8 +23,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from gateway.frames import task_from_json
-from gateway.machine import apply_event, event_from_json, task_to_json
+from gateway.machine import apply_event, event_from_json, task_from_json, task_to_json
 from tests.support import Running, bearer, post_callback, running_gateway
 from tests.support import create_task as create_task
 

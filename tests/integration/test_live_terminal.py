@@ -14,7 +14,7 @@ import anyio
 import httpx
 import pytest
 
-from gateway.sweeper import sweep_once
+from gateway.jobs.sweeper import sweep_once
 from tests.integration.test_live_support import (
     StreamCheck,
     closed_with,

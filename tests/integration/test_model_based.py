@@ -44,11 +44,11 @@ import orjson
 import pytest
 from sqlalchemy import select
 
+from gateway.jobs.sweeper import sweep_once
 from gateway.machine import task_to_json
 from gateway.store.sql import task_from_row
 from gateway.store.tables import entries as entries_table
 from gateway.store.tables import tasks as tasks_table
-from gateway.sweeper import sweep_once
 from tests.model import FENCED, RETENTION, Answer, Model, json_equal
 from tests.support import FakeClock, Running, running_gateway
 

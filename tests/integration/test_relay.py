@@ -24,7 +24,7 @@ import pytest
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from gateway.relay import webhook_id
+from gateway.jobs.relay import webhook_id
 from gateway.store.base import Notification
 from tests.history import History
 from tests.processes import GatewayProcess, free_port, gateway_environ, gateway_processes

@@ -21,12 +21,12 @@ import sqlalchemy
 
 from gateway.book import EXPIRY_BATCH, Book, CallbackRequest
 from gateway.errors import GatewayError
+from gateway.jobs.sweeper import sweep_once
 from gateway.machine import Progress, Start, apply_event, create_task, event_to_json, expire_task
 from gateway.store import Database
 from gateway.store.base import Receipt, Store, StoreRace, WriteTx
 from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
-from gateway.sweeper import sweep_once
 from tests.support import FakeClock, opened, postgres_database
 
 pytestmark = pytest.mark.anyio

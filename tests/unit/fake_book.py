@@ -25,13 +25,13 @@ import anyio
 import anyio.lowlevel
 import orjson
 
-from gateway.book import Resume
 from gateway.errors import UnknownTask
 from gateway.machine import (
     Entry,
     Event,
     Fail,
     Progress,
+    Resume,
     Start,
     Succeed,
     Task,

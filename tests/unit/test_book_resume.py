@@ -9,9 +9,9 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from gateway.book import Book, Resume
+from gateway.book import Book
 from gateway.errors import UnknownTask
-from gateway.machine import Progress, Start
+from gateway.machine import Progress, Resume, Start
 from gateway.store.memory import MemoryStore, MemoryTx
 from tests.support import FakeClock
 

@@ -13,7 +13,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 
 from gateway import errors
 from gateway.settings import Settings
-from gateway.web import wire
+from gateway.web import answers
 from gateway.web.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_every_reason_the_code_can_answer_is_documented_and_in_the_openapi_schem
     # The scan finds what it should (a broken scan would make the checks below vacuous).
     assert {"started", "terminal-conflict", "not-startable", "duplicate-callback"} <= reasons
     assert [r for r in sorted(reasons) if not documented(r)] == []
-    assert set(typing.get_args(wire.Reason)) == reasons
+    assert set(typing.get_args(answers.Reason)) == reasons
     for delivery in ("delivered", "duplicate-delivery"):
         assert documented(delivery)
 
@@ -75,7 +75,7 @@ def test_every_error_code_and_close_code_is_documented() -> None:
     codes = error_codes()
     assert {"task-exists", "stale-attempt", "callback-id-reused", "unavailable"} <= codes
     assert [c for c in sorted(codes) if not documented(c)] == []
-    assert set(typing.get_args(wire.ErrorCode)) == codes
+    assert set(typing.get_args(answers.ErrorCode)) == codes
     closes = {v for k, v in vars(errors).items() if k.startswith("CLOSE_")}
     closes |= {
         cls.close_code

@@ -1,4 +1,4 @@
-"""Layer-1 tests of the hub (``gateway.hub``): no socket, no database.
+"""Layer-1 tests of the hub (``gateway.live.hub``): no socket, no database.
 
 The store is :class:`tests.unit.fake_book.FakeBook`, an in-memory twin of the three ``Book`` reads the
 ``Feed`` makes (``resume``, ``get``, ``entries_between``), built with the pure machine. A :class:`Line`
@@ -27,7 +27,7 @@ import pytest
 
 from gateway.bus.base import News
 from gateway.errors import InvalidRequest, UnknownTask
-from gateway.hub import PONG, Feed, Frame, Hub, Subscription, error_frame, event_frame
+from gateway.live.hub import PONG, Feed, Frame, Hub, Subscription, error_frame, event_frame
 from gateway.machine import Entry, Progress, Start, Succeed, event_to_json, resume_mode, task_to_json
 from tests.unit.fake_book import RETENTION, Committed, FakeBook
 
@@ -1212,7 +1212,7 @@ async def test_fan_out_yields_the_loop_and_entries_that_pile_up_go_out_together(
     entries committed while a round is under way form the next one, and each socket gets them in one write:
     the more fan-out falls behind, the less it costs per entry. (A slice of zero seconds makes the slicing
     visible: it yields after every few subscriptions.)"""
-    import gateway.hub as hub_module
+    import gateway.live.hub as hub_module
 
     monkeypatch.setattr(hub_module, "FLUSH_SLICE_S", 0.0)
     sockets: list[FakeSocket] = []
@@ -1243,7 +1243,7 @@ async def test_fan_out_waits_while_callbacks_are_answered_but_always_progresses(
     """Callbacks first: while callbacks wait for their answers, fan-out takes only a slice now and then
     (here: every 0.3 s) instead of one per turn of the loop; once none waits, it goes on at once. (Slices of
     zero seconds make the slicing visible.)"""
-    import gateway.hub as hub_module
+    import gateway.live.hub as hub_module
 
     monkeypatch.setattr(hub_module, "FLUSH_SLICE_S", 0.0)
     monkeypatch.setattr(hub_module, "FLUSH_YIELD_S", 0.001)

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.errors import RateLimited
 from gateway.rate import RateLimiter
-from gateway.web.server import RedactTokens, redact_query
+from gateway.server.serve import RedactTokens, redact_query
 
 
 class Clock:

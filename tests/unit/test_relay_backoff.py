@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.relay import backoff_ms
+from gateway.jobs.relay import backoff_ms
 
 
 def test_the_wait_before_a_retry_is_random_up_to_a_doubling_capped_ceiling() -> None:

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from gateway.settings import ConfigError, Settings, unknown_variables
+from gateway.errors import ConfigError
+from gateway.settings import Settings, unknown_variables
 
 
 def test_environment_is_read_into_settings() -> None:

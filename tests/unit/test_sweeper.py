@@ -10,9 +10,9 @@ import anyio
 import pytest
 
 from gateway.book import Book
+from gateway.jobs.sweeper import run_sweeper
 from gateway.machine import create_task
 from gateway.store.memory import MemoryStore, MemoryTx
-from gateway.sweeper import run_sweeper
 from tests.support import FakeClock
 
 pytestmark = pytest.mark.anyio

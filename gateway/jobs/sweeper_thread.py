@@ -24,11 +24,11 @@ import anyio
 
 from gateway.book import Book
 from gateway.bus.base import Bus, News, OnNews, OnResync
+from gateway.jobs.sweeper import MAX_PASSES, Sweeper
 from gateway.metrics import Metrics
 from gateway.store.base import WriteTx
 from gateway.store.database import Database
 from gateway.store.sql import SqlStore
-from gateway.sweeper import MAX_PASSES, Sweeper
 
 
 class _Forward:
@@ -136,5 +136,5 @@ def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
 
 
 async def run_sweeper_thread(book: Book, url: str, interval_s: float, metrics: Metrics | None = None) -> None:
-    """:func:`gateway.sweeper.run_sweeper`, its passes on a thread of their own (PostgreSQL)."""
+    """:func:`gateway.jobs.sweeper.run_sweeper`, its passes on a thread of their own (PostgreSQL)."""
     await SweeperThread(book, url, interval_s, metrics).run()

@@ -24,9 +24,9 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from gateway.web.http_protocol import AddressSlots, drop
+from gateway.server.http_protocol import AddressSlots, drop
+from gateway.web.extensions import DIRECT
 
-DIRECT = "gateway.direct"
 # A transport holding more than this unsent is not written to directly: the connection's queue takes over.
 BUFFER_LIMIT = 64 * 1024
 
@@ -181,7 +181,7 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
             drop(self.transport)  # reset: the kernel lets go of the unsent bytes too
 
     def hand_over_slot(self, slots: AddressSlots, address: str) -> None:
-        """This connection counts for its client address until it is lost (``gateway.web.http_protocol``)."""
+        """This connection counts for its client address until it is lost (``server.http_protocol``)."""
         self._slot = (slots, address)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -39,13 +39,12 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.settings import Settings
+from gateway.web.extensions import CONNECTION
 
 log = logging.getLogger("gateway.http")
 
 # How long a refused connection discards what its client still sends before it is dropped.
 LINGER_S = 1.0
-# The ASGI scope extension through which a route can drop its connection (SSE's stall timeout).
-CONNECTION = "gateway.connection"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The uvicorn server the gateway runs under: on shutdown, every subscriber is told ``1001`` first.
 
-Its protocols are uvicorn's with the gateway's limits (``gateway.web.http_protocol``,
-``gateway.web.protocol``), and its log lines never carry a ``token=`` query value.
+Its protocols are uvicorn's with the gateway's limits (``gateway.server.http_protocol``,
+``gateway.server.ws_protocol``), and its log lines never carry a ``token=`` query value.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway.errors import CLOSE_GOING_AWAY
-from gateway.web.http_protocol import http_protocol
-from gateway.web.protocol import GatewayWebSocketProtocol
+from gateway.server.http_protocol import http_protocol
+from gateway.server.ws_protocol import GatewayWebSocketProtocol
 
 if TYPE_CHECKING:
     from gateway.settings import Settings

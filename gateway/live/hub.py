@@ -44,7 +44,7 @@ from gateway.machine import Entry, Task, apply_event, event_from_json
 
 
 class DirectWriter(Protocol):
-    """A socket that can take already-framed bytes now (``gateway.web.protocol``)."""
+    """A socket that can take already-framed bytes now (``gateway.server.ws_protocol``)."""
 
     def can_write(self, size: int) -> bool: ...
 
@@ -523,7 +523,7 @@ class Feed:
         self.subscriptions: dict[str, Subscription] = {}
         self.control: deque[Frame] | None = None  # made when needed, dropped when emptied
         self.close_code: int | None = None
-        # Where the socket can be written to directly (gateway.web.protocol); None for SSE and in tests.
+        # Where the socket can be written to directly (gateway.server.ws_protocol); None for SSE and in tests.
         self.direct: DirectWriter | None = None
         self._in_next = False  # a frame is being prepared (it may read the store): nothing may overtake it
         # Set by the writer around each send; the hub's watchdog stalls a feed stuck in one send.

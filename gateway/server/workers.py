@@ -41,8 +41,8 @@ STARTUP_FAILED = 3
 def serve_workers(settings: Settings, workers: int, *, secret_source: str | None = None) -> int:
     """Run ``workers`` gateway processes; ``secret_source`` says where ``settings.secret`` came from (for
     the start-up lines, said here once rather than by every child)."""
-    from gateway.startup import announce
-    from gateway.web.server import bind_socket
+    from gateway.server.serve import bind_socket
+    from gateway.server.startup import announce
 
     if settings.secret is None:
         # Every child must sign and accept the same tokens: one random secret for all, made here.
@@ -121,8 +121,8 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
 
 def _child(settings: Settings, sock: socket.socket) -> None:
     _die_with_parent()
+    from gateway.server.serve import GatewayServer, server_config, setup_logging, tune_interpreter
     from gateway.web.app import create_app
-    from gateway.web.server import GatewayServer, server_config, setup_logging, tune_interpreter
 
     setup_logging(settings)
     app = create_app(settings)

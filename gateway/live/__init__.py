@@ -1,0 +1,1 @@
+"""Live push: the pure fan-out core and its asyncio driver."""

@@ -1,0 +1,185 @@
+"""The answers' shapes, for the OpenAPI document (``gateway.web.openapi``).
+
+The routes build their answers with orjson for speed (``gateway.web.wire``); these models describe the same
+JSON, and the tests check every answer of a real server against them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+from gateway.web.wire import FailBody, ProgressBody, StartBody, State, SucceedBody, _Body
+
+Absent = SkipJsonSchema[None]  # a field that is left out of the JSON rather than sent as null
+
+
+def _drop_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+# The default of an absent field: not in the schema, where ``null`` would contradict the field's type.
+ABSENT: Any = Field(default=None, json_schema_extra=_drop_default)
+Reason = Literal[
+    "started",
+    "progress",
+    "succeeded",
+    "failed",
+    "requeued",
+    "expired",
+    "duplicate-result",
+    "duplicate-expire",
+    "terminal-conflict",
+    "already-running",
+    "not-startable",
+    "not-running",
+    "stale-progress",
+    "duplicate-progress",
+    "duplicate-callback",
+]
+ErrorCode = Literal[
+    "invalid-request",
+    "unauthorized",
+    "forbidden",
+    "unknown-task",
+    "task-exists",
+    "key-reused-for-other-task",
+    "not-succeeded",
+    "callback-id-reused",
+    "stale-attempt",
+    "history-full",
+    "request-timeout",
+    "payload-too-large",
+    "unsupported-media-type",
+    "rate-limited",
+    "not-found",
+    "method-not-allowed",
+    "unavailable",
+    "internal",
+]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskJson(_Answer):
+    """A task, without its history."""
+
+    id: str
+    state: State
+    expiresAtMs: int = Field(description="the deadline for a result, in epoch milliseconds")
+    attempts: int
+    maxAttempts: int
+    progress: int = Field(ge=0, le=100)
+    version: int = Field(ge=0, description="how many entries the task's history holds")
+    resultRef: str | Absent = ABSENT
+    resultHash: str | Absent = ABSENT
+    error: str | Absent = ABSENT
+
+
+class StartEvent(StartBody):
+    atMs: int
+
+
+class ProgressEvent(ProgressBody):
+    atMs: int
+
+
+class SucceedEvent(SucceedBody):
+    atMs: int
+
+
+class FailEvent(FailBody):
+    atMs: int
+
+
+class ExpireEvent(_Body):
+    type: Literal["expire"]
+    atMs: int
+
+
+StoredEvent = Annotated[
+    StartEvent | ProgressEvent | SucceedEvent | FailEvent | ExpireEvent, Field(discriminator="type")
+]
+
+
+class EntryJson(_Answer):
+    """One history entry: the event that moved the task to ``version``, stamped by the gateway."""
+
+    version: int
+    event: StoredEvent
+
+
+class Created(_Answer):
+    task: TaskJson
+    callbackToken: str = Field(description="for the worker: POST /v1/tasks/{task_id}/callbacks")
+    subscribeToken: str = Field(description="for subscribers: reads, WebSocket, SSE")
+
+
+class ResumeAnswer(_Answer):
+    mode: Literal["caught-up", "delta", "snapshot"]
+    version: int
+    reason: Literal["retention", "cursor-ahead"] | Absent = ABSENT
+    task: TaskJson
+    events: list[EntryJson] = Field(description="the entries after the cursor, for a delta; else empty")
+
+
+class CallbackAnswer(_Answer):
+    changed: bool
+    duplicate: bool
+    duplicateCallback: bool
+    notify: bool
+    reason: Reason
+    task: TaskJson
+
+
+class ReceiptJson(_Answer):
+    taskId: str
+    resultRef: str
+    resultHash: str
+    idempotencyKey: str
+    deliveredAtMs: int
+
+
+class DeliveryAnswer(_Answer):
+    ok: bool
+    duplicate: bool
+    reason: Literal["delivered", "duplicate-delivery"]
+    receipt: ReceiptJson
+
+
+class NotificationJson(_Answer):
+    taskId: str
+    state: Literal["succeeded", "failed", "expired"]
+    atMs: int
+    version: int
+
+
+class TaskPage(_Answer):
+    tasks: list[TaskJson]
+    nextCursor: str | None = Field(description="pass as ?cursor= for the next page; null on the last page")
+
+
+class ErrorDetail(_Answer):
+    code: ErrorCode
+    message: str
+
+
+class ErrorAnswer(_Answer):
+    error: ErrorDetail
+
+
+class Status(_Answer):
+    status: Literal["ok", "ready"]
+
+
+class DemoStatus(_Answer):
+    enabled: bool
+
+
+class DemoCreated(_Answer):
+    task: TaskJson
+    subscribeToken: str
