@@ -37,7 +37,7 @@ from gateway.machine import (
 )
 from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
 
-__all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Notification", "Receipt"]
+__all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Listeners", "Notification", "Receipt"]
 
 Clock = Callable[[], int]
 
@@ -114,6 +114,40 @@ class _Commit:
         self.notified = 0
 
 
+class Listeners:
+    """Who hears of what a book has committed, one explicit list per kind, set up by the composition root
+    (``gateway.runtime``) before anything runs. Each is called on the book's event loop right after the
+    commit it tells of, and must not block: they are wake-ups, the store is the truth."""
+
+    __slots__ = ("deadline", "expired", "notifications")
+
+    def __init__(
+        self,
+        *,
+        deadline: Sequence[Callable[[int], None]] = (),
+        expired: Sequence[Callable[[Sequence[int]], None]] = (),
+        notifications: Sequence[Callable[[], None]] = (),
+    ) -> None:
+        # A new task's deadline, once committed (the sweeper's wake-up).
+        self.deadline = list(deadline)
+        # An expiry batch committed, with its tasks' deadlines (the lateness metric).
+        self.expired = list(expired)
+        # A commit wrote notifications to the outbox (the webhook relay's wake-up).
+        self.notifications = list(notifications)
+
+    def deadline_set(self, expires_at_ms: int) -> None:
+        for listener in self.deadline:
+            listener(expires_at_ms)
+
+    def tasks_expired(self, deadlines_ms: Sequence[int]) -> None:
+        for listener in self.expired:
+            listener(deadlines_ms)
+
+    def notified(self) -> None:
+        for listener in self.notifications:
+            listener()
+
+
 class Book:
     def __init__(
         self,
@@ -123,17 +157,13 @@ class Book:
         bus: Bus | None = None,
         retention_versions: int = 8,
         max_history_versions: int = 0,
+        listeners: Listeners | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.bus = bus
         self.retention_versions = retention_versions
-        # Called after a commit that wrote notifications to the outbox (the webhook relay's wake-up).
-        self.on_notifications: Callable[[], None] | None = None
-        # Called with a new task's deadline once it is committed (the sweeper's wake-up).
-        self.on_deadline: Callable[[int], None] | None = None
-        # Called right after an expiry batch commits, with its tasks' deadlines (the lateness metric).
-        self.on_expired: Callable[[Sequence[int]], None] | None = None
+        self.listeners = listeners if listeners is not None else Listeners()
         self._resuming: dict[str, _SharedResume] = {}  # resumes waiting for a read that has not started
         # History entries a task may have (0: no limit); past it only an entry that ends the task is added.
         self.max_history_versions = max_history_versions
@@ -232,8 +262,8 @@ class Book:
             return task, True
 
         made, created = await self._write(work)
-        if created and self.on_deadline is not None:
-            self.on_deadline(int(made.expires_at_ms))
+        if created:
+            self.listeners.deadline_set(int(made.expires_at_ms))
         return made, created
 
     async def callback(
@@ -342,8 +372,8 @@ class Book:
             return [int(task.expires_at_ms) for task in due]
 
         deadlines = await self._write(work, urgent=urgent)
-        if deadlines and self.on_expired is not None:
-            self.on_expired(deadlines)
+        if deadlines:
+            self.listeners.tasks_expired(deadlines)
         return len(deadlines)
 
     @_shielded
@@ -399,8 +429,8 @@ class Book:
             if self.bus is not None:
                 for news in commit.news:
                     self.bus.publish(news)
-            if commit.notified and self.on_notifications is not None:
-                self.on_notifications()
+            if commit.notified:
+                self.listeners.notified()
             return result
         raise AssertionError("unreachable")
 

@@ -6,7 +6,6 @@ It knows nothing of HTTP: ``gateway.web.app`` puts the routes on top of it.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import secrets
@@ -19,13 +18,13 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
-from gateway.book import Book
+from gateway.book import Book, Listeners
 from gateway.bus import Bus, bus_for
 from gateway.committer import Committer
 from gateway.jobs.demo import run_demo_worker
 from gateway.jobs.relay import Relay
-from gateway.jobs.sweeper import run_sweeper
-from gateway.jobs.sweeper_thread import run_sweeper_thread
+from gateway.jobs.sweeper import Sweeper
+from gateway.jobs.sweeper_thread import SweeperThread
 from gateway.live.hub import Hub
 from gateway.metrics import Metrics
 from gateway.rate import RateLimiter
@@ -57,12 +56,15 @@ class Gateway:
         self.db = Database(settings.database_url)
         self.store = SqlStore(self.db)
         self.bus: Bus = bus_for(settings.bus_url, settings.database_url)
+        # Who hears of the book's commits: filled below, once, by what this gateway runs.
+        listeners = Listeners()
         self.book = Book(
             self.store,
             clock,
             bus=self.bus,
             retention_versions=settings.retention_versions,
             max_history_versions=settings.max_history_versions,
+            listeners=listeners,
         )
         self.callback_rate = RateLimiter(settings.callback_rate_per_s)
         self.hub = Hub(self.book)
@@ -71,7 +73,16 @@ class Gateway:
         self.hub.callbacks_waiting = self.committer.busy
         self.relay = Relay.from_settings(self.store, settings, self.metrics)
         if self.relay is not None:
-            self.book.on_notifications = self.relay.wake
+            listeners.notifications.append(self.relay.wake)
+        self.sweeper: Sweeper | SweeperThread | None = None
+        if settings.sweep_interval_ms > 0:
+            interval_s = settings.sweep_interval_ms / 1000
+            if self.db.is_sqlite:  # a file only this process writes: it makes every deadline
+                self.sweeper = Sweeper(self.book, interval_s, self.metrics, solo=True)
+                listeners.expired.append(self.sweeper.expired)
+            else:  # off the event loop (gateway.jobs.sweeper_thread), its expiries told there
+                self.sweeper = SweeperThread(self.book, settings.database_url, interval_s, self.metrics)
+            listeners.deadline.append(self.sweeper.deadline)
         self.metrics.watch_hub(self.hub.stats)
         self.metrics.watch_bus(self.bus)
         settings = self.settings = with_secret(settings)
@@ -158,18 +169,8 @@ class Gateway:
                     self.hub.watch_writes,
                     self.settings.write_timeout_ms / 1000,
                 )
-                if self.settings.sweep_interval_ms > 0:
-                    interval_s = self.settings.sweep_interval_ms / 1000
-                    if self.db.is_sqlite:  # a file only this process writes: it makes every deadline
-                        sweeper = functools.partial(
-                            run_sweeper, self.book, interval_s, self.metrics, solo=True
-                        )
-                    else:  # off the event loop (gateway.jobs.sweeper_thread)
-                        url = self.settings.database_url
-                        sweeper = functools.partial(
-                            run_sweeper_thread, self.book, url, interval_s, self.metrics
-                        )
-                    tg.start_soon(self._essential, "the sweeper", sweeper)
+                if self.sweeper is not None:
+                    tg.start_soon(self._essential, "the sweeper", self.sweeper.run)
                 if self.relay is not None:
                     tg.start_soon(self._essential, "the webhook relay", self.relay.run)
                 yield

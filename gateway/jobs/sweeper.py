@@ -85,30 +85,27 @@ class Sweeper:
         self._sooner = anyio.Event()
 
     def deadline(self, expires_at_ms: int) -> None:
-        """A task of this process now has this deadline: be there for it (``Book.on_deadline``)."""
+        """A task of this process now has this deadline: be there for it (a listener of the book)."""
         at = time.monotonic() + max(0.0, (expires_at_ms - self.book.clock()) / 1000)
         if at < self._wake_at:
             self._wake_at = at
             self._sooner.set()
 
     async def run(self) -> None:
+        """Passes for the life of the caller (owned by the app's lifespan)."""
         in_flight = anyio.Semaphore(self.max_passes)
-        if self.metrics is not None:
-            self.book.on_expired = self._expired
-        try:
-            async with anyio.create_task_group() as passes:
-                while True:
-                    started = time.monotonic()
-                    self._wake_at = started + self.interval_s
-                    await in_flight.acquire()
-                    passes.start_soon(self._pass, in_flight)
-                    await self._sleep(started + self.min_gap_s)
-        finally:
-            self.book.on_expired = None
+        async with anyio.create_task_group() as passes:
+            while True:
+                started = time.monotonic()
+                self._wake_at = started + self.interval_s
+                await in_flight.acquire()
+                passes.start_soon(self._pass, in_flight)
+                await self._sleep(started + self.min_gap_s)
 
-    def _expired(self, deadlines_ms: Sequence[int]) -> None:
-        assert self.metrics is not None
-        self.metrics.expired(deadlines_ms, self.book.clock())
+    def expired(self, deadlines_ms: Sequence[int]) -> None:
+        """An expiry batch committed (a listener of the book that expired it): how late it was."""
+        if self.metrics is not None:
+            self.metrics.expired(deadlines_ms, self.book.clock())
 
     async def _pass(self, in_flight: anyio.Semaphore) -> None:
         """Expire what is due, then learn the next deadline. Passes overlap: a slow commit holds up only
@@ -140,15 +137,3 @@ class Sweeper:
                 return
             with anyio.move_on_after(remaining):
                 await self._sooner.wait()
-
-
-async def run_sweeper(
-    book: Book, interval_s: float, metrics: Metrics | None = None, *, solo: bool = False
-) -> None:
-    """A :class:`Sweeper` that wakes for this process's new deadlines, for the life of the caller."""
-    sweeper = Sweeper(book, interval_s, metrics, solo=solo)
-    book.on_deadline = sweeper.deadline
-    try:
-        await sweeper.run()
-    finally:
-        book.on_deadline = None

@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from gateway.book import Book
+from gateway.book import Book, Listeners
 from gateway.bus.base import Bus, News, OnNews, OnResync
 from gateway.jobs.sweeper import MAX_PASSES, Sweeper
 from gateway.metrics import Metrics
@@ -60,8 +60,8 @@ class SweeperThread:
         self.url = url
         self.interval_s = interval_s
         self.metrics = metrics
-        self._main = asyncio.get_running_loop()
-        self._ended: asyncio.Future[None] = self._main.create_future()
+        self._main: asyncio.AbstractEventLoop | None = None  # the event loop ``run`` is called on
+        self._ended: asyncio.Future[None] | None = None
         self._lock = threading.Lock()  # guards the four below, shared by both threads
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scope: anyio.CancelScope | None = None
@@ -70,12 +70,12 @@ class SweeperThread:
 
     async def run(self) -> None:
         """Until cancelled; then stop the thread and wait for it (its pass under way commits first)."""
-        self.book.on_deadline = self._deadline
+        self._main = asyncio.get_running_loop()
+        self._ended = self._main.create_future()
         threading.Thread(target=self._thread, name="gateway-sweeper", daemon=True).start()
         try:
             await asyncio.shield(self._ended)
         finally:
-            self.book.on_deadline = None
             with self._lock:
                 self._stopping = True
                 if self._loop is not None and self._scope is not None:
@@ -83,13 +83,14 @@ class SweeperThread:
             with anyio.CancelScope(shield=True):
                 await asyncio.wait([self._ended])
 
-    def _deadline(self, expires_at_ms: int) -> None:
-        """``Book.on_deadline`` of the event loop's book: a new task's deadline, handed to the thread."""
+    def deadline(self, expires_at_ms: int) -> None:
+        """A listener of the event loop's book: a new task's deadline, handed to the thread."""
         with self._lock:
             if self._loop is not None and self._sweeper is not None:
                 self._loop.call_soon_threadsafe(self._sweeper.deadline, expires_at_ms)
 
     def _thread(self) -> None:
+        assert self._main is not None and self._ended is not None
         try:
             anyio.run(self._sweep, backend="asyncio")
         except BaseException as exc:  # told to the event loop, whose task fails with it
@@ -101,9 +102,18 @@ class SweeperThread:
         # Each overlapping pass (and its read of the next deadline) has a connection ready for it.
         db = Database(self.url, pool_size=MAX_PASSES, max_overflow=0)
         bus = self.book.bus
-        book = Book(SqlStore(db), self.book.clock, bus=None if bus is None else _Forward(bus, self._main))
-        book.on_notifications = self._notified
+        assert self._main is not None
+        # The thread's own book: its expiries' lateness goes to the metrics, its notifications wake the
+        # event loop's book's listeners (the relay), on the event loop.
+        listeners = Listeners(notifications=[self._notified])
+        book = Book(
+            SqlStore(db),
+            self.book.clock,
+            bus=None if bus is None else _Forward(bus, self._main),
+            listeners=listeners,
+        )
         sweeper = Sweeper(book, self.interval_s, self.metrics)
+        listeners.expired.append(sweeper.expired)
         try:
             with anyio.CancelScope() as scope:
                 with self._lock:
@@ -118,12 +128,9 @@ class SweeperThread:
                 await db.close()
 
     def _notified(self) -> None:
-        """``Book.on_notifications`` of the thread's book: the event loop's book's, called there."""
-        self._main.call_soon_threadsafe(self._notify_main)
-
-    def _notify_main(self) -> None:
-        if self.book.on_notifications is not None:
-            self.book.on_notifications()
+        """The thread's book wrote notifications: the event loop's book's listeners hear of it there."""
+        assert self._main is not None
+        self._main.call_soon_threadsafe(self.book.listeners.notified)
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
@@ -133,8 +140,3 @@ def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(exc)
-
-
-async def run_sweeper_thread(book: Book, url: str, interval_s: float, metrics: Metrics | None = None) -> None:
-    """:func:`gateway.jobs.sweeper.run_sweeper`, its passes on a thread of their own (PostgreSQL)."""
-    await SweeperThread(book, url, interval_s, metrics).run()

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from gateway.book import Book
-from gateway.jobs.sweeper import run_sweeper
+from gateway.jobs.sweeper import Sweeper
 from gateway.machine import create_task
 from gateway.store.memory import MemoryStore, MemoryTx
 from tests.support import FakeClock
@@ -54,7 +54,7 @@ async def test_a_stalled_pass_does_not_hold_up_the_next() -> None:
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run_sweeper, book, 0.05)
+            tg.start_soon(Sweeper(book, 0.05).run)
             await store.stalled.wait()  # the first pass is stuck before it could claim "first"
             clock.advance(1_000)  # both are due now
             while await state("second") != "expired":  # noqa: ASYNC110  (the store has no signal)
@@ -104,7 +104,7 @@ async def test_a_pass_with_nothing_due_takes_no_write_turn() -> None:
     book.next_deadline = counting_next_deadline  # type: ignore[method-assign]
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run_sweeper, book, 0.01)
+            tg.start_soon(Sweeper(book, 0.01).run)
             await enough.wait()  # ten passes at least, nothing due in any
             assert store.writes == 0
             store.wrote = anyio.Event()
