@@ -1,0 +1,303 @@
+"""The report of a benchmark run: rows of figures beside their floors, the smoke checks, and
+docs/benchmarks.md, apart from the workloads that make them (``bench/all.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import harness
+
+DOCS = harness.ROOT / "docs" / "benchmarks.md"
+PACKAGES = ("uvicorn", "starlette", "websockets", "sqlalchemy", "asyncpg", "aiosqlite", "httpx", "orjson")
+
+
+WORKLOADS = {
+    1: (
+        "callbacks/s",
+        "callbacks/s of one gateway process on SQLite and on PostgreSQL (keep-alive connections, each "
+        "driving tasks of its own through start and progress 1..100, every callback a real change with a "
+        "unique callbackId), beside a bare-driver Starlette handler doing the same transaction per callback "
+        "(sqlite3 / asyncpg) and the same handler with no database (what HTTP alone costs here).",
+    ),
+    2: (
+        "fan-out",
+        "one task with N subscribers in client processes, callbacks at a fixed rate: the gateway process's "
+        "CPU (its CPU-time clock, every thread) per delivered frame, the callbacks' own HTTP and commit "
+        "included, beside a raw `websockets` `broadcast()` server sending frames of the same size, each "
+        "fed by a publisher WebSocket message. The callbacks cost the gateway what a publisher's message "
+        "does not cost the floor (an HTTP request and a database commit each, about 2 ms of CPU): at "
+        "N = 100 that is about 20 us per frame, which would hide what fan-out itself costs. So each N is "
+        "also run with no subscriber, the same callbacks (same count, same rate) to the gateway and the "
+        "same messages to the floor, with the CPU read at the same points (before the first callback or "
+        "message; after the last is answered or read, and, with subscribers, once every subscriber has "
+        "it), and a second row gives the CPU per frame above that base: (CPU with N - CPU with none) / "
+        "frames, for each side. And the frames "
+        "lost or out of order, checked per subscriber by the client processes (versions 1, 2, 3, ... "
+        "after the resume frame; a `conflated` snapshot may jump ahead; a socket the server ends early "
+        "with a reason, such as 4008, is counted apart). Subscribers connect 200 at a time per client "
+        "process; a subscription refused with `unavailable` (1013, try again) is retried after a backoff, "
+        "as a client would, and the retries are counted.",
+    ),
+    3: (
+        "idle memory",
+        "the gateway's RSS growth divided by N once N sockets have subscribed and received their resume "
+        "frame and a first event frame, beside the raw `websockets` server holding the same sockets "
+        "(a hello, then one broadcast message).",
+    ),
+    4: (
+        "callback latency",
+        "callback p99 (and p50, and the rate achieved of the 50/s asked, one callback after the other, "
+        "each sent when due or as soon as the previous one is answered, for a fixed time) on one task "
+        "with N = 1,000 and 5,000 subscribers, beside the same callbacks with 10 subscribers: the answer "
+        "should follow the commit, not the fan-out; where fan-out asks more than the process has, the "
+        "fan-out is shed (several entries in one write, or a `conflated` snapshot), not the callbacks. "
+        "For these runs the gateway, and the bench process that times its answers, are on one core and "
+        "the subscriber processes on the other(s), as clients on other machines would be: `SCHED_IDLE` "
+        "alone did not keep them off the gateway's wake-ups (under this kernel's preemption model, "
+        "PREEMPT_NONE, a client inside a system call is not preempted until it leaves it; `perf sched "
+        "timehist` showed the gateway's threads runnable but waiting 3-5 ms behind one).",
+    ),
+    5: (
+        "reconnect storm",
+        "N subscribers with cursors (half a few versions behind: `delta`; half far behind: `snapshot`) "
+        "connecting at once (every client process opens all its sockets at the same instant) to tasks "
+        "with history: the time until every one has its resume frame (retries after a refusal "
+        "included), beside opening N sockets to the raw `websockets` server (the same accept backlog, "
+        "2048, as uvicorn's) and getting one message each.",
+    ),
+}
+
+
+@dataclass
+class Row:
+    workload: int
+    measure: str
+    figure: float | None
+    floor: float | None
+    unit: str
+    target: str
+    digits: int = 1
+    ratio: float | None = None  # figure / floor unless given
+
+    def ratio_value(self) -> float | None:
+        if self.ratio is not None:
+            return self.ratio
+        if self.figure is None or self.floor is None or not self.floor:
+            return None
+        return self.figure / self.floor
+
+    def cells(self) -> tuple[str, str, str, str, str]:
+        def number(value: float | None) -> str:
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                return "-"
+            return f"{value:,.{self.digits}f}" + (f" {self.unit}" if self.unit else "")
+
+        ratio = self.ratio_value()
+        return (
+            self.measure,
+            number(self.figure),
+            number(self.floor),
+            "-" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}x",
+            self.target,
+        )
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the smoke checks that failed
+    failures: list[str] = field(default_factory=list)  # workloads that could not run
+
+    def figure(self, what: str, value: float | None, positive: bool = True) -> None:
+        """A figure must exist: a finite number, positive unless told otherwise."""
+        if value is None or not math.isfinite(value) or (positive and value <= 0):
+            self.problems.append(f"{what}: no figure ({value})")
+
+    def gateway_logs(self, workload: str) -> None:
+        """What the workload's gateways logged, as details (a run should log nothing at warning)."""
+        kinds: dict[str, int] = {}
+        for summary in harness.GATEWAY_LOGS:
+            for kind, count in summary["kinds"].items():
+                kinds[kind] = kinds.get(kind, 0) + count
+        harness.GATEWAY_LOGS.clear()
+        for kind, count in sorted(kinds.items(), key=lambda item: -item[1])[:3]:
+            self.details.append(f"{workload}: the gateway logged {count} x `{kind.strip()}`")
+
+    def frames(self, what: str, stats: dict[str, Any]) -> None:
+        """No frame lost or out of order, every subscriber connected and complete."""
+        for key in (
+            "lost",
+            "out_of_order",
+            "failed",
+            "incomplete",
+            "unexpected",
+            "resume_mismatch",
+            "bad_close",
+        ):
+            if stats.get(key):
+                self.problems.append(f"{what}: {key} = {stats[key]} {stats.get('errors') or ''}".rstrip())
+        if stats.get("timed_out"):
+            self.problems.append(f"{what}: the subscribers did not all finish in time")
+
+
+def frames_summary(stats: dict[str, Any]) -> str:
+    text = (
+        f"{stats['deliveries']:,} frames to {stats['connected']:,}/{stats['subscribers']:,} subscribers, "
+        f"{stats['gaps']} gaps ({stats['missing']} versions), {stats['reorders']} reorders, "
+        f"{stats['tail_missing']} versions missing at the end, {stats['conflated']} conflated snapshots"
+    )
+    if stats.get("cut"):
+        text += (
+            f", {stats['cut']} sockets ended early by the server with a reason "
+            f"(close codes {stats['closes']}; {stats['cut_missing']} versions not sent to them)"
+        )
+    if stats.get("retries"):
+        text += f", {stats['retries']} subscribe attempts refused or failed and retried"
+    if stats.get("failed"):
+        text += f", {stats['failed']} failed to connect"
+    if stats.get("errors"):
+        text += f" ({'; '.join(stats['errors'][:3])})"
+    if stats.get("resume_mismatch"):
+        text += f", {stats['resume_mismatch']} whose first frame was not the resume frame expected"
+    return text
+
+
+def table(rows: list[Row], markdown: bool) -> str:
+    header = ("measure", "figure", "floor", "ratio", "target")
+    cells = [r.cells() for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", "--:", "--:", "--:", "---"]) + "|"]
+        lines += ["| " + " | ".join(c) + " |" for c in cells]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *cells, strict=True)]
+    align = ["<", ">", ">", ">", "<"]
+
+    def line(values: tuple[str, ...]) -> str:
+        return "  ".join(f"{v:{a}{w}}" for v, a, w in zip(values, align, widths, strict=True)).rstrip()
+
+    return "\n".join([line(header), line(tuple("-" * w for w in widths)), *(line(c) for c in cells)])
+
+
+def machine(pg_version: str) -> list[tuple[str, str]]:
+    memory = "?"
+    with contextlib.suppress(OSError):
+        for text in Path("/proc/meminfo").read_text().splitlines():
+            if text.startswith("MemTotal:"):
+                memory = f"{int(text.split()[1]) / 1024 / 1024:.1f} GiB"
+    model = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for text in Path("/proc/cpuinfo").read_text().splitlines():
+            if text.startswith("model name"):
+                model = text.split(":", 1)[1].strip()
+                break
+    versions = []
+    for name in PACKAGES:
+        try:
+            versions.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name} (not installed)")
+    commit = "?"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        commit = subprocess.run(
+            ["git", "-C", str(harness.ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(harness.ROOT), "status", "--porcelain", "--", "gateway", "bench"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        if dirty:
+            commit += " (with uncommitted changes to gateway/ or bench/)"
+    return [
+        (
+            "cores",
+            f"{os.cpu_count()} ({model}); shared and noisy: every figure is beside a floor of the same run",
+        ),
+        ("memory", memory),
+        ("kernel", f"{platform.system()} {platform.release()}"),
+        ("Python", f"{platform.python_implementation()} {platform.python_version()}"),
+        ("packages", ", ".join(versions)),
+        ("PostgreSQL", pg_version),
+        ("file descriptors", f"soft limit {harness.raise_nofile(0)} (raised by the bench)"),
+        ("commit", commit),
+    ]
+
+
+# Under the table in docs/benchmarks.md.
+TABLE_NOTE = (
+    "The fan-out rows with the callbacks' own CPU included count each callback's HTTP request and "
+    "commit (about 2 ms of CPU), which the floor's publisher message does not cost it: at N=100 that "
+    "is most of a frame's figure. The rows above the same callbacks with no subscriber leave it out. "
+    "The p99 at N=5,000 has no ratio target: there fan-out is shed so that callbacks keep their rate."
+)
+
+
+def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed: float) -> None:
+    """docs/benchmarks.md from a full run: the machine, how to reproduce, the table, the workloads."""
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `.venv/bin/python bench/all.py` (do not edit by hand); "
+        f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {elapsed:.0f} s.",
+        "",
+        "## The machine",
+        "",
+        *(f"- {name}: {value}" for name, value in facts),
+        "",
+        "## How to reproduce",
+        "",
+        "```sh",
+        "python3 -m venv .venv && .venv/bin/pip install -e .  # and py-spy for BENCH_PROFILE",
+        "# PostgreSQL at 127.0.0.1:5432, user postgres, trust (or GATEWAY_TEST_PG_URL / --pg-admin-url)",
+        f".venv/bin/python bench/all.py          # every workload, this file (~{elapsed / 60:.0f} min)",
+        ".venv/bin/python bench/all.py --smoke  # every workload tiny: figures and frame order checked (CI)",
+        "```",
+        "",
+        "The gateway runs as a user runs it (`gateway serve`, as "
+        "`python -m gateway.cli serve --port P --database-url ...`) with "
+        "`GATEWAY_SECRET` set and `GATEWAY_LOG_LEVEL=warning`, in open mode on loopback, on a SQLite file of "
+        "its own (workloads 2 to 5) or a PostgreSQL database made for the run and dropped after it. The "
+        "subscribers are `websockets` clients in "
+        f"{procs} separate processes under Linux's `SCHED_IDLE` policy (on this machine they stand for "
+        "clients on other machines: they take only the CPU time the server under test, gateway or floor "
+        "alike, does not want; for the latency runs they also get cores of their own, see workload 4). The "
+        "floors are measured in the same run, one after the other on "
+        "the same machine; a ratio is figure / floor. Targets are the performance issue's; they are "
+        "printed, never asserted. `--smoke` runs are too short for their figures to be compared with "
+        "the targets.",
+        "`bench/fanout.py` and `bench/callbacks.py` run single workloads with more options; "
+        "`bench/expiry.py` (not part of this run; PostgreSQL, a million tasks by default) times a sweep "
+        "pass among a million tasks.",
+        "",
+        "## Results",
+        "",
+        table(report.rows, markdown=True),
+        "",
+        TABLE_NOTE,
+        "",
+        *(f"- {d}" for d in report.details),
+        "",
+        "## What each workload measures",
+        "",
+        *(f"{i}. **{name}**: {text}" for i, (name, text) in WORKLOADS.items()),
+        "",
+    ]
+    if report.failures:
+        lines += ["## Workloads that did not run", "", *(f"- {f}" for f in report.failures), ""]
+    DOCS.write_text("\n".join(lines))
