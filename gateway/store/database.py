@@ -1,12 +1,13 @@
-"""The database: engine set-up for SQLite (the zero-configuration default) and PostgreSQL.
+"""The database: engine set-up for a SQLite file (the zero-configuration default) and PostgreSQL.
 
-Transactions that change data: on PostgreSQL plain transactions on asyncpg connections of the engine's
-pool (``pg_writer``), rows locked with ``SELECT ... FOR UPDATE``; on SQLite, which has one writer anyway,
-the writer's own connection (``sqlite_writer``), writes of this process queuing on an in-process lock for
-their turn (an urgent write, expiry, goes before the others waiting), and a lock file keeps a second
-process off the file (SQLite serves one gateway process; any number share a PostgreSQL database). A SQLite
-database in memory is refused: every task would vanish with the process, and each connection of the pool
-would see a database of its own.
+The engine owns the connections (its pool) and the schema (Alembic, ``migrate``); the store's statements
+run on the drivers beneath it (``gateway.store.sql``). Transactions that change data: on PostgreSQL plain
+transactions on asyncpg connections of the engine's pool (``pg_writer``), rows locked with ``SELECT ...
+FOR UPDATE``; on SQLite, which has one writer anyway, the writer's own connection (``sqlite_writer``),
+writes of this process queuing on an in-process lock for their turn (an urgent write, expiry, goes before
+the others waiting), and a lock file keeps a second process off the file (SQLite serves one gateway
+process; any number share a PostgreSQL database). A SQLite database in memory is refused: every task
+would vanish with the process, and each connection of the pool would see a database of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gateway.store import tables  # noqa: F401  (registers the tables on SQLMode
 from gateway.store.migrate import migrate
 from gateway.store.pg_writer import PgWriter
 from gateway.store.priority_lock import PriorityLock
+from gateway.store.queries import TASK_EXISTS, numbered
 from gateway.store.sqlite_writer import SqliteWriter, apply_pragmas
 
 
@@ -111,7 +113,7 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        """A read-only transaction (one snapshot on SQLite's WAL)."""
+        """A connection of the engine's pool, for reads."""
         async with self.engine.connect() as conn:
             yield conn
 
@@ -160,7 +162,7 @@ async def task_exists(url: str, task_id: str, deadline_s: float = 5.0) -> bool |
     try:
         with anyio.fail_after(deadline_s):
             async with engine.connect() as conn:
-                found = await conn.execute(text("SELECT 1 FROM tasks WHERE id = :id"), {"id": task_id})
+                found = await conn.exec_driver_sql(numbered(TASK_EXISTS), (task_id,))
                 return found.first() is not None
     except Exception:  # whatever the reason, it could not be told
         return None
@@ -174,7 +176,7 @@ def _sqlite_task_exists(path: str, task_id: str) -> bool | None:
     try:
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5)
         try:
-            return conn.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is not None
+            return conn.execute(TASK_EXISTS, (task_id,)).fetchone() is not None
         finally:
             conn.close()
     except sqlite3.Error:

@@ -1,9 +1,14 @@
-"""The store on a SQLite file or PostgreSQL: reads in SQLAlchemy Core, and where the writes go.
+"""The store on SQLite or PostgreSQL: which connection each transaction runs on.
 
-The writes take the database's own way (``gateway.store.direct``: the statements written once in SQL): on
-a SQLite file the writer's own connection and thread, a whole transaction in one hop
-(``gateway.store.sqlite_writer``); on PostgreSQL asyncpg itself, on a connection of the engine's pool
-(``gateway.store.pg_writer``). Reads are here.
+Every transaction is a :class:`~gateway.store.transaction.SqlTx` (the statements: ``gateway.store.queries``)
+on the database's own driver:
+
+- a SQLite file's writes on the writer's connection and thread, a whole transaction in one hop
+  (``gateway.store.sqlite_writer``), its reads on the engine's aiosqlite connections: WAL readers, which
+  never wait for the writer, nor it for them;
+- PostgreSQL's reads and writes on asyncpg connections of the engine's pool (``gateway.store.pg_writer``):
+  a task is locked with ``SELECT ... FOR UPDATE`` and due work claimed with ``FOR UPDATE SKIP LOCKED``, so
+  that several gateway processes sweep and relay without waiting on each other.
 """
 
 from __future__ import annotations
@@ -12,15 +17,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from gateway.machine import Task
-from gateway.store.base import StoredTask, WriteTx
+from gateway.store.base import ReadTx, WriteTx
 from gateway.store.database import Database
-from gateway.store.direct import IN_CHUNK
 from gateway.store.sqlite_writer import SqliteWriter
-from gateway.store.tables import ACTIVE_STATES, entries, outbox, tasks
+from gateway.store.transaction import SqlTx
 
 R = TypeVar("R")
 
@@ -39,9 +39,13 @@ class SqlStore:
         await self.db.ping(deadline_s)
 
     @asynccontextmanager
-    async def read(self) -> AsyncIterator[SqlTx]:
+    async def read(self) -> AsyncIterator[ReadTx]:
+        if self.db.pg_writer is not None:
+            async with self.db.pg_writer.read() as tx:
+                yield tx
+            return
         async with self.db.read() as conn:
-            yield SqlTx(conn)
+            yield SqliteReadTx((await conn.get_raw_connection()).driver_connection)
 
     @asynccontextmanager
     async def write(self, *, urgent: bool = False) -> AsyncIterator[WriteTx]:
@@ -66,72 +70,15 @@ class SqlStore:
         return writer
 
 
-class SqlTx:
-    """A read transaction on a connection of the engine's pool."""
+class SqliteReadTx(SqlTx):
+    """Reads on an aiosqlite connection of the engine's pool, one thread hop a statement."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("_conn",)
 
-    def __init__(self, conn: AsyncConnection) -> None:
-        self.conn = conn
+    def __init__(self, conn: Any) -> None:
+        super().__init__()
+        self._conn = conn
 
-    async def task(self, task_id: str) -> StoredTask | None:
-        if "\x00" in task_id:  # no task has one (create refuses it), and PostgreSQL text cannot hold it
-            return None
-        row = (await self.conn.execute(select(tasks).where(tasks.c.id == task_id))).first()
-        return None if row is None else StoredTask(task_from_row(row), row.ttl_ms)
-
-    async def entries(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
-        result = await self.conn.execute(
-            select(entries.c.version, entries.c.event)
-            .where(entries.c.task_id == task_id, entries.c.version > after, entries.c.version <= upto)
-            .order_by(entries.c.version)
-        )
-        return [(r.version, r.event) for r in result]
-
-    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
-        found: dict[str, int] = {}
-        ids = [i for i in task_ids if "\x00" not in i]
-        for start in range(0, len(ids), IN_CHUNK):
-            chunk = ids[start : start + IN_CHUNK]
-            result = await self.conn.execute(select(tasks.c.id, tasks.c.version).where(tasks.c.id.in_(chunk)))
-            found.update((r.id, r.version) for r in result)
-        return found
-
-    async def relay_pending(self) -> int:
-        result = await self.conn.execute(
-            select(func.count()).select_from(outbox).where(outbox.c.relayed_at_ms.is_(None))
-        )
-        return int(result.scalar_one())
-
-    async def next_deadline(self) -> int | None:
-        # The first row of the partial index ix_tasks_live_deadline.
-        result = await self.conn.execute(
-            select(func.min(tasks.c.expires_at_ms)).where(tasks.c.state.in_(ACTIVE_STATES))
-        )
-        deadline: int | None = result.scalar_one()
-        return deadline
-
-    async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
-        # Keyset pagination over the primary key: each page is one index range, however deep it is.
-        query = select(tasks).order_by(tasks.c.id).limit(limit)
-        if state is not None:
-            query = query.where(tasks.c.state == state)
-        if after is not None:
-            query = query.where(tasks.c.id > after)
-        return [task_from_row(row) for row in await self.conn.execute(query)]
-
-
-def task_from_row(row: Row[Any]) -> Task:
-    """A ``tasks`` row as the machine's task."""
-    return Task(
-        id=row.id,
-        state=row.state,
-        expires_at_ms=row.expires_at_ms,
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        progress=row.progress,
-        version=row.version,
-        result_ref=row.result_ref,
-        result_hash=row.result_hash,
-        error=row.error,
-    )
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
+        rows: Sequence[Sequence[Any]] = await self._conn.execute_fetchall(sql, params)
+        return rows
