@@ -71,7 +71,9 @@ class SqlStore:
 
 
 class SqliteReadTx(SqlTx):
-    """Reads on an aiosqlite connection of the engine's pool, one thread hop a statement."""
+    """Reads on an aiosqlite connection of the engine's pool (``conn``: aiosqlite's own, beneath SQLAlchemy's
+    adapter): its thread is not the writer's, so a read never queues behind a write, and
+    ``execute_fetchall`` takes one hop to that thread where the adapter's cursor took several."""
 
     __slots__ = ("_conn",)
 
