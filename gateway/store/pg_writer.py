@@ -83,17 +83,19 @@ class PgWriter:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[PgTx]:
-        """Reads on a connection of the pool, in no transaction: nothing to commit or roll back, unless a
-        statement was cut short (asyncpg then waits for its cancellation before the connection goes back)."""
+        """Reads on a connection of the pool, in no transaction: nothing to commit or roll back. A read is
+        cut short in the middle of a statement only by its deadline, when PostgreSQL did not answer: its
+        connection is then given up at once, rather than kept at the price of waiting (asyncpg would, for
+        the statement's cancellation) on the network that did not answer."""
         conn, driver = await self._checkout()
+        tx = PgTx(driver)
         try:
-            yield PgTx(driver)
-        except BaseException:
+            yield tx
+        finally:
             with anyio.CancelScope(shield=True):
-                await self._checkin(conn, driver, committed=False)
-            raise
-        with anyio.CancelScope(shield=True):
-            await self._checkin(conn, driver, committed=True)
+                if tx.unanswered:
+                    driver.terminate()
+                await self._checkin(conn, driver, committed=True)
 
     async def _checkout(self) -> tuple[AsyncConnection, Any]:
         """A pooled connection and its asyncpg connection, open (as far as can be told without a query)."""
@@ -147,7 +149,7 @@ class PgTx(SqlTx):
     """A transaction on an asyncpg connection: the statements of :class:`SqlTx` numbered for PostgreSQL,
     rows locked, lists of keys as one array, the batch writes held and sent together."""
 
-    __slots__ = ("_batch", "_conn")
+    __slots__ = ("_batch", "_conn", "unanswered")
 
     LOCK = q.LOCK
     CLAIM = q.CLAIM
@@ -156,10 +158,14 @@ class PgTx(SqlTx):
         super().__init__()
         self._conn = conn
         self._batch = _Batch()
+        # A query (what a read runs) was sent and its answer never came (cut short), or came as an error.
+        self.unanswered = False
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
         await self.flush()
+        self.unanswered = True
         rows: Sequence[Sequence[Any]] = await self._conn.fetch(q.numbered(sql), *params)
+        self.unanswered = False
         return rows
 
     async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
