@@ -27,7 +27,7 @@ _WELL_FORMED = re.compile(r"[!-~]+")  # printable ASCII, no space
 
 def secret_path(settings: Settings) -> str | None:
     """Where this database keeps its generated secret; ``None`` where there is no file to keep it beside
-    (PostgreSQL, in-memory SQLite)."""
+    (PostgreSQL)."""
     from gateway.store.database import sqlite_path
 
     path = sqlite_path(settings.database_url)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import anyio
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import httpx
 import jwt
 import pytest

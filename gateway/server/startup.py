@@ -30,8 +30,7 @@ def describe_database(url: str) -> str:
 
     parsed = make_url(async_url(url))
     if parsed.drivername.startswith("sqlite"):
-        path = sqlite_path(url)
-        return f"SQLite {path}" if path is not None else "SQLite in memory (nothing kept)"
+        return f"SQLite {sqlite_path(url)}"
     user = f"{parsed.username}@" if parsed.username else ""
     port = f":{parsed.port}" if parsed.port else ""
     return f"PostgreSQL {user}{parsed.host or 'localhost'}{port}/{parsed.database or ''}"

@@ -1,11 +1,12 @@
 """The store interface: the statements the book runs, behind a transaction.
 
 The book (``gateway.book``) holds the rules: dedup order, attempt fencing, the outbox, receipts. A store
-holds the statements, inside one transaction at a time: ``read()`` sees one consistent state, ``write()``
-commits everything done in it together or nothing. Implementations, side by side:
+holds the statements, inside one transaction at a time: each statement of ``read()`` sees committed data
+(on a database each has a snapshot of its own, as under read committed), ``write()`` commits everything
+done in it together or nothing. Implementations, side by side:
 
-- :class:`gateway.store.sql.SqlStore`: SQLite (the default) and PostgreSQL, reads through SQLAlchemy, writes
-  in each database's own SQL on its driver (``gateway.store.direct``);
+- :class:`gateway.store.sql.SqlStore`: a SQLite file (the default) and PostgreSQL, every statement written
+  once (``gateway.store.queries``) and run on the database's own driver;
 - :class:`gateway.store.memory.MemoryStore`: the in-memory twin, for tests of the layers above.
 
 Every implementation passes one conformance suite (``tests/integration/test_store_conformance.py``).

@@ -1,10 +1,13 @@
-"""The database: engine set-up for SQLite (the zero-configuration default) and PostgreSQL.
+"""The database: engine set-up for a SQLite file (the zero-configuration default) and PostgreSQL.
 
-Transactions that change data: on PostgreSQL plain transactions on asyncpg connections of the engine's
-pool (``pg_writer``), rows locked with ``SELECT ... FOR UPDATE``; on SQLite, which has one writer anyway,
-the writer's own connection (``sqlite_writer``), writes of this process queuing on an in-process lock for
-their turn (an urgent write, expiry, goes before the others waiting), and a lock file keeps a second
-process off the file (SQLite serves one gateway process; any number share a PostgreSQL database).
+The engine owns the connections (its pool) and the schema (Alembic, ``migrate``); the store's statements
+run on the drivers beneath it (``gateway.store.sql``). Transactions that change data: on PostgreSQL plain
+transactions on asyncpg connections of the engine's pool (``pg_writer``), rows locked with ``SELECT ...
+FOR UPDATE``; on SQLite, which has one writer anyway, the writer's own connection (``sqlite_writer``),
+writes of this process queuing on an in-process lock for their turn (an urgent write, expiry, goes before
+the others waiting), and a lock file keeps a second process off the file (SQLite serves one gateway
+process; any number share a PostgreSQL database). A SQLite database in memory is refused: every task
+would vanish with the process, and each connection of the pool would see a database of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from gateway.store import tables  # noqa: F401  (registers the tables on SQLMode
 from gateway.store.migrate import migrate
 from gateway.store.pg_writer import PgWriter
 from gateway.store.priority_lock import PriorityLock
+from gateway.store.queries import TASK_EXISTS, numbered
 from gateway.store.sqlite_writer import SqliteWriter, apply_pragmas
 
 
@@ -59,10 +63,10 @@ class Database:
     def __init__(self, url: str, *, pool_size: int = 10, max_overflow: int = 10) -> None:
         """``pool_size`` and ``max_overflow``: PostgreSQL's connections, kept open and opened on demand."""
         self.url = async_url(url)
-        self.is_sqlite = self.url.startswith("sqlite")
+        path = sqlite_path(self.url)
+        self.is_sqlite = path is not None
         self._write_lock = PriorityLock() if self.is_sqlite else None
         # A SQLite file's writes go through one connection on a thread of its own, a transaction a hop.
-        path = sqlite_path(self.url) if self.is_sqlite else None
         self.writer = SqliteWriter(path) if path is not None else None
         self._lock_file: IO[str] | None = None
         kwargs: dict[str, Any] = {}
@@ -99,17 +103,6 @@ class Database:
             self._lock_file = None
 
     @asynccontextmanager
-    async def write(self, *, urgent: bool = False) -> AsyncIterator[AsyncConnection]:
-        """A transaction that may change data; committed when the block ends without an exception. On
-        SQLite an ``urgent`` one goes before the ordinary ones waiting for their turn to write."""
-        if self._write_lock is None:
-            async with self.engine.begin() as conn:
-                yield conn
-            return
-        async with self._write_lock.hold(urgent=urgent), self.engine.begin() as conn:
-            yield conn
-
-    @asynccontextmanager
     async def write_turn(self, *, urgent: bool = False) -> AsyncIterator[None]:
         """This process's turn to write to a SQLite file (``urgent`` ones first); at once on PostgreSQL."""
         if self._write_lock is None:
@@ -120,7 +113,7 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        """A read-only transaction (one snapshot on SQLite's WAL)."""
+        """A connection of the engine's pool, for reads."""
         async with self.engine.connect() as conn:
             yield conn
 
@@ -134,14 +127,27 @@ class Database:
         self._lock_file = _lock_sqlite(self.url)
 
 
+IN_MEMORY = (
+    "GATEWAY_DATABASE_URL: an in-memory SQLite database is not supported (every task would vanish with the "
+    "process, and other connections would not see it); use a file, sqlite:///gateway.db, or PostgreSQL"
+)
+
+
 def sqlite_path(url: str) -> str | None:
-    """The absolute path of a SQLite database's file; ``None`` for PostgreSQL and in-memory SQLite."""
+    """The absolute path of a SQLite database's file; ``None`` for PostgreSQL. ``ConfigError`` for a SQLite
+    database that is not a file named by its path: in memory, or a URI filename (``uri=true``), which the
+    writer's connection and the lock file beside it would not find."""
     parsed = make_url(async_url(url))
     if not parsed.drivername.startswith("sqlite"):
         return None
-    database = parsed.database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
+    database = parsed.database or ":memory:"
+    if database == ":memory:" or database.startswith("file::memory:") or parsed.query.get("mode") == "memory":
+        raise ConfigError(IN_MEMORY)
+    if "uri" in parsed.query:
+        raise ConfigError(
+            "GATEWAY_DATABASE_URL: a SQLite URI filename (uri=true) is not supported; "
+            "name the file by its path, sqlite:///gateway.db"
+        )
     return os.path.abspath(database)
 
 
@@ -152,13 +158,11 @@ async def task_exists(url: str, task_id: str, deadline_s: float = 5.0) -> bool |
     path = sqlite_path(url)
     if path is not None:
         return await anyio.to_thread.run_sync(_sqlite_task_exists, path, task_id)
-    if not make_url(async_url(url)).drivername.startswith("postgresql"):
-        return None  # in-memory SQLite: nothing outlives its process
     engine = create_async_engine(async_url(url), connect_args={"timeout": deadline_s})
     try:
         with anyio.fail_after(deadline_s):
             async with engine.connect() as conn:
-                found = await conn.execute(text("SELECT 1 FROM tasks WHERE id = :id"), {"id": task_id})
+                found = await conn.exec_driver_sql(numbered(TASK_EXISTS), (task_id,))
                 return found.first() is not None
     except Exception:  # whatever the reason, it could not be told
         return None
@@ -172,7 +176,7 @@ def _sqlite_task_exists(path: str, task_id: str) -> bool | None:
     try:
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5)
         try:
-            return conn.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is not None
+            return conn.execute(TASK_EXISTS, (task_id,)).fetchone() is not None
         finally:
             conn.close()
     except sqlite3.Error:
@@ -180,8 +184,9 @@ def _sqlite_task_exists(path: str, task_id: str) -> bool | None:
 
 
 def check_database_url(url: str) -> None:
-    """``ConfigError`` for a URL the gateway cannot use: unparsable, an unsupported database, or a SQLite
-    file whose directory does not exist (it is not made: a typo in a path must not grow a tree)."""
+    """``ConfigError`` for a URL the gateway cannot use: unparsable, an unsupported database, a SQLite
+    database in memory (``sqlite_path`` says why), or a SQLite file whose directory does not exist (it is
+    not made: a typo in a path must not grow a tree)."""
     path = sqlite_path(url)
     if path is not None:
         directory = os.path.dirname(path)

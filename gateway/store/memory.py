@@ -2,7 +2,7 @@
 
 Transactions run one at a time under one lock (serialisable by construction); a write transaction keeps
 an undo list and rolls back every change when its block raises. It is for tests of the layers above the
-store and for trying the gateway without a file; it keeps nothing across restarts.
+store; it keeps nothing across restarts.
 """
 
 from __future__ import annotations

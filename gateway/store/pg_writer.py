@@ -1,11 +1,13 @@
-"""PostgreSQL writes on asyncpg itself: a write transaction on a connection of SQLAlchemy's pool, its
-statements (``gateway.store.direct``) sent with no SQLAlchemy between.
+"""PostgreSQL on asyncpg itself: transactions on connections of SQLAlchemy's pool, their statements
+(``gateway.store.queries``) sent with no SQLAlchemy between. The writes, and the reads too.
 
 Why: under a stream of callbacks the gateway's process is the bottleneck, not PostgreSQL, and through
 SQLAlchemy Core a callback batch spent more of its CPU compiling, caching and crossing greenlets than in
 the driver, for nine round trips (begin, lock, dedup, three writes, the callback ids, ``NOTIFY``, commit).
 Here the statement texts are made once, asyncpg prepares each once per connection, and a batch makes five
-round trips: ``BEGIN``, the lock, the dedup lookup, every write at once, ``COMMIT``.
+round trips: ``BEGIN``, the lock, the dedup lookup, every write at once, ``COMMIT``. A read runs its
+statements outside any transaction, each with a snapshot of its own: what a read-committed transaction
+gives them anyway, without the round trips of its ``BEGIN`` and ``ROLLBACK``.
 
 Every write at once: the batch writes of a transaction (task rows, their entries and notifications, the
 callback ids, the ``NOTIFY`` messages) are held by :class:`PgTx` until the transaction's next statement or
@@ -23,21 +25,19 @@ taken (PostgreSQL restarted meanwhile) is replaced before the transaction starts
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import asyncpg  # type: ignore[import-untyped]
-from sqlalchemy import Table
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.machine import Task, Transition
+from gateway.store import queries as q
 from gateway.store.base import StoredTask, StoreRace
-from gateway.store.direct import SELECT_TASK, DirectTx, spans
-from gateway.store.tables import callbacks, entries, outbox, task_values, tasks
+from gateway.store.tables import task_values
+from gateway.store.transaction import SqlTx, spans
 
 # The longest a rollback may take before its connection is given up (invalidated) instead.
 ROLLBACK_DEADLINE_S = 5.0
@@ -47,7 +47,7 @@ _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.Interna
 
 
 class PgWriter:
-    """Write transactions on the raw asyncpg connections of ``engine``'s pool."""
+    """Transactions on the raw asyncpg connections of ``engine``'s pool."""
 
     def __init__(self, engine: AsyncEngine, *, pool_capacity: int) -> None:
         self.engine = engine
@@ -80,6 +80,22 @@ class PgWriter:
             raise
         with anyio.CancelScope(shield=True):
             await self._checkin(conn, driver, committed=True)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[PgTx]:
+        """Reads on a connection of the pool, in no transaction: nothing to commit or roll back. A read is
+        cut short in the middle of a statement only by its deadline, when PostgreSQL did not answer: its
+        connection is then given up at once, rather than kept at the price of waiting (asyncpg would, for
+        the statement's cancellation) on the network that did not answer."""
+        conn, driver = await self._checkout()
+        tx = PgTx(driver)
+        try:
+            yield tx
+        finally:
+            with anyio.CancelScope(shield=True):
+                if tx.unanswered:
+                    driver.terminate()
+                await self._checkin(conn, driver, committed=True)
 
     async def _checkout(self) -> tuple[AsyncConnection, Any]:
         """A pooled connection and its asyncpg connection, open (as far as can be told without a query)."""
@@ -129,50 +145,51 @@ async def _commit(driver: Any) -> str:
     raise ConnectionError(f"PostgreSQL did not answer a COMMIT within {COMMIT_DEADLINE_S:g} s")
 
 
-class PgTx(DirectTx):
-    """A write transaction on an asyncpg connection: the statements of :class:`DirectTx` numbered for
-    PostgreSQL, rows locked, lists of ids as one array, the batch writes held and sent together."""
+class PgTx(SqlTx):
+    """A transaction on an asyncpg connection: the statements of :class:`SqlTx` numbered for PostgreSQL,
+    rows locked, lists of keys as one array, the batch writes held and sent together."""
 
-    __slots__ = ("_batch", "_conn")
+    __slots__ = ("_batch", "_conn", "unanswered")
 
-    LOCK = " FOR UPDATE"
-    CLAIM = " FOR UPDATE SKIP LOCKED"
+    LOCK = q.LOCK
+    CLAIM = q.CLAIM
 
     def __init__(self, conn: Any) -> None:
         super().__init__()
         self._conn = conn
         self._batch = _Batch()
+        # A query (what a read runs) was sent and its answer never came (cut short), or came as an error.
+        self.unanswered = False
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
         await self.flush()
-        rows: Sequence[Sequence[Any]] = await self._conn.fetch(numbered(sql), *params)
+        self.unanswered = True
+        rows: Sequence[Sequence[Any]] = await self._conn.fetch(q.numbered(sql), *params)
+        self.unanswered = False
         return rows
 
     async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
         await self.flush()
-        status: str = await self._conn.execute(numbered(sql), *params)
+        status: str = await self._conn.execute(q.numbered(sql), *params)
         return int(status.rpartition(" ")[2])  # "UPDATE 3", "INSERT 0 1"
 
     def in_list(self, column: str, values: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
         if values:
-            yield f"{column} = ANY(?)", [list(values)]
+            yield q.IN_ARRAY.format(column=column), [list(values)]
 
-    # Locks and dedup look each id up on its own (an index probe per id). A prepared ``id = ANY(?)`` gets a
-    # generic plan after five runs, and on a table without statistics yet (a new database, until autovacuum
-    # analyzes it) that plan is a scan of the whole table, kept while the table grows: seen as 450 rows
-    # read per callback in the callbacks benchmark.
+    # Locks and dedup look each key up on its own (queries.PG_LOCK_TASKS says why).
 
     async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
         # Locked in the order of the ids (sorted), so that concurrent batches lock in one order.
         ids = sorted({i for i in task_ids if "\x00" not in i})
         if not ids:
             return {}
-        return self._locked(await self.fetch(_LOCK_TASKS, (ids,)))
+        return self._locked(await self.fetch(q.PG_LOCK_TASKS, (ids,)))
 
     async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
         if not callback_ids:
             return {}
-        rows = await self.fetch(_DIGESTS, (sorted(set(callback_ids)),))
+        rows = await self.fetch(q.PG_DIGESTS, (sorted(set(callback_ids)),))
         return {r[0]: r[1] for r in rows if r[1] is not None}
 
     # --- the batch writes, held until the next statement or the commit ----------------------------------
@@ -214,13 +231,13 @@ class PgTx(DirectTx):
         # Callback ids in one order, so that two batches inserting the same ones cannot deadlock: the
         # second waits for the first, then loses the race (StoreRace) and runs again.
         for rows, width in (
-            (batch.entries, 5),
-            (batch.outbox, 4),
-            (sorted(batch.callbacks), 4),
+            (batch.entries, len(q.ENTRY_COLUMNS)),
+            (batch.outbox, len(q.NOTIFICATION_COLUMNS)),
+            (sorted(batch.callbacks), len(q.CALLBACK_COLUMNS)),
             (batch.notices, 2),
         ):
             params += _arrays(rows, width)
-        checked, _ = await self._conn.fetchrow(_batch_sql(columns if batch.updates else None), *params)
+        checked, _ = await self._conn.fetchrow(q.pg_batch(columns if batch.updates else None), *params)
         if not checked:  # the row locks make this impossible; never write over a concurrent change
             raise RuntimeError("a task changed under its lock")
 
@@ -246,59 +263,3 @@ class _Batch:
 def _arrays(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     """Rows as one array per column."""
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
-
-
-@functools.lru_cache(maxsize=512)
-def numbered(sql: str) -> str:
-    """``?`` placeholders as PostgreSQL's ``$1, $2...``."""
-    first, *rest = sql.split("?")
-    return first + "".join(f"${n}{part}" for n, part in enumerate(rest, 1))
-
-
-_LOCK_TASKS = (
-    "SELECT t.* FROM unnest(?::text[]) AS i(id) "
-    f"CROSS JOIN LATERAL ({SELECT_TASK} WHERE id = i.id FOR UPDATE) AS t"
-)
-_DIGESTS = (
-    "SELECT i.id, (SELECT digest FROM callbacks WHERE callback_id = i.id) FROM unnest(?::text[]) AS i(id)"
-)
-_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
-
-
-def _unnest(table: Table, names: Sequence[str], aliases: Sequence[str] | None = None) -> str:
-    """``unnest`` of one array parameter per column of ``table``, typed as the column is."""
-    arrays = ", ".join(f"?::{table.c[name].type.compile(dialect=_DIALECT)}[]" for name in names)
-    return f"unnest({arrays})" + (f" AS v({', '.join(aliases)})" if aliases else "")
-
-
-def _insert(table: Table, names: Sequence[str]) -> str:
-    return (
-        f"{table.name}_rows AS (INSERT INTO {table.name} ({', '.join(names)}) "
-        f"SELECT * FROM {_unnest(table, names)} WHERE (SELECT ok FROM checked))"
-    )
-
-
-@functools.cache
-def _batch_sql(columns: tuple[str, ...] | None) -> str:
-    """The statement of a batch's writes (its parameters in :meth:`PgTx.flush`): the task rows (``None``:
-    none) setting ``columns``, checked at their versions, then the entries, notifications, callback ids
-    and ``NOTIFY`` messages. Answers whether the task rows were as read, and how many messages went."""
-    if columns is None:
-        parts = ["checked AS (SELECT true AS ok)"]
-    else:
-        source = _unnest(tasks, ("id", "version", *columns), ("id", "before", *columns))
-        assigned = ", ".join(f"{name} = v.{name}" for name in columns)
-        parts = [
-            f"updated AS (UPDATE tasks AS t SET {assigned} FROM {source} "
-            "WHERE t.id = v.id AND t.version = v.before RETURNING t.id)",
-            "checked AS (SELECT count(*) = ? AS ok FROM updated)",
-        ]
-    parts += [
-        _insert(entries, ("task_id", "version", "type", "at_ms", "event")),
-        _insert(outbox, ("task_id", "state", "at_ms", "version")),
-        _insert(callbacks, ("callback_id", "task_id", "at_ms", "digest")),
-        # unnest keeps the arrays' order, and pg_notify runs after the ORDER BY: messages go in order.
-        "sent AS (SELECT pg_notify(m.channel, m.payload) FROM unnest(?::text[], ?::text[]) "
-        "WITH ORDINALITY AS m(channel, payload, n) WHERE (SELECT ok FROM checked) ORDER BY m.n)",
-    ]
-    return numbered(f"WITH {', '.join(parts)} SELECT (SELECT ok FROM checked), (SELECT count(*) FROM sent)")

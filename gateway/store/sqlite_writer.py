@@ -12,7 +12,7 @@ thread drives the coroutine to its end with one ``send``; a work that waited on 
 bug, and raises. Outside ``transact`` (the webhook relay's writes), :meth:`SqliteWriter.write` gives the
 same transaction object with each statement a hop of its own.
 
-Reads stay on SQLAlchemy's connections (``gateway.store.sql``): in WAL mode they never wait for a write.
+Reads stay on the engine's own connections (``gateway.store.sql``): in WAL mode they never wait for a write.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import anyio
 
 from gateway.store.base import StoreRace
-from gateway.store.direct import DirectTx
+from gateway.store.transaction import SqlTx
 
 R = TypeVar("R")
 
@@ -194,8 +194,8 @@ def _drive(awaitable: Awaitable[R]) -> R:
     raise RuntimeError("a SQLite write transaction's work waited on something other than its statements")
 
 
-class SqliteTx(DirectTx):
-    """A write transaction on the writer's connection (the statements: ``gateway.store.direct``).
+class SqliteTx(SqlTx):
+    """A write transaction on the writer's connection (the statements: ``gateway.store.queries``).
 
     With ``hop`` None it runs on the writer's thread (inside :meth:`SqliteWriter.transact`) and each
     method returns without suspending; with ``hop`` each statement is sent to that thread."""

@@ -54,6 +54,7 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
         ({"GATEWAY_DATABASE_URL": "mysql://root@127.0.0.1/tasks"}, 2, "unsupported database 'mysql'"),
         ({"GATEWAY_DATABASE_URL": "no-scheme-at-all"}, 2, "not a database URL"),
         ({"GATEWAY_DATABASE_URL": "sqlite://gateway2.db"}, 2, "three slashes before a relative path"),
+        ({"GATEWAY_DATABASE_URL": "sqlite:///file:gateway.db?uri=true"}, 2, "URI filename (uri=true)"),
         (
             {"GATEWAY_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/tasks"},
             3,
@@ -92,6 +93,29 @@ def test_a_sqlite_file_in_a_missing_directory_is_refused_not_created(tmp_path: P
     assert not (tmp_path / "no").exists()
     done = run_cli(["migrate", "--database-url", f"sqlite:///{missing}/gateway.db"], tmp_path)
     assert done.returncode == 2 and f"{missing} does not exist" in one_line(done)
+
+
+@pytest.mark.parametrize(
+    ("command", "url"),
+    [
+        (["serve", "--port", "0"], "sqlite:///:memory:"),
+        (["serve", "--port", "0"], "sqlite://"),
+        (["serve", "--port", "0"], "sqlite+aiosqlite:///file::memory:?cache=shared&uri=true"),
+        (["serve", "--port", "0"], "sqlite:///file:gateway?mode=memory&uri=true"),
+        (["migrate"], "sqlite:///:memory:"),
+        (["token", "subscribe", "t-1"], "sqlite:///:memory:"),
+    ],
+)
+def test_an_in_memory_sqlite_database_is_refused_naming_the_alternatives(
+    tmp_path: Path, command: list[str], url: str
+) -> None:
+    done = run_cli(command, tmp_path, {"GATEWAY_DATABASE_URL": url})
+    assert done.returncode == 2, done.stderr
+    line = one_line(done)
+    assert "GATEWAY_DATABASE_URL: an in-memory SQLite database is not supported" in line
+    assert "every task would vanish with the process" in line
+    assert line.endswith("use a file, sqlite:///gateway.db, or PostgreSQL")
+    assert list(tmp_path.iterdir()) == []  # no file, no lock file, no secret file
 
 
 @pytest.mark.anyio

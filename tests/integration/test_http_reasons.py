@@ -364,7 +364,7 @@ async def test_not_startable(database_url: str, clock: FakeClock) -> None:
     async with gateway(database_url, clock) as gw:
         t = await Handle.create(gw, "r-10", max_attempts=2)
         # No callback sequence makes a queued task with attempts == maxAttempts: seed it in the store.
-        async with gw.gateway.db.write() as conn:
+        async with gw.gateway.db.engine.begin() as conn:
             await conn.execute(update(tasks_table).where(tasks_table.c.id == "r-10").values(attempts=2))
         t.expected = {**t.expected, "attempts": 2}
         await t.expect(START, "not-startable", changed=False)

@@ -65,7 +65,6 @@ STOP_DURING_A_SWEEP = textwrap.dedent(
     """
     import asyncio, sys
     import anyio
-    from sqlalchemy import text
     from tests.support import running_gateway
 
     # A sweeper pass whose query is still running when the server stops (the real pass is the same
@@ -76,13 +75,13 @@ STOP_DURING_A_SWEEP = textwrap.dedent(
     )
 
     async def main(url):
-        from gateway.store.sql import SqlTx
+        from gateway.store.transaction import SqlTx
 
         reading = anyio.Event()
 
         async def next_deadline(self):  # a pass's first statement, run where the real one runs
             reading.set()
-            await self.conn.execute(text(LONG_READ))
+            await self.fetch(LONG_READ)
             return None
 
         SqlTx.next_deadline = next_deadline

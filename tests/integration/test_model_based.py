@@ -46,7 +46,7 @@ from sqlalchemy import select
 
 from gateway.jobs.sweeper import sweep_once
 from gateway.machine import task_to_json
-from gateway.store.sql import task_from_row
+from gateway.store.tables import TASK_COLUMNS, task_from_row
 from gateway.store.tables import entries as entries_table
 from gateway.store.tables import tasks as tasks_table
 from tests.model import FENCED, RETENTION, Answer, Model, json_equal
@@ -371,7 +371,8 @@ class Driver:
         ``retention_versions`` entries, and one request per task would make the test slow).
         """
         async with self.gw.gateway.db.read() as conn:
-            task_rows = (await conn.execute(select(tasks_table))).all()
+            columns = [tasks_table.c[name] for name in TASK_COLUMNS]
+            task_rows = (await conn.execute(select(*columns))).all()
             entry_rows = (
                 await conn.execute(
                     select(entries_table.c.task_id, entries_table.c.version, entries_table.c.event).order_by(

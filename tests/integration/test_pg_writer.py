@@ -1,4 +1,5 @@
-"""PostgreSQL's writes go on asyncpg itself, on connections of SQLAlchemy's pool (gateway.store.pg_writer).
+"""PostgreSQL's reads and writes go on asyncpg itself, on connections of SQLAlchemy's pool
+(gateway.store.pg_writer).
 
 What a caller is told must be what the database holds when a write is cut short by its deadline; a
 connection must go back to the pool outside any transaction, whatever ended the one on it (a session left
@@ -13,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 import sqlalchemy
 
@@ -25,6 +26,7 @@ from gateway.store import Database
 from gateway.store.base import StoreRace, WriteTx
 from gateway.store.database import database_unavailable
 from gateway.store.sql import SqlStore
+from gateway.store.transaction import SqlTx
 from tests.support import FakeClock, opened, postgres_database, transact_cut_short
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -247,4 +249,31 @@ async def test_a_commit_that_never_answers_is_unavailable_and_its_connection_is_
                 assert await tx.receipt("k") is None
     finally:
         await other.execute("SELECT pg_advisory_unlock(4242)")
+        await store.close()
+
+
+async def test_a_read_holds_no_transaction_and_one_cut_short_gives_its_connection_up(
+    url: str, other: Any
+) -> None:
+    """Reads take no ``BEGIN`` (each statement has a snapshot of its own, as under read committed), so a
+    read held open holds no snapshot and no lock. One cut short in the middle of a statement (only its
+    deadline does that: PostgreSQL did not answer) gives its connection up at once instead of waiting for
+    the statement's cancellation, and the next transaction gets a working one."""
+    store = SqlStore(Database(url, pool_size=1, max_overflow=0))  # one connection: the next one's
+    await store.open()
+    try:
+        async with store.read() as tx:
+            assert await tx.task("t") is None
+            assert await sessions_in_a_transaction(other) == 0
+        with anyio.fail_after(5):
+            with anyio.move_on_after(0.3) as scope:
+                async with store.read() as tx:
+                    assert isinstance(tx, SqlTx)
+                    await tx.fetch("SELECT pg_sleep(10)")
+            assert scope.cancelled_caught
+            async with store.write() as written:
+                task = create_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3)
+                await written.insert_task(task, 60_000, 1_000)
+            assert await version(store, "t") == 0
+    finally:
         await store.close()

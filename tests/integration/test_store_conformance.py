@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import orjson
 import pytest
 import sqlalchemy
@@ -277,8 +277,8 @@ async def test_due_tasks_expire_in_set_based_batches_not_a_write_per_task(store:
     assert len(transactions) == 3, [len(calls) for calls in transactions]  # 200, 200, then the last 50
     for calls in transactions:
         assert len(calls) <= 5, calls  # claim_due, record_many, (a bus's announce): not one per task
-    async with store.read() as tx:
-        stored = [await tx.task(f"due-{i:04d}") for i in (0, due // 2, due - 1)]
+    async with store.read() as reading:
+        stored = [await reading.task(f"due-{i:04d}") for i in (0, due // 2, due - 1)]
     assert all(s is not None and s.task.state == "expired" for s in stored)
 
 
@@ -304,9 +304,9 @@ async def test_concurrent_expiry_passes_expire_each_task_once(store: Store) -> N
         for _ in range(3):
             tg.start_soon(sweep)
     assert sum(counts) == 60
-    async with store.read() as tx:
+    async with store.read() as reading:
         for i in range(60):
-            entries = await tx.entries(f"due-{i:02d}", 0, 100)
+            entries = await reading.entries(f"due-{i:02d}", 0, 100)
             assert [orjson.loads(raw)["type"] for _, raw in entries] == ["expire"]
     notifications = await book.drain()
     assert sorted(n.task_id for n in notifications) == [f"due-{i:02d}" for i in range(60)]
@@ -560,7 +560,7 @@ async def test_an_update_writes_only_the_columns_that_changed(sql_store: SqlStor
     for statement in updates:
         assigned = statement.split(" SET ", 1)[1].split(" WHERE ", 1)[0].split(" FROM ", 1)[0]
         assert sorted(part.split("=")[0].strip() for part in assigned.split(",")) == ["progress", "version"]
-    async with sql_store.read() as tx:
-        a, b = await tx.task("a"), await tx.task("b")
+    async with sql_store.read() as reading:
+        a, b = await reading.task("a"), await reading.task("b")
     assert a is not None and (a.task.progress, a.task.version, a.task.state) == (70, 3, "running")
     assert b is not None and (b.task.progress, b.task.version, b.task.attempts) == (40, 2, 1)

@@ -1,0 +1,187 @@
+"""Every statement the store runs, once: the reads and the writes, on SQLite and on PostgreSQL.
+
+procrastinate keeps its statements in one file for the same reason: a statement is read where its
+columns, its index and its lock can be seen together, and changed in one place. They are written in the
+SQL both databases speak, with ``?`` placeholders, and run on each database's own driver with no
+SQLAlchemy between (``gateway.store.transaction``): compiling Core statements cost a callback more CPU than
+the driver did, and a read through Core was about a fifth as fast. The read path and the write
+transactions run the same texts.
+
+Where the databases differ, said here once:
+
+- placeholders: asyncpg numbers them (``$1, $2...``), :func:`numbered` does, once per text;
+- locks: a PostgreSQL write transaction locks the task rows it reads (``LOCK``) and claims due rows
+  skipping those another transaction holds (``CLAIM``), so that processes sweeping or relaying together
+  take different rows; a SQLite write transaction holds the whole file already, and appends nothing;
+- lists of keys: SQLite's ``IN (?, ?, ...)`` in chunks of ``IN_CHUNK`` (its limit on parameters),
+  PostgreSQL's ``= ANY(?)`` with one array (one text, so one prepared statement, whatever the list's
+  length), except where a lock or a dedup lookup probes the primary key once per key
+  (``PG_LOCK_TASKS``, ``PG_DIGESTS``, and why there);
+- a batch's writes: SQLite runs each ``INSERT`` below once per row (an ``executemany``, which costs no
+  round trip on the writer's thread), PostgreSQL sends them all as one statement (:func:`pg_batch`),
+  ``NOTIFY`` included, which SQLite does not have;
+- upserts: none on either. A key inserted twice is a unique violation, which the writers raise as
+  ``StoreRace``: the book runs the transaction again, and it sees the winner's row.
+
+Not here: transaction control (``BEGIN IMMEDIATE``, ``COMMIT``), which belongs to the code that holds the
+connection (``sqlite_writer``, ``pg_writer``); a connection's PRAGMAs (``sqlite_writer.apply_pragmas``);
+the schema, which Alembic's revisions spell out (``migrations/``, their lock in ``migrate.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from sqlalchemy import Table
+from sqlalchemy.dialects import postgresql
+
+from gateway.store.tables import ACTIVE_STATES, TASK_COLUMNS, callbacks, entries, outbox, tasks
+
+# ``IN (...)`` lists go in chunks of this size (SQLite's default limit is 32,766 parameters).
+IN_CHUNK = 500
+# The predicate of the partial index ix_tasks_live_deadline: a query that repeats it is answered from the
+# index in O(rows wanted), whatever the table's size.
+_LIVE = "state IN ({})".format(", ".join(f"'{s}'" for s in ACTIVE_STATES))
+
+
+def _insert(table: str, columns: Sequence[str]) -> str:
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+# --- tasks ------------------------------------------------------------------------------------------------
+
+# Its rows are ``TASK_COLUMNS`` (``tables.task_from_row``), then ``ttl_ms``.
+SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)}, ttl_ms FROM tasks"
+TASK = f"{SELECT_TASK} WHERE id = ?"  # + LOCK in a write transaction
+TASKS = f"{SELECT_TASK} WHERE {{ids}} ORDER BY id"  # + LOCK; in id order, so that batches lock in one order
+VERSIONS = "SELECT id, version FROM tasks WHERE {ids}"
+TASK_EXISTS = "SELECT 1 FROM tasks WHERE id = ?"
+NEXT_DEADLINE = f"SELECT min(expires_at_ms) FROM tasks WHERE {_LIVE}"
+DUE = f"{SELECT_TASK} WHERE {_LIVE} AND expires_at_ms <= ? ORDER BY expires_at_ms LIMIT ?"  # + CLAIM
+INSERT_TASK = _insert("tasks", (*TASK_COLUMNS, "ttl_ms", "created_at_ms"))
+
+
+@functools.cache
+def list_tasks(*, by_state: bool, after: bool) -> str:
+    """One page of the task list, ``state = ?`` and ``id > ?`` where asked (in that order), then the limit.
+    Keyset pagination over the primary key: each page is one index range, however deep it is."""
+    where = [condition for condition, wanted in (("state = ?", by_state), ("id > ?", after)) if wanted]
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return f"{SELECT_TASK}{clause} ORDER BY id LIMIT ?"
+
+
+@functools.cache
+def update_task(columns: tuple[str, ...]) -> str:
+    """A task row moved from the version a transaction read (the last two parameters: id, version before),
+    setting only ``columns`` (a progress callback sets two)."""
+    return f"UPDATE tasks SET {', '.join(f'{name} = ?' for name in columns)} WHERE id = ? AND version = ?"
+
+
+# --- history ----------------------------------------------------------------------------------------------
+
+ENTRY_COLUMNS = ("task_id", "version", "type", "at_ms", "event")
+ENTRIES = (
+    "SELECT version, event FROM entries WHERE task_id = ? AND version > ? AND version <= ? ORDER BY version"
+)
+INSERT_ENTRY = _insert("entries", ENTRY_COLUMNS)
+
+# --- callback ids -----------------------------------------------------------------------------------------
+
+CALLBACK_COLUMNS = ("callback_id", "task_id", "at_ms", "digest")
+DIGESTS = "SELECT callback_id, digest FROM callbacks WHERE {ids}"
+INSERT_CALLBACK = _insert("callbacks", CALLBACK_COLUMNS)
+
+# --- receipts ---------------------------------------------------------------------------------------------
+
+RECEIPT_COLUMNS = ("task_id", "result_ref", "result_hash", "idempotency_key", "delivered_at_ms")
+RECEIPT = f"SELECT {', '.join(RECEIPT_COLUMNS)} FROM deliveries WHERE idempotency_key = ?"
+INSERT_RECEIPT = _insert("deliveries", RECEIPT_COLUMNS)
+
+# --- the outbox: notifications of terminal transitions, drained and relayed independently -----------------
+
+NOTIFICATION_COLUMNS = ("task_id", "state", "at_ms", "version")
+INSERT_NOTIFICATION = _insert("outbox", NOTIFICATION_COLUMNS)
+DRAIN = (
+    "UPDATE outbox SET drained_at_ms = ? WHERE drained_at_ms IS NULL "
+    "RETURNING id, task_id, state, at_ms, version"
+)
+RELAY_PENDING = "SELECT count(*) FROM outbox WHERE relayed_at_ms IS NULL"
+# The partial index ix_outbox_relay_due answers this in O(batch): relayed rows are not in it.
+RELAY_DUE = (
+    "SELECT id, task_id, state, at_ms, version, relay_attempts FROM outbox "
+    "WHERE relayed_at_ms IS NULL AND relay_next_at_ms <= ? ORDER BY relay_next_at_ms, id LIMIT ?"
+)  # + CLAIM
+RELAY_LEASE = "UPDATE outbox SET relay_next_at_ms = ?, relay_attempts = relay_attempts + 1 WHERE {ids}"
+RELAY_SENT = "UPDATE outbox SET relayed_at_ms = ? WHERE {ids} AND relayed_at_ms IS NULL"
+RELAY_LATER = "UPDATE outbox SET relay_next_at_ms = ? WHERE id = ? AND relayed_at_ms IS NULL"
+
+# --- where PostgreSQL differs -----------------------------------------------------------------------------
+
+LOCK = " FOR UPDATE"
+CLAIM = " FOR UPDATE SKIP LOCKED"
+IN_ARRAY = "{column} = ANY(?)"
+# Locks and dedup look each key up on its own (an index probe per key). A prepared ``id = ANY(?)`` gets a
+# generic plan after five runs, and on a table without statistics yet (a new database, until autovacuum
+# analyzes it) that plan is a scan of the whole table, kept while the table grows: seen as 450 rows read
+# per callback in the callbacks benchmark. In the order of the array (sorted by the caller).
+PG_LOCK_TASKS = (
+    "SELECT t.* FROM unnest(?::text[]) AS i(id) "
+    f"CROSS JOIN LATERAL ({SELECT_TASK} WHERE id = i.id{LOCK}) AS t"
+)
+# Every key asked for, with its digest or NULL.
+PG_DIGESTS = (
+    "SELECT i.id, (SELECT digest FROM callbacks WHERE callback_id = i.id) FROM unnest(?::text[]) AS i(id)"
+)
+
+
+@functools.lru_cache(maxsize=512)
+def numbered(sql: str) -> str:
+    """``?`` placeholders as PostgreSQL's ``$1, $2...``."""
+    first, *rest = sql.split("?")
+    return first + "".join(f"${n}{part}" for n, part in enumerate(rest, 1))
+
+
+_PG = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+def _unnest(table: Table, names: Sequence[str], aliases: Sequence[str] | None = None) -> str:
+    """``unnest`` of one array parameter per column of ``table``, typed as the column is."""
+    arrays = ", ".join(f"?::{table.c[name].type.compile(dialect=_PG)}[]" for name in names)
+    return f"unnest({arrays})" + (f" AS v({', '.join(aliases)})" if aliases else "")
+
+
+def _insert_rows(table: Table, names: Sequence[str]) -> str:
+    return (
+        f"{table.name}_rows AS (INSERT INTO {table.name} ({', '.join(names)}) "
+        f"SELECT * FROM {_unnest(table, names)} WHERE (SELECT ok FROM checked))"
+    )
+
+
+@functools.cache
+def pg_batch(columns: tuple[str, ...] | None) -> str:
+    """A batch's writes as one statement: the task rows (``None``: none) setting ``columns``, each checked
+    at the version it was read at, then the entries, notifications, callback ids and ``NOTIFY`` messages,
+    written only if every task row was as read. Its parameters: the task ids, their versions before, one
+    array per column and their count; then one array per column of ``ENTRY_COLUMNS``,
+    ``NOTIFICATION_COLUMNS``, ``CALLBACK_COLUMNS``, and the channels and payloads. Answers whether the task
+    rows were as read, and how many messages went."""
+    if columns is None:
+        parts = ["checked AS (SELECT true AS ok)"]
+    else:
+        source = _unnest(tasks, ("id", "version", *columns), ("id", "before", *columns))
+        assigned = ", ".join(f"{name} = v.{name}" for name in columns)
+        parts = [
+            f"updated AS (UPDATE tasks AS t SET {assigned} FROM {source} "
+            "WHERE t.id = v.id AND t.version = v.before RETURNING t.id)",
+            "checked AS (SELECT count(*) = ? AS ok FROM updated)",
+        ]
+    parts += [
+        _insert_rows(entries, ENTRY_COLUMNS),
+        _insert_rows(outbox, NOTIFICATION_COLUMNS),
+        _insert_rows(callbacks, CALLBACK_COLUMNS),
+        # unnest keeps the arrays' order, and pg_notify runs after the ORDER BY: messages go in order.
+        "sent AS (SELECT pg_notify(m.channel, m.payload) FROM unnest(?::text[], ?::text[]) "
+        "WITH ORDINALITY AS m(channel, payload, n) WHERE (SELECT ok FROM checked) ORDER BY m.n)",
+    ]
+    return numbered(f"WITH {', '.join(parts)} SELECT (SELECT ok FROM checked), (SELECT count(*) FROM sent)")

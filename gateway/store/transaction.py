@@ -1,0 +1,220 @@
+"""The store's transaction: the interface's reads and writes as the statements of ``gateway.store.queries``,
+run on a driver's own connection.
+
+One class for every transaction of both databases, a read as well as a write, so that what a method
+means is written once; a subclass says how a statement runs on its connection, and the little its
+database does otherwise (``queries`` says what differs):
+
+- ``gateway.store.sqlite_writer.SqliteTx``: SQLite's writes, on the writer's connection and thread;
+- ``gateway.store.sql.SqliteReadTx``: SQLite's reads, on the engine's aiosqlite connections (WAL readers,
+  which never wait for the writer);
+- ``gateway.store.pg_writer.PgTx``: PostgreSQL's reads and writes on asyncpg, rows locked, lists of keys as
+  one array, the batch writes held and sent together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from gateway.machine import Task, Transition
+from gateway.store import queries as q
+from gateway.store.base import Notification, Outgoing, Receipt, StoredTask
+from gateway.store.tables import TASK_COLUMNS, changed_values, task_from_row, task_values
+
+
+def spans(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, tuple[int, Task]]:
+    """The row write of each task the transitions change: from the version before its first transition
+    to its last state (several transitions of one task follow each other's versions)."""
+    found: dict[str, tuple[int, Task]] = {}
+    for transition, _, _ in items:
+        task = transition.task
+        before = found[task.id][0] if task.id in found else task.version - 1
+        found[task.id] = (before, task)
+    return found
+
+
+def stored_from_row(row: Sequence[Any]) -> StoredTask:
+    """A row of ``queries.SELECT_TASK``: the task's columns, then ``ttl_ms``."""
+    return StoredTask(task_from_row(row), row[len(TASK_COLUMNS)])
+
+
+class SqlTx:
+    """A transaction of the SQL store; a subclass runs the statements.
+
+    It keeps each task row as it read it (or last wrote it), so that an update writes only the columns
+    that differ (a progress callback writes two: progress and version)."""
+
+    __slots__ = ("_read",)
+
+    # Appended to a query whose rows the transaction locks / claims (rows another transaction holds are
+    # skipped): nothing where the transaction holds the database's one write lock (SQLite).
+    LOCK = ""
+    CLAIM = ""
+
+    def __init__(self) -> None:
+        self._read: dict[str, Task] = {}
+
+    # --- how a subclass runs a statement -----------------------------------------------------------------
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
+        """The rows of a query."""
+        raise NotImplementedError
+
+    async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """A statement's count of rows changed."""
+        raise NotImplementedError
+
+    async def run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """A statement once for each row of parameters; the rows changed, all told."""
+        raise NotImplementedError
+
+    def in_list(self, column: str, values: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
+        """Conditions "``column`` is one of ``values``" that cover ``values`` between them, each with its
+        parameters; none when ``values`` is empty."""
+        for start in range(0, len(values), q.IN_CHUNK):
+            chunk = values[start : start + q.IN_CHUNK]
+            yield f"{column} IN ({', '.join('?' * len(chunk))})", list(chunk)
+
+    # --- reads ----------------------------------------------------------------------------------------
+
+    async def task(self, task_id: str) -> StoredTask | None:
+        return await self._select_task(task_id, "")
+
+    async def entries(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        return [(r[0], r[1]) for r in await self.fetch(q.ENTRIES, (task_id, after, upto))]
+
+    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for condition, params in self.in_list("id", [i for i in task_ids if "\x00" not in i]):
+            found.update((r[0], r[1]) for r in await self.fetch(q.VERSIONS.format(ids=condition), params))
+        return found
+
+    async def relay_pending(self) -> int:
+        (row,) = await self.fetch(q.RELAY_PENDING)
+        return int(row[0])
+
+    async def next_deadline(self) -> int | None:
+        (row,) = await self.fetch(q.NEXT_DEADLINE)
+        deadline: int | None = row[0]
+        return deadline
+
+    async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
+        query = q.list_tasks(by_state=state is not None, after=after is not None)
+        params = [value for value in (state, after) if value is not None]
+        return [task_from_row(r) for r in await self.fetch(query, (*params, limit))]
+
+    # --- writes ---------------------------------------------------------------------------------------
+
+    async def lock_task(self, task_id: str) -> StoredTask | None:
+        stored = await self._select_task(task_id, self.LOCK)
+        if stored is not None:
+            self._seen(stored.task)
+        return stored
+
+    async def lock_tasks(self, task_ids: Sequence[str]) -> dict[str, StoredTask]:
+        found: dict[str, StoredTask] = {}
+        for condition, params in self.in_list("id", sorted({i for i in task_ids if "\x00" not in i})):
+            found.update(self._locked(await self.fetch(q.TASKS.format(ids=condition) + self.LOCK, params)))
+        return found
+
+    def _locked(self, rows: Sequence[Sequence[Any]]) -> dict[str, StoredTask]:
+        """Rows of ``queries.SELECT_TASK`` that this transaction locked, by task id."""
+        found = {}
+        for row in rows:
+            stored = stored_from_row(row)
+            found[stored.task.id] = stored
+            self._seen(stored.task)
+        return found
+
+    async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
+        await self.run(q.INSERT_TASK, (*task_values(task).values(), ttl_ms, created_at_ms))
+
+    async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
+        await self.record_many([(transition, encoded_event, notify_at_ms)])
+
+    async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
+        # One executemany per set of changed columns (a batch of progress callbacks: one).
+        updates: dict[str, list[tuple[Any, ...]]] = {}
+        for task_id, (before, task) in spans(items).items():
+            changes = self._changes(task)
+            updates.setdefault(q.update_task(tuple(changes)), []).append((*changes.values(), task_id, before))
+        for query, rows in updates.items():
+            if await self.run_many(query, rows) != len(rows):
+                # The row locks make this impossible; never write over a concurrent change.
+                raise RuntimeError("a task changed under its lock")
+        await self.run_many(
+            q.INSERT_ENTRY,
+            [
+                (t.task.id, t.entry.version, t.entry.event.type, t.entry.event.at_ms, encoded)
+                for t, encoded, _ in items
+                if t.entry is not None
+            ],
+        )
+        notified = [(t.task.id, t.task.state, at, t.task.version) for t, _, at in items if t.notify]
+        if notified:
+            await self.run_many(q.INSERT_NOTIFICATION, notified)
+
+    async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
+        rows = await self.fetch(q.DUE + self.CLAIM, (now_ms, limit))
+        return [self._seen(task_from_row(r)) for r in rows]
+
+    async def callback_digest(self, callback_id: str) -> str | None:
+        return (await self.callback_digests([callback_id])).get(callback_id)
+
+    async def insert_callback(self, callback_id: str, task_id: str, at_ms: int, digest: str) -> None:
+        await self.insert_callbacks([(callback_id, task_id, at_ms, digest)])
+
+    async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for condition, params in self.in_list("callback_id", sorted(set(callback_ids))):
+            found.update((r[0], r[1]) for r in await self.fetch(q.DIGESTS.format(ids=condition), params))
+        return found
+
+    async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
+        if rows:
+            await self.run_many(q.INSERT_CALLBACK, rows)
+
+    async def receipt(self, idempotency_key: str) -> Receipt | None:
+        rows = await self.fetch(q.RECEIPT, (idempotency_key,))
+        return Receipt(*rows[0]) if rows else None
+
+    async def insert_receipt(self, receipt: Receipt) -> None:
+        await self.run(q.INSERT_RECEIPT, [getattr(receipt, name) for name in q.RECEIPT_COLUMNS])
+
+    async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
+        return [(r[0], Notification(*r[1:])) for r in await self.fetch(q.DRAIN, (now_ms,))]
+
+    async def claim_relay(self, now_ms: int, lease_until_ms: int, limit: int) -> list[Outgoing]:
+        rows = await self.fetch(q.RELAY_DUE + self.CLAIM, (now_ms, limit))
+        for condition, params in self.in_list("id", [r[0] for r in rows]):
+            await self.run(q.RELAY_LEASE.format(ids=condition), (lease_until_ms, *params))
+        return [Outgoing(r[0], Notification(*r[1:5]), r[5] + 1) for r in rows]
+
+    async def relay_sent(self, outbox_ids: Sequence[int], now_ms: int) -> None:
+        for condition, params in self.in_list("id", sorted(set(outbox_ids))):
+            await self.run(q.RELAY_SENT.format(ids=condition), (now_ms, *params))
+
+    async def relay_later(self, outbox_id: int, next_at_ms: int) -> None:
+        await self.run(q.RELAY_LATER, (next_at_ms, outbox_id))
+
+    async def notify(self, channel: str, payloads: Sequence[str]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no NOTIFY")
+
+    async def _select_task(self, task_id: str, lock: str) -> StoredTask | None:
+        if "\x00" in task_id:  # no task has one (create refuses it), and PostgreSQL text cannot hold it
+            return None
+        rows = await self.fetch(q.TASK + lock, (task_id,))
+        return stored_from_row(rows[0]) if rows else None
+
+    # --- the rows as this transaction knows them ----------------------------------------------------------
+
+    def _seen(self, task: Task) -> Task:
+        self._read[task.id] = task
+        return task
+
+    def _changes(self, task: Task) -> dict[str, Any]:
+        """The columns of ``task`` that differ from the row as this transaction knows it."""
+        before = self._read.get(task.id)
+        self._read[task.id] = task
+        return changed_values(before, task)
