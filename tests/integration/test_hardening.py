@@ -111,12 +111,12 @@ async def test_create_app_without_settings_reads_the_environment(
 async def test_a_failing_demo_worker_does_not_stop_expiry(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gateway.web.app as app_module
+    import gateway.runtime as runtime_module  # where the gateway starts its demo workers
 
     async def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a demo worker that breaks in an unforeseen way")
 
-    monkeypatch.setattr(app_module, "run_demo_worker", broken)
+    monkeypatch.setattr(runtime_module, "run_demo_worker", broken)
     async with running_gateway(sqlite_url) as gw:
         assert (await gw.client.post("/v1/demo/tasks")).status_code == 201
         await gw.client.post("/v1/tasks", json={"id": "short", "ttlMs": 300, "maxAttempts": 1})
