@@ -34,7 +34,7 @@ from tests.integration.test_live_support import (
     socket,
     ws_url,
 )
-from tests.support import FakeClock, Running, postgres_database
+from tests.support import FakeClock, Running, postgres_database, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -180,7 +180,16 @@ async def test_a_listener_cut_off_catches_up_from_the_store(
                 await client.aclose()
 
     await watched_run(first, second, "cut", during=cut)
-    assert bus.reconnects > connections_before
+    # Its subscriber can have every entry from the periodic check of the store before the listener is back
+    # (it reconnects after a backoff): wait for the reconnect itself.
+    await wait_until(
+        lambda: bus.connected and bus.reconnects > connections_before,
+        lambda: (
+            f"the second gateway's bus listening again (connected {bus.connected}, "
+            f"{bus.reconnects} connects, {connections_before} before the cut)"
+        ),
+        within_s=WITHIN_S,
+    )
     # Operators see it: the listener is connected again, and has connected more than once.
     metrics = (await second.client.get("/metrics")).text.splitlines()
     assert "gateway_bus_connected 1.0" in metrics, metrics
@@ -223,9 +232,11 @@ async def test_a_lost_message_is_found_by_the_periodic_check(pair: tuple[Running
             bus.publish, bus.announce = publish, announce  # type: ignore[method-assign]
         assert {n.version for n in dropped} == {2}  # its announcement and its publish
         # The hub has no event for "caught up", so this polls its state (bounded), not a guessed time.
-        with anyio.fail_after(WITHIN_S):
-            while not handed_out(second, "lost", 2):  # noqa: ASYNC110
-                await anyio.sleep(0.02)
+        await wait_until(
+            lambda: handed_out(second, "lost", 2),
+            "the lost entry (version 2) found by the second gateway's periodic check",
+            within_s=WITHIN_S,
+        )
         await post_event(first, "lost", token, {"type": "succeed", "resultRef": "r", "resultHash": "h"})
     (check,) = checks
     assert check.event_versions == [1, 2, 3]
