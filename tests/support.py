@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import anyio
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 import httpx
 import jwt
 import pytest
@@ -23,6 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
+from gateway.runtime import Gateway
 from gateway.server.serve import GatewayServer, server_config
 from gateway.store.base import Store, WriteTx
 from gateway.store.database import Database
@@ -135,8 +136,10 @@ class Running:
     client: httpx.AsyncClient
 
     @property
-    def gateway(self) -> Any:
-        return self.app.state.gateway
+    def gateway(self) -> Gateway:
+        gateway = self.app.state.gateway
+        assert isinstance(gateway, Gateway)
+        return gateway
 
 
 @asynccontextmanager

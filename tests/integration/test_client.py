@@ -8,7 +8,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -208,6 +208,7 @@ async def test_watch_says_once_that_it_cannot_reach_the_gateway_and_once_that_it
             backoff=Backoff(base_s=0.01, cap_s=0.02),
             on_status=statuses.append,
         )
+        assert isinstance(frames, AsyncGenerator)  # watch() is one: closed below, once the frame came
         with anyio.fail_after(20):
             async with anyio.create_task_group() as tg:
 

@@ -52,8 +52,9 @@ async def test_request_headers_past_their_size_or_count_are_431(sqlite_url: str)
 
 @pytest.mark.anyio
 async def test_unfinished_headers_and_bodies_and_idle_connections_are_timed_out(sqlite_url: str) -> None:
-    limits = {"header_timeout_ms": 300, "body_timeout_ms": 300, "idle_timeout_ms": 300}
-    async with running_gateway(sqlite_url, **limits) as gw:
+    async with running_gateway(
+        sqlite_url, header_timeout_ms=300, body_timeout_ms=300, idle_timeout_ms=300
+    ) as gw:
         # Headers sent a few bytes at a time, never finished: 408, whatever keeps trickling in.
         async with tcp(port(gw)) as stream:
             await stream.send(b"GET /healthz HTTP/1.1\r\n")

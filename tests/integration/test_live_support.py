@@ -12,7 +12,7 @@ state after its entry fails the check too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import urlencode
@@ -195,7 +195,9 @@ async def socket(url: str, **kwargs: Any) -> AsyncIterator[ClientConnection]:
         yield ws
 
 
-async def sse_frames(response: httpx.Response) -> AsyncIterator[tuple[str, str | None, dict[str, Any]]]:
+async def sse_frames(
+    response: httpx.Response,
+) -> AsyncGenerator[tuple[str, str | None, dict[str, Any]], None]:
     """``(event name, id, data)`` of each SSE event of a streaming response; comments are skipped."""
     name: str | None = None
     ident: str | None = None

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from gateway.jobs.sweeper import sweep_once
+from gateway.machine import Resume
 from tests.integration.test_live_support import (
     STEP_S,
     StreamCheck,
@@ -104,14 +105,15 @@ async def hold_resume_until_committed(gw: Running, commit: Callable[[], Awaitabl
     book = gw.gateway.book
     original = book.resume
     held = anyio.Event()
+    patch = pytest.MonkeyPatch()
 
-    async def resume(task_id: str, cursor: int) -> Any:
-        book.resume = original  # only this one read is held
+    async def resume(task_id: str, cursor: int) -> Resume:
+        patch.undo()  # only this one read is held
         held.set()
         await commit()
         return await original(task_id, cursor)
 
-    book.resume = resume
+    patch.setattr(book, "resume", resume)
     return held
 
 

@@ -44,8 +44,9 @@ pytestmark = pytest.mark.anyio
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 OTHER_SECRET = "whsec_" + base64.b64encode(bytes(range(1, 33))).decode()
-# Quick retries, so that the tests run through several in a few seconds.
-FAST = {
+# Quick retries, so that the tests run through several in a few seconds. Settings' keyword arguments, as
+# running_gateway takes them (``**overrides: Any``).
+FAST: dict[str, Any] = {
     "notify_secret": SECRET,
     "notify_timeout_ms": 1_000,
     "notify_retry_min_ms": 20,
@@ -59,6 +60,7 @@ async def finish(gw: Running | httpx.AsyncClient, task_id: str, outcome: str = "
     created = await create_task(gw, task_id, max_attempts=1)
     token = created.callback_token
     await post_callback(gw, task_id, token, {"type": "start", "worker": "w"})
+    event: dict[str, Any]
     if outcome == "succeed":
         event = {"type": "succeed", "resultRef": f"s3://r/{task_id}", "resultHash": "sha256:1"}
     else:
