@@ -149,7 +149,9 @@ def diagnosis(
     """What tells a late expiry's cause: late at the commit (the sweeper: the gateway's own histogram) or
     only when seen (its read and push paths); when the late ones fell due; how loaded the machine was."""
     first = min(deadlines.values())
-    late = sorted(deadlines[i] - first for i, v in {**committed_late, **pushed_late}.items() if v > BOUND_MS)
+    # A task late either way (a merged dict would keep only its pushed figure).
+    late_ids = {i for seen in (committed_late, pushed_late) for i, v in seen.items() if v > BOUND_MS}
+    late = sorted(deadlines[i] - first for i in late_ids)
     expired = buckets.get("+Inf", 0)
     over = expired - buckets.get("1.0", 0)
     shown = [le for le, count in buckets.items() if count < expired or le == "1.0"]
