@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import anyio
-import asyncpg  # type: ignore[import-untyped]
+import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 import httpx
 import jwt
 import pytest
@@ -23,6 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
+from gateway.runtime import Gateway
 from gateway.server.serve import GatewayServer, server_config
 from gateway.store.base import Store, WriteTx
 from gateway.store.database import Database
@@ -34,6 +35,62 @@ SECRET = "test-secret-0123456789abcdef0123456789"
 
 # The ``gateway`` command of the interpreter running the tests (its venv), never a path of one machine.
 GATEWAY_CLI = [sys.executable, "-m", "gateway.cli"]
+
+
+# Bounds one wait for something expected to happen promptly (a frame, a close, a counter catching up): room
+# for a loaded machine, yet a hang fails the test in seconds.
+STEP_S = 10.0
+
+T = TypeVar("T")
+
+
+# --- waiting for an outcome -------------------------------------------------------------------------------
+#
+# An outcome made by something asynchronous (the hub letting go of a connection, a counter a background task
+# increments after an answer went out, a line another process logs, a commit on the sweeper's thread) is
+# awaited, never read once right after the action that leads to it: what merely tends to come first on one
+# machine comes second on another. Each wait has a deadline and says what it waited for.
+
+
+def _describe(what: str | Callable[[], str]) -> str:
+    return what if isinstance(what, str) else what()
+
+
+async def wait_until(
+    condition: Callable[[], bool], what: str | Callable[[], str], within_s: float = STEP_S
+) -> None:
+    """Poll a cheap, non-blocking ``condition`` (a counter, the hub's stats, a file another process writes)
+    until it holds; past ``within_s``, fail saying ``what`` was awaited (a callable: the words are made then,
+    with the state at that moment). It waits for the condition itself, never for a guessed duration."""
+    with anyio.move_on_after(within_s):
+        while not condition():  # noqa: ASYNC110  (no event to wait on: the state is someone else's)
+            await anyio.sleep(0.01)
+        return
+    if not condition():
+        raise AssertionError(f"not within {within_s} s: {_describe(what)}")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    accept: Callable[[T], bool],
+    what: str,
+    within_s: float = STEP_S,
+    *,
+    poll_s: float = 0.02,
+) -> T:
+    """Await ``probe()`` (a request to the gateway, a read of its database) until ``accept`` holds for what
+    it returns, and return that; past ``within_s``, fail saying ``what`` was awaited and the last value
+    seen."""
+    seen: list[T] = []
+    with anyio.move_on_after(within_s):
+        while True:
+            value = await probe()
+            if accept(value):
+                return value
+            seen[:] = [value]
+            await anyio.sleep(poll_s)
+    last = repr(seen[0]) if seen else "nothing"
+    raise AssertionError(f"not within {within_s} s: {what} (last seen: {last[:2000]})")
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -79,8 +136,10 @@ class Running:
     client: httpx.AsyncClient
 
     @property
-    def gateway(self) -> Any:
-        return self.app.state.gateway
+    def gateway(self) -> Gateway:
+        gateway = self.app.state.gateway
+        assert isinstance(gateway, Gateway)
+        return gateway
 
 
 @asynccontextmanager

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
-from tests.support import Running, running_gateway
+from tests.support import Running, eventually, running_gateway
 
 CHROMIUM = Path(os.environ.get("GATEWAY_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -223,12 +222,13 @@ class Dashboard:
 
     async def wait_server_version(self, task_id: str, above: int, timeout_s: float = 15) -> dict[str, Any]:
         """Poll the gateway until the task's version passes ``above`` (the worker moved on)."""
-        with anyio.fail_after(timeout_s):
-            while True:
-                task = await self.server_task(task_id)
-                if task["version"] > above:
-                    return task
-                await anyio.sleep(0.05)
+        return await eventually(
+            lambda: self.server_task(task_id),
+            lambda task: task["version"] > above,
+            f"{task_id} past version {above}",
+            timeout_s,
+            poll_s=0.05,
+        )
 
     async def assert_matches_server(self, task_id: str) -> dict[str, Any]:
         """The card shows the task exactly as ``GET /v1/tasks/{id}`` does (call once it is terminal)."""

@@ -22,7 +22,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.processes import spawn_gateway
-from tests.support import GATEWAY_CLI, bearer, create_task, postgres_database, running_gateway
+from tests.support import GATEWAY_CLI, bearer, create_task, eventually, postgres_database, running_gateway
 
 SECRET = "cli-test-secret-0123456789abcdef0123456789"
 RUN_S = 60
@@ -186,9 +186,14 @@ async def test_ctrl_c_stops_serve_cleanly_without_a_traceback(tmp_path: Path) ->
             started = await client.post("/v1/demo/tasks")
             assert started.status_code == 201, started.text
             task_id = started.json()["task"]["id"]
-            with anyio.fail_after(30):
-                while (await client.get(f"/v1/tasks/{task_id}")).json()["version"] < 3:  # noqa: ASYNC110
-                    await anyio.sleep(0.1)  # polling the task as a client would; its worker reports
+
+            async def version() -> int:
+                return int((await client.get(f"/v1/tasks/{task_id}")).json()["version"])
+
+            # Polling the task as a client would; its worker reports.
+            await eventually(
+                version, lambda v: v >= 3, f"the demo task {task_id} at version 3", within_s=30, poll_s=0.1
+            )
     finally:
         code = await gw.stop(signal.SIGINT)
     output = gw.output()

@@ -8,7 +8,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,7 +20,7 @@ from anyio.abc import ByteReceiveStream, Process
 from gateway.client import Worker, watch
 from gateway.client.backoff import Backoff
 from gateway.client.watch import LinkStatus, WatchError
-from tests.support import Running, TcpProxy, create_task, running_gateway
+from tests.support import Running, TcpProxy, create_task, running_gateway, wait_until
 
 TERMINAL = {"succeeded", "failed", "expired"}
 
@@ -208,12 +208,12 @@ async def test_watch_says_once_that_it_cannot_reach_the_gateway_and_once_that_it
             backoff=Backoff(base_s=0.01, cap_s=0.02),
             on_status=statuses.append,
         )
+        assert isinstance(frames, AsyncGenerator)  # watch() is one: closed below, once the frame came
         with anyio.fail_after(20):
             async with anyio.create_task_group() as tg:
 
                 async def let_through_after_attempts() -> None:
-                    while proxy.refused < 5:  # noqa: ASYNC110  (a counter of the relay's, nothing to await)
-                        await anyio.sleep(0.01)
+                    await wait_until(lambda: proxy.refused >= 5, "five attempts refused by the relay")
                     proxy.refuse = False
 
                 tg.start_soon(let_through_after_attempts)
@@ -256,16 +256,20 @@ async def test_gateway_watch_says_when_the_link_goes_and_comes_back_and_survives
                 lines.append(buffered.decode())
 
             async def output_has(lines: list[str], text: str) -> None:
-                while not any(text in line for line in lines):  # noqa: ASYNC110  (lines of a reader task)
-                    await anyio.sleep(0.02)
+                await wait_until(
+                    lambda: any(text in line for line in lines),
+                    lambda: f"{text!r} said by gateway watch (stdout {out}, stderr {err})",
+                    within_s=30,  # a process's start on a loaded machine; the test's own bound is 40 s
+                )
 
             with anyio.fail_after(40), _killed_on_failure(process):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(read_lines, process.stdout, out)
                     tg.start_soon(read_lines, process.stderr, err)
                     await output_has(err, "cannot reach")
-                    while relay.refused < 3:  # noqa: ASYNC110  (a counter of the relay's)
-                        await anyio.sleep(0.02)
+                    await wait_until(
+                        lambda: relay.refused >= 3, "three attempts refused by the relay", within_s=30
+                    )
                     relay.refuse = False
                     await worker.start("w")
                     await output_has(out, "v1  started by w")

@@ -86,21 +86,11 @@ async def test_concurrent_progress_callbacks_never_lose_an_update(database_url: 
         started = await post_callback(gw, "busy", token, {"type": "start", "worker": "w1"})
         assert started["reason"] == "started"
 
-        answers = await burst(
-            [
-                (
-                    lambda i=i, p=p: post_callback(
-                        gw,
-                        "busy",
-                        token,
-                        {"type": "progress", "progress": p, "cursor": f"c{i}"},
-                        callback_id=f"busy-{i}",
-                        expect=None,
-                    )
-                )
-                for i, p in enumerate(progress_values)
-            ]
-        )
+        def progress_callback(i: int, p: int) -> Callable[[], Awaitable[httpx.Response]]:
+            event = {"type": "progress", "progress": p, "cursor": f"c{i}"}
+            return lambda: post_callback(gw, "busy", token, event, callback_id=f"busy-{i}", expect=None)
+
+        answers = await burst([progress_callback(i, p) for i, p in enumerate(progress_values)])
 
         assert [a.status_code for a in answers] == [200] * 50, [
             a.text for a in answers if a.status_code != 200
@@ -192,14 +182,11 @@ async def test_concurrent_creates_of_one_id(database_url: str) -> None:
         assert started["task"]["version"] == 1
 
         # Different parameters: one wins, every other is a conflict, and the winner's parameters stick.
-        answers = await burst(
-            [
-                lambda i=i: gw.client.post(
-                    "/v1/tasks", json={"id": "rival", "ttlMs": 10_000 + i, "maxAttempts": 1}
-                )
-                for i in range(20)
-            ]
-        )
+        def rival(i: int) -> Callable[[], Awaitable[httpx.Response]]:
+            body = {"id": "rival", "ttlMs": 10_000 + i, "maxAttempts": 1}
+            return lambda: gw.client.post("/v1/tasks", json=body)
+
+        answers = await burst([rival(i) for i in range(20)])
         statuses = Counter(a.status_code for a in answers)
         assert statuses == {201: 1, 409: 19}, [a.text for a in answers if a.status_code not in (201, 409)]
         assert all(a.json()["error"]["code"] == "task-exists" for a in answers if a.status_code == 409)

@@ -34,9 +34,11 @@ from gateway.store import Database
 from gateway.store.tables import tasks
 from tests.support import (
     GATEWAY_CLI,
+    STEP_S,
     FakeClock,
     Running,
     create_task,
+    eventually,
     post_callback,
     postgres_database,
     reap_leftover_driver_tasks,
@@ -83,14 +85,14 @@ async def drain(gw: Running) -> list[dict[str, Any]]:
     return list(answer.json())
 
 
-async def wait_expired(gw: Running, task_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """Poll the task until it is expired (bounded); returns it."""
-    with anyio.fail_after(timeout_s):
-        while True:
-            task = await get_task(gw, task_id)
-            if task["state"] == "expired":
-                return task
-            await anyio.sleep(POLL_S)
+async def wait_expired(gw: Running, task_id: str, timeout_s: float = STEP_S) -> dict[str, Any]:
+    """Poll the task until it is expired (bounded: how soon is each test's own assertion); returns it."""
+    return await eventually(
+        lambda: get_task(gw, task_id),
+        lambda task: task["state"] == "expired",
+        f"{task_id} expired",
+        timeout_s,
+    )
 
 
 async def stored_state(database_url: str, task_id: str) -> str:
@@ -339,9 +341,18 @@ async def test_background_sweeper_then_manual_passes_add_nothing(database_url: s
         ]
 
 
-async def expiry_lateness(gw: Running) -> dict[str, float]:
-    """``gateway_expiry_lateness_seconds`` as ``/metrics`` shows it: each bucket by its ``le``, and the
-    ``count`` and ``sum``."""
+async def expiry_lateness(gw: Running, count: int) -> dict[str, float]:
+    """``gateway_expiry_lateness_seconds`` as ``/metrics`` shows it once it has ``count`` observations:
+    each bucket by its ``le``, and the ``count`` and ``sum``. The sweeper observes an expiry after its
+    commit (on PostgreSQL from a thread of its own), so a GET can see the task expired a moment before."""
+    return await eventually(
+        lambda: _expiry_lateness(gw),
+        lambda found: found.get("count", 0) >= count,
+        f"{count} expiries observed in gateway_expiry_lateness_seconds",
+    )
+
+
+async def _expiry_lateness(gw: Running) -> dict[str, float]:
     answer = await gw.client.get("/metrics")
     assert answer.status_code == 200, answer.text
     found: dict[str, float] = {}
@@ -369,7 +380,7 @@ async def test_metrics_show_how_long_after_its_deadline_each_expiry_committed(
         clock.advance(300 + 700)
         await wait_expired(gw, "late")
 
-        lateness = await expiry_lateness(gw)
+        lateness = await expiry_lateness(gw, 2)
     assert lateness["count"] == 2
     assert lateness["sum"] == pytest.approx(0.7)
     assert lateness["0.01"] == 1  # on time
@@ -396,7 +407,7 @@ async def test_on_postgresql_a_task_expires_on_time_while_the_event_loop_is_busy
         while time.monotonic() < busy_until:  # the event loop busy: nothing else of it runs meanwhile
             pass
         await wait_expired(gw, "due-while-busy")
-        lateness = await expiry_lateness(gw)
+        lateness = await expiry_lateness(gw, 1)
     assert lateness["count"] == 1
     assert lateness["1.0"] == 1, f"expired {lateness['sum']:.3f} s after its deadline"
 
@@ -422,6 +433,14 @@ async def test_stopping_during_a_sweep_leaves_no_driver_task_behind(
             query = select(func.count()).select_from(tasks).where(tasks.c.state == "expired")
             return int((await conn.execute(query)).scalar_one())
 
+    async def at_work(gw: Running, before: int) -> None:
+        await eventually(
+            lambda: expired_count(gw),
+            lambda count: count > before,
+            f"the sweeper at work on the backlog (from {before} expired)",
+            poll_s=POLL_S,
+        )
+
     leaked: list[str] = []
     stops_during_a_pass = 0
     # Each stop lands in a pass with high probability; several make a miss negligible. A gateway that
@@ -433,9 +452,7 @@ async def test_stopping_during_a_sweep_leaves_no_driver_task_behind(
             before = await expired_count(gw)
             if before == backlog:
                 break
-            with anyio.fail_after(10):
-                while await expired_count(gw) == before:  # noqa: ASYNC110  (polling the database)
-                    await anyio.sleep(POLL_S)
+            await at_work(gw, before)
             stops_during_a_pass += 1
         print(f"\nstopped during a sweep pass in {time.monotonic() - started:.2f}s")
         leaked += await reap_leftover_driver_tasks()
@@ -539,11 +556,12 @@ async def gateway_process(database_url: str, log: Path) -> AsyncIterator[Process
                     await process.wait()
 
 
-async def wait_for_startup(process: Process, log: Path, timeout_s: float = 20) -> None:
-    with anyio.fail_after(timeout_s):
-        while b"Application startup complete" not in await anyio.Path(log).read_bytes():
-            assert process.returncode is None, f"the gateway exited ({process.returncode})"
-            await anyio.sleep(0.02)
+async def wait_for_startup(process: Process, log: Path, timeout_s: float = 30) -> None:
+    async def output() -> bytes:
+        assert process.returncode is None, f"the gateway exited ({process.returncode}); see {log}"
+        return await anyio.Path(log).read_bytes()
+
+    await eventually(output, lambda out: b"Application startup complete" in out, f"{log}: started", timeout_s)
 
 
 @pytest.mark.anyio

@@ -8,7 +8,13 @@ import anyio
 import httpx
 import pytest
 
-from tests.support import SECRET, error, post_callback, running_gateway
+from tests.support import SECRET, Running, error, eventually, post_callback, running_gateway
+
+
+async def state_of(gw: Running, task_id: str) -> str:
+    answer = await gw.client.get(f"/v1/tasks/{task_id}")
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["state"])
 
 
 @pytest.mark.anyio
@@ -63,11 +69,13 @@ async def test_a_demo_worker_reports_in_process_whatever_the_host_header(sqlite_
         answer = await gw.client.post("/v1/demo/tasks", headers={"Host": "127.0.0.1:1"})
         assert answer.status_code == 201, answer.text
         task_id = answer.json()["task"]["id"]
-        with anyio.fail_after(30):
-            state = "queued"
-            while state not in ("succeeded", "failed"):
-                await anyio.sleep(0.1)
-                state = (await gw.client.get(f"/v1/tasks/{task_id}")).json()["state"]
+        await eventually(
+            lambda: state_of(gw, task_id),
+            lambda state: state in ("succeeded", "failed"),
+            f"the demo task {task_id} at its end, reported by its worker",
+            within_s=30,
+            poll_s=0.1,
+        )
 
 
 @pytest.mark.anyio
@@ -111,7 +119,7 @@ async def test_create_app_without_settings_reads_the_environment(
 async def test_a_failing_demo_worker_does_not_stop_expiry(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gateway.runtime as runtime_module
+    import gateway.runtime as runtime_module  # where the gateway starts its demo workers
 
     async def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a demo worker that breaks in an unforeseen way")
@@ -120,11 +128,12 @@ async def test_a_failing_demo_worker_does_not_stop_expiry(
     async with running_gateway(sqlite_url) as gw:
         assert (await gw.client.post("/v1/demo/tasks")).status_code == 201
         await gw.client.post("/v1/tasks", json={"id": "short", "ttlMs": 300, "maxAttempts": 1})
-        with anyio.fail_after(5):
-            state = "queued"
-            while state != "expired":
-                await anyio.sleep(0.05)
-                state = (await gw.client.get("/v1/tasks/short")).json()["state"]
+        await eventually(
+            lambda: state_of(gw, "short"),
+            lambda state: state == "expired",
+            "the 300 ms task expired",
+            poll_s=0.05,
+        )
         # And demos still start.
         assert (await gw.client.post("/v1/demo/tasks")).status_code == 201
 

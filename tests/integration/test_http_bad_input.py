@@ -422,7 +422,7 @@ async def test_numbers_and_strings_at_the_edges_are_not_server_errors(
             answer = await gw.client.get("/v1/tasks/t/events", params={"cursor": cursor})
             assert answer.status_code in (200, 400), answer.text
         # A cursor given twice is refused, not read as whichever came last.
-        for pair in ([("cursor", "junk"), ("cursor", "")], [("cursor", "1"), ("cursor", "2")]):
+        for pair in ((("cursor", "junk"), ("cursor", "")), (("cursor", "1"), ("cursor", "2"))):
             error(await gw.client.get("/v1/tasks/t/events", params=pair), 400, "invalid-request")
         assert await snapshot(gw, "t") == before
 

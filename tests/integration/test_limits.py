@@ -15,9 +15,15 @@ import httpx
 import orjson
 import pytest
 
-from tests.integration.test_live_support import live_gateway, wait_until
+from tests.integration.test_live_support import STEP_S, live_gateway, wait_until
 from tests.rawsocket import RawStream, RawWebSocket, http_error, read_until_closed, tcp
 from tests.support import Running, bearer, create_task, error, post_callback, running_gateway
+
+
+async def first_bytes(stream: RawStream) -> bytes:
+    """The first bytes the gateway sends (an answer's head), within ``STEP_S``."""
+    with anyio.fail_after(STEP_S):
+        return await stream.receive()
 
 
 def port(gw: Running) -> int:
@@ -52,8 +58,9 @@ async def test_request_headers_past_their_size_or_count_are_431(sqlite_url: str)
 
 @pytest.mark.anyio
 async def test_unfinished_headers_and_bodies_and_idle_connections_are_timed_out(sqlite_url: str) -> None:
-    limits = {"header_timeout_ms": 300, "body_timeout_ms": 300, "idle_timeout_ms": 300}
-    async with running_gateway(sqlite_url, **limits) as gw:
+    async with running_gateway(
+        sqlite_url, header_timeout_ms=300, body_timeout_ms=300, idle_timeout_ms=300
+    ) as gw:
         # Headers sent a few bytes at a time, never finished: 408, whatever keeps trickling in.
         async with tcp(port(gw)) as stream:
             await stream.send(b"GET /healthz HTTP/1.1\r\n")
@@ -81,7 +88,7 @@ async def test_unfinished_headers_and_bodies_and_idle_connections_are_timed_out(
         async with tcp(port(gw)) as stream:
             head = b"POST /v1/tasks/t/callbacks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n"
             await stream.send(head + b"Authorization: Bearer nope\r\n\r\n{")
-            answer = await stream.receive()
+            answer = await first_bytes(stream)
             assert answer.startswith(b"HTTP/1.1 401"), answer
             await stream.send(b'"a": 1}  ')
             assert await read_until_closed(stream) == b""
@@ -212,10 +219,10 @@ async def test_connections_past_the_limit_of_one_address_are_429(sqlite_url: str
             await ws.open()  # a WebSocket counts as long as it is open
             assert (await ws.recv() or {}).get("type") == "caught-up"
             await b.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            assert (await b.receive()).startswith(b"HTTP/1.1 200")
+            assert (await first_bytes(b)).startswith(b"HTTP/1.1 200")
             async with tcp(port(gw), local_host=HOST) as c:  # the third
                 await c.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-                assert (await c.receive()).startswith(b"HTTP/1.1 200")
+                assert (await first_bytes(c)).startswith(b"HTTP/1.1 200")
                 async with tcp(port(gw), local_host=HOST) as d:  # the fourth: refused at once
                     status, body = http_error(await read_until_closed(d))
                     assert status == 429 and body["error"]["code"] == "too-many-connections", body
@@ -226,7 +233,7 @@ async def test_connections_past_the_limit_of_one_address_are_429(sqlite_url: str
             # One closed: a new one is let in.
             async with tcp(port(gw), local_host=HOST) as e:
                 await e.send(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-                assert (await e.receive()).startswith(b"HTTP/1.1 200")
+                assert (await first_bytes(e)).startswith(b"HTTP/1.1 200")
 
 
 # --- callbacks per second, history length -------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.integration.test_live_support import (
+    STEP_S,
     StreamCheck,
     get_task,
     live_gateway,
@@ -26,6 +27,7 @@ from tests.integration.test_live_support import (
     read_to_close,
     recv_frame,
     socket,
+    wait_until,
     ws_url,
 )
 from tests.support import create_task, post_callback
@@ -175,12 +177,10 @@ async def test_fan_out_yields_to_a_callback_from_the_moment_it_is_read_until_it_
                 f"Content-Length: {len(body)}\r\n\r\n"
             ).encode()
             await stream.send(head + body[:10])  # the route starts; the rest of the body is on its way
-            with anyio.fail_after(5):
-                while not hub.callbacks_waiting():  # noqa: ASYNC110
-                    await anyio.sleep(0.005)
+            await wait_until(hub.callbacks_waiting, "the callback counted as waiting from its first byte")
             await stream.send(body[10:])
             answer = b""
-            with anyio.fail_after(5):
+            with anyio.fail_after(STEP_S):
                 while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
                     answer += await stream.receive()
         assert answer.startswith(b"HTTP/1.1 200"), answer

@@ -36,7 +36,7 @@ from tests.integration.test_live_support import (
     wait_until,
     ws_url,
 )
-from tests.support import create_task, post_callback
+from tests.support import Running, create_task, eventually, post_callback
 
 TASKS = 4
 CYCLES = 25  # per task: 25 x (start + 18 progress + fail) = 500 entries
@@ -60,6 +60,14 @@ class Stalled:
     stalled: dict[str, StreamCheck] = field(default_factory=dict)
     stalled_close_code: int | None = None
     resumed: dict[str, StreamCheck] = field(default_factory=dict)
+
+
+async def metric_line(gw: Running, name: str) -> str:
+    """The line of ``/metrics`` for the metric ``name`` (a counter or gauge without labels)."""
+    answer = await gw.client.get("/metrics")
+    assert answer.status_code == 200, answer.text
+    (line,) = [line for line in answer.text.splitlines() if line.split(" ")[0] == name]
+    return line
 
 
 def cycle_events(cycle: int) -> list[dict[str, Any]]:
@@ -145,15 +153,21 @@ async def run_stalled(db_url: str) -> Stalled:
                     sampling.set()
 
                 out.finals = {task_id: await get_task(gw, task_id) for task_id in tasks}
-                out.conflations = hub.stats()["conflations"]
-                out.slow_consumers_metric = next(
-                    line
-                    for line in (await gw.client.get("/metrics")).text.splitlines()
-                    if line.startswith("gateway_slow_consumers_closed_total")
+                # The cut is the write watchdog's, up to 2.5 s after the stall began: on a machine that
+                # answered the callbacks within that time it comes after them. Wait for it, then for its
+                # count on /metrics, instead of reading either as the callbacks end.
+                await wait_until(
+                    lambda: hub.stats()["connections"] == 3,
+                    lambda: f"the stalled connection cut, the three readers' left: {hub.stats()}",
                 )
-                # The gateway let go of the stalled connection: only the three readers are left.
-                await wait_until(lambda: hub.stats()["connections"] == 3)
                 out.connections_after_cut = hub.stats()["connections"]
+                # Its subscriptions are let go with it: no conflation of its backlog can come after this.
+                out.conflations = hub.stats()["conflations"]
+                out.slow_consumers_metric = await eventually(
+                    lambda: metric_line(gw, "gateway_slow_consumers_closed_total"),
+                    lambda line: line.split()[-1] != "0.0",
+                    "gateway_slow_consumers_closed_total counting the cut",
+                )
 
                 # The stalled client reads, at last, whatever reached it.
                 with contextlib.suppress(ConnectionClosed):

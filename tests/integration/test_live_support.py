@@ -12,7 +12,7 @@ state after its entry fails the check too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import urlencode
@@ -24,16 +24,18 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from gateway.machine import apply_event, event_from_json, task_from_json, task_to_json
+from tests.support import STEP_S as STEP_S
 from tests.support import Running, bearer, post_callback, running_gateway
 from tests.support import create_task as create_task
+from tests.support import wait_until as wait_until
 
-# Creating a task and posting a callback are tests.support's (create_task, post_callback); the two names
-# stay importable from here for test files written against this module.
+# Creating a task, posting a callback and waiting for an outcome are tests.support's (create_task,
+# post_callback, wait_until: the hub offers no event for "a connection was let go", only :meth:`Hub.idle`
+# for none left, so its state is polled); the names stay importable from here for test files written
+# against this module. STEP_S too.
 post_event = post_callback
 
 RESUME_TYPES = ("caught-up", "delta", "snapshot")
-# Bounds one wait for one thing that is expected to happen promptly (a frame, a close).
-STEP_S = 10.0
 
 
 def live_gateway(database_url: str, **overrides: Any) -> AbstractAsyncContextManager[Running]:
@@ -193,17 +195,9 @@ async def socket(url: str, **kwargs: Any) -> AsyncIterator[ClientConnection]:
         yield ws
 
 
-async def wait_until(predicate: Callable[[], bool], within_s: float = STEP_S) -> None:
-    """Poll a cheap in-process predicate on the hub's state until it holds; fails after ``within_s``.
-
-    The hub offers no event for "a connection was let go" (only :meth:`Hub.idle`, for none left), so this
-    polls; it waits for the condition itself, never for a guessed duration."""
-    with anyio.fail_after(within_s):
-        while not predicate():  # noqa: ASYNC110 (see above)
-            await anyio.sleep(0.01)
-
-
-async def sse_frames(response: httpx.Response) -> AsyncIterator[tuple[str, str | None, dict[str, Any]]]:
+async def sse_frames(
+    response: httpx.Response,
+) -> AsyncGenerator[tuple[str, str | None, dict[str, Any]], None]:
     """``(event name, id, data)`` of each SSE event of a streaming response; comments are skipped."""
     name: str | None = None
     ident: str | None = None

@@ -21,7 +21,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import orjson
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -39,7 +38,7 @@ from gateway.store.migrate import (
     head_revision,
     migrate,
 )
-from tests.support import GATEWAY_CLI, FakeClock, bearer, mint, postgres_database, running_gateway
+from tests.support import GATEWAY_CLI, FakeClock, bearer, eventually, mint, postgres_database, running_gateway
 
 # Every PostgreSQL database here starts empty (not a copy of the migrated template): these tests migrate.
 pytestmark = pytest.mark.empty_database
@@ -340,9 +339,13 @@ async def test_processes_migrating_at_once_migrate_once(postgres_url: str) -> No
             for _ in range(3)
         ]
         try:
-            with anyio.fail_after(30):
-                while await waiting_for_the_lock(engine) < len(processes):  # noqa: ASYNC110  (other processes)
-                    await anyio.sleep(0.01)
+            await eventually(
+                lambda: waiting_for_the_lock(engine),
+                lambda waiting: waiting >= len(processes),
+                f"all {len(processes)} gateway migrate processes waiting for the migration lock",
+                within_s=30,
+                poll_s=0.01,
+            )
         finally:
             await holder.rollback()  # lets them go (or, on a failure, lets them end)
             outputs = [await process.communicate() for process in processes]

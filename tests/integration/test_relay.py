@@ -12,7 +12,7 @@ import base64
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,14 +29,24 @@ from gateway.store.base import Notification
 from tests.history import History
 from tests.processes import GatewayProcess, free_port, gateway_environ, gateway_processes
 from tests.receiver import Receiver, Try, read_log, serving_receiver
-from tests.support import GATEWAY_CLI, Running, create_task, post_callback, postgres_database, running_gateway
+from tests.support import (
+    GATEWAY_CLI,
+    Running,
+    create_task,
+    eventually,
+    post_callback,
+    postgres_database,
+    running_gateway,
+    wait_until,
+)
 
 pytestmark = pytest.mark.anyio
 
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 OTHER_SECRET = "whsec_" + base64.b64encode(bytes(range(1, 33))).decode()
-# Quick retries, so that the tests run through several in a few seconds.
-FAST = {
+# Quick retries, so that the tests run through several in a few seconds. Settings' keyword arguments, as
+# running_gateway takes them (``**overrides: Any``).
+FAST: dict[str, Any] = {
     "notify_secret": SECRET,
     "notify_timeout_ms": 1_000,
     "notify_retry_min_ms": 20,
@@ -50,6 +60,7 @@ async def finish(gw: Running | httpx.AsyncClient, task_id: str, outcome: str = "
     created = await create_task(gw, task_id, max_attempts=1)
     token = created.callback_token
     await post_callback(gw, task_id, token, {"type": "start", "worker": "w"})
+    event: dict[str, Any]
     if outcome == "succeed":
         event = {"type": "succeed", "resultRef": f"s3://r/{task_id}", "resultHash": "sha256:1"}
     else:
@@ -68,12 +79,14 @@ def relay_metric(gw: Running, name: str, **labels: str) -> float:
     return float(value or 0.0)
 
 
-async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    """Wait until ``condition()`` holds (a counter, another process's file: nothing to wait on but
-    looking again)."""
-    with anyio.fail_after(within_s):
-        while not condition():  # noqa: ASYNC110
-            await anyio.sleep(0.02)
+async def relayed(gw: Running, count: int) -> None:
+    """Wait until the gateway has read the 2xx of ``count`` tries: the receiver records a try before it
+    answers, so the gateway counts it (and records it sent) a moment after the receiver has it. A gateway
+    stopped in that moment gives the notification back, and the next one sends it again."""
+    await wait_until(
+        lambda: relay_metric(gw, "gateway_notifications_relayed_total") == count,
+        lambda: f"{count} 2xx read by the relay ({relay_metric(gw, 'gateway_notifications_relayed_total')})",
+    )
 
 
 def assert_tries_are_one_notification_each(tries: list[Try]) -> None:
@@ -91,6 +104,7 @@ async def test_each_notification_is_posted_signed_and_the_drain_still_gets_it(da
             await finish(gw, "ok-1")
             await finish(gw, "bad-1", "fail")
             await receiver.until(lambda: len(receiver.delivered) == 2)
+            await relayed(gw, 2)  # recorded as sent before this gateway stops: not sent again below
             drained = (await gw.client.post("/v1/notifications/drain")).json()
         assert sorted(i["taskId"] for i in drained) == ["bad-1", "ok-1"]
         assert receiver.delivered == dict(expected(item) for item in drained)
@@ -120,6 +134,7 @@ async def test_each_notification_is_posted_signed_and_the_drain_still_gets_it(da
         async with running_gateway(database_url, notify_url=hook_url, **FAST) as gw:
             await finish(gw, "ok-2")
             await receiver.until(lambda: len(receiver.delivered) == 4)
+            await relayed(gw, 2)
             assert [i["taskId"] for i in (await gw.client.post("/v1/notifications/drain")).json()] == ["ok-2"]
     assert sorted(b["taskId"] for b in receiver.delivered.values()) == [
         "bad-1",
@@ -142,8 +157,7 @@ async def test_a_failing_receiver_gets_the_same_notification_until_it_answers_2x
         for i in range(10):
             await finish(gw, f"t{i}")
         await receiver.until(lambda: len(receiver.delivered) == 10)
-        # The gateway counts a 2xx once it has read it, a moment after the receiver wrote it.
-        await until(lambda: relay_metric(gw, "gateway_notifications_relayed_total") == 10)
+        await relayed(gw, 10)
         assert relay_metric(gw, "gateway_notification_relay_failures_total", reason="5xx") == 20
     assert_tries_are_one_notification_each(receiver.tries)
     # Three tries of each, the last answered: once sent, never sent again.
@@ -190,7 +204,9 @@ async def test_a_stopped_gateway_hands_back_what_it_was_sending(sqlite_url: str)
         try:
             async with running_gateway(sqlite_url, notify_url=hook_url, **settings) as gw:
                 await finish(gw, "t1")
-                await until(lambda: sum(receiver.active.values()) == 1)
+                await wait_until(
+                    lambda: sum(receiver.active.values()) == 1, "the relay's first try held by the receiver"
+                )
             async with running_gateway(sqlite_url, notify_url=hook_url, **settings):
                 await receiver.until(lambda: len(receiver.delivered) == 1, within_s=20)
         finally:
@@ -240,12 +256,25 @@ async def test_every_notification_of_200_tasks_arrives_through_a_receiver_killed
     def delivered() -> set[str]:
         return {t.msg_id for t in read_log(log) if 200 <= t.status < 300} if log.exists() else set()
 
+    async def until_delivered(count: int) -> None:
+        await wait_until(
+            lambda: len(delivered()) >= count,
+            lambda: f"{count} notifications in the receiver's log ({len(delivered())})",
+            within_s=60,
+        )
+
     async def until_failures_grow(gw: Running, by: float) -> None:
         def failures() -> float:
             return relay_metric(gw, "gateway_notification_relay_failures_total", reason="connection")
 
         target = failures() + by
-        await until(lambda: failures() >= target, within_s=30)
+        await wait_until(
+            lambda: failures() >= target,
+            lambda: (
+                f"{by:.0f} more refused tries of the relay (now {failures():.0f}, waiting for {target:.0f})"
+            ),
+            within_s=30,
+        )
 
     async with running_gateway(sqlite_url, **settings) as gw:
 
@@ -259,13 +288,13 @@ async def test_every_notification_of_200_tasks_arrives_through_a_receiver_killed
             tg.start_soon(lambda: run_all(work, 200))
             for kill_after in (60, 130):
                 async with receiver_process(port, log, tmp_path / f"receiver{restarts}.log") as process:
-                    await until(lambda n=kill_after: len(delivered()) >= n, within_s=60)
+                    await until_delivered(kill_after)
                     await process.kill()
                 restarts += 1
                 # Down: the relay's tries fail (connection refused) and are retried with backoff.
                 await until_failures_grow(gw, 3)
         async with receiver_process(port, log, tmp_path / "receiver-last.log"):
-            await until(lambda: len(delivered()) == 200, within_s=60)
+            await until_delivered(200)
             drained = (await gw.client.post("/v1/notifications/drain")).json()
 
     tries = read_log(log)
@@ -334,13 +363,19 @@ async def test_two_processes_relay_each_notification_and_never_the_same_one_at_o
 
                 await run_all(work, 100)
                 await receiver.until(lambda: len(receiver.delivered) == 100, within_s=60)
-                relayed = [0.0, 0.0]
-                with anyio.fail_after(10):  # the gateways count a 2xx a moment after the receiver sent it
-                    while sum(relayed) < 100:
-                        for n, client in enumerate(clients):
-                            text = (await client.get("/metrics")).text
-                            (line,) = [x for x in text.splitlines() if x.startswith(RELAYED)]
-                            relayed[n] = float(line.split()[-1])
+
+                async def counts() -> list[float]:
+                    found = []
+                    for client in clients:
+                        text = (await client.get("/metrics")).text
+                        (line,) = [x for x in text.splitlines() if x.startswith(RELAYED)]
+                        found.append(float(line.split()[-1]))
+                    return found
+
+                # The gateways count a 2xx a moment after the receiver sent it.
+                relayed = await eventually(
+                    counts, lambda found: sum(found) >= 100, "both gateways' relayed counts adding up to 100"
+                )
                 drained = (await clients[0].post("/v1/notifications/drain")).json()
             finally:
                 for client in clients:

@@ -51,7 +51,7 @@ from tests.processes import (
     spawn_gateway,
     task_callbacks,
 )
-from tests.support import GATEWAY_CLI, postgres_database
+from tests.support import GATEWAY_CLI, eventually, postgres_database
 
 pytestmark = pytest.mark.anyio
 
@@ -286,10 +286,19 @@ async def test_short_ttls_expire_once_across_three_processes(pg_url: str, tmp_pa
             ids = [m["task"]["id"] for m in made]
             # A client holding no subscription has no event to wait on for an expiry: poll each task (GET)
             # until it is expired, within the deadline (1.5 s of TTL, then a sweep interval, with room).
-            with anyio.fail_after(15):
-                for i, task_id in enumerate(ids):
-                    while (await get_task(client, gws[(i + 1) % 3].url, task_id))["state"] != "expired":  # noqa: ASYNC110
-                        await anyio.sleep(0.05)
+            deadline = anyio.current_time() + 15
+
+            async def expired(url: str, task_id: str) -> None:
+                await eventually(
+                    lambda: get_task(client, url, task_id),
+                    lambda task: task["state"] == "expired",
+                    f"{task_id} expired, seen on {url}",
+                    within_s=max(0.0, deadline - anyio.current_time()),
+                    poll_s=0.05,
+                )
+
+            for i, task_id in enumerate(ids):
+                await expired(gws[(i + 1) % 3].url, task_id)
             for i, m in enumerate(made):
                 entries = await history(client, gws[(i + 2) % 3].url, ids[i])
                 assert entries["mode"] == "delta", entries
@@ -299,7 +308,17 @@ async def test_short_ttls_expire_once_across_three_processes(pg_url: str, tmp_pa
             first = await drain(client, gws[0].url)
             second = await drain(client, gws[1].url)
             third = await drain(client, gws[2].url)
-            swept = [await sweeper_count(client, gw.url) for gw in gws]
+
+            async def sweeper_counts() -> list[int]:
+                return [await sweeper_count(client, gw.url) for gw in gws]
+
+            # A sweeper counts what it expired after the commit (on its own thread): a GET on another
+            # process can see a task expired a moment before. Wait for the counts, then judge them.
+            swept = await eventually(
+                sweeper_counts,
+                lambda counts: sum(counts) >= len(ids),
+                f"the {len(ids)} expiries counted by the sweepers (gateway_tasks_expired_by_sweeper_total)",
+            )
             seen = History()
             for i, m in enumerate(made):
                 seen.created(m["task"])

@@ -21,6 +21,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.checks import CheckFunction
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import (
     ignored_auth,
@@ -137,7 +138,7 @@ def check(case: Any, server: Server, mode: str, *, open_mode: bool = False) -> N
     given = _credentials(case, server, mode)
     # Not checked: that every request valid by the schema is a 2xx. Range checks are the state machine's
     # (docs/protocol.md): a ttlMs of 0 or a progress over 100 is valid JSON of the right type, and 400.
-    excluded = [positive_data_acceptance]
+    excluded: list[CheckFunction] = [positive_data_acceptance]
     if open_mode:  # the management routes are open then, as the apiKey scheme's description says
         excluded += [ignored_auth, missing_required_header]
     case.call_and_validate(base_url=server.url, excluded_checks=excluded, **given)

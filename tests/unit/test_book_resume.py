@@ -3,7 +3,7 @@ exactly what it missed from its own cursor."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -11,7 +11,7 @@ import pytest
 
 from gateway.book import Book
 from gateway.errors import UnknownTask
-from gateway.machine import Progress, Resume, Start
+from gateway.machine import Event, Progress, Resume, Start
 from gateway.store.memory import MemoryStore, MemoryTx
 from tests.support import FakeClock
 
@@ -39,7 +39,12 @@ async def task_at_version(book: Book, task_id: str, version: int) -> None:
     await book.create(task_id, 3_600_000, 1)
     await book.callback(task_id, lambda now: Start(now, "w1"))
     for n in range(2, version + 1):
-        await book.callback(task_id, lambda now, n=n: Progress(now, n, f"c{n}"), attempt=1)
+        await book.callback(task_id, progress_to(n), attempt=1)
+
+
+def progress_to(n: int) -> Callable[[int], Event]:
+    """The event of a progress callback to ``n``, at the time the book stamps it with."""
+    return lambda now: Progress(now, n, f"c{n}")
 
 
 async def resume_all(book: Book, asks: list[tuple[str, int]]) -> list[Resume | BaseException]:

@@ -7,7 +7,7 @@ failed commit fails every callback of its batch (so each retries) and nothing of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -94,7 +94,7 @@ async def test_callbacks_queued_during_a_commit_form_the_next_batch_answered_aft
     sizes: list[int] = []
     first_held, release = anyio.Event(), anyio.Event()
 
-    async def held(requests: list[CallbackRequest]) -> list[CallbackOutcome | GatewayError]:
+    async def held(requests: Sequence[CallbackRequest]) -> list[CallbackOutcome | GatewayError]:
         sizes.append(len(requests))
         if len(sizes) == 1:
             first_held.set()

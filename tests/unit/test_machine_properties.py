@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,13 +35,14 @@ from gateway.machine import (
 )
 
 EXAMPLES = 150
+T = TypeVar("T")
 
 
-def weighted(*choices: tuple[int, st.SearchStrategy[object]]) -> st.SearchStrategy[object]:
+def weighted(*choices: tuple[int, st.SearchStrategy[T]]) -> st.SearchStrategy[T]:
     """One of the strategies, each picked with its weight."""
     total = sum(weight for weight, _ in choices)
 
-    def pick(k: int) -> st.SearchStrategy[object]:
+    def pick(k: int) -> st.SearchStrategy[T]:
         for weight, strategy in choices:
             if k < weight:
                 return strategy
@@ -52,12 +54,12 @@ def weighted(*choices: tuple[int, st.SearchStrategy[object]]) -> st.SearchStrate
 
 # A time is given relative to the deadline: mostly before it, sometimes right at it or after it, rarely
 # invalid (negative, NaN, infinite) or fractional.
-deltas = weighted(
+deltas: st.SearchStrategy[object] = weighted(
     (90, st.integers(-2_000, -1)),
     (3, st.sampled_from([-1, 0, 1, 10**6])),
     (3, st.sampled_from([0.5, -0.5, math.nan, math.inf, -math.inf, "negative"])),
 )
-progresses = weighted(
+progresses: st.SearchStrategy[object] = weighted(
     (85, st.integers(0, 100)),
     (10, st.sampled_from([0, 10, 50, 100])),
     (15, st.sampled_from([-1, 101, 1.5, 50.0, 100.0, 101.0, math.nan, math.inf])),

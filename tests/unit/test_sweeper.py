@@ -13,7 +13,7 @@ from gateway.book import Book
 from gateway.jobs.sweeper import Sweeper
 from gateway.machine import create_task
 from gateway.store.memory import MemoryStore, MemoryTx
-from tests.support import FakeClock
+from tests.support import FakeClock, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -57,8 +57,12 @@ async def test_a_stalled_pass_does_not_hold_up_the_next() -> None:
             tg.start_soon(Sweeper(book, 0.05).run)
             await store.stalled.wait()  # the first pass is stuck before it could claim "first"
             clock.advance(1_000)  # both are due now
-            while await state("second") != "expired":  # noqa: ASYNC110  (the store has no signal)
-                await anyio.sleep(0.01)
+            await eventually(
+                lambda: state("second"),
+                lambda found: found == "expired",
+                "the second task expired by the next pass while the first is stalled",
+                poll_s=0.01,
+            )
             store.go.set()
             tg.cancel_scope.cancel()
     assert await state("first") == "expired"
