@@ -31,7 +31,8 @@ from gateway.errors import (
     InvalidRequest,
     Unavailable,
 )
-from gateway.live.hub import PONG, Feed, Frame, error_frame
+from gateway.frames import PONG, Frame, error_frame
+from gateway.live.hub import Feed
 from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
 from gateway.web.auth import Guard, origin_allowed

@@ -246,7 +246,7 @@ async def test_a_lost_message_is_found_by_the_periodic_check(pair: tuple[Running
 
 def handed_out(gw: Running, task_id: str, version: int) -> bool:
     """Whether the gateway's hub has handed ``version`` of the task to its subscribers."""
-    channel = gw.gateway.hub._channels.get(task_id)
+    channel = gw.gateway.hub.fanout.channels.get(task_id)
     return channel is not None and channel.version >= version
 
 

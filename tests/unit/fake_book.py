@@ -1,24 +1,28 @@
-"""An in-memory twin of the three ``Book`` methods the hub's ``Feed`` calls, for socket-free hub tests.
+"""An in-memory twin of the store reads the hub makes, for socket-free tests of the fan-out core and its
+driver.
 
 A :class:`FakeBook` holds tasks and their whole history, built with the pure machine
 (``gateway.machine.apply_event``): every state a task has been in (by version) and every entry as the
-store keeps it, ``(version, orjson.dumps(event_to_json(event)))``. Its reads answer as ``Book`` does:
+store keeps it, ``(version, orjson.dumps(event_to_json(event)))``. Its reads answer as ``Book`` does, and
+it is a ``gateway.live.hub.BookReads`` (mypy checks that it fits, with no ignore):
 
 - ``get(task_id)``: the current task, ``UnknownTask`` when there is none;
-- ``resume(task_id, cursor)``: a :class:`gateway.book.Resume`, mode chosen by ``machine.resume_mode``
+- ``resume(task_id, cursor)``: a :class:`gateway.machine.Resume`, mode chosen by ``machine.resume_mode``
   (retention 8 by default), a delta's entries bounded by the version of the task as read;
-- ``entries_between(task_id, after, upto)``: the entries ``after < version <= upto``, in order.
+- ``entries_between(task_id, after, upto)``: the entries ``after < version <= upto``, in order;
+- ``versions(task_ids)``: the current version of each task that exists.
 
-Each read is ``async`` and passes through named *points* a test can hook (``hooks[name]`` is awaited
-there): ``"resume"`` before the task is read, ``"resume:task-read"`` after the task is read and before its
-entries are, ``"get"`` and ``"entries"`` before those reads. Without a hook a point is a checkpoint, or a
-seeded random number of them (``rng``), so that concurrent tasks interleave there.
+The pure tests call the same reads synchronously (``resume_now``, ``entries_now``); the driver tests await
+them. Each awaited read passes through named *points* a test can hook (``hooks[name]`` is awaited there):
+``"resume"`` before the task is read, ``"resume:task-read"`` after the task is read and before its entries
+are, ``"get"``, ``"entries"`` and ``"versions"`` before those reads. Without a hook a point is one
+checkpoint.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -109,27 +113,12 @@ class FakeBook:
         assert found == version
         return raw
 
-    # --- the three reads of Book ------------------------------------------------------------------------
+    # --- the reads, synchronous (the pure tests) ------------------------------------------------------
 
-    async def _point(self, name: str) -> None:
-        hook = self.hooks.get(name)
-        if hook is not None:
-            await hook()
-            return
-        for _ in range(self.rng.randint(0, 2) if self.rng is not None else 1):
-            await anyio.lowlevel.checkpoint()
-
-    async def get(self, task_id: str) -> Task:
-        await self._point("get")
-        task = self.current(task_id)
-        self.calls.append(("get", task_id, task.version, task.version))
-        return task
-
-    async def resume(self, task_id: str, cursor: int) -> Resume:
-        await self._point("resume")
-        task = self.current(task_id)
+    def resume_now(self, task_id: str, cursor: int, *, as_of: int | None = None) -> Resume:
+        """What ``Book.resume`` answers now, or (``as_of``) when the task was at that version."""
+        task = self.current(task_id) if as_of is None else self.state_at(task_id, as_of)
         mode, reason = resume_mode(task.version, cursor, self.retention_versions)
-        await self._point("resume:task-read")
         found: list[tuple[int, bytes]] = []
         if mode == "delta":
             # As Book: bounded by the version of the task as read, whatever was committed since.
@@ -137,16 +126,43 @@ class FakeBook:
         self.calls.append(("resume", task_id, cursor, task.version))
         return Resume(mode, reason, task, found)
 
-    async def versions(self, task_ids: list[str]) -> dict[str, int]:
+    def entries_now(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        self.current(task_id)
+        self.calls.append(("entries", task_id, after, upto))
+        return [(v, raw) for v, raw in self.entries[task_id] if after < v <= upto]
+
+    def get_now(self, task_id: str) -> Task:
+        task = self.current(task_id)
+        self.calls.append(("get", task_id, task.version, task.version))
+        return task
+
+    # --- the reads of Book, awaited (the driver tests) ------------------------------------------------
+
+    async def _point(self, name: str) -> None:
+        hook = self.hooks.get(name)
+        if hook is not None:
+            await hook()
+            return
+        await anyio.lowlevel.checkpoint()
+
+    async def get(self, task_id: str) -> Task:
+        await self._point("get")
+        return self.get_now(task_id)
+
+    async def resume(self, task_id: str, cursor: int) -> Resume:
+        await self._point("resume")
+        as_of = self.current(task_id).version
+        await self._point("resume:task-read")
+        return self.resume_now(task_id, cursor, as_of=as_of)
+
+    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         await self._point("versions")
         self.calls.append(("versions", ",".join(task_ids), 0, 0))
         return {i: self.current(i).version for i in task_ids if i in self.states}
 
     async def entries_between(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         await self._point("entries")
-        self.current(task_id)
-        self.calls.append(("entries", task_id, after, upto))
-        return [(v, raw) for v, raw in self.entries[task_id] if after < v <= upto]
+        return self.entries_now(task_id, after, upto)
 
 
 def next_event(task: Task, at_ms: int, rng: random.Random | None = None) -> Event:

@@ -1,0 +1,352 @@
+"""One connection's side of fan-out: its subscriptions, the order their frames go out in, and the store
+reads that fill them; pure, like ``gateway.live.fanout``, which hands it entries.
+
+A subscription collects live entries from the moment it exists, before its resume state is read
+(centrifuge's subscribe, buffer, read, merge); once the state is known, everything at or below it is
+dropped, and a gap is filled from the store and replayed on the last state sent (:func:`replay`), so that
+each ``event`` frame still carries the task after its entry. A backlog past its bound becomes one
+``conflated`` snapshot of the newest state: a slow client costs a bounded backlog, and its cursor stays
+valid. A connection whose writer is stuck in one send past its deadline is closed with ``4008``.
+
+What the connection's writer does next is a value (:meth:`Peer.next`): a frame to send, a read to make
+and answer, or nothing; so a test plays any interleaving of writes, reads and commits as plain calls.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeAlias, TypeVar
+
+import orjson
+
+from gateway.errors import CLOSE_SLOW_CONSUMER
+from gateway.frames import Frame, event_frame, snapshot_frame, text_frame
+from gateway.machine import Task, apply_event, event_from_json
+
+H = TypeVar("H")  # what the driver keeps with a connection (its socket, its writer): never looked at here
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NeedTask:
+    """Read the task as stored now, and answer with ``task_read(this, task)``."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NeedEntries:
+    """Read the history entries ``after < version <= upto`` in order, and answer with
+    ``entries_read(this, entries)``."""
+
+    task_id: str
+    after: int
+    upto: int
+
+
+# A read is answered by identity: an answer to a read that is no longer awaited (its subscription went,
+# or a newer read took its place) changes nothing, so reads may be answered late and in any order.
+Read: TypeAlias = NeedTask | NeedEntries
+Entries: TypeAlias = Sequence[tuple[int, bytes]]
+
+
+def replay(base: Task, entries: Entries) -> list[tuple[Task, Frame]]:
+    """The ``event`` frames of stored entries, each with the task after it, replayed from ``base`` with the
+    pure machine: as many as follow on from ``base`` (history is whole, so all of them; a short answer
+    stays exact all the same)."""
+    out: list[tuple[Task, Frame]] = []
+    task = base
+    for version, raw in entries:
+        task = apply_event(task, event_from_json(orjson.loads(raw))).task
+        if task.version != version:
+            break
+        out.append((task, event_frame(task, raw)))
+    return out
+
+
+class Published:
+    """A committed entry as every subscription of its task gets it: the task after it, its frame, and
+    that frame as WebSocket bytes, framed once for every socket written to directly."""
+
+    __slots__ = ("_conflated", "_wire", "frame", "task")
+
+    def __init__(self, task: Task, frame: Frame) -> None:
+        self.task = task
+        self.frame = frame
+        self._wire: bytes | None = None
+        self._conflated: bytes | None = None
+
+    @property
+    def conflated_wire(self) -> bytes:
+        """A ``snapshot`` (``reason: conflated``) of the task after this entry, as WebSocket bytes."""
+        if self._conflated is None:
+            self._conflated = text_frame(snapshot_frame(self.task, "conflated").text.encode())
+        return self._conflated
+
+    @property
+    def wire(self) -> bytes:
+        if self._wire is None:
+            self._wire = text_frame(self.frame.text.encode())
+        return self._wire
+
+
+class Subscription(Generic[H]):
+    """One task on one connection: the last state sent and what is still to send."""
+
+    __slots__ = ("active", "backlog", "conflated", "head", "last", "peer", "pending", "queued", "task_id")
+
+    def __init__(self, task_id: str, peer: Peer[H]) -> None:
+        self.task_id = task_id
+        self.peer = peer
+        self.backlog = peer.backlog
+        self.last: Task | None = None  # None while the resume state is being read
+        # Made when first needed and dropped when emptied: an idle socket holds no deque (624 bytes each).
+        self.pending: deque[Published] | None = None  # live entries not sent yet
+        self.head: deque[Frame] | None = None  # frames that go before ``pending``: resume, gap fill, snapshot
+        self.conflated = False  # its backlog was dropped: a snapshot is due
+        self.queued = False  # in its connection's turn order
+        self.active = True
+
+    def put_head(self, frames: Sequence[Frame]) -> None:
+        """Frames to send before the pending entries. The head is always empty then: the resume frame comes
+        first, and a read's answer only comes when its turn found nothing else to send."""
+        assert self.head is None
+        self.head = deque(frames)
+
+    def pop_head(self) -> Frame:
+        assert self.head
+        frame = self.head.popleft()
+        if not self.head:
+            self.head = None
+        return frame
+
+    def drop_pending_through(self, version: int) -> None:
+        """Drop the pending entries at or below ``version`` (a resume frame or a snapshot covered them)."""
+        pending = self.pending
+        while pending and pending[0].task.version <= version:
+            pending.popleft()
+        if not pending:
+            self.pending = None
+
+    @property
+    def version(self) -> int:
+        """The version of the last state sent (-1 before the resume state is known)."""
+        return -1 if self.last is None else self.last.version
+
+    def has_work(self) -> bool:
+        return bool(self.head or self.pending or self.conflated)
+
+    @property
+    def finished(self) -> bool:
+        """Its terminal state has been handed out: a terminal task gets no further entry, so anything
+        still in ``pending`` is a stale copy of what was already sent."""
+        return self.last is not None and self.last.terminal and not self.head
+
+
+Step: TypeAlias = "tuple[Subscription[H] | None, Frame] | Read | None"
+
+
+class Peer(Generic[H]):
+    """One connection: its subscriptions taking turns, its control frames, and whether a frame may be written
+    to its socket directly now (nothing of it queued, being prepared or being sent)."""
+
+    __slots__ = (
+        "_ready",
+        "backlog",
+        "close_code",
+        "conflations",
+        "control",
+        "direct",
+        "handle",
+        "max_control",
+        "max_subscriptions",
+        "preparing",
+        "reading",
+        "subscriptions",
+        "writing_since",
+    )
+
+    def __init__(
+        self, handle: H, *, backlog: int = 256, max_subscriptions: int = 1000, max_control: int = 256
+    ) -> None:
+        self.handle = handle
+        self.backlog = backlog
+        self.max_subscriptions = max_subscriptions
+        self.max_control = max_control
+        self.subscriptions: dict[str, Subscription[H]] = {}
+        self.control: deque[Frame] | None = None  # pongs and errors; made when needed, dropped when emptied
+        # Whose turn it is, in order: a subscription with work, or None for the next control frame. A pong or
+        # an error answers a message, so it goes after what earlier messages queued (the resume frame of a
+        # subscribe sent before a ping), never ahead of it.
+        self._ready: deque[Subscription[H] | None] | None = None
+        self.close_code: int | None = None
+        self.direct = False  # its socket takes direct writes (a WebSocket of gateway.server)
+        self.writing_since: float | None = None  # when the send under way began (the driver's clock)
+        self.reading: Read | None = None  # the store read its writer makes for ``preparing``
+        self.preparing: Subscription[H] | None = None
+        self.conflations = 0  # backlogs it dropped for a gap too long to fill
+
+    def quiet(self) -> bool:
+        """Nothing of this connection is queued, being prepared or being sent: a frame written now directly
+        cannot overtake another."""
+        return (
+            not self._ready
+            and self.writing_since is None
+            and self.preparing is None
+            and self.close_code is None
+            and not self.control
+        )
+
+    def wake(self, sub: Subscription[H]) -> bool:
+        """Give ``sub`` a turn; ``True`` when the connection had nothing to do (its writer may be idle)."""
+        if sub.queued:
+            return False
+        sub.queued = True
+        if self._ready is None:
+            self._ready = deque((sub,))
+            return True
+        self._ready.append(sub)
+        return False
+
+    def send_control(self, frame: Frame) -> bool:
+        """Queue a pong or an error frame after what is queued; ``False`` when ``max_control`` are queued
+        already (the reader waits: a client that sends faster than it reads its answers is read slower)."""
+        if self.control is None:
+            self.control = deque()
+        elif len(self.control) >= self.max_control:
+            return False
+        self.control.append(frame)
+        if self._ready is None:
+            self._ready = deque()
+        self._ready.append(None)
+        return True
+
+    def control_full(self) -> bool:
+        return self.control is not None and len(self.control) >= self.max_control
+
+    def close(self, code: int) -> None:
+        """End the connection with ``code``; the first code given stays."""
+        if self.close_code is None:
+            self.close_code = code
+
+    def has_work(self) -> bool:
+        """Whether :meth:`next` has something at once (a frame to send, or the end)."""
+        return self.close_code is not None or bool(self.control) or bool(self._ready)
+
+    def stalled(self, now: float, timeout_s: float) -> bool:
+        """Whether the send under way has made no progress for ``timeout_s``: then the connection closes with
+        ``4008``. The frame that send took will never be written, so nothing may be written directly either
+        (the peer would see a gap before its close)."""
+        if self.writing_since is None or now - self.writing_since <= timeout_s:
+            return False
+        self.writing_since = None
+        self.direct = False
+        self.close(CLOSE_SLOW_CONSUMER)
+        return True
+
+    def next(self) -> Step[H]:
+        """What the writer does next: send a frame (of a subscription, or a control frame for ``None``),
+        make a read and answer it (then ask again), or nothing: wait for work, or stop once ``close_code``
+        is set."""
+        while self.close_code is None:
+            sub = self.preparing
+            if sub is not None:  # its read was answered
+                if self.reading is not None:
+                    return None
+                self.preparing = None
+                frame = sub.pop_head() if sub.head else None
+            else:
+                ready = self._ready
+                if not ready:
+                    return None
+                turn = ready.popleft()
+                if not ready:
+                    self._ready = None
+                if turn is None:
+                    assert self.control
+                    answer = self.control.popleft()
+                    if not self.control:
+                        self.control = None
+                    return None, answer
+                sub = turn
+                sub.queued = False
+                if not sub.active:
+                    continue
+                step = self._step(sub)
+                if step is not None and not isinstance(step, Frame):
+                    self.reading, self.preparing = step, sub
+                    return step
+                frame = step
+            if not sub.active:
+                continue  # unsubscribed or replaced while its read ran: its frame is not sent
+            if sub.has_work():
+                self.wake(sub)
+            if frame is not None:
+                return sub, frame
+        return None
+
+    def _step(self, sub: Subscription[H]) -> Frame | Read | None:
+        if sub.head:
+            return sub.pop_head()
+        last = sub.last
+        assert last is not None  # a subscription takes turns once its resume state is known
+        if sub.conflated:  # the newest state instead of the backlog it dropped
+            sub.conflated = False  # entries committed from here on collect again
+            return NeedTask(sub.task_id)
+        sub.drop_pending_through(last.version)
+        pending = sub.pending
+        if not pending:
+            return None
+        item = pending[0]
+        if item.task.version == last.version + 1:
+            pending.popleft()
+            if not pending:
+                sub.pending = None
+            sub.last = item.task
+            return item.frame
+        # A gap (the channel handed out only the newest entry, or its first one, before this subscription's
+        # state was known): fill it from the store, or past the backlog's bound send the state instead,
+        # so that a gap never costs more memory than a backlog.
+        if item.task.version - 1 - last.version > sub.backlog:
+            sub.conflated = True
+            self.conflations += 1
+            return None
+        return NeedEntries(sub.task_id, last.version, item.task.version - 1)
+
+    def task_read(self, read: NeedTask, task: Task) -> None:
+        """The answer to a :class:`NeedTask` of :meth:`next`: a conflated snapshot, unless the state sent
+        is already as new."""
+        sub = self._answered(read)
+        if sub is not None and task.version > sub.version:
+            sub.last = task
+            sub.put_head((snapshot_frame(task, "conflated"),))
+
+    def entries_read(self, read: NeedEntries, entries: Entries) -> None:
+        """The answer to a :class:`NeedEntries` of :meth:`next`: the gap's entries, replayed."""
+        sub = self._answered(read)
+        if sub is None:
+            return
+        assert sub.last is not None
+        filled = replay(sub.last, entries)
+        if filled:
+            sub.put_head([frame for _, frame in filled])
+            sub.last = filled[-1][0]
+        if sub.version < read.upto:
+            sub.conflated = True  # history is whole, so this cannot happen; stay exact regardless
+
+    def read_failed(self, read: Read) -> None:
+        """The read was not made: the subscription tries again on its next turn."""
+        sub = self._answered(read)
+        if sub is not None:
+            self.preparing = None
+            if isinstance(read, NeedTask):
+                sub.conflated = True
+            self.wake(sub)
+
+    def _answered(self, read: Read) -> Subscription[H] | None:
+        if read is not self.reading:
+            return None
+        self.reading = None
+        sub = self.preparing
+        return sub if sub is not None and sub.active else None
