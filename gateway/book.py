@@ -20,6 +20,7 @@ import anyio
 import orjson
 
 from gateway.bus.base import Bus, News
+from gateway.drain import DEFAULT_LIMIT, Drained, Encode, drain
 from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.frames import event_frame
 from gateway.machine import (
@@ -401,17 +402,19 @@ class Book:
         return await self._write(work)
 
     @_shielded
-    async def drain(self) -> list[Notification]:
-        """``drainNotifications``: take every pending notification once, by task id, then time."""
+    async def drain(
+        self, encode: Encode, *, limit: int = DEFAULT_LIMIT, idempotency_key: str | None = None
+    ) -> Drained:
+        """``drainNotifications``, a batch of at most ``limit`` at a time; the same ``idempotency_key``
+        answers its batch again (``gateway.drain``). ``encode`` makes the answer's body."""
+        if idempotency_key is not None and is_blank(idempotency_key):
+            raise fail("idempotencyKey must not be blank")
         now = self.clock()
 
-        async def work(tx: WriteTx, _: _Commit) -> list[tuple[int, Notification]]:
-            return await tx.drain(now)
+        async def work(tx: WriteTx, _: _Commit) -> Drained:
+            return await drain(tx, now, limit=limit, key=idempotency_key, encode=encode)
 
-        rows = await self._write(work)
-        # JavaScript compares strings by UTF-16 code units; the sort is stable, so ties keep their order.
-        rows.sort(key=lambda r: (r[1].task_id.encode("utf-16-be"), r[1].at_ms, r[0]))
-        return [n for _, n in rows]
+        return await self._write(work)
 
     # --- the write path --------------------------------------------------------------------------------
 

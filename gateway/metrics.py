@@ -42,6 +42,11 @@ class Metrics:
         self.notifications_drained = Counter(
             "gateway_notifications_drained", "Notifications taken from the outbox", registry=self.registry
         )
+        self.drain_replays = Counter(
+            "gateway_drain_replays",
+            "Drains answered with the batch kept under their Idempotency-Key (a retry: its answer was lost)",
+            registry=self.registry,
+        )
         self.notifications_relayed = Counter(
             "gateway_notifications_relayed",
             "Notifications the webhook receiver answered 2xx",

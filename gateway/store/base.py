@@ -55,6 +55,17 @@ class Notification:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainBatch:
+    """The answer of a drain made with an ``Idempotency-Key``, as it was sent (``gateway.drain``)."""
+
+    idempotency_key: str
+    made_at_ms: int
+    # Notifications were still to drain when it was made.
+    more: bool
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Outgoing:
     """A notification the webhook relay has claimed to send: its outbox row and which try this is."""
 
@@ -128,8 +139,25 @@ class WriteTx(ReadTx, Protocol):
 
     async def insert_receipt(self, receipt: Receipt) -> None: ...
 
-    async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
-        """Mark every pending notification drained; returns them with their insertion order."""
+    async def drain(self, now_ms: int, limit: int) -> list[tuple[int, Notification]]:
+        """Mark the oldest pending notifications drained (insertion order), at most ``limit``; returns them
+        with their insertion order. Rows another transaction holds are skipped (drains running together
+        take different notifications)."""
+
+    async def drain_pending(self) -> bool:
+        """Whether any notification is still to drain."""
+
+    async def drain_batch(self, idempotency_key: str) -> DrainBatch | None: ...
+
+    async def insert_drain_batch(self, batch: DrainBatch) -> None:
+        """A drain's answer under its key; :class:`StoreRace` (at the latest on commit) when the key is
+        taken."""
+
+    async def forget_drain_batch(self, idempotency_key: str) -> None: ...
+
+    async def forget_drain_batches(self, made_before_ms: int, limit: int) -> int:
+        """Delete the oldest batches made before ``made_before_ms``, at most ``limit`` (rows another
+        transaction holds are skipped); returns how many."""
 
     async def claim_relay(self, now_ms: int, lease_until_ms: int, limit: int) -> list[Outgoing]:
         """Up to ``limit`` notifications not relayed yet whose ``relay_next_at_ms`` has come, oldest due

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.machine import Task, Transition
-from gateway.store.base import Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
+from gateway.store.base import DrainBatch, Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
 from gateway.store.priority_lock import PriorityLock
 from gateway.store.tables import ACTIVE_STATES
 
@@ -31,6 +31,8 @@ class _Data:
     outbox_keys: set[tuple[str, str, int]] = field(default_factory=set)
     # The relay's mark of each outbox row, by id: (relayed at or None, attempts, next at).
     relay: dict[int, tuple[int | None, int, int]] = field(default_factory=dict)
+    # The answers of keyed drains, by key.
+    drain_batches: dict[str, DrainBatch] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -184,12 +186,40 @@ class MemoryTx:
         self.data.receipts[key] = receipt
         self.undo.append(lambda: self.data.receipts.pop(key))
 
-    async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
+    async def drain(self, now_ms: int, limit: int) -> list[tuple[int, Notification]]:
         before = list(self.data.outbox)
-        taken = [(i, n) for i, n, drained in before if not drained]
-        self.data.outbox[:] = [(i, n, True) for i, n, _ in before]
+        taken = [(i, n) for i, n, drained in before if not drained][:limit]
+        ids = {i for i, _ in taken}
+        self.data.outbox[:] = [(i, n, drained or i in ids) for i, n, drained in before]
         self.undo.append(lambda: self.data.outbox.__setitem__(slice(None), before))
         return taken
+
+    async def drain_pending(self) -> bool:
+        return any(not drained for _, _, drained in self.data.outbox)
+
+    async def drain_batch(self, idempotency_key: str) -> DrainBatch | None:
+        return self.data.drain_batches.get(idempotency_key)
+
+    async def insert_drain_batch(self, batch: DrainBatch) -> None:
+        key = batch.idempotency_key
+        if key in self.data.drain_batches:
+            raise StoreRace(f"drain batch {key} exists")
+        self.data.drain_batches[key] = batch
+        self.undo.append(lambda: self.data.drain_batches.pop(key))
+
+    async def forget_drain_batch(self, idempotency_key: str) -> None:
+        batch = self.data.drain_batches.pop(idempotency_key, None)
+        if batch is not None:
+            self.undo.append(lambda: self.data.drain_batches.__setitem__(idempotency_key, batch))
+
+    async def forget_drain_batches(self, made_before_ms: int, limit: int) -> int:
+        old = sorted(
+            (b for b in self.data.drain_batches.values() if b.made_at_ms < made_before_ms),
+            key=lambda b: b.made_at_ms,
+        )[:limit]
+        for batch in old:
+            await self.forget_drain_batch(batch.idempotency_key)
+        return len(old)
 
     async def relay_pending(self) -> int:
         return sum(1 for relayed, _, _ in self.data.relay.values() if relayed is None)

@@ -102,9 +102,25 @@ INSERT_RECEIPT = _insert("deliveries", RECEIPT_COLUMNS)
 
 NOTIFICATION_COLUMNS = ("task_id", "state", "at_ms", "version")
 INSERT_NOTIFICATION = _insert("outbox", NOTIFICATION_COLUMNS)
+# The oldest pending notifications (outbox order), at most a limit. The partial index ix_outbox_pending
+# answers the inner query in O(limit): drained rows are not in it. ``{claim}``: rows another drain holds
+# are skipped, so that drains running together take different notifications.
 DRAIN = (
-    "UPDATE outbox SET drained_at_ms = ? WHERE drained_at_ms IS NULL "
-    "RETURNING id, task_id, state, at_ms, version"
+    "UPDATE outbox SET drained_at_ms = ? WHERE id IN (SELECT id FROM outbox WHERE drained_at_ms IS NULL "
+    "ORDER BY id LIMIT ?{claim}) RETURNING id, task_id, state, at_ms, version"
+)
+DRAIN_PENDING = "SELECT EXISTS (SELECT 1 FROM outbox WHERE drained_at_ms IS NULL)"
+
+# --- drain batches: the answers of drains made with an Idempotency-Key ------------------------------------
+
+DRAIN_BATCH_COLUMNS = ("idempotency_key", "made_at_ms", "more", "body")
+DRAIN_BATCH = f"SELECT {', '.join(DRAIN_BATCH_COLUMNS)} FROM drain_batches WHERE idempotency_key = ?"
+INSERT_DRAIN_BATCH = _insert("drain_batches", DRAIN_BATCH_COLUMNS)
+FORGET_DRAIN_BATCH = "DELETE FROM drain_batches WHERE idempotency_key = ?"
+# The oldest batches made before a time, at most a limit (ix_drain_batches_made_at); ``{claim}`` as above.
+FORGET_DRAIN_BATCHES = (
+    "DELETE FROM drain_batches WHERE idempotency_key IN (SELECT idempotency_key FROM drain_batches "
+    "WHERE made_at_ms < ? ORDER BY made_at_ms LIMIT ?{claim})"
 )
 RELAY_PENDING = "SELECT count(*) FROM outbox WHERE relayed_at_ms IS NULL"
 # The partial index ix_outbox_relay_due answers this in O(batch): relayed rows are not in it.

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, String, Text, text
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, LargeBinary, String, Text, text
 from sqlmodel import Field, SQLModel
 
 from gateway.machine import Task
@@ -158,8 +158,27 @@ class DeliveryRow(SQLModel, table=True):
     delivered_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
 
 
+class DrainBatchRow(SQLModel, table=True):
+    """The answer of a drain made with an ``Idempotency-Key``, kept so that the same key answers it again
+    (``gateway.drain``). The answer itself is kept, as the bytes that were sent, not the outbox rows it
+    listed: those may be deleted meanwhile (retention), and the answer must not change."""
+
+    __tablename__ = "drain_batches"
+    __table_args__ = (
+        # The question of the drain that deletes batches past their keeping time: the oldest first.
+        Index("ix_drain_batches_made_at", "made_at_ms"),
+    )
+
+    idempotency_key: str = Field(sa_column=Column(String(256), primary_key=True))
+    made_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # Notifications were still to drain when the batch was made (the answer's ``Drain-More`` header).
+    more: bool = Field(sa_column=Column(Boolean, nullable=False))
+    body: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
 tasks = TaskRow.__table__  # type: ignore[attr-defined]
 entries = EntryRow.__table__  # type: ignore[attr-defined]
 callbacks = CallbackRow.__table__  # type: ignore[attr-defined]
 outbox = OutboxRow.__table__  # type: ignore[attr-defined]
 deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]
+drain_batches = DrainBatchRow.__table__  # type: ignore[attr-defined]

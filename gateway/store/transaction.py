@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.machine import Task, Transition
 from gateway.store import queries as q
-from gateway.store.base import Notification, Outgoing, Receipt, StoredTask
+from gateway.store.base import DrainBatch, Notification, Outgoing, Receipt, StoredTask
 from gateway.store.tables import TASK_COLUMNS, changed_values, task_from_row, task_values
 
 
@@ -182,8 +182,29 @@ class SqlTx:
     async def insert_receipt(self, receipt: Receipt) -> None:
         await self.run(q.INSERT_RECEIPT, [getattr(receipt, name) for name in q.RECEIPT_COLUMNS])
 
-    async def drain(self, now_ms: int) -> list[tuple[int, Notification]]:
-        return [(r[0], Notification(*r[1:])) for r in await self.fetch(q.DRAIN, (now_ms,))]
+    async def drain(self, now_ms: int, limit: int) -> list[tuple[int, Notification]]:
+        rows = await self.fetch(q.DRAIN.format(claim=self.CLAIM), (now_ms, limit))
+        return [(r[0], Notification(*r[1:])) for r in rows]
+
+    async def drain_pending(self) -> bool:
+        (row,) = await self.fetch(q.DRAIN_PENDING)
+        return bool(row[0])
+
+    async def drain_batch(self, idempotency_key: str) -> DrainBatch | None:
+        rows = await self.fetch(q.DRAIN_BATCH, (idempotency_key,))
+        if not rows:
+            return None
+        key, made_at_ms, more, body = rows[0]
+        return DrainBatch(key, made_at_ms, bool(more), bytes(body))
+
+    async def insert_drain_batch(self, batch: DrainBatch) -> None:
+        await self.run(q.INSERT_DRAIN_BATCH, [getattr(batch, name) for name in q.DRAIN_BATCH_COLUMNS])
+
+    async def forget_drain_batch(self, idempotency_key: str) -> None:
+        await self.run(q.FORGET_DRAIN_BATCH, (idempotency_key,))
+
+    async def forget_drain_batches(self, made_before_ms: int, limit: int) -> int:
+        return await self.run(q.FORGET_DRAIN_BATCHES.format(claim=self.CLAIM), (made_before_ms, limit))
 
     async def claim_relay(self, now_ms: int, lease_until_ms: int, limit: int) -> list[Outgoing]:
         rows = await self.fetch(q.RELAY_DUE + self.CLAIM, (now_ms, limit))

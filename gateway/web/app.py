@@ -135,7 +135,8 @@ async def _database_error(request: Request, exc: Exception) -> Response:
         return await _internal_error(request, exc)
     log.warning("database unavailable: %s", exc)
     # Usually nothing was written; a connection lost during the commit itself leaves the outcome unknown,
-    # which is why callbacks carry a callbackId and deliveries an Idempotency-Key: a retry is applied once.
+    # which is why callbacks carry a callbackId and deliveries and drains an Idempotency-Key: a retry is
+    # applied once.
     message = (
         "the database is unreachable; retry the request (a retry with the same callbackId is applied once)"
     )

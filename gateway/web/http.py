@@ -77,6 +77,21 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
+# A drain's answer header: notifications were still to drain after its batch was taken.
+DRAIN_MORE = "Drain-More"
+# Idempotency keys (deliveries, drains) are at most this long.
+MAX_IDEMPOTENCY_KEY = 256
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The ``Idempotency-Key`` header, if sent; refused past ``MAX_IDEMPOTENCY_KEY`` characters (a blank
+    one is the book's to refuse, as the reference does)."""
+    key = request.headers.get("idempotency-key")
+    if key is not None and len(key) > MAX_IDEMPOTENCY_KEY:
+        raise InvalidRequest(f"Idempotency-Key: at most {MAX_IDEMPOTENCY_KEY} characters")
+    return key
+
+
 def _static_dir() -> Path:
     """``static/`` of the checkout (an editable install), else where a wheel installs it."""
     checkout = Path(__file__).resolve().parents[2] / "static"
@@ -170,18 +185,20 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
     async def deliver(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         guard.management(request)
-        key = request.headers.get("idempotency-key")
+        key = idempotency_key(request)
         if key is None:
             raise InvalidRequest("Idempotency-Key: header is required")
-        if len(key) > 256:
-            raise InvalidRequest("Idempotency-Key: at most 256 characters")
         return wire.JSON(wire.delivery_json(await book.deliver(task_id, key)))
 
     async def drain(request: Request) -> Response:
         guard.management(request)
-        drained = await book.drain()
-        metrics.notifications_drained.inc(len(drained))
-        return wire.JSON([wire.notification_json(n) for n in drained])
+        key = idempotency_key(request)
+        query = wire.parse_drain_query(request.query_params)
+        drained = await book.drain(wire.notifications_body, limit=query.limit, idempotency_key=key)
+        metrics.notifications_drained.inc(len(drained.taken))
+        if drained.replayed:
+            metrics.drain_replays.inc()
+        return wire.JSON(drained.body, headers={DRAIN_MORE: "true" if drained.more else "false"})
 
     async def healthz(request: Request) -> Response:
         return wire.JSON({"status": "ok"})

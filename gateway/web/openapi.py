@@ -93,6 +93,8 @@ class Operation:
     media_type: str = "application/json"
     tags: tuple[str, ...] = ()
     description: str = ""
+    # Headers of the answers, by status (beyond the Retry-After of a 429 and a 503).
+    answer_headers: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 _TASK = "/v1/tasks/{task_id}"
@@ -236,11 +238,32 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/notifications/drain",
         "Drain terminal notifications",
         {200: None},
-        {401: "", 403: "", 503: ""},
+        {400: "", 401: "", 403: "", 503: ""},
         security=(API_KEY,),
+        query=wire.DrainQuery,
+        params=(
+            Param(
+                "Idempotency-Key",
+                "header",
+                "keeps the batch under this key for 24 h: the same key answers the same batch again (the "
+                "same bytes); a new key takes what is new. Without one a lost answer loses its batch",
+                {"type": "string", "minLength": 1, "maxLength": 256},
+            ),
+        ),
+        answer_headers={
+            200: {
+                "Drain-More": {
+                    "schema": {"type": "string", "enum": ["true", "false"]},
+                    "description": "`true`: notifications were still to drain after this batch was taken; "
+                    "drain again with a new key",
+                }
+            }
+        },
         tags=("backend",),
-        description="Each notification of a task reaching succeeded, failed or expired, once, by task id "
-        "then time.",
+        description="Up to `limit` of the oldest notifications not drained yet (each of a task reaching "
+        "succeeded, failed or expired), listed by task id then time. With an `Idempotency-Key` a backend "
+        "retries a drain whose answer it did not get and loses nothing (at least once); without one a "
+        "drain is at most once. A batch shorter than `limit` means nothing was left either.",
     ),
     Operation(
         "get",
@@ -364,6 +387,8 @@ def _responses(op: Operation) -> dict[str, Any]:
             answer["content"] = {op.media_type: {"schema": SSE_EVENT}}
         elif status != 204:
             answer["content"] = {op.media_type: {"schema": {"type": "string"}}}
+        if status in op.answer_headers:
+            answer["headers"] = op.answer_headers[status]
         out[str(status)] = answer
     for status, codes in sorted({**op.errors, 405: ""}.items()):
         if not codes:

@@ -13,7 +13,7 @@ import binascii
 import difflib
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -33,6 +33,8 @@ from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
 from gateway.book import CallbackOutcome, Delivery, Notification
+from gateway.drain import DEFAULT_LIMIT as DRAIN_DEFAULT_LIMIT
+from gateway.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
 from gateway.errors import InvalidRequest
 from gateway.machine import Event, Fail, Progress, Resume, Start, Succeed, Task, task_to_json
 
@@ -203,6 +205,25 @@ def parse_task_list_query(params: Mapping[str, str]) -> TaskListQuery:
     return query
 
 
+class DrainQuery(BaseModel):
+    """The query of ``POST /v1/notifications/drain``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    limit: Annotated[int, Field(ge=1, le=DRAIN_MAX_LIMIT)] = Field(
+        default=DRAIN_DEFAULT_LIMIT,
+        description="notifications a new batch takes at most, the oldest first (a kept batch is answered "
+        "as it was made)",
+    )
+
+
+def parse_drain_query(params: QueryParams) -> DrainQuery:
+    repeated = sorted({name for name, _ in params.multi_items() if len(params.getlist(name)) > 1})
+    if repeated:
+        raise InvalidRequest(f"{repeated[0]}: given more than once")
+    return _validate(DrainQuery, dict(params))
+
+
 def task_page_json(tasks: list[Task], limit: int) -> dict[str, Any]:
     """A page of at most ``limit`` tasks from ``tasks`` (fetched with one more, to know if more follow)."""
     page = tasks[:limit]
@@ -331,6 +352,11 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
 
 def notification_json(n: Notification) -> dict[str, Any]:
     return {"taskId": n.task_id, "state": n.state, "atMs": n.at_ms, "version": n.version}
+
+
+def notifications_body(notifications: Sequence[Notification]) -> bytes:
+    """A drain's answer: its notifications as a JSON array."""
+    return orjson.dumps([notification_json(n) for n in notifications])
 
 
 class JSON(Response):

@@ -67,10 +67,13 @@ def _checker(doc: dict[str, Any], path: str, method: str) -> Any:
 
     def check(answer: httpx.Response, status: int) -> None:
         assert answer.status_code == status, answer.text
-        content = doc["paths"][path][method]["responses"][str(status)]["content"]
-        schema = content["application/json"]["schema"]
+        documented = doc["paths"][path][method]["responses"][str(status)]
+        schema = documented["content"]["application/json"]["schema"]
         # Resolve the document's refs from its root: the schema beside the document's components.
         jsonschema.validate(answer.json(), {**schema, "components": doc["components"]})
+        for name, header in documented.get("headers", {}).items():
+            assert name in answer.headers, (path, method, status, name)
+            jsonschema.validate(answer.headers[name], header["schema"])
 
     return check
 
@@ -123,9 +126,13 @@ async def test_every_answer_of_a_real_server_matches_its_schema(sqlite_url: str,
         check(deliveries, "post")(await c.post("/v1/tasks/r-2/deliveries", headers=key), 200)
         check(deliveries, "post")(await c.post("/v1/tasks/r-2/deliveries", headers=key), 200)
         check(deliveries, "post")(await c.post("/v1/tasks/r-1/deliveries", headers=key), 409)
-        drained = await c.post("/v1/notifications/drain", headers=KEY)
-        check("/v1/notifications/drain", "post")(drained, 200)
+        drain = "/v1/notifications/drain"
+        drained = await c.post(drain, headers={**KEY, "Idempotency-Key": "n-1"}, params={"limit": 1})
+        check(drain, "post")(drained, 200)
         assert drained.json() != []
+        check(drain, "post")(await c.post(drain, headers={**KEY, "Idempotency-Key": "n-1"}), 200)
+        check(drain, "post")(await c.post(drain, headers=KEY), 200)
+        check(drain, "post")(await c.post(drain, headers=KEY, params={"limit": 0}), 400)
         check("/v1/tasks", "get")(await c.get("/v1/tasks", params={"limit": 1}, headers=KEY), 200)
         check("/v1/tasks", "get")(await c.get("/v1/tasks", params={"limit": 0}, headers=KEY), 400)
         check("/healthz", "get")(await c.get("/healthz"), 200)

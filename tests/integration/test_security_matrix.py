@@ -189,9 +189,10 @@ OPEN_MODE: dict[str, dict[str, str | None]] = {
 
 # Cells that differ from their kind's row, by (open mode, method, path, column).
 SPECIAL: dict[tuple[bool, str, str, str], str] = {
-    # The task list's query takes state, cursor and limit only; with nothing to authenticate, ?token= is
-    # one more unknown parameter.
+    # The task list's query takes state, cursor and limit only, the drain's limit only; with nothing to
+    # authenticate, ?token= is one more unknown parameter.
     (True, "GET", "/v1/tasks", "task token in URL"): "invalid-request",
+    (True, "POST", "/v1/notifications/drain", "task token in URL"): "invalid-request",
 }
 
 

@@ -20,13 +20,16 @@ import pytest
 import sqlalchemy
 
 from gateway.book import EXPIRY_BATCH, Book, CallbackRequest
+from gateway.drain import KEEP_MS, Drained
 from gateway.errors import GatewayError
 from gateway.jobs.sweeper import sweep_once
 from gateway.machine import Progress, Start, apply_event, create_task, event_to_json, expire_task
 from gateway.store import Database
-from gateway.store.base import Receipt, Store, StoreRace, WriteTx
+from gateway.store.base import DrainBatch, Receipt, Store, StoreRace, WriteTx
 from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
+from gateway.store.transaction import SqlTx
+from gateway.web.wire import notifications_body
 from tests.support import FakeClock, opened, postgres_database
 
 pytestmark = pytest.mark.anyio
@@ -112,7 +115,7 @@ async def test_entries_append_in_order_with_the_task_and_the_outbox(store: Store
         assert [v for v, _ in await tx.entries("t1", 0, 100)] == [1, 2, 3, 4]
         assert await tx.entries("t1", 1, 3) == [(2, encoded[1]), (3, encoded[2])]
     async with store.write() as tx:
-        drained = await tx.drain(10_000)
+        drained = await tx.drain(10_000, 1_000)
     assert [(n.task_id, n.state, n.at_ms, n.version) for _, n in drained] == [("t1", "expired", 9_999, 4)]
     # A stale transition (written against an old version) is refused, never written over a newer row.
     with pytest.raises(RuntimeError, match="changed under its lock"):
@@ -148,12 +151,12 @@ async def test_a_drain_takes_each_notification_once_and_a_failed_drain_gives_the
             await tx.record(transition, b'{"type":"expire","atMs":1010}', task.expires_at_ms)
     with pytest.raises(RuntimeError):
         async with store.write() as tx:
-            assert len(await tx.drain(5_000)) == 2
+            assert len(await tx.drain(5_000, 1_000)) == 2
             raise RuntimeError("the answer never left")
     async with store.write() as tx:
-        first = await tx.drain(6_000)
+        first = await tx.drain(6_000, 1_000)
     async with store.write() as tx:
-        second = await tx.drain(7_000)
+        second = await tx.drain(7_000, 1_000)
     assert sorted(n.task_id for _, n in first) == ["a", "b"]
     assert second == []
 
@@ -308,7 +311,7 @@ async def test_concurrent_expiry_passes_expire_each_task_once(store: Store) -> N
         for i in range(60):
             entries = await reading.entries(f"due-{i:02d}", 0, 100)
             assert [orjson.loads(raw)["type"] for _, raw in entries] == ["expire"]
-    notifications = await book.drain()
+    notifications = (await book.drain(notifications_body)).taken
     assert sorted(n.task_id for n in notifications) == [f"due-{i:02d}" for i in range(60)]
 
 
@@ -410,7 +413,7 @@ async def test_the_relay_and_the_drain_each_take_every_notification(store: Store
     fell due, is claimed again; a sent notification never."""
     await notified(store, "a", "b")
     async with store.write() as tx:
-        assert [n.task_id for _, n in await tx.drain(3_000)] == ["a", "b"]
+        assert [n.task_id for _, n in await tx.drain(3_000, 1_000)] == ["a", "b"]
     async with store.read() as tx:
         assert await tx.relay_pending() == 2
     async with store.write() as tx:
@@ -439,7 +442,7 @@ async def test_the_relay_and_the_drain_each_take_every_notification(store: Store
         assert await tx.relay_pending() == 0
     await notified(store, "c")  # the drain still takes what the relay sent, and only that is new to it
     async with store.write() as tx:
-        assert [n.task_id for _, n in await tx.drain(50_000)] == ["c"]
+        assert [n.task_id for _, n in await tx.drain(50_000, 1_000)] == ["c"]
 
 
 async def test_a_rolled_back_claim_leaves_the_notification_unclaimed(store: Store) -> None:
@@ -473,6 +476,118 @@ async def test_concurrent_relay_claims_take_each_notification_once(store: Store)
         for _ in range(4):
             tg.start_soon(claimer)
     assert len(taken) == len(set(taken)) == 40
+
+
+# --- drains: a batch at a time, and the answer of a keyed drain kept ---------------------------------------
+
+
+async def test_a_drain_takes_the_oldest_pending_notifications_at_most_its_limit(store: Store) -> None:
+    await notified(store, "e", "d", "c", "b", "a")  # queued in this order
+    async with store.write() as tx:
+        first = await tx.drain(3_000, 2)
+        assert await tx.drain_pending()
+    async with store.write() as tx:
+        rest = await tx.drain(3_000, 10)
+        assert not await tx.drain_pending()
+    assert [n.task_id for _, n in sorted(first)] == ["e", "d"]
+    assert [n.task_id for _, n in sorted(rest)] == ["c", "b", "a"]
+
+
+async def test_drain_batches_are_kept_once_per_key_and_forgotten_oldest_first(store: Store) -> None:
+    # Bodies as sent: any bytes, kept exactly (a megabyte, UTF-8 beyond ASCII).
+    bodies = [
+        orjson.dumps([{"taskId": f"caf\u00e9-{i}" * 100_000 if i == 2 else f"t-{i}"}]) for i in range(5)
+    ]
+    batches = [DrainBatch(f"k-{i}", 1_000 + i, i % 2 == 0, body) for i, body in enumerate(bodies)]
+    async with store.write() as tx:
+        for batch in batches:
+            await tx.insert_drain_batch(batch)
+    with pytest.raises(StoreRace):
+        async with store.write() as tx:
+            await tx.insert_drain_batch(DrainBatch("k-0", 9_000, False, b"[]"))
+    async with store.write() as tx:
+        assert [await tx.drain_batch(b.idempotency_key) for b in batches] == batches
+        assert await tx.drain_batch("k-9") is None
+        assert await tx.forget_drain_batches(1_003, 2) == 2  # of k-0, k-1, k-2: the two oldest
+        await tx.forget_drain_batch("k-3")
+        await tx.forget_drain_batch("k-9")  # none: nothing happens
+    with pytest.raises(RuntimeError):
+        async with store.write() as tx:
+            assert await tx.forget_drain_batches(10_000, 10) == 2
+            raise RuntimeError("rolled back")
+    async with store.write() as tx:
+        kept = [await tx.drain_batch(b.idempotency_key) for b in batches]
+    assert kept == [None, None, batches[2], None, batches[4]]
+
+
+async def forget_drained_notifications(store: Store) -> None:
+    """Delete the outbox rows drained so far, as retention does once a task is old enough."""
+    if isinstance(store, MemoryStore):
+        store._data.outbox[:] = [row for row in store._data.outbox if not row[2]]
+        return
+    async with store.write() as tx:
+        assert isinstance(tx, SqlTx)
+        await tx.run("DELETE FROM outbox WHERE drained_at_ms IS NOT NULL")
+
+
+async def test_a_keyed_drain_answers_its_batch_again_byte_for_byte_for_a_day(store: Store) -> None:
+    clock = FakeClock(10_000)
+    book = Book(store, clock)
+    await notified(store, "a", "b")
+    first = await book.drain(notifications_body, limit=1, idempotency_key="k1")
+    assert (first.more, first.replayed, [n.task_id for n in first.taken]) == (True, False, ["a"])
+    await notified(store, "c")
+    other = await book.drain(notifications_body, idempotency_key="k2")
+    assert (other.more, [n.task_id for n in other.taken]) == (False, ["b", "c"])
+    # Whatever was drained since, and with the notifications' rows gone: what k1 answered, as it was.
+    await forget_drained_notifications(store)
+    clock.advance(KEEP_MS - 1)
+    again = await book.drain(notifications_body, limit=50, idempotency_key="k1")
+    assert (again.body, again.more, again.taken, again.replayed) == (first.body, True, (), True)
+    assert orjson.loads(again.body) == [{"taskId": "a", "state": "expired", "atMs": 1_010, "version": 1}]
+    # A day after it was made, the key takes what is new; that drain deleted the other old batches.
+    clock.advance(1)
+    await notified(store, "d")
+    later = await book.drain(notifications_body, idempotency_key="k1")
+    assert (later.replayed, [n.task_id for n in later.taken]) == (False, ["d"])
+    async with store.write() as tx:
+        assert await tx.drain_batch("k2") is None
+        kept = await tx.drain_batch("k1")
+    assert kept is not None and (kept.made_at_ms, kept.body) == (clock.now, later.body)
+
+
+async def test_drains_with_one_new_key_answer_one_batch_and_with_other_keys_take_others(store: Store) -> None:
+    """Drains at once (several processes on PostgreSQL): with the same new key, one takes a batch and the
+    others answer it (a lost race on the key, run again); with different keys, no notification twice."""
+    book = Book(store, FakeClock(10_000))
+    task_ids = [f"n-{i:02d}" for i in range(30)]
+    await notified(store, *task_ids)
+    shared: list[Drained] = []
+
+    async def drain_shared() -> None:
+        shared.append(await book.drain(notifications_body, limit=5, idempotency_key="shared"))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(drain_shared)
+    assert len({d.body for d in shared}) == 1
+    assert sorted(d.replayed for d in shared) == [False, True, True, True]
+    taken = [n.task_id for d in shared for n in d.taken]
+    assert len(taken) == 5
+
+    async def drainer(name: str) -> None:
+        for n in range(100):
+            drained = await book.drain(notifications_body, limit=3, idempotency_key=f"{name}-{n}")
+            assert not drained.replayed
+            taken.extend(n.task_id for n in drained.taken)
+            if not drained.taken and not drained.more:
+                return
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        for name in "wxyz":
+            tg.start_soon(drainer, name)
+    assert sorted(taken) == task_ids
 
 
 async def test_the_task_list_pages_through_every_task_once_in_id_order(store: Store) -> None:
