@@ -99,6 +99,9 @@ class Gateway:
         self.demo_workers = 0
         # Set when a background part failed for good (see _essential); on_fatal asks the server to stop.
         self.fatal: BaseException | None = None
+        # Why this process could not start, in one line, when it said so itself (the database unreachable,
+        # a setting): the server then logs no traceback of its own (gateway.server.serve).
+        self.startup_failure: str | None = None
         self.on_fatal: Callable[[], None] | None = None
         # The ASGI app built on top (``gateway.web.app``): demo workers post to it in process.
         self.app: Any = None

@@ -38,6 +38,7 @@ import orjson
 from anyio.abc import TaskGroup
 
 from gateway.book import DB_DEADLINE_S
+from gateway.errors import one_line
 from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.base import Notification, Outgoing, Store
@@ -306,6 +307,6 @@ class Relay:
 
     def _database_trouble(self, exc: Exception) -> None:
         if database_unavailable(exc) or isinstance(exc, TimeoutError):
-            log.warning("webhook relay: the database is unreachable (%s); retrying", exc)
+            log.warning("webhook relay: the database is unreachable (%s); retrying", one_line(exc))
         else:
             log.exception("webhook relay: a database round failed; retrying")

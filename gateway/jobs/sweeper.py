@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import anyio
 
 from gateway.book import DB_DEADLINE_S, EXPIRY_BATCH, Book
+from gateway.errors import one_line
 from gateway.metrics import Metrics
 from gateway.store.database import database_unavailable
 
@@ -119,7 +120,7 @@ class Sweeper:
                 next_ms = await self.book.next_deadline()
         except Exception as exc:  # a database outage must not end expiry for the life of the process
             if database_unavailable(exc):  # one line per pass, not a traceback every 200 ms
-                log.warning("expiry pass failed: the database is unreachable (%s); retrying", exc)
+                log.warning("expiry pass failed: the database is unreachable (%s); retrying", one_line(exc))
             else:
                 log.exception("expiry pass failed; retrying in %.1fs", self.interval_s)
             return
