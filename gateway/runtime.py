@@ -65,6 +65,7 @@ class Gateway:
             retention_versions=settings.retention_versions,
             max_history_versions=settings.max_history_versions,
             listeners=listeners,
+            deadline_s=settings.db_deadline_ms / 1000,
         )
         self.callback_rate = RateLimiter(settings.callback_rate_per_s)
         self.hub = Hub(self.book)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from gateway.book import DB_DEADLINE_S, EXPIRY_BATCH, Book
+from gateway.book import EXPIRY_BATCH, Book
 from gateway.errors import one_line
 from gateway.metrics import Metrics
 from gateway.store.database import database_unavailable
@@ -52,7 +52,7 @@ async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
     total = 0
     while True:
         # Shielded: a stop waits for the batch to end instead of tearing a connection down mid-query.
-        with anyio.fail_after(DB_DEADLINE_S, shield=True):
+        with anyio.fail_after(book.deadline_s, shield=True):
             if total == 0:
                 expired = await book.expire_due(EXPIRY_BATCH)  # urgent
             else:
