@@ -57,11 +57,14 @@ def _shielded(
 ) -> Callable[Concatenate[Book, P], Coroutine[Any, Any, R]]:
     """Run a database operation to its end even when its caller is cancelled (a client gone, a shutdown):
     a transaction is not left half-done, and a connection is never torn down mid-query (which hangs
-    aiosqlite's worker). Bounded by the book's ``deadline_s``: past it, ``TimeoutError`` (a 503)."""
+    aiosqlite's worker). Bounded by the book's ``deadline_s``, or by the caller's own deadline where that
+    is sooner (the committer's: a batch is answered by its earliest callback's): past it, ``TimeoutError``
+    (a 503). The store ends its transaction by then, commit and rollback included (``pg_writer``)."""
 
     @functools.wraps(method)
     async def run(book: Book, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with anyio.fail_after(book.deadline_s, shield=True):
+        within_s = min(book.deadline_s, anyio.current_effective_deadline() - anyio.current_time())
+        with anyio.fail_after(within_s, shield=True):
             return await method(book, *args, **kwargs)
 
     return run
