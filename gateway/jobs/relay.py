@@ -42,7 +42,7 @@ from gateway.errors import one_line
 from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.base import Notification, Outgoing, Store
-from gateway.store.database import database_unavailable
+from gateway.store.database import database_unavailable, unavailable_reason
 
 log = logging.getLogger("gateway.relay")
 
@@ -311,6 +311,6 @@ class Relay:
 
     def _database_trouble(self, exc: Exception) -> None:
         if database_unavailable(exc) or isinstance(exc, TimeoutError):
-            log.warning("webhook relay: the database is unreachable (%s); retrying", one_line(exc))
+            log.warning("webhook relay: %s (%s); retrying", unavailable_reason(exc), one_line(exc))
         else:
             log.exception("webhook relay: a database round failed; retrying")

@@ -32,7 +32,7 @@ import anyio
 from gateway.book import EXPIRY_BATCH, Book
 from gateway.errors import one_line
 from gateway.metrics import Metrics
-from gateway.store.database import database_unavailable
+from gateway.store.database import database_unavailable, unavailable_reason
 
 log = logging.getLogger("gateway.sweeper")
 
@@ -120,7 +120,7 @@ class Sweeper:
                 next_ms = await self.book.next_deadline()
         except Exception as exc:  # a database outage must not end expiry for the life of the process
             if database_unavailable(exc):  # one line per pass, not a traceback every 200 ms
-                log.warning("expiry pass failed: the database is unreachable (%s); retrying", one_line(exc))
+                log.warning("expiry pass failed: %s (%s); retrying", unavailable_reason(exc), one_line(exc))
             else:
                 log.exception("expiry pass failed; retrying in %.1fs", self.interval_s)
             return

@@ -35,7 +35,7 @@ from gateway.errors import (
 from gateway.metrics import Metrics
 from gateway.runtime import Clock, Gateway, wall_clock_ms
 from gateway.settings import Settings, is_loopback
-from gateway.store.database import database_unavailable
+from gateway.store.database import database_unavailable, unavailable_reason
 from gateway.web.auth import Guard, host_name, origin_allowed
 from gateway.web.http import routes
 from gateway.web.live import live_routes
@@ -172,7 +172,7 @@ async def _database_error(request: Request, exc: Exception) -> Response:
     # Usually nothing was written; a connection lost during the commit itself leaves the outcome unknown,
     # which is why callbacks carry a callbackId and deliveries an Idempotency-Key: a retry is applied once.
     message = (
-        "the database is unreachable; retry the request (a retry with the same callbackId is applied once)"
+        f"{unavailable_reason(exc)}; retry the request (a retry with the same callbackId is applied once)"
     )
     return await _gateway_error(request, Unavailable(message))
 
