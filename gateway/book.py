@@ -14,7 +14,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 import orjson
@@ -42,7 +42,8 @@ __all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Listeners"
 
 Clock = Callable[[], int]
 
-# The longest a database operation may take before it is abandoned (answered as 503 unavailable).
+# The longest a database operation may take before it is abandoned (answered as 503 unavailable), by
+# default (GATEWAY_DB_DEADLINE_MS: ``Book.deadline_s``).
 DB_DEADLINE_S = 10.0
 # Due tasks expired per transaction: a backlog is worked through in bounded batches, each committed.
 EXPIRY_BATCH = 200
@@ -52,15 +53,20 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _shielded(method: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+def _shielded(
+    method: Callable[Concatenate[Book, P], Awaitable[R]],
+) -> Callable[Concatenate[Book, P], Coroutine[Any, Any, R]]:
     """Run a database operation to its end even when its caller is cancelled (a client gone, a shutdown):
     a transaction is not left half-done, and a connection is never torn down mid-query (which hangs
-    aiosqlite's worker). Bounded by ``DB_DEADLINE_S``: past it, ``TimeoutError`` (a 503)."""
+    aiosqlite's worker). Bounded by the book's ``deadline_s``, or by the caller's own deadline where that
+    is sooner (the committer's: a batch is answered by its earliest callback's): past it, ``TimeoutError``
+    (a 503). The store ends its transaction by then, commit and rollback included (``pg_writer``)."""
 
     @functools.wraps(method)
-    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        with anyio.fail_after(DB_DEADLINE_S, shield=True):
-            return await method(*args, **kwargs)
+    async def run(book: Book, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        within_s = min(book.deadline_s, anyio.current_effective_deadline() - anyio.current_time())
+        with anyio.fail_after(within_s, shield=True):
+            return await method(book, *args, **kwargs)
 
     return run
 
@@ -159,8 +165,11 @@ class Book:
         retention_versions: int = 8,
         max_history_versions: int = 0,
         listeners: Listeners | None = None,
+        deadline_s: float = DB_DEADLINE_S,
     ) -> None:
         self.store = store
+        # The longest one database operation may take (GATEWAY_DB_DEADLINE_MS), then TimeoutError (a 503).
+        self.deadline_s = deadline_s
         self.clock = clock
         self.bus = bus
         self.retention_versions = retention_versions

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, one_line
 from gateway.settings import Settings, unknown_variables
 
 # The exit code of `gateway serve` when it could not start (uvicorn's, and --workers').
@@ -132,7 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         anyio.run(_upgrade, settings.database_url)
     except Exception as exc:
-        print(f"gateway: could not start: the database: {_one_line(exc)}", file=sys.stderr)
+        print(f"gateway: could not start: the database: {one_line(exc)}", file=sys.stderr)
         return STARTUP_FAILED
 
     from gateway.server.serve import setup_logging
@@ -198,7 +198,7 @@ def _migrate(args: argparse.Namespace) -> int:
     try:
         revision, head = anyio.run(_upgrade, settings.database_url)
     except Exception as exc:
-        print(f"gateway: cannot migrate the database: {_one_line(exc)}", file=sys.stderr)
+        print(f"gateway: cannot migrate the database: {one_line(exc)}", file=sys.stderr)
         return 1
     print(f"gateway: database at revision {revision}" + (" (head)" if revision == head else ""))
     return 0
@@ -269,15 +269,6 @@ def _say_if_no_such_task(database_url: str, task_id: str) -> None:
             "once a task with this id is created",
             file=sys.stderr,
         )
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one line: a driver's own message rather than SQLAlchemy's wrapping with the SQL."""
-    orig = getattr(exc, "orig", None)
-    if isinstance(orig, BaseException) and str(orig).strip():
-        return str(orig).strip().splitlines()[0]
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,6 +10,11 @@ so batches grow exactly when the database is the bottleneck. Every answer still 
 On SQLite one batch commits at a time (writes take turns there anyway); on PostgreSQL a few commit side by
 side, each on a connection of its own, so that one batch's round trips and WAL flush do not idle the
 process while the next batch waits.
+
+Each callback is answered within the database deadline (``Book.deadline_s``) of its arrival, whatever
+it waited for: one still queued at its deadline (every batch slot stuck on a database that does not
+answer) is answered 503 and never applied, and a batch runs under the deadline of its earliest callback.
+Deadlines do not stack: waiting for a slot, the statements, the commit and the rollback share one.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ class Committer:
         self.max_queued = max_queued
         self.batches = 0
         self.applied = 0
-        self._queue: deque[tuple[CallbackRequest, asyncio.Future[CallbackOutcome]]] = deque()
+        self._queue: deque[_Waiting] = deque()
         self._wakeup = asyncio.Event()
         self._running = False
         self.in_flight = 0
@@ -72,11 +77,19 @@ class Committer:
             return outcome
         if len(self._queue) >= self.max_queued:
             raise Unavailable("too many callbacks waiting for the database; retry shortly")
-        future: asyncio.Future[CallbackOutcome] = asyncio.get_running_loop().create_future()
-        self._queue.append((request, future))
+        within_s = self.book.deadline_s
+        waiting = _Waiting(request, anyio.current_time() + within_s)
+        self._queue.append(waiting)
         self._wakeup.set()
         # Shielded: a client that hangs up does not take its callback out of a batch being committed.
-        return await asyncio.shield(future)
+        with anyio.move_on_after(within_s):
+            return await asyncio.shield(waiting.future)
+        if not waiting.taken:  # still queued: it never will be applied
+            waiting.future.cancel()
+            raise Unavailable(
+                f"the database did not answer within {within_s:g} s; retry (this callback was not applied)"
+            )
+        return await asyncio.shield(waiting.future)  # its batch ends by this callback's deadline
 
     async def run(self) -> None:
         self._running = True
@@ -89,7 +102,15 @@ class Committer:
                     await self._wakeup.wait()
                     continue
                 await slots.acquire()  # callbacks that queue meanwhile join this batch
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_batch))]
+                batch: list[_Waiting] = []
+                while self._queue and len(batch) < self.max_batch:
+                    waiting = self._queue.popleft()
+                    if not waiting.future.done():  # else answered already, at its deadline
+                        waiting.taken = True
+                        batch.append(waiting)
+                if not batch:
+                    slots.release()
+                    continue
                 applying = asyncio.get_running_loop().create_task(self._apply(batch))
                 batches.add(applying)
                 applying.add_done_callback(batches.discard)
@@ -100,31 +121,48 @@ class Committer:
                 with anyio.CancelScope(shield=True):
                     await asyncio.wait(tuple(batches))
             while self._queue:
-                _, future = self._queue.popleft()
+                future = self._queue.popleft().future
                 if not future.done():
                     future.set_exception(Unavailable("the gateway is stopping; retry"))
 
-    async def _apply(self, batch: list[tuple[CallbackRequest, asyncio.Future[CallbackOutcome]]]) -> None:
+    async def _apply(self, batch: list[_Waiting]) -> None:
         try:
-            outcomes = await self.book.callbacks([request for request, _ in batch])
+            # By the earliest deadline of its callbacks (the book's operation takes the sooner one).
+            with anyio.fail_after(min(w.deadline for w in batch) - anyio.current_time()):
+                outcomes = await self.book.callbacks([w.request for w in batch])
         except asyncio.CancelledError:  # stopped during a commit: its outcome is not known here
-            for _, future in batch:
+            for waiting in batch:
+                future = waiting.future
                 if not future.done():
                     future.set_exception(
                         Unavailable("the gateway is stopping; retry (a retry is applied once)")
                     )
             raise
         except Exception as exc:  # the transaction failed (a database outage): each is told
-            for _, future in batch:
+            for waiting in batch:
+                future = waiting.future
                 if not future.done():
                     future.set_exception(exc)
             return
         self.batches += 1
         self.applied += len(batch)
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
+        for waiting, outcome in zip(batch, outcomes, strict=True):
+            future = waiting.future
             if future.done():
                 continue
             if isinstance(outcome, GatewayError):
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+
+class _Waiting:
+    """A callback waiting for its batch: answered through ``future`` by ``deadline`` (anyio's clock)."""
+
+    __slots__ = ("deadline", "future", "request", "taken")
+
+    def __init__(self, request: CallbackRequest, deadline: float) -> None:
+        self.request = request
+        self.deadline = deadline
+        self.future: asyncio.Future[CallbackOutcome] = asyncio.get_running_loop().create_future()
+        self.taken = False  # in a batch: answered by that batch

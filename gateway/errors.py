@@ -27,6 +27,7 @@ The pure state machine raises only :class:`InvalidRequest`, as the reference rai
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 # WebSocket close codes, named once (protocol.md, "Close codes").
@@ -159,3 +160,21 @@ class Unavailable(GatewayError):
 
     def headers(self) -> dict[str, str] | None:
         return {"Retry-After": str(self.retry_after_s)}
+
+
+# What SQLAlchemy appends to a driver's message: the statement, its parameters, a link to its docs.
+_WRAPPING = re.compile(r"\[(SQL|parameters): |\(Background on this error at: ")
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line, for a log line or a message: the driver's own words where a wrapper holds
+    them (SQLAlchemy's ``DBAPIError.orig``), without the SQL a wrapper adds, whitespace collapsed; the
+    exception's type when it says nothing (a ``TimeoutError`` of a deadline)."""
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, BaseException) and str(orig).strip():
+        exc = orig
+    text = str(exc)
+    wrapping = _WRAPPING.search(text)
+    if wrapping is not None:
+        text = text[: wrapping.start()]
+    return " ".join(text.split()) or type(exc).__name__

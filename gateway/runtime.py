@@ -65,6 +65,7 @@ class Gateway:
             retention_versions=settings.retention_versions,
             max_history_versions=settings.max_history_versions,
             listeners=listeners,
+            deadline_s=settings.db_deadline_ms / 1000,
         )
         self.callback_rate = RateLimiter(settings.callback_rate_per_s)
         self.hub = Hub(self.book)
@@ -99,6 +100,9 @@ class Gateway:
         self.demo_workers = 0
         # Set when a background part failed for good (see _essential); on_fatal asks the server to stop.
         self.fatal: BaseException | None = None
+        # Why this process could not start, in one line, when it said so itself (the database unreachable,
+        # a setting): the server then logs no traceback of its own (gateway.server.serve).
+        self.startup_failure: str | None = None
         self.on_fatal: Callable[[], None] | None = None
         # The ASGI app built on top (``gateway.web.app``): demo workers post to it in process.
         self.app: Any = None

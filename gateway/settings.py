@@ -68,6 +68,7 @@ _ENV = {
     "callback_rate_per_s": "GATEWAY_CALLBACK_RATE_PER_S",
     "max_history_versions": "GATEWAY_MAX_HISTORY_VERSIONS",
     "slow_close_grace_ms": "GATEWAY_SLOW_CLOSE_GRACE_MS",
+    "db_deadline_ms": "GATEWAY_DB_DEADLINE_MS",
 }
 # GATEWAY_* variables read elsewhere than the server's settings: `gateway watch`'s defaults, the tests'.
 _OTHER_VARIABLES = frozenset({"GATEWAY_URL", "GATEWAY_TOKEN", "GATEWAY_TEST_PG_URL"})
@@ -152,6 +153,9 @@ class Settings(BaseModel):
     max_history_versions: int = Field(10_000, ge=0)
     # How long a connection cut for not reading (4008) keeps its socket for that close frame to reach it.
     slow_close_grace_ms: int = Field(30_000, ge=1)
+    # The longest one database operation may take, its COMMIT and rollback included: past it, the request
+    # is answered 503 (Retry-After) and the connection given up.
+    db_deadline_ms: int = Field(10_000, ge=100, le=600_000)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:

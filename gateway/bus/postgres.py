@@ -17,6 +17,7 @@ import asyncpg  # type: ignore[import-untyped]
 from anyio.abc import TaskStatus
 
 from gateway.bus.base import DEFAULT_CHANNEL, News, OnNews, OnResync
+from gateway.errors import one_line
 from gateway.store.base import WriteTx
 
 log = logging.getLogger("gateway.bus")
@@ -75,7 +76,9 @@ class PostgresBus:
                         self.connected = False
                         conn.terminate()
                 except Exception as exc:  # any failure of the connection: listen again, after a pause
-                    log.warning("bus: cannot listen on PostgreSQL (%s); retrying in %.1fs", exc, delay)
+                    log.warning(
+                        "bus: cannot listen on PostgreSQL (%s); retrying in %.1fs", one_line(exc), delay
+                    )
                 listening()  # the gateway starts anyway: the store answers 503 until it is back
                 # A connection that stayed up a while resets the backoff; one that keeps failing at once
                 # (accepted, then dropped) backs off like one that cannot connect.

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.bus.base import DEFAULT_CHANNEL, News, OnNews, OnResync
+from gateway.errors import one_line
 from gateway.store.base import WriteTx
 
 log = logging.getLogger("gateway.bus")
@@ -93,7 +94,7 @@ class RedisBus:
                 except (RedisError, OSError) as exc:
                     # Dropped: other processes see these entries at their next check of the store.
                     self.dropped += len(batch)
-                    log.warning("bus: cannot publish to Redis (%s); retrying in %.1fs", exc, delay)
+                    log.warning("bus: cannot publish to Redis (%s); retrying in %.1fs", one_line(exc), delay)
                     await anyio.sleep(delay * random.uniform(0.5, 1.0))
                     delay = min(delay * 2, self.backoff_max_s)
                     continue
@@ -130,7 +131,7 @@ class RedisBus:
                 if not started:  # the gateway starts anyway; the store check covers the outage
                     task_status.started()
                     started = True
-                log.warning("bus: cannot listen on Redis (%s); retrying in %.1fs", exc, delay)
+                log.warning("bus: cannot listen on Redis (%s); retrying in %.1fs", one_line(exc), delay)
             finally:
                 self.connected = False
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1):

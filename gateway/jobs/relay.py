@@ -38,10 +38,11 @@ import orjson
 from anyio.abc import TaskGroup
 
 from gateway.book import DB_DEADLINE_S
+from gateway.errors import one_line
 from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.base import Notification, Outgoing, Store
-from gateway.store.database import database_unavailable
+from gateway.store.database import database_unavailable, unavailable_reason
 
 log = logging.getLogger("gateway.relay")
 
@@ -112,8 +113,11 @@ class Relay:
         clock: Clock = wall_clock_ms,
         rand: Callable[[], float] = random.random,
         transport: httpx.AsyncBaseTransport | None = None,
+        db_deadline_s: float = DB_DEADLINE_S,
     ) -> None:
         self.store = store
+        # The longest one of its database rounds may take (GATEWAY_DB_DEADLINE_MS).
+        self.db_deadline_s = db_deadline_s
         self.url = url
         self.key = key
         self.metrics = metrics
@@ -157,6 +161,7 @@ class Relay:
             retry_max_ms=settings.notify_retry_max_ms,
             concurrency=settings.notify_concurrency,
             poll_ms=settings.notify_poll_ms,
+            db_deadline_s=settings.db_deadline_ms / 1000,
         )
 
     def wake(self) -> None:
@@ -207,7 +212,7 @@ class Relay:
             tg.start_soon(self._send, client, outgoing)
 
     async def _record_outcomes(
-        self, claim: int = 0, now: int = 0, deadline_s: float = DB_DEADLINE_S
+        self, claim: int = 0, now: int = 0, deadline_s: float | None = None
     ) -> list[Outgoing]:
         sent, later = self._sent, self._later
         if not (sent or later or claim > 0):
@@ -215,7 +220,7 @@ class Relay:
         self._sent, self._later = [], []
         try:
             # Shielded: a stop waits for the commit instead of tearing a connection down mid-query.
-            with anyio.fail_after(deadline_s, shield=True):
+            with anyio.fail_after(self.db_deadline_s if deadline_s is None else deadline_s, shield=True):
                 async with self.store.write() as tx:
                     if sent:
                         await tx.relay_sent(sent, self.clock())
@@ -298,7 +303,7 @@ class Relay:
 
     async def _count_pending(self) -> None:
         try:
-            with anyio.fail_after(DB_DEADLINE_S, shield=True):
+            with anyio.fail_after(self.db_deadline_s, shield=True):
                 async with self.store.read() as tx:
                     self.metrics.notifications_relay_pending.set(await tx.relay_pending())
         except Exception as exc:
@@ -306,6 +311,6 @@ class Relay:
 
     def _database_trouble(self, exc: Exception) -> None:
         if database_unavailable(exc) or isinstance(exc, TimeoutError):
-            log.warning("webhook relay: the database is unreachable (%s); retrying", exc)
+            log.warning("webhook relay: %s (%s); retrying", unavailable_reason(exc), one_line(exc))
         else:
             log.exception("webhook relay: a database round failed; retrying")

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 
 import anyio
 
-from gateway.book import DB_DEADLINE_S, EXPIRY_BATCH, Book
+from gateway.book import EXPIRY_BATCH, Book
+from gateway.errors import one_line
 from gateway.metrics import Metrics
-from gateway.store.database import database_unavailable
+from gateway.store.database import database_unavailable, unavailable_reason
 
 log = logging.getLogger("gateway.sweeper")
 
@@ -51,7 +52,7 @@ async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
     total = 0
     while True:
         # Shielded: a stop waits for the batch to end instead of tearing a connection down mid-query.
-        with anyio.fail_after(DB_DEADLINE_S, shield=True):
+        with anyio.fail_after(book.deadline_s, shield=True):
             if total == 0:
                 expired = await book.expire_due(EXPIRY_BATCH)  # urgent
             else:
@@ -119,7 +120,7 @@ class Sweeper:
                 next_ms = await self.book.next_deadline()
         except Exception as exc:  # a database outage must not end expiry for the life of the process
             if database_unavailable(exc):  # one line per pass, not a traceback every 200 ms
-                log.warning("expiry pass failed: the database is unreachable (%s); retrying", exc)
+                log.warning("expiry pass failed: %s (%s); retrying", unavailable_reason(exc), one_line(exc))
             else:
                 log.exception("expiry pass failed; retrying in %.1fs", self.interval_s)
             return

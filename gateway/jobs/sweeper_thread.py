@@ -111,6 +111,7 @@ class SweeperThread:
             self.book.clock,
             bus=None if bus is None else _Forward(bus, self._main),
             listeners=listeners,
+            deadline_s=self.book.deadline_s,
         )
         sweeper = Sweeper(book, self.interval_s, self.metrics)
         listeners.expired.append(sweeper.expired)

@@ -30,7 +30,7 @@ from typing import Protocol
 import anyio
 
 from gateway.bus.base import News
-from gateway.errors import CLOSE_INTERNAL_ERROR, CLOSE_SLOW_CONSUMER, GatewayError
+from gateway.errors import CLOSE_INTERNAL_ERROR, CLOSE_SLOW_CONSUMER, GatewayError, one_line
 from gateway.frames import Frame
 from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription
 from gateway.machine import Resume, Task
@@ -150,7 +150,7 @@ class Hub:
                 while (read := self.fanout.next_read()) is not None:
                     await self._catch_up(read)
             except Exception as exc:  # a database outage: the next wake-up or check tries again
-                log.warning("hub: cannot read the store to catch up (%s)", exc)
+                log.warning("hub: cannot read the store to catch up (%s)", one_line(exc))
                 self._resync = True
                 await anyio.sleep(0.5)
                 self._wakeup.set()

@@ -124,6 +124,19 @@ def redact_tokens_in_logs() -> None:
             logger.addFilter(_REDACT)
 
 
+class _SaidWhy(logging.Filter):
+    """Drops uvicorn's "Application startup failed. Exiting." where the gateway said why in one line."""
+
+    def __init__(self, gateway: Any) -> None:
+        super().__init__()
+        self.gateway = gateway
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.gateway.startup_failure is None or not record.getMessage().startswith(
+            "Application startup failed"
+        )
+
+
 class GatewayServer(uvicorn.Server):
     def __init__(
         self,
@@ -144,7 +157,14 @@ class GatewayServer(uvicorn.Server):
         self.should_exit = True
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        # A start-up failure the gateway said in one line (the database unreachable) is not said again.
+        quiet = _SaidWhy(self.gateway)
+        uvicorn_log = logging.getLogger("uvicorn.error")
+        uvicorn_log.addFilter(quiet)
+        try:
+            await super().startup(sockets)
+        finally:
+            uvicorn_log.removeFilter(quiet)
         if self.started and self._on_listening is not None and self.servers:
             listeners = self.servers[0].sockets or ()
             for listener in listeners:

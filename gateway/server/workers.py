@@ -30,8 +30,8 @@ log = logging.getLogger("gateway")
 STOP_GRACE_S = 15.0
 # How often the parent looks at its children.
 WATCH_S = 0.5
-# A child that dies is restarted after a pause that doubles while children keep dying (a crash loop must
-# not spin the CPU), back to the first once a child has lived a while.
+# A child that dies is restarted after a pause that doubles while the children of its slot keep dying (a
+# crash loop must not spin the CPU), back to the first once the slot's child has lived a while.
 RESTART_DELAY_S = (1.0, 30.0)
 STABLE_S = 60.0
 # The exit code of a process that could not start (uvicorn's).
@@ -71,7 +71,7 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
 
     children = [start(i) for i in range(workers)]
     first_run = set(range(workers))  # workers still in the launch of the gateway itself
-    delay = RESTART_DELAY_S[0]
+    backoff = RestartBackoff(workers)
     restart_at: dict[int, float] = {}
     code = 0
     try:
@@ -88,8 +88,7 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
                     break
                 first_run.discard(index)
                 if index not in restart_at:
-                    if now - started >= STABLE_S:
-                        delay = RESTART_DELAY_S[0]
+                    delay = backoff.after_exit(index, lived_s=now - started)
                     log.warning(
                         "worker %d (pid %s) exited with %s; starting it again in %.0f s",
                         index,
@@ -98,7 +97,6 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
                         delay,
                     )
                     restart_at[index] = now + delay
-                    delay = min(delay * 2, RESTART_DELAY_S[1])
                 elif now >= restart_at[index]:
                     del restart_at[index]
                     children[index] = start(index)
@@ -117,6 +115,35 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
         for s, handler in previous.items():
             signal.signal(s, handler)
     return code
+
+
+class RestartBackoff:
+    """How long each worker slot waits before its dead child is started again: the first delay, doubled at
+    each death of that slot's children up to the cap, and the first again once the slot's child had lived
+    ``stable_s``. Each slot's own: a worker that keeps crashing backs off without holding back the
+    restart of another that died once (with one shared delay, a few kills of different workers left every
+    restart waiting the cap)."""
+
+    def __init__(
+        self,
+        slots: int,
+        *,
+        first_s: float = RESTART_DELAY_S[0],
+        cap_s: float = RESTART_DELAY_S[1],
+        stable_s: float = STABLE_S,
+    ) -> None:
+        self.first_s = first_s
+        self.cap_s = cap_s
+        self.stable_s = stable_s
+        self._next = [first_s] * slots
+
+    def after_exit(self, slot: int, *, lived_s: float) -> float:
+        """The delay before ``slot`` is started again, its child having died after ``lived_s``."""
+        if lived_s >= self.stable_s:
+            self._next[slot] = self.first_s
+        delay = self._next[slot]
+        self._next[slot] = min(delay * 2, self.cap_s)
+        return delay
 
 
 def _child(settings: Settings, sock: socket.socket) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,7 +35,12 @@ from gateway.store.migrate import migrate
 from gateway.store.pg_writer import PgWriter
 from gateway.store.priority_lock import PriorityLock
 from gateway.store.queries import TASK_EXISTS, numbered
-from gateway.store.sqlite_writer import SqliteWriter, apply_pragmas
+from gateway.store.sqlite_writer import SqliteWriter, apply_pragmas, disk_full
+
+# Free space on a SQLite file's filesystem after which a disk that filled counts as having room again
+# (a checkpoint of SQLite's default WAL copies up to about 4 MiB into the file).
+ROOM_AGAIN_BYTES = 4 * 1024 * 1024
+DISK_FULL = "the disk holding the database is full"
 
 
 def async_url(url: str) -> str:
@@ -122,6 +128,17 @@ class Database:
         with anyio.fail_after(deadline_s, shield=True):
             async with self.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
+
+    def disk_full(self) -> bool:
+        """Whether writes to the SQLite file fail for a full disk: the last write did, and its filesystem
+        has not got ``ROOM_AGAIN_BYTES`` free since (once it has, writes are let try again, and the next
+        one tells). Always ``False`` on PostgreSQL, which says so itself (a 53xxx error, a 503)."""
+        writer = self.writer
+        if writer is None or not writer.full:
+            return False
+        if shutil.disk_usage(os.path.dirname(writer.path)).free >= ROOM_AGAIN_BYTES:
+            writer.full = False
+        return writer.full
 
     def _lock_sqlite_file(self) -> None:
         self._lock_file = _lock_sqlite(self.url)
@@ -243,6 +260,11 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 # database that does not exist (3D000).
 _UNAVAILABLE_CLASSES = ("08", "53", "57")
 _UNAVAILABLE_STATES = ("55000", "3D000")
+
+
+def unavailable_reason(exc: BaseException) -> str:
+    """What an exception of :func:`database_unavailable` means, in the words of a 503 and a log line."""
+    return DISK_FULL if disk_full(exc) else "the database is unreachable"
 
 
 def database_unavailable(exc: BaseException) -> bool:

@@ -16,15 +16,23 @@ task rows go first and the rest only if each of them was at the version the tran
 changed under its lock (impossible while the lock holds) writes nothing and raises.
 
 The connection comes from the engine's pool, shared with the reads, and goes back to it as it came:
-outside any transaction. A transaction cut short (an error, its deadline, a stop) before its ``COMMIT`` is
-rolled back before the connection goes back; one cut short during its ``COMMIT`` waits for the answer, so
-that the caller is told what PostgreSQL did (as the SQLite writer's ``transact`` does). A connection that
-is broken, or cannot roll back in time, is invalidated (the pool opens another), and one found closed when
+outside any transaction. A transaction cut short (an error, a stop) before its ``COMMIT`` is rolled back
+before the connection goes back; one cut short during its ``COMMIT`` waits for the answer, so that the
+caller is told what PostgreSQL did (as the SQLite writer's ``transact`` does). A connection that is
+broken, or cannot roll back in time, is invalidated (the pool opens another), and one found closed when
 taken (PostgreSQL restarted meanwhile) is replaced before the transaction starts.
+
+One deadline for the whole transaction: the caller's (the book's database deadline, the cancel scope it
+writes in), read when the transaction starts. Its statements, its ``COMMIT`` and its rollback all end by
+then: a network that stopped answering (a partition: packets dropped, no reset) is not waited on for a
+rollback or a commit after the deadline. Past it the connection is abandoned (terminated: closed at
+once, nothing sent or awaited) and PostgreSQL rolls back whatever it had not committed; a transaction
+whose ``COMMIT`` was sent and not answered has an unknown outcome, which is a 503 (callbacks carry ids).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -39,9 +47,11 @@ from gateway.store.base import StoredTask, StoreRace
 from gateway.store.tables import task_values
 from gateway.store.transaction import SqlTx, spans
 
-# The longest a rollback may take before its connection is given up (invalidated) instead.
+# The longest a rollback may take before its connection is given up (invalidated) instead, within what is
+# left of the transaction's deadline.
 ROLLBACK_DEADLINE_S = 5.0
-# The longest a caller waits for the answer to its COMMIT, past its own deadline or a stop included.
+# The longest a caller waits for the answer to its COMMIT, a stop included: at most this, and never past
+# the transaction's deadline.
 COMMIT_DEADLINE_S = 5.0
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
 
@@ -57,7 +67,9 @@ class PgWriter:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[PgTx]:
         """A transaction that commits when the block ends without an exception; :class:`StoreRace` when
-        a unique key was taken by a concurrent transaction (nothing written)."""
+        a unique key was taken by a concurrent transaction (nothing written). It ends by the deadline of
+        the cancel scope it is written in, its commit and rollback included."""
+        deadline = anyio.current_effective_deadline()
         conn, driver = await self._checkout()
         try:
             await driver.execute("BEGIN")
@@ -65,12 +77,12 @@ class PgWriter:
             yield tx
             await tx.flush()
             await anyio.lowlevel.checkpoint_if_cancelled()  # cut short before its COMMIT: rolled back
-            status = await _commit(driver)
+            status = await _commit(driver, deadline)
             if status != "COMMIT":  # a statement failed and its error was swallowed: nothing was written
                 raise RuntimeError(f"the transaction did not commit ({status})")
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
-                kept = await self._checkin(conn, driver, committed=False)
+                kept = await self._checkin(conn, driver, committed=False, deadline=deadline)
             if isinstance(exc, asyncpg.UniqueViolationError):  # from any statement, or the COMMIT
                 raise StoreRace(str(exc)) from exc
             if not kept and isinstance(exc, _DRIVER_ERRORS):
@@ -115,34 +127,41 @@ class PgWriter:
                 await conn.close()
         raise AssertionError("unreachable")
 
-    async def _checkin(self, conn: AsyncConnection, driver: Any, *, committed: bool) -> bool:
-        """Give the connection back to the pool outside any transaction (``True``), or invalidate it."""
+    async def _checkin(
+        self, conn: AsyncConnection, driver: Any, *, committed: bool, deadline: float = math.inf
+    ) -> bool:
+        """Give the connection back to the pool outside any transaction (``True``), or give it up: past
+        ``deadline`` it is not rolled back but terminated at once."""
         kept = not driver.is_closed()
         if kept and not committed:
             # Also after a statement cut short: asyncpg waits for its cancellation first. Outside a
             # transaction (BEGIN never ran, or COMMIT failed and ended it) this is a harmless warning.
+            left = min(ROLLBACK_DEADLINE_S, deadline - anyio.current_time())
             try:
-                with anyio.fail_after(ROLLBACK_DEADLINE_S):
+                with anyio.fail_after(left):
                     await driver.execute("ROLLBACK")
             except Exception:
                 kept = False
         kept = kept and not driver.is_in_transaction()
         if not kept:
+            # Abandoned, not closed politely: a close would wait on a network that may not answer.
+            driver.terminate()
             await conn.invalidate()
         await conn.close()
         return kept
 
 
-async def _commit(driver: Any) -> str:
+async def _commit(driver: Any, deadline: float) -> str:
     """``COMMIT``, its answer waited for whatever cancels the caller meanwhile: once it is sent, PostgreSQL
     may commit whatever the client does (a cancel cannot stop a commit past its point of no return, and
     one lost on the way is never seen), so the caller is told what it did. No answer within
-    ``COMMIT_DEADLINE_S``: the outcome is unknown, the connection closed, and ``ConnectionError`` (a 503)."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(COMMIT_DEADLINE_S):
+    ``COMMIT_DEADLINE_S`` or by the transaction's ``deadline``: the outcome is unknown, the connection
+    closed, and ``ConnectionError`` (a 503)."""
+    with anyio.CancelScope(shield=True, deadline=min(deadline, anyio.current_time() + COMMIT_DEADLINE_S)):
         status: str = await driver.execute("COMMIT")
         return status
     driver.terminate()
-    raise ConnectionError(f"PostgreSQL did not answer a COMMIT within {COMMIT_DEADLINE_S:g} s")
+    raise ConnectionError("PostgreSQL did not answer a COMMIT in time: its outcome is unknown")
 
 
 class PgTx(SqlTx):

@@ -44,6 +44,18 @@ def apply_pragmas(connection: Any) -> None:
     cursor.close()
 
 
+def disk_full(exc: BaseException) -> bool:
+    """Whether an exception is SQLite's "database or disk is full" (``SQLITE_FULL``), raised by sqlite3 or
+    wrapped by SQLAlchemy."""
+    for error in (exc, getattr(exc, "orig", None)):
+        if (
+            isinstance(error, sqlite3.Error)
+            and getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL
+        ):
+            return True
+    return False
+
+
 class SqliteWriter:
     """The process's write connection to one SQLite file, on a thread of its own."""
 
@@ -51,6 +63,14 @@ class SqliteWriter:
         self.path = path
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-sqlite-writer")
         self._conn: sqlite3.Connection | None = None
+        # The last write's outcome: it failed for a full disk (set), or a write committed since (clear).
+        self.full = False
+
+    def _outcome(self, exc: BaseException | None) -> None:
+        if exc is None:
+            self.full = False
+        elif disk_full(exc):
+            self.full = True
 
     async def open(self) -> None:
         await self._hop(self._connect)
@@ -99,10 +119,12 @@ class SqliteWriter:
             if not handover.commit():
                 raise _Abandoned
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
+            self._outcome(exc)
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self._outcome(None)
         return result
 
     @asynccontextmanager
@@ -113,7 +135,8 @@ class SqliteWriter:
         try:
             await self._hop(lambda: conn.execute("BEGIN IMMEDIATE"))
             yield SqliteTx(conn, self._hop)
-        except BaseException:
+        except BaseException as exc:
+            self._outcome(exc)
             # Queued behind every statement sent (the thread runs them in order), a BEGIN or a statement
             # whose caller was cut short included: none of it can outlive the rollback.
             with anyio.CancelScope(shield=True):
@@ -135,9 +158,11 @@ class SqliteWriter:
         conn = self._connection()
         try:
             conn.execute("COMMIT")
-        except BaseException:  # a failed COMMIT can leave the transaction open: never for the next one
+        except BaseException as exc:  # a failed COMMIT can leave the transaction open: never for the next one
+            self._outcome(exc)
             self._rollback()
             raise
+        self._outcome(None)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:

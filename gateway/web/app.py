@@ -22,11 +22,20 @@ from starlette.routing import Match, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from gateway.errors import CLOSE_FORBIDDEN, Forbidden, GatewayError, MethodNotAllowed, NotFound, Unavailable
+from gateway.errors import (
+    CLOSE_FORBIDDEN,
+    ConfigError,
+    Forbidden,
+    GatewayError,
+    MethodNotAllowed,
+    NotFound,
+    Unavailable,
+    one_line,
+)
 from gateway.metrics import Metrics
 from gateway.runtime import Clock, Gateway, wall_clock_ms
 from gateway.settings import Settings, is_loopback
-from gateway.store.database import database_unavailable
+from gateway.store.database import database_unavailable, unavailable_reason
 from gateway.web.auth import Guard, host_name, origin_allowed
 from gateway.web.http import routes
 from gateway.web.live import live_routes
@@ -43,8 +52,19 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with gw.running():
-            yield
+        started = False
+        try:
+            async with gw.running():
+                started = True
+                yield
+        except Exception as exc:
+            # A worker started while the database is down (README: one line, not a traceback).
+            if started or not (isinstance(exc, ConfigError) or database_unavailable(exc)):
+                raise
+            why = str(exc) if isinstance(exc, ConfigError) else f"the database: {one_line(exc)}"
+            gw.startup_failure = f"could not start: {why}"
+            log.error("%s", gw.startup_failure)
+            raise
 
     guard = Guard(gw.settings, gw.tokens)
     sockets = live_routes(gw, guard)
@@ -91,6 +111,9 @@ class GatewayApp(Starlette):
     socket_guard: _OpenModeGuard | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await super().__call__(scope, receive, self._startup_failure_said(send))
+            return
         if scope["type"] == "websocket":
             guard = self.socket_guard
             if guard is not None and guard.problem(scope) is not None:
@@ -111,6 +134,18 @@ class GatewayApp(Starlette):
                 await WebSocket(scope, receive, send).send_denial_response(answer)
                 return
         await super().__call__(scope, receive, send)
+
+    def _startup_failure_said(self, send: Send) -> Send:
+        """Starlette reports a start-up failure with the whole traceback, which the server logs; where the
+        gateway said why in one line itself, that line is all."""
+        gateway = self.state.gateway
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed" and gateway.startup_failure is not None:
+                message = {**message, "message": ""}
+            await send(message)
+
+        return sending
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
@@ -133,12 +168,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _database_error(request: Request, exc: Exception) -> Response:
     if not database_unavailable(exc):
         return await _internal_error(request, exc)
-    log.warning("database unavailable: %s", exc)
+    log.warning("database unavailable: %s", one_line(exc))
     # Usually nothing was written; a connection lost during the commit itself leaves the outcome unknown,
     # which is why callbacks carry a callbackId and deliveries and drains an Idempotency-Key: a retry is
     # applied once.
     message = (
-        "the database is unreachable; retry the request (a retry with the same callbackId is applied once)"
+        f"{unavailable_reason(exc)}; retry the request (a retry with the same callbackId is applied once)"
     )
     return await _gateway_error(request, Unavailable(message))
 

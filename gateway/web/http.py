@@ -29,6 +29,7 @@ from gateway.errors import (
 from gateway.jobs.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.machine import is_blank, task_to_json
 from gateway.runtime import Gateway
+from gateway.store.database import DISK_FULL
 from gateway.web import wire
 from gateway.web.auth import Guard
 from gateway.web.openapi import openapi_document
@@ -206,6 +207,8 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
     async def readyz(request: Request) -> Response:
         if gw.fatal is not None:
             raise Unavailable("this process is stopping: a background part failed")
+        if gw.db.disk_full():  # reads would pass; writes fail until space is freed
+            raise Unavailable(f"{DISK_FULL}: writes fail until space is freed on it")
         await gw.db.ping()
         return wire.JSON({"status": "ready"})
 

@@ -71,7 +71,7 @@ async def sessions_in_a_transaction(other: Any) -> int:
 
 
 async def test_a_callback_answered_503_at_its_deadline_is_not_applied_afterwards(
-    store: SqlStore, other: Any, monkeypatch: pytest.MonkeyPatch
+    store: SqlStore, other: Any
 ) -> None:
     """Another program holds the task's row lock past the database deadline: the worker is answered
     503, so the callback must not be applied once the lock is let go (live subscribers would never hear
@@ -80,10 +80,10 @@ async def test_a_callback_answered_503_at_its_deadline_is_not_applied_afterwards
     await book.create("t", 60_000, 3)
     async with other.transaction():
         await other.execute("SELECT 1 FROM tasks WHERE id = 't' FOR UPDATE")
-        monkeypatch.setattr(gateway.book, "DB_DEADLINE_S", 0.5)
+        book.deadline_s = 0.5
         with pytest.raises(TimeoutError):
             await book.callback("t", lambda now: Start(now, "w1"))
-    monkeypatch.setattr(gateway.book, "DB_DEADLINE_S", 10.0)
+    book.deadline_s = 10.0
     assert await sessions_in_a_transaction(other) == 0
     assert await version(store, "t") == 0
     outcome = await book.callback("t", lambda now: Start(now, "w1"))  # the worker's retry

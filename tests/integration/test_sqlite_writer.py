@@ -17,7 +17,6 @@ from pathlib import Path
 import anyio
 import pytest
 
-import gateway.book
 from gateway.book import Book
 from gateway.machine import Start
 from gateway.machine import create_task as new_task
@@ -82,7 +81,7 @@ async def version(store: SqlStore, task_id: str) -> int:
 
 
 async def test_a_callback_answered_503_at_its_deadline_is_not_applied_afterwards(
-    store: SqlStore, path: Path, monkeypatch: pytest.MonkeyPatch
+    store: SqlStore, path: Path
 ) -> None:
     """Another program holds the file's write lock (an operator's sqlite3 shell) past the database
     deadline: the worker is answered 503, so the callback must not be applied once the lock is let go
@@ -92,13 +91,13 @@ async def test_a_callback_answered_503_at_its_deadline_is_not_applied_afterwards
     other = sqlite3.connect(path, isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
-        monkeypatch.setattr(gateway.book, "DB_DEADLINE_S", 0.5)  # the writer waits up to 5 s for a lock
+        book.deadline_s = 0.5  # the writer waits up to 5 s for a lock
         with pytest.raises(TimeoutError):
             await book.callback("t", lambda now: Start(now, "w1"))
         other.execute("ROLLBACK")
     finally:
         other.close()
-    monkeypatch.setattr(gateway.book, "DB_DEADLINE_S", 10.0)
+    book.deadline_s = 10.0
     await book.create("u", 60_000, 3)  # the writer's thread has finished with the callback by now
     assert await version(store, "t") == 0
     outcome = await book.callback("t", lambda now: Start(now, "w1"))  # the worker's retry

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.support import Running, bearer, pg_admin, postgres_database, running_gateway
+from tests.support import Running, bearer, eventually, pg_admin, postgres_database, running_gateway
 
 pytestmark = pytest.mark.postgres
 
@@ -72,12 +72,16 @@ def pg_url() -> Iterator[str]:
 class Relay:
     """A TCP relay to PostgreSQL on a port of its own. ``up()`` relays; ``refuse()`` drops every connection
     and stops listening (connection refused); ``blackhole()`` keeps connections open and accepts new ones,
-    but passes nothing either way (a network partition)."""
+    but passes nothing either way (a network partition). ``freeze()`` is a partition that heals: nothing
+    passes either way and nothing is closed or refused, what is sent meanwhile is held (as TCP
+    retransmits it), and ``thaw()`` lets it all through."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = 0
         self.mode = "up"
+        self._thawed = asyncio.Event()
+        self._thawed.set()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -98,6 +102,12 @@ class Relay:
 
     def blackhole(self) -> None:
         self.mode = "blackhole"
+
+    def freeze(self) -> None:
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self._thawed.set()
 
     async def close(self) -> None:
         await self._stop_listening()
@@ -136,6 +146,7 @@ class Relay:
             while data := await source.read(65536):
                 if self.mode == "blackhole":
                     continue  # swallowed: the peer hears nothing
+                await self._thawed.wait()  # frozen: held until the partition heals
                 sink.write(data)
                 await sink.drain()
         except (OSError, asyncio.IncompleteReadError):
@@ -375,3 +386,79 @@ async def test_readyz_answers_503_quickly_during_a_network_partition(pg_url: str
         outcomes = await partitioned(scenario, relay, ["readyz"], PROBE_BOUND_S)
         await scenario.recovered()
         assert [o for o in outcomes.values() if o] == []
+
+
+# --- a frozen partition: one deadline for the whole write -------------------------------------------------
+
+# The database deadline of these tests (GATEWAY_DB_DEADLINE_MS), and the margin the gateway documents for
+# an answer past it (README: "within about a second"): tearing the connection down, answering.
+FROZEN_DEADLINE_MS = 2_000
+ANSWER_MARGIN_S = 1.0
+
+
+@pytest.mark.anyio
+async def test_callbacks_in_a_frozen_partition_are_answered_within_the_database_deadline(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL's traffic frozen (nothing passes, nothing is closed): callbacks keep arriving, more batches
+    than commit at once, plus a read and a create. Every one is answered 503 within the database deadline
+    (plus the documented margin) of when it was sent: no rollback, commit or wait for a batch's turn stacks
+    another deadline on top. The warnings name a reason. Once the partition heals the gateway recovers
+    with nothing lost or written."""
+    deadline_s = FROZEN_DEADLINE_MS / 1000
+    async with relayed(pg_url) as (relay, url), running_gateway(url, db_deadline_ms=FROZEN_DEADLINE_MS) as gw:
+        scenario = Scenario(gw)
+        await scenario.prepare()
+        client = gw.client
+        tokens = {}
+        for i in range(8):
+            made = await client.post("/v1/tasks", json={"id": f"f{i}", "ttlMs": 600_000, "maxAttempts": 1})
+            tokens[f"f{i}"] = bearer(made.json()["callbackToken"])
+        answers: list[tuple[str, int, float]] = []
+
+        async def timed_answer(what: str, request: Request) -> None:
+            started = time.monotonic()
+            with anyio.fail_after(4 * deadline_s + 30):  # unbounded before: a hang fails, not waits
+                answer = await request()
+            answers.append((what, answer.status_code, time.monotonic() - started))
+
+        def start(task_id: str) -> Request:
+            event = {"type": "start", "worker": "w1"}
+            return lambda: client.post(
+                f"/v1/tasks/{task_id}/callbacks", json={"event": event}, headers=tokens[task_id]
+            )
+
+        relay.freeze()
+        try:
+            async with anyio.create_task_group() as tg:
+                # One callback every tenth of the deadline: batches pile up behind the ones stuck committing.
+                for task_id in tokens:
+                    tg.start_soon(timed_answer, f"callback {task_id}", start(task_id))
+                    await anyio.sleep(deadline_s / 10)
+                tg.start_soon(timed_answer, "read", scenario.requests()["get"])
+                tg.start_soon(timed_answer, "create", scenario.requests()["create"])
+        finally:
+            relay.thaw()
+        late = [
+            (what, status, round(took, 2))
+            for what, status, took in answers
+            if status != 503 or took > deadline_s + ANSWER_MARGIN_S
+        ]
+        took = sorted(round(t, 2) for _, _, t in answers)
+        print(f"\nfrozen partition, deadline {deadline_s} s: answered after {took} s")
+        assert late == [], late
+        reasons = [
+            r.getMessage().split("database unavailable:", 1)[1]
+            for r in caplog.records
+            if "database unavailable:" in r.getMessage()
+        ]
+        assert reasons and all(reason.strip() for reason in reasons), reasons
+        await scenario.recovered()
+        # The callbacks answered 503 were not applied: each applies now, once.
+        for task_id in tokens:
+            answer = await start(task_id)()
+            assert answer.status_code == 200 and answer.json()["changed"] is True, answer.text
+        task = await eventually(
+            lambda: client.get("/v1/tasks/f0"), lambda a: a.status_code == 200, "f0 readable"
+        )
+        assert task.json()["version"] == 1
