@@ -24,7 +24,7 @@ from tests.integration.test_live_support import (
     socket,
     ws_url,
 )
-from tests.integration.test_relay import FAST, SECRET, expected, relayed
+from tests.integration.test_relay import FAST, SECRET, expected, relay_metric, relayed
 from tests.receiver import Receiver, serving_receiver
 from tests.support import (
     STEP_S,
@@ -116,6 +116,7 @@ async def test_a_running_task_cancelled_is_seen_by_every_subscriber_relayed_once
         # One notification, signed, at the cancel's time; the drain has it too (independent consumers).
         await receiver.until(lambda: len(receiver.delivered) == 1)
         await relayed(gw, 1)
+        assert relay_metric(gw, "gateway_tasks_cancelled_total") == 1
         drained = (await gw.client.post("/v1/notifications/drain")).json()
         assert drained == [{"taskId": "export-7", "state": "failed", "atMs": entry["atMs"], "version": 3}]
         # A second cancel changes nothing and notifies nothing.
