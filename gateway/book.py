@@ -368,6 +368,23 @@ class Book:
         return CallbackOutcome(transition, False), now
 
     @_shielded
+    async def act(self, task_id: str, decide: Callable[[Task, int], Transition]) -> Transition:
+        """Apply one of the gateway's own actions to a task (a cancel: ``gateway.machine.cancel_task``):
+        ``decide`` gets the task, locked, and the gateway's time, and its transition is recorded as a
+        callback's is (entry, outbox, bus, all in one transaction); no callback id, no fencing."""
+
+        async def work(tx: WriteTx, commit: _Commit) -> Transition:
+            stored = (await tx.lock_tasks([task_id])).get(task_id)
+            if stored is None:
+                raise UnknownTask(task_id)
+            now = self.clock()
+            transition = decide(stored.task, now)
+            await self._record(tx, commit, transition, notify_at_ms=now)
+            return transition
+
+        return await self._write(work)
+
+    @_shielded
     async def expire_due(self, limit: int = EXPIRY_BATCH, *, urgent: bool = True) -> int:
         """Expire up to ``limit`` live tasks whose deadline has come (``clock() >= expiresAtMs``), in one
         transaction; returns how many. Tasks another process is expiring are skipped, not waited for.

@@ -1,4 +1,6 @@
-"""The task state machine: the reference's ``createAsyncTask``, ``expireTask`` and ``applyAsyncEvent``.
+"""The task state machine: the reference's ``createAsyncTask``, ``expireTask`` and ``applyAsyncEvent``,
+plus one event of the gateway's own, :class:`Cancel` (:func:`cancel_task`), which the reference does not
+have: every reference event behaves exactly as there.
 
 Pure: no I/O, no clock, no framework. Every function takes values and returns values, so the store, the
 in-memory model of the tests and a replay of a task's history all decide transitions the same way.
@@ -65,7 +67,21 @@ class Expire:
     type: Literal["expire"] = "expire"
 
 
-Event: TypeAlias = Start | Progress | Succeed | Fail | Expire
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The gateway's own event, not the reference's: a backend or an operator ended a live task
+    (``POST /v1/tasks/{id}/cancel``). Never a worker's callback."""
+
+    at_ms: float
+    reason: str | None = None
+    type: Literal["cancel"] = "cancel"
+
+
+Event: TypeAlias = Start | Progress | Succeed | Fail | Expire | Cancel
+
+# A cancelled task is ``failed`` with exactly this ``error`` (what clients test); the reason given is in the
+# ``cancel`` entry.
+CANCELLED: Final = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +204,8 @@ def apply_event(task: Task, event: Event) -> Transition:
         return _unchanged(task, "terminal-conflict")
     if isinstance(event, Expire) or event.at_ms >= task.expires_at_ms:
         return expire_task(task)
+    if isinstance(event, Cancel):
+        return _advance(task, event, "cancelled", notify=True, state="failed", error=CANCELLED)
 
     if isinstance(event, Start):
         if task.state == "running":
@@ -230,6 +248,14 @@ def apply_event(task: Task, event: Event) -> Transition:
     return _advance(task, event, "failed", notify=True, state="failed", error=event.error)
 
 
+def cancel_task(task: Task, at_ms: float, reason: str | None = None) -> Transition:
+    """End a live task on request: ``failed`` with ``error: "cancelled"``, through one ``cancel`` entry
+    (``notify``: a terminal state). Decided in ``apply_event``'s order, as if it were a callback: a terminal
+    task does not change (``terminal-conflict``), and a cancel at or after the deadline expires the task
+    instead (``expired``, the entry an ``expire`` at the deadline), as a late callback would."""
+    return apply_event(task, Cancel(at_ms, reason))
+
+
 ResumeMode: TypeAlias = Literal["caught-up", "delta", "snapshot"]
 
 
@@ -267,6 +293,10 @@ def event_to_json(event: Event) -> dict[str, Any]:
         return {"type": "succeed", "atMs": at, "resultRef": event.result_ref, "resultHash": event.result_hash}
     if isinstance(event, Fail):
         return {"type": "fail", "atMs": at, "error": event.error, "retryable": event.retryable}
+    if isinstance(event, Cancel):
+        if event.reason is None:
+            return {"type": "cancel", "atMs": at}
+        return {"type": "cancel", "atMs": at, "reason": event.reason}
     return {"type": "expire", "atMs": at}
 
 
@@ -283,6 +313,8 @@ def event_from_json(data: dict[str, Any]) -> Event:
         return Fail(at, data["error"], data["retryable"])
     if kind == "expire":
         return Expire(at)
+    if kind == "cancel":
+        return Cancel(at, data.get("reason"))
     raise ValueError(f"unknown event type {kind!r}")
 
 

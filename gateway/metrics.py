@@ -29,6 +29,9 @@ class Metrics:
             registry=self.registry,
         )
         self.tasks_created = Counter("gateway_tasks_created", "Tasks created", registry=self.registry)
+        self.tasks_cancelled = Counter(
+            "gateway_tasks_cancelled", "Tasks ended by POST /v1/tasks/{id}/cancel", registry=self.registry
+        )
         self.tasks_expired = Counter(
             "gateway_tasks_expired_by_sweeper", "Tasks expired by the sweeper", registry=self.registry
         )

@@ -13,13 +13,20 @@
  * Order: tasks from the link first, in the link's order (the task a person came for is at the top), then
  * the others, newest first.
  *
+ * A task cancelled on request (failed, error "cancelled") reads "Cancelled", in grey: it was stopped, it did
+ * not fail. Where the management API is open to this page (management.js), the card of a queued or running
+ * task offers "Cancel task", asks once more (with an optional reason), and posts the cancel; the card then
+ * changes by the live stream like any other change.
+ *
  * State for tests and tools is in the DOM: `#connection[data-state][data-transport][data-live]`,
- * `body[data-stale]` and `article.task-card[data-task-id][data-state][data-retrying][data-version]
- * [data-progress][data-resume][data-resumed-from][data-resumes][data-stale]`.
+ * `body[data-stale][data-manage]` and `article.task-card[data-task-id][data-state][data-retrying]
+ * [data-version][data-progress][data-resume][data-resumed-from][data-resumes][data-stale]` (`data-state`
+ * is "cancelled" for a cancelled task).
  */
 
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
-import { STATE_WORDS, isRetrying } from "./state-words.js";
+import { managementOpen } from "./management.js";
+import { STATE_WORDS, isCancelled, isRetrying, stateWord } from "./state-words.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "expired"]);
 const RESUME = new Set(["caught-up", "delta", "snapshot"]);
@@ -44,6 +51,8 @@ let clockOffsetMs = 0;
 const linkedIds = [];
 // When the link went down (ms since the epoch), while it is down and some card is still in progress.
 let staleSince = null;
+// Whether this page may use the management API (open mode): then a live task's card offers Cancel.
+let canManage = false;
 
 
 // --- cards ----------------------------------------------------------------------------------------------
@@ -71,6 +80,14 @@ class Card {
     remove.addEventListener("click", () => removeTask(id));
     const copy = el.querySelector(".copy");
     copy.addEventListener("click", () => this.copyResult());
+    this.cancelOpen = false; // the "Cancel this task?" question is shown
+    this.cancelError = null;
+    el.querySelector(".cancel-task").addEventListener("click", () => this.askCancel(true));
+    el.querySelector(".cancel-keep").addEventListener("click", () => this.askCancel(false));
+    el.querySelector(".cancel-confirm").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.sendCancel(event.currentTarget.elements.reason.value);
+    });
     this.el = el;
     this.startCursor = client.cursor(id) ?? 0;
     this.stop = client.subscribe(id, this.token, (frame, task) => this.onFrame(frame, task), {
@@ -132,10 +149,46 @@ class Card {
     }
   }
 
+  askCancel(open) {
+    this.cancelOpen = open;
+    this.cancelError = null;
+    this.render();
+    if (open) this.el.querySelector(".cancel-confirm input[name=reason]").focus();
+    else this.el.querySelector(".cancel-task").focus();
+  }
+
+  /** Post the cancel; the card changes when the cancel entry comes down the live stream. */
+  async sendCancel(reason) {
+    const submit = this.el.querySelector(".cancel-confirm button[type=submit]");
+    submit.disabled = true;
+    this.cancelError = null;
+    try {
+      const why = reason.trim();
+      const answer = await fetch(`/v1/tasks/${encodeURIComponent(this.id)}/cancel`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify(why ? { reason: why } : {}),
+      });
+      const body = await answer.json().catch(() => ({}));
+      if (!answer.ok) {
+        this.cancelError = body.error ? body.error.message : `The task could not be cancelled (HTTP ${answer.status}).`;
+      } else {
+        this.cancelOpen = false;
+        this.el.querySelector(".cancel-confirm").reset();
+      }
+    } catch {
+      this.cancelError = "The gateway could not be reached; try again in a moment.";
+    } finally {
+      submit.disabled = false;
+      this.render();
+    }
+  }
+
   render() {
     const el = this.el;
     const task = this.task;
-    const state = this.error ? "error" : task ? task.state : "waiting";
+    const cancelled = Boolean(task) && isCancelled(task);
+    const state = this.error ? "error" : cancelled ? "cancelled" : task ? task.state : "waiting";
     el.dataset.state = state;
     const retrying = state === "queued" && isRetrying(task);
     el.dataset.retrying = String(retrying);
@@ -150,7 +203,7 @@ class Card {
     const progress = task ? task.progress : 0;
     const bar = el.querySelector(".bar");
     bar.setAttribute("aria-valuenow", String(progress));
-    bar.setAttribute("aria-valuetext", `${progress}%${task ? `, ${STATE_WORDS[task.state] ?? task.state}` : ""}`);
+    bar.setAttribute("aria-valuetext", `${progress}%${task ? `, ${stateWord(task)}` : ""}`);
     el.querySelector(".bar-fill").style.width = `${progress}%`;
     el.querySelector(".f-progress").textContent = task ? `${progress}%` : DASH;
     el.querySelector(".f-attempts").textContent = task ? `${task.attempts} of ${task.maxAttempts}` : DASH;
@@ -164,7 +217,7 @@ class Card {
     // A task that ended badly: the badge says so; the box says why, that it will not be tried again, and
     // what a person can do now.
     const failure = el.querySelector(".task-failure");
-    const failed = task && (task.state === "failed" || task.state === "expired");
+    const failed = state === "failed" || state === "expired"; // a cancelled task did not fail
     failure.hidden = !failed;
     el.querySelector(".failure-text").textContent = failed
       ? task.state === "expired"
@@ -175,12 +228,34 @@ class Card {
       ? `Will not be retried${task.attempts >= task.maxAttempts ? ` (all ${task.maxAttempts} attempts used)` : ""}.`
       : "";
 
+    // A cancelled task: why, in the words it was given (the cancel entry's reason), if the card has it.
+    const note = el.querySelector(".task-cancelled");
+    note.hidden = !cancelled;
+    const entry = this.lastEvent && this.lastEvent.event;
+    const why = entry && entry.type === "cancel" && entry.reason ? sentence(entry.reason).replace(/[.!]+$/, "") : "";
+    note.textContent = cancelled ? `Cancelled on request${why ? `: ${why}` : ""}. It will not be run again.` : "";
+    this.renderCancel(task);
+
     this.renderResult(task);
 
     const error = el.querySelector(".card-error");
     error.hidden = !this.error;
     error.textContent = this.error ? `Can't follow this task: ${explainError(this.error)}` : "";
     this.renderTimes();
+  }
+
+  /** "Cancel task", where this page may cancel and the task is still queued or running. */
+  renderCancel(task) {
+    const offered = canManage && !this.error && Boolean(task) && !TERMINAL.has(task.state);
+    if (!offered) this.cancelOpen = false;
+    const box = this.el.querySelector(".cancel-box");
+    box.hidden = !offered;
+    this.el.querySelector(".cancel-task").hidden = this.cancelOpen;
+    this.el.querySelector(".cancel-task").setAttribute("aria-label", `Cancel ${this.id}`);
+    this.el.querySelector(".cancel-confirm").hidden = !this.cancelOpen;
+    const error = this.el.querySelector(".cancel-error");
+    error.hidden = !this.cancelError;
+    error.textContent = this.cancelError ?? "";
   }
 
   /** A succeeded task's result: a link when it is a web address, else the reference to copy. */
@@ -296,6 +371,9 @@ function describeEvent({ event }) {
       break;
     case "expire":
       text = "expired at its deadline";
+      break;
+    case "cancel":
+      text = event.reason ? `cancelled: ${event.reason}` : "cancelled";
       break;
     default:
       text = String(event.type);
@@ -564,6 +642,11 @@ function start() {
   updateEmpty();
   updateConnection();
   showDemo();
+  managementOpen().then((open) => {
+    canManage = open;
+    document.body.dataset.manage = open ? "open" : "closed";
+    for (const card of cards.values()) card.render();
+  });
   document.body.dataset.ready = "true";
 }
 

@@ -18,16 +18,22 @@ export interface Task {
   version: number;
   resultRef?: string;
   resultHash?: string;
+  /** Why a failed task failed (a worker's error), or `"cancelled"` for a task cancelled on request. */
   error?: string;
 }
 
-/** A history event, stamped by the gateway's clock. */
+/**
+ * A history event, stamped by the gateway's clock. `expire` and `cancel` are the gateway's own: `cancel` ends
+ * a queued or running task on a backend's request (`POST /v1/tasks/{id}/cancel`), leaving it `failed` with
+ * `error: "cancelled"`; `reason` is there only when one was given.
+ */
 export type TaskEvent =
   | { type: "start"; atMs: number; worker: string }
   | { type: "progress"; atMs: number; progress: number; cursor: string }
   | { type: "succeed"; atMs: number; resultRef: string; resultHash: string }
   | { type: "fail"; atMs: number; error: string; retryable: boolean }
-  | { type: "expire"; atMs: number };
+  | { type: "expire"; atMs: number }
+  | { type: "cancel"; atMs: number; reason?: string };
 
 /** One history entry: the event that moved the task to `version`. */
 export interface Entry {

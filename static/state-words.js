@@ -10,6 +10,7 @@ export const STATE_WORDS = {
   running: "Running",
   succeeded: "Succeeded",
   failed: "Failed",
+  cancelled: "Cancelled",
   expired: "Expired",
   error: "Can't follow",
 };
@@ -19,7 +20,20 @@ export function isRetrying(task) {
   return task.state === "queued" && task.attempts > 0;
 }
 
-/** The word for `task`'s state ("Retrying" for a task requeued after a failed attempt). */
+/**
+ * A task ended on request (`POST /v1/tasks/{id}/cancel`): the gateway leaves it failed with the error
+ * "cancelled". To a person it was stopped, not a failure.
+ */
+export function isCancelled(task) {
+  return task.state === "failed" && task.error === "cancelled";
+}
+
+/** The state as a person reads it: the gateway's, or "retrying" or "cancelled" (keys of STATE_WORDS). */
+export function shownState(task) {
+  return isRetrying(task) ? "retrying" : isCancelled(task) ? "cancelled" : task.state;
+}
+
+/** The word for `task`'s state ("Retrying" for a task requeued after a failed attempt, "Cancelled"). */
 export function stateWord(task) {
-  return STATE_WORDS[isRetrying(task) ? "retrying" : task.state] ?? task.state;
+  return STATE_WORDS[shownState(task)] ?? task.state;
 }

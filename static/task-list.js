@@ -5,13 +5,15 @@
  * browser holds none, so the section stays hidden, and so do the operators' links in the footer). Read-only: a task's id links to the dashboard watching
  * it (`/?task=ID`).
  *
- * A task's state reads as on its card (state-words.js): a task requeued after a failed attempt is "Retrying".
+ * A task's state reads as on its card (state-words.js): a task requeued after a failed attempt is "Retrying",
+ * a cancelled one "Cancelled".
  *
  * State for tests: `#all-tasks[data-ready][data-count][data-more]`; each row is
- * `tr[data-task-id][data-state][data-retrying]` (`data-state` as the gateway says it).
+ * `tr[data-task-id][data-state][data-retrying][data-cancelled]` (`data-state` as the gateway says it).
  */
 
-import { STATE_WORDS, stateWord, isRetrying } from "./state-words.js";
+import { managementOpen } from "./management.js";
+import { STATE_WORDS, stateWord, isCancelled, isRetrying } from "./state-words.js";
 
 const PAGE_SIZE = 20;
 const STATES = ["queued", "running", "succeeded", "failed", "expired"];
@@ -28,7 +30,13 @@ function build() {
   const filter = el("select", { name: "state" }, el("option", { value: "" }, "every state"));
   for (const state of STATES) {
     // The gateway's "queued" holds the tasks waiting for a retry too.
-    const words = state === "queued" ? `${STATE_WORDS.queued} or ${STATE_WORDS.retrying.toLowerCase()}` : STATE_WORDS[state];
+    // and its "failed" the cancelled ones.
+    const words =
+      state === "queued"
+        ? `${STATE_WORDS.queued} or ${STATE_WORDS.retrying.toLowerCase()}`
+        : state === "failed"
+          ? `${STATE_WORDS.failed} or ${STATE_WORDS.cancelled.toLowerCase()}`
+          : STATE_WORDS[state];
     filter.append(el("option", { value: state }, words));
   }
   const refresh = el("button", { type: "button", className: "refresh" }, "Refresh");
@@ -78,11 +86,14 @@ function row(task) {
   tr.dataset.taskId = task.id;
   tr.dataset.state = task.state;
   tr.dataset.retrying = String(isRetrying(task));
+  tr.dataset.cancelled = String(isCancelled(task));
   return tr;
 }
 
 async function start() {
   if (!section) return;
+  // The one check of whether this page may read the management API (shared with the cards' Cancel).
+  if (!(await managementOpen())) return;
   let first;
   try {
     first = await fetchPage("", null);

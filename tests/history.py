@@ -19,7 +19,10 @@ every violation:
   at least once, the receiver deduplicates), and its state is the task's;
 - a delivery key always returns the same receipt;
 - every callback answered 2xx that changed the task has its event in the history exactly once; one whose
-  only 2xx answers were ``duplicateCallback`` (an earlier try applied it, its answer lost) at most once.
+  only 2xx answers were ``duplicateCallback`` (an earlier try applied it, its answer lost) at most once;
+- ``cancel`` is the gateway's own event (recorded with :meth:`History.cancel`): a history holds at most one
+  ``cancel`` entry, as its last (the task ends ``failed`` with ``error: "cancelled"``), and a cancel
+  answered ``cancelled`` has exactly that entry.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class History:
     finals: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     bases: dict[str, dict[str, Any]] = field(default_factory=dict)
     answers: Counter[str] = field(default_factory=Counter)
+    # task id -> the 2xx answers of its cancels (the gateway's own event, not a callback)
+    cancels: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
 
     # --- recording ----------------------------------------------------------------------------------------
 
@@ -79,6 +84,13 @@ class History:
         if status is not None and 200 <= status < 300 and answer is not None:
             seen.answers.append(answer)
 
+    def cancel(self, task_id: str, status: int | None, answer: dict[str, Any] | None = None) -> None:
+        """One try of ``POST /v1/tasks/{id}/cancel``: its status (``None``: no answer) and, for a 2xx, the
+        answer's JSON."""
+        self.answers["transport" if status is None else str(status)] += 1
+        if status is not None and 200 <= status < 300 and answer is not None:
+            self.cancels[task_id].append(answer)
+
     def delivery(self, idempotency_key: str, status: int, answer: dict[str, Any]) -> None:
         if 200 <= status < 300:
             self.receipts[idempotency_key].append(answer["receipt"])
@@ -103,6 +115,10 @@ class History:
             for answer in callback.answers:
                 if answer["task"]["state"] in TERMINAL:
                     terminal[callback.task_id].add(answer["task"]["state"])
+        for task_id, answers in self.cancels.items():
+            for answer in answers:
+                if answer["task"]["state"] in TERMINAL:
+                    terminal[task_id].add(answer["task"]["state"])
         for task_id, entries in self.finals.items():
             problems += _check_entries(task_id, entries, self.bases.get(task_id), terminal[task_id])
         notified: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -134,6 +150,13 @@ class History:
 
     def _check_effects(self) -> list[str]:
         problems = []
+        for task_id, answers in self.cancels.items():
+            entries = self.finals.get(task_id)
+            if entries is None or not any(a["reason"] == "cancelled" for a in answers):
+                continue
+            found = sum(e["event"]["type"] == "cancel" for e in entries)
+            if found != 1:
+                problems.append(f"{task_id}: answered as cancelled, {found} cancel entries in the history")
         for callback_id, callback in self.callbacks.items():
             entries = self.finals.get(callback.task_id)
             if entries is None or not callback.answers:
@@ -193,6 +216,9 @@ def _check_entries(
     versions = [e["version"] for e in entries]
     if versions != list(range(1, len(entries) + 1)):
         problems.append(f"{task_id}: history versions {versions}")
+    cancels = [e["version"] for e in entries if e["event"]["type"] == "cancel"]
+    if cancels and cancels != [versions[-1]]:
+        problems.append(f"{task_id}: cancel entries at {cancels}, not one ending the history")
     if base is None:
         return problems
     task = task_from_json(base)

@@ -12,6 +12,9 @@ differences protocol.md states, and it answers every operation as the HTTP API d
   another body (task id, event and attempt, compared as parsed JSON) is ``409 callback-id-reused``; an
   ``attempt`` that is not the task's current ``attempts`` is ``409 stale-attempt`` on progress, succeed and
   fail; every transition answers 200, ``terminal-conflict`` included.
+- ``cancel``: the gateway's own event (not the reference's): ``POST /v1/tasks/{id}/cancel`` with
+  ``{"reason"?}`` (or no body) applies ``cancel_task`` at ``now_ms`` and answers the callback's shape
+  without ``duplicateCallback``; a bad body is 400, an unknown task 404.
 - ``sweep``: the sweeper expires overdue tasks; its notifications are at ``expiresAtMs``.
 - ``drain``: notifications carry the task's ``version``.
 
@@ -32,7 +35,8 @@ Answer = tuple[int, Any]
 
 RETENTION = 8
 
-# The fields of each event type a worker may send (the gateway stamps atMs; "expire" is a system action).
+# The fields of each event type a worker may send (the gateway stamps atMs; "expire" is a system action and
+# "cancel" the gateway's own event, neither a worker's).
 _STRING = "string"
 _NUMBER = "number"
 _BOOLEAN = "boolean"
@@ -96,6 +100,27 @@ def parse_event(body: object, at_ms: float) -> m.Event:
     if kind == "succeed":
         return m.Succeed(at_ms, body["resultRef"], body["resultHash"])
     return m.Fail(at_ms, body["error"], body["retryable"])
+
+
+MAX_CANCEL_REASON = 1024
+
+
+def parse_cancel(body: object) -> str | None:
+    """The HTTP layer's checks of a cancel's body: nothing, or an object with at most a ``reason`` (a
+    string of 1 to 1,024 characters); returns the reason."""
+    if body is None:
+        return None
+    if not isinstance(body, dict):
+        raise InvalidRequest("body must be an object")
+    extra = set(body) - {"reason"}
+    if extra:
+        raise InvalidRequest(f"unexpected fields {sorted(extra)}")
+    reason = body.get("reason")
+    if reason is None:
+        return None
+    if not isinstance(reason, str) or not 1 <= len(reason) <= MAX_CANCEL_REASON:
+        raise InvalidRequest("reason must be a string of 1 to 1024 characters")
+    return reason
 
 
 def _num(value: float) -> float:
@@ -241,6 +266,25 @@ class Model:
             "changed": transition.changed,
             "duplicate": transition.duplicate,
             "duplicateCallback": False,
+            "notify": transition.notify,
+            "reason": transition.reason,
+            "task": m.task_to_json(transition.task),
+        }
+
+    def cancel(self, task_id: str, now_ms: float, body: object = None) -> Answer:
+        """``POST /v1/tasks/{id}/cancel`` with the JSON ``body`` (``None``: no body at all)."""
+        try:
+            reason = parse_cancel(body)
+        except InvalidRequest as error:
+            return _error(error)
+        task = self.tasks.get(task_id)
+        if task is None:
+            return _error(UnknownTask(task_id))
+        transition = m.cancel_task(task, now_ms, reason)
+        self._record(transition, now_ms)
+        return 200, {
+            "changed": transition.changed,
+            "duplicate": transition.duplicate,
             "notify": transition.notify,
             "reason": transition.reason,
             "task": m.task_to_json(transition.task),

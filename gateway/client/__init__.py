@@ -9,6 +9,7 @@ from gateway.client.errors import (
     CallbackIgnored,
     ClientError,
     TaskAlreadyRunning,
+    TaskCancelled,
     WorkerError,
 )
 from gateway.client.watch import WatchError, watch
@@ -19,6 +20,7 @@ __all__ = [
     "CallbackIgnored",
     "ClientError",
     "TaskAlreadyRunning",
+    "TaskCancelled",
     "WatchError",
     "Worker",
     "WorkerError",

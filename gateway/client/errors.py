@@ -6,7 +6,8 @@ import)::
     └── WorkerError           a Worker's callback did not do what it asked (reason, task_id, task)
         ├── CallbackError     the gateway refused it with a 4xx (stale-attempt, unauthorized, ...)
         └── CallbackIgnored   answered 200 but had no effect (terminal-conflict, not-running, ...)
-            └── TaskAlreadyRunning   start() on a task another worker is running
+            ├── TaskAlreadyRunning   start() on a task another worker is running
+            └── TaskCancelled        the task was cancelled (POST /v1/tasks/{id}/cancel): stop working
 """
 
 from __future__ import annotations
@@ -64,3 +65,20 @@ class CallbackIgnored(WorkerError):
 class TaskAlreadyRunning(CallbackIgnored):
     """``start`` found the task running an attempt this worker did not begin (another worker holding the
     same token). ``start(..., take_over=True)`` adopts that attempt instead of raising."""
+
+
+# The ``error`` of a cancelled task (``failed``): gateway.machine.CANCELLED, which the clients do not import.
+CANCELLED = "cancelled"
+
+
+class TaskCancelled(CallbackIgnored):
+    """The callback was ignored because the task was cancelled (``POST /v1/tasks/{id}/cancel``: the task is
+    ``failed`` with ``error: "cancelled"``): the work is no longer wanted, so stop it. ``reason`` is the
+    gateway's (``terminal-conflict``)."""
+
+
+def ignored(event_type: str, reason: str, task: dict[str, Any]) -> CallbackIgnored:
+    """The error for a callback that had no effect: :class:`TaskCancelled` when the task was cancelled."""
+    if reason == "terminal-conflict" and task.get("state") == "failed" and task.get("error") == CANCELLED:
+        return TaskCancelled(event_type, reason, task)
+    return CallbackIgnored(event_type, reason, task)

@@ -27,6 +27,8 @@ def describe(event: dict[str, Any]) -> str:
         return f"succeeded: {event['resultRef']}"
     if kind == "fail":
         return f"failed{' (retryable)' if event['retryable'] else ''}: {event['error']}"
+    if kind == "cancel":
+        return "cancelled" + (f": {event['reason']}" if event.get("reason") else "")
     return "expired"
 
 

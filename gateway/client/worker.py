@@ -4,10 +4,10 @@ twice; fences ``progress``/``succeed``/``fail`` with the attempt its ``start`` b
 
 A callback that has no effect is never silent: the gateway's refusals (a 4xx such as ``stale-attempt``)
 raise :class:`CallbackError`, and answers that changed nothing the worker asked for (``terminal-conflict``,
-``not-running``, ...) raise :class:`CallbackIgnored`; both are :class:`WorkerError`, carrying the reason and
-the task. A harmless repeat (the same progress or result again, a retried callback the gateway had already
-applied) is not an error. ``start`` never adopts an attempt another worker began unless told to
-(``take_over=True``).
+``not-running``, ...) raise :class:`CallbackIgnored` (:class:`TaskCancelled` when the task was cancelled:
+its work is no longer wanted); both are :class:`WorkerError`, carrying the reason and the task. A
+harmless repeat (the same progress or result again, a retried callback the gateway had already applied) is
+not an error. ``start`` never adopts an attempt another worker began unless told to (``take_over=True``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,17 @@ import anyio
 import httpx
 
 from gateway.client.backoff import Backoff
-from gateway.client.errors import CallbackError, CallbackIgnored, TaskAlreadyRunning
+from gateway.client.errors import CallbackError, CallbackIgnored, TaskAlreadyRunning, TaskCancelled, ignored
 
-__all__ = ["APPLIED", "HARMLESS", "CallbackError", "CallbackIgnored", "TaskAlreadyRunning", "Worker"]
+__all__ = [
+    "APPLIED",
+    "HARMLESS",
+    "CallbackError",
+    "CallbackIgnored",
+    "TaskAlreadyRunning",
+    "TaskCancelled",
+    "Worker",
+]
 
 # Reasons of an answer that did what the callback asked (the reference's transitions).
 APPLIED = frozenset({"started", "progress", "succeeded", "failed", "requeued"})
@@ -146,7 +154,7 @@ def _check(event_type: str, answer: dict[str, Any]) -> None:
     reason = answer.get("reason", "")
     if reason in APPLIED or reason in HARMLESS:
         return
-    raise CallbackIgnored(event_type, reason, answer.get("task") or {})
+    raise ignored(event_type, reason, answer.get("task") or {})
 
 
 def _error_of(response: httpx.Response) -> dict[str, str]:

@@ -39,6 +39,8 @@ Reason = Literal[
     "duplicate-progress",
     "duplicate-callback",
 ]
+# What a cancel answers: the gateway's own transition, or what the machine says of a task it cannot cancel.
+CancelReason = Literal["cancelled", "expired", "terminal-conflict"]
 ErrorCode = Literal[
     "invalid-request",
     "unauthorized",
@@ -101,8 +103,17 @@ class ExpireEvent(_Body):
     atMs: int
 
 
+class CancelEvent(_Body):
+    """The gateway's own event (not the reference's): the task was cancelled on request."""
+
+    type: Literal["cancel"]
+    atMs: int
+    reason: str | Absent = ABSENT
+
+
 StoredEvent = Annotated[
-    StartEvent | ProgressEvent | SucceedEvent | FailEvent | ExpireEvent, Field(discriminator="type")
+    StartEvent | ProgressEvent | SucceedEvent | FailEvent | ExpireEvent | CancelEvent,
+    Field(discriminator="type"),
 ]
 
 
@@ -133,6 +144,18 @@ class CallbackAnswer(_Answer):
     duplicateCallback: bool
     notify: bool
     reason: Reason
+    task: TaskJson
+
+
+class CancelAnswer(_Answer):
+    changed: bool = Field(description="whether the task changed (an entry was added)")
+    duplicate: bool
+    notify: bool = Field(description="the task just became terminal: a notification is waiting")
+    reason: CancelReason = Field(
+        description="`cancelled`: the task is now failed with error `cancelled`; `expired`: the deadline "
+        "had passed, so the task expired instead; `terminal-conflict`: the task had already ended, "
+        "nothing changed"
+    )
     task: TaskJson
 
 

@@ -27,7 +27,7 @@ from gateway.errors import (
     UnsupportedMediaType,
 )
 from gateway.jobs.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
-from gateway.machine import is_blank, task_to_json
+from gateway.machine import cancel_task, is_blank, task_to_json
 from gateway.runtime import Gateway
 from gateway.store.database import DISK_FULL
 from gateway.web import wire
@@ -183,6 +183,15 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         metrics.callback_seconds.observe(time.perf_counter() - started)
         return wire.JSON(wire.callback_json(outcome))
 
+    async def cancel(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        guard.management(request)
+        reason = wire.parse_cancel(await body(request)).reason
+        transition = await book.act(task_id, lambda task, now: cancel_task(task, now, reason))
+        if transition.reason == "cancelled":
+            metrics.tasks_cancelled.inc()
+        return wire.JSON(wire.cancel_json(transition))
+
     async def deliver(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         guard.management(request)
@@ -252,6 +261,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
         Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
         Route("/v1/tasks/{task_id}/callbacks", callback, methods=["POST"]),
+        Route("/v1/tasks/{task_id}/cancel", cancel, methods=["POST"]),
         Route("/v1/tasks/{task_id}/deliveries", deliver, methods=["POST"]),
         Route("/v1/notifications/drain", drain, methods=["POST"]),
         Route("/v1/demo", demo_status, methods=["GET"]),

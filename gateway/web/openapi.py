@@ -88,6 +88,7 @@ class Operation:
     errors: dict[int, str] = field(default_factory=dict)  # status: the codes it can carry, beyond ERRORS
     security: tuple[str, ...] = ()
     body: type[BaseModel] | None = None
+    body_required: bool = True  # False: the route takes no body at all too (an empty one)
     query: type[BaseModel] | None = None
     params: tuple[Param, ...] = ()
     media_type: str = "application/json"
@@ -206,6 +207,22 @@ OPERATIONS: tuple[Operation, ...] = (
         tags=("worker",),
         description="The gateway stamps the event with its own clock (`atMs` is refused). Every outcome "
         "the state machine reaches is a 200 with its `reason`, a change or not.",
+    ),
+    Operation(
+        "post",
+        _TASK + "/cancel",
+        "Cancel a task",
+        {200: answers.CancelAnswer},
+        {400: "", 401: "", 403: "", 404: "", 408: "", 413: "", 415: "", 503: ""},
+        security=(API_KEY,),
+        body=wire.CancelBody,
+        body_required=False,
+        tags=("backend",),
+        description='Ends a queued or running task: it becomes `failed` with `error: "cancelled"` '
+        "through one `cancel` entry (the gateway's own event, carrying the `reason` given), pushed to "
+        "subscribers, with one terminal notification. On a task that has ended nothing changes (200, "
+        "`changed: false`, `reason: terminal-conflict`); at or past its deadline the task expires instead. "
+        "The worker's next callback is answered `terminal-conflict`.",
     ),
     Operation(
         "post",
@@ -419,7 +436,7 @@ def _operation(op: Operation) -> dict[str, Any]:
         out["parameters"] = parameters
     if op.body is not None:
         out["requestBody"] = {
-            "required": True,
+            "required": op.body_required,
             "content": {"application/json": {"schema": _ref(op.body)}},
         }
     # Any one of the schemes will do; none listed is a route anyone may call.

@@ -36,7 +36,7 @@ from gateway.book import CallbackOutcome, Delivery, Notification
 from gateway.drain import DEFAULT_LIMIT as DRAIN_DEFAULT_LIMIT
 from gateway.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
 from gateway.errors import InvalidRequest
-from gateway.machine import Event, Fail, Progress, Resume, Start, Succeed, Task, task_to_json
+from gateway.machine import Event, Fail, Progress, Resume, Start, Succeed, Task, Transition, task_to_json
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -158,6 +158,21 @@ class CallbackBody(_Body):
         return hashlib.sha256(canonical).hexdigest()
 
 
+# The longest reason a cancel may carry (it is kept in the task's history and pushed to every subscriber).
+MAX_CANCEL_REASON = 1024
+
+
+class CancelBody(_Body):
+    """``POST /v1/tasks/{task_id}/cancel``: why, in a person's words (optional; kept in the entry)."""
+
+    reason: Annotated[Text, Field(min_length=1, max_length=MAX_CANCEL_REASON)] | None = None
+
+
+def parse_cancel(raw: bytes) -> CancelBody:
+    """The cancel body; an empty body (``curl -X POST`` with nothing) is ``{}``, no reason."""
+    return CancelBody() if raw.strip() == b"" else _validate(CancelBody, parse_json(raw))
+
+
 # --- the operators' task list (GET /v1/tasks) ---------------------------------------------------------
 
 State = Literal["queued", "running", "succeeded", "failed", "expired"]
@@ -255,6 +270,11 @@ def parse_callback(raw: bytes) -> CallbackBody:
             kind = event.get("type")
             if kind == "expire":
                 raise InvalidRequest("event.type: expire is a system action, not a callback")
+            if kind == "cancel":
+                raise InvalidRequest(
+                    "event.type: cancel is the gateway's own event, not a callback "
+                    "(a backend cancels with POST /v1/tasks/{task_id}/cancel)"
+                )
             if isinstance(kind, str) and kind not in EVENT_TYPES:
                 raise InvalidRequest(
                     f"event.type: unknown event type {kind!r} (expected start, progress, succeed or fail)"
@@ -311,6 +331,17 @@ def _unknown_field(loc: tuple[int | str, ...], missing: list[tuple[int | str, ..
 
 
 # --- answers ------------------------------------------------------------------------------------------
+
+
+def cancel_json(t: Transition) -> dict[str, Any]:
+    """A cancel's answer: a callback's, without ``duplicateCallback`` (a cancel has no callback id)."""
+    return {
+        "changed": t.changed,
+        "duplicate": t.duplicate,
+        "notify": t.notify,
+        "reason": t.reason,
+        "task": task_to_json(t.task),
+    }
 
 
 def callback_json(outcome: CallbackOutcome) -> dict[str, Any]:

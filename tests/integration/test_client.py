@@ -111,7 +111,7 @@ async def test_worker_retries_after_lost_answers_change_the_task_once(sqlite_url
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("ending", "code"),
-    [("succeed", 0), ("fail", 1), ("expire", 3)],
+    [("succeed", 0), ("fail", 1), ("expire", 3), ("cancel", 1)],
 )
 async def test_gateway_watch_shows_the_task_and_exits_by_its_fate(
     sqlite_url: str, ending: str, code: int
@@ -142,13 +142,18 @@ async def test_gateway_watch_shows_the_task_and_exits_by_its_fate(
                 await worker.succeed("s3://r", "sha256:r")
             elif ending == "fail":
                 await worker.fail("bad input", retryable=False)
+            elif ending == "cancel":  # a cancelled task is failed: exit 1, and the entry says why
+                answer = await gw.client.post("/v1/tasks/cli-cancel/cancel", json={"reason": "wrong export"})
+                assert answer.status_code == 200, answer.text
             assert process.stdout is not None
             with anyio.fail_after(20):
                 output = b"".join([chunk async for chunk in process.stdout]).decode()
                 returncode = await process.wait()
         assert returncode == code
-        state = {"succeed": "succeeded", "fail": "failed", "expire": "expired"}[ending]
+        state = {"succeed": "succeeded", "fail": "failed", "expire": "expired", "cancel": "failed"}[ending]
         assert state in output
+        if ending == "cancel":
+            assert "cancelled: wrong export" in output, output
 
 
 @pytest.mark.anyio

@@ -14,6 +14,8 @@ Operations, over a small pool of task ids plus one that is never created:
   body, with another body or for another task, and ``attempt`` fencing (right, wrong or absent);
 - ``GET /v1/tasks/{id}``; ``GET /events`` with cursors 0, current, old, ahead, far ahead and negative;
 - deliveries with idempotency keys shared across tasks, and a blank one;
+- cancel (the gateway's own event): live, ended and unknown tasks, with a reason, without one, with no body,
+  and with bad bodies;
 - drain; a sweep (``sweep_once``, the background sweeper is off); the clock moved by small steps, big steps,
   and to just before, at or after a live task's deadline.
 
@@ -220,6 +222,7 @@ class Driver:
             [
                 {"type": "start", "worker": "w1", "atMs": self.clock()},
                 {"type": "expire"},
+                {"type": "cancel"},
                 {"type": "pause"},
                 {"type": "progress", "progress": 10},
                 {"type": "progress", "progress": "10", "cursor": "c"},
@@ -332,6 +335,20 @@ class Driver:
         self.counts[f"deliver {outcome(want)}"] += 1
         self.compare(answer.status_code, answer.json(), want)
 
+    async def cancel(self) -> None:
+        rng = self.rng
+        live = self.live()
+        # Mostly a live task but the oldest (whose long history the resume checks need), else any id.
+        task_id = rng.choice(live[1:] or live) if live and rng.random() < 0.7 else self.any_id()
+        body = rng.choice([None, {}, {"reason": "wrong export"}, {"reason": ""}, {"reason": 7}, {"why": "x"}])
+        self.note("cancel", f"cancel {task_id} {body}")
+        want = self.model.cancel(task_id, self.clock(), copy.deepcopy(body))
+        answer = await self.gw.client.post(
+            f"/v1/tasks/{task_id}/cancel", content=b"" if body is None else orjson.dumps(body)
+        )
+        self.counts[f"cancel {outcome(want)}"] += 1
+        self.compare(answer.status_code, answer.json(), want)
+
     async def drain(self) -> None:
         self.note("drain", "drain")
         want = self.model.drain()
@@ -401,8 +418,8 @@ class Driver:
 
     async def run(self, operations: int) -> None:
         ops = [self.create, self.callback, self.get, self.events, self.deliver, self.drain, self.sweep]
-        ops.append(self.advance)
-        weights = [8, 48, 5, 10, 7, 4, 6, 12]
+        ops += [self.advance, self.cancel]
+        weights = [8, 48, 5, 10, 7, 4, 6, 12, 2]
         # Start with two tasks, the first one long-lived, so that the early operations have tasks to act on.
         for task_id, ttl in zip(self.pool, [600_000, 60_000], strict=False):
             await self.send_create(task_id, ttl, 3)

@@ -126,6 +126,17 @@ async def test_every_answer_of_a_real_server_matches_its_schema(sqlite_url: str,
         check(deliveries, "post")(await c.post("/v1/tasks/r-2/deliveries", headers=key), 200)
         check(deliveries, "post")(await c.post("/v1/tasks/r-2/deliveries", headers=key), 200)
         check(deliveries, "post")(await c.post("/v1/tasks/r-1/deliveries", headers=key), 409)
+        cancels = task + "/cancel"
+        await create_task(gw, "r-3", headers=KEY)
+        reason = {"reason": "wrong export"}
+        check(cancels, "post")(await c.post("/v1/tasks/r-3/cancel", json=reason, headers=KEY), 200)
+        check(cancels, "post")(await c.post("/v1/tasks/r-3/cancel", headers=KEY), 200)  # terminal-conflict
+        check(cancels, "post")(await c.post("/v1/tasks/r-3/cancel", json={"reason": 1}, headers=KEY), 400)
+        check(cancels, "post")(await c.post("/v1/tasks/nope/cancel", headers=KEY), 404)
+        check(cancels, "post")(await c.post("/v1/tasks/r-3/cancel"), 401)
+        cancelled = await c.get("/v1/tasks/r-3/events", params={"cursor": 0}, headers=KEY)
+        check(events, "get")(cancelled, 200)  # the history's cancel entry is in the schema
+        assert cancelled.json()["events"][0]["event"]["type"] == "cancel"
         drain = "/v1/notifications/drain"
         drained = await c.post(drain, headers={**KEY, "Idempotency-Key": "n-1"}, params={"limit": 1})
         check(drain, "post")(drained, 200)

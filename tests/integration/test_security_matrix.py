@@ -48,6 +48,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/tasks/{task_id}/events"): "subscribe",
     ("GET", "/v1/tasks/{task_id}/stream"): "subscribe",
     ("POST", "/v1/tasks/{task_id}/callbacks"): "callback",
+    ("POST", "/v1/tasks/{task_id}/cancel"): "api-key",  # MINE has succeeded: terminal-conflict, a 200
     ("POST", "/v1/tasks/{task_id}/deliveries"): "api-key",
     ("POST", "/v1/notifications/drain"): "api-key",
     ("WS", "/v1/tasks/{task_id}/ws"): "subscribe",

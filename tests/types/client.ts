@@ -38,6 +38,7 @@ function describe(frame: Frame): string {
       if (event.type === "succeed") return `succeeded: ${event.resultRef} ${event.resultHash}`;
       if (event.type === "fail") return `failed (${event.retryable ? "retryable" : "final"}): ${event.error}`;
       if (event.type === "start") return `started by ${event.worker}`;
+      if (event.type === "cancel") return `cancelled${event.reason === undefined ? "" : `: ${event.reason}`}`;
       return `expired at ${event.atMs}`;
     }
   }
@@ -79,6 +80,14 @@ client.subscribe("t", null, (frame) => {
     // @ts-expect-error a snapshot's reason is one of three
     const reason: "other" = frame.reason;
     console.log(reason);
+  }
+});
+client.subscribe("t", null, (frame) => {
+  if (frame.type === "event" && frame.event.type === "cancel") {
+    // @ts-expect-error a cancel's reason may be absent (no reason given)
+    const why: string = frame.event.reason;
+    // @ts-expect-error a cancel carries no error: the task's error says "cancelled"
+    console.log(why, frame.event.error);
   }
 });
 // @ts-expect-error progress is a number

@@ -75,3 +75,53 @@ def test_each_violation_is_named(spoil: Any, says: str) -> None:
     spoil(seen)
     with pytest.raises(AssertionError, match=says):
         seen.check()
+
+
+CANCEL = {"type": "cancel", "atMs": 3, "reason": "wrong export"}
+CANCELLED = RUNNING | {"state": "failed", "error": "cancelled", "version": 2}
+
+
+def cancelled_run() -> History:
+    """A running task cancelled by the gateway (its own event), seen by a subscriber, the canceller, the
+    worker's next callback and the relay."""
+    seen = History()
+    seen.created(BASE)
+    seen.frame("s", frame("caught-up", 0, BASE))
+    seen.frame("s", frame("event", 1, RUNNING, event=START))
+    seen.frame("s", frame("event", 2, CANCELLED, event=CANCEL))
+    seen.cancel("t", None)  # its answer lost ...
+    seen.cancel("t", 200, {"changed": True, "reason": "cancelled", "task": CANCELLED})
+    seen.cancel("t", 200, {"changed": False, "reason": "terminal-conflict", "task": CANCELLED})
+    seen.callback("t", "cb-p", {"type": "progress", "progress": 5, "cursor": "c"}, 200,
+                  {"changed": False, "reason": "terminal-conflict", "task": CANCELLED})  # fmt: skip
+    seen.notification({"taskId": "t", "state": "failed"}, "msg_1")
+    seen.final(
+        "t", {"mode": "delta", "events": [{"version": 1, "event": START}, {"version": 2, "event": CANCEL}]}
+    )
+    return seen
+
+
+def test_a_cancelled_history_passes() -> None:
+    cancelled_run().check()
+
+
+@pytest.mark.parametrize(
+    ("spoil", "says"),
+    [
+        # answered as cancelled, but the store has no cancel entry
+        (lambda h: h.final("t", {"mode": "delta", "events": [{"version": 1, "event": START}]}),
+         "answered as cancelled, 0 cancel entries"),
+        # a cancel entry that does not end the history
+        (lambda h: h.final("t", {"mode": "delta", "events": [{"version": 1, "event": CANCEL},
+                                                             {"version": 2, "event": START}]}),
+         "not one ending the history"),
+        # the task seen succeeded too
+        (lambda h: h.cancel("t", 200, {"changed": False, "reason": "terminal-conflict", "task": SUCCEEDED}),
+         "more than one terminal state"),
+    ],
+)  # fmt: skip
+def test_each_cancel_violation_is_named(spoil: Any, says: str) -> None:
+    seen = cancelled_run()
+    spoil(seen)
+    with pytest.raises(AssertionError, match=says):
+        seen.check()

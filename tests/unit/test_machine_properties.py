@@ -2,8 +2,9 @@
 
 A sequence starts from a created task and applies random events: every type, times around the deadline,
 progress in and out of range, blank and non-blank results, random ``retryable`` flags, maxAttempts 1..4,
-with now and then a sweeper's ``expire_task``. Events the machine rejects (``InvalidRequest``) are skipped,
-as a caller does: they must leave the task as it was.
+with now and then a sweeper's ``expire_task`` or a ``cancel`` (the gateway's own event, not the
+reference's). Events the machine rejects (``InvalidRequest``) are skipped, as a caller does: they must
+leave the task as it was.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
 from gateway.machine import (
+    Cancel,
     Entry,
     Event,
     Expire,
@@ -90,6 +92,8 @@ class Op:
             return Succeed(at, str(self.a), str(self.b))
         if self.kind == "fail":
             return Fail(at, str(self.a), bool(self.b))
+        if self.kind == "cancel":
+            return Cancel(at, None if self.a is None else str(self.a))
         return Expire(at)
 
 
@@ -99,6 +103,7 @@ ops = weighted(
     (12, st.builds(Op, st.just("succeed"), deltas, results, hashes)),
     (10, st.builds(Op, st.just("fail"), deltas, st.sampled_from(["e1", "e2"]), st.booleans())),
     (1, st.builds(Op, st.just("expire"), deltas)),
+    (2, st.builds(Op, st.just("cancel"), deltas, st.sampled_from([None, "wrong export", ""]))),
     (1, st.just(Op("sweep"))),
 )
 
@@ -241,7 +246,7 @@ def test_c_notify_exactly_once_on_entering_a_terminal_state(created: Task, seque
         assert tr.notify is entering
         notified += tr.notify
         if tr.notify:
-            assert tr.reason in ("succeeded", "failed", "expired")
+            assert tr.reason in ("succeeded", "failed", "expired", "cancelled")
     assert notified <= 1
     assert notified == (1 if result.final.terminal else 0)
 
@@ -288,7 +293,15 @@ def test_unchanged_reasons_and_duplicate_flags(created: Task, sequence: list[Op]
     for s in result.steps:
         tr = s.transition
         if tr.changed:
-            assert tr.reason in {"started", "progress", "succeeded", "failed", "requeued", "expired"}
+            assert tr.reason in {
+                "started",
+                "progress",
+                "succeeded",
+                "failed",
+                "requeued",
+                "expired",
+                "cancelled",
+            }
         else:
             assert tr.reason in duplicate_reasons | other_reasons
             assert tr.duplicate is (tr.reason in duplicate_reasons)

@@ -239,6 +239,58 @@ def test_late_callback_expires_the_task(model: Model) -> None:
     assert model.history("t2") == [{"version": 1, "event": {"type": "expire", "atMs": 100}}]
 
 
+# --- cancel (the gateway's own event) ----------------------------------------------------------------
+
+
+def test_cancel_ends_a_running_task_with_one_entry_and_one_notification(model: Model) -> None:
+    start(model)
+    model.callback("t1", 1_020, {"type": "progress", "progress": 40, "cursor": "c"})
+    status, body = model.cancel("t1", 1_050, {"reason": "wrong export"})
+    assert (status, body["changed"], body["duplicate"], body["notify"], body["reason"]) == (
+        200,
+        True,
+        False,
+        True,
+        "cancelled",
+    )
+    assert "duplicateCallback" not in body
+    assert body["task"] == {
+        "id": "t1",
+        "state": "failed",
+        "expiresAtMs": 11_000,
+        "attempts": 1,
+        "maxAttempts": 2,
+        "progress": 40,
+        "version": 3,
+        "error": "cancelled",
+    }
+    assert model.history("t1")[-1] == {
+        "version": 3,
+        "event": {"type": "cancel", "atMs": 1_050, "reason": "wrong export"},
+    }
+    assert model.drain()[1] == [{"taskId": "t1", "state": "failed", "atMs": 1_050, "version": 3}]
+    # the worker's next callback, and a second cancel: terminal-conflict, nothing more
+    assert succeed(model, now=1_060)[1]["reason"] == "terminal-conflict"
+    assert model.cancel("t1", 1_070)[1]["reason"] == "terminal-conflict"
+    assert model.drain() == (200, [])
+
+
+def test_cancel_without_a_body_or_reason_and_its_bad_bodies(model: Model) -> None:
+    assert model.cancel("t1", 1_010)[1]["reason"] == "cancelled"
+    assert model.history("t1") == [{"version": 1, "event": {"type": "cancel", "atMs": 1_010}}]
+    bad_bodies: list[object] = [[], "x", {"reason": 5}, {"reason": ""}, {"reason": "x" * 1025}, {"why": "x"}]
+    for bad in bad_bodies:
+        assert code(model.cancel("t1", 1_020, bad)) == (400, "invalid-request")
+    assert code(model.cancel("nope", 1_020, {})) == (404, "unknown-task")
+    assert code(model.cancel("nope", 1_020, [])) == (400, "invalid-request")  # the body first
+
+
+def test_cancel_after_the_deadline_expires_the_task(model: Model) -> None:
+    status, body = model.cancel("t1", 11_000, {"reason": "late"})
+    assert (status, body["reason"], body["task"]["state"]) == (200, "expired", "expired")
+    assert model.history("t1") == [{"version": 1, "event": {"type": "expire", "atMs": 11_000}}]
+
+
 # --- sweep, drain -------------------------------------------------------------------------------------
 
 
@@ -401,6 +453,7 @@ _operations = st.lists(
             st.one_of(st.none(), st.integers(0, 3)),
         ),
         st.tuples(st.just("sweep")),
+        st.tuples(st.just("cancel"), _ids, st.sampled_from([None, {}, {"reason": "r"}, {"reason": 1}])),
         st.tuples(st.just("drain")),
         st.tuples(st.just("deliver"), _ids, st.sampled_from(["k1", "k2"])),
         st.tuples(st.just("events"), _ids, st.integers(0, 12)),
@@ -433,6 +486,16 @@ def test_model_invariants_under_random_operations(operations: list[tuple[Any, ..
                 assert after == before
         elif kind == "sweep":
             book.sweep(now)
+        elif kind == "cancel":
+            before = book.history(op[1])
+            status, body = book.cancel(op[1], now, op[2])
+            assert status in (200, 400, 404)
+            after = book.history(op[1])
+            if status == 200 and body["changed"]:
+                assert body["task"]["state"] in ("failed", "expired")
+                assert after[:-1] == before and after[-1]["version"] == len(after)
+            else:
+                assert after == before
         elif kind == "drain":
             for n in book.drain()[1]:
                 notified[n["taskId"]] = notified.get(n["taskId"], 0) + 1
