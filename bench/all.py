@@ -1,6 +1,6 @@
 """Every benchmark workload in one command: one table of figures beside their floors, and docs/benchmarks.md.
 
-    python bench/all.py [--procs 4] [--pg-admin-url URL] [--only 1,2,3,4,5]
+    python bench/all.py [--procs 4] [--pg-admin-url URL] [--only 1,2,3,4,5,6]
     python bench/all.py --smoke
 
 Each figure is printed beside its floor measured in the same run (the same machine, the same noise) and
@@ -37,6 +37,7 @@ from typing import Any
 import callbacks
 import fanout
 import harness
+import retention
 from harness import Clients, rss_bytes
 from report import DOCS, WORKLOADS, Report, Row, frames_summary, machine, table, write_docs
 
@@ -54,6 +55,8 @@ class Config:
     latency_rate: float
     storm_n: int
     storm_tasks: int
+    retention_tasks: int
+    retention_slices: int
     procs: int
     step_timeout_s: float
     total_timeout_s: float
@@ -69,6 +72,8 @@ FULL = Config(
     latency_rate=50.0,
     storm_n=5000,
     storm_tasks=10,
+    retention_tasks=30_000,
+    retention_slices=retention.SLICES,
     procs=4,
     step_timeout_s=180.0,
     total_timeout_s=1800.0,
@@ -83,6 +88,8 @@ SMOKE = Config(
     latency_rate=50.0,
     storm_n=200,
     storm_tasks=2,
+    retention_tasks=600,
+    retention_slices=retention.SMOKE_SLICES,
     procs=2,
     step_timeout_s=30.0,
     total_timeout_s=120.0,
@@ -153,6 +160,7 @@ SMOKE_SERVERS = {
     3: ("fresh gateway", "fresh floor"),
     4: ("gateway",),
     5: ("gateway", "floor"),
+    6: (),
 }
 
 
@@ -168,8 +176,10 @@ class Servers:
     process's RSS from its baseline, has a gateway and a floor server that serve nothing else.
     """
 
-    def __init__(self, factories: dict[str, ServerFactory]) -> None:
+    def __init__(self, factories: dict[str, ServerFactory], pg_admin_url: str = harness.PG_ADMIN) -> None:
         self.factories = factories
+        # Where a workload that needs no server makes its PostgreSQL database (6, retention).
+        self.pg_admin_url = pg_admin_url
         self.lent: dict[str, Any] = {}
         self._holders: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
@@ -587,6 +597,52 @@ async def workload_storm(cfg: Config, servers: Servers, report: Report) -> None:
             report.details.append(f"reconnect storm {label}: {'; '.join(result['errors'])}")
 
 
+# --- 6. retention ------------------------------------------------------------------------------------
+
+
+async def workload_retention(cfg: Config, servers: Servers, report: Report) -> None:
+    """bench/retention.py in process, on a SQLite file and a PostgreSQL database of its own (no server)."""
+    for backend in ("sqlite", "postgresql"):
+        async with retention.database(backend, servers.pg_admin_url) as url:
+            result = await retention.churn(
+                url, cfg.retention_tasks, slices=cfg.retention_slices, say=lambda line: None
+            )
+        first, last = result.rounds[0], result.rounds[-1]
+        report.rows.append(
+            Row(
+                6,
+                f"retention, {result.backend}: database size after round 3 (floor: after round 1)",
+                last.after.total / 2**20,
+                first.after.total / 2**20,
+                "MiB",
+                f"<= {retention.MAX_GROWTH}x",
+                2,
+            )
+        )
+        report.rows.append(
+            Row(
+                6,
+                f"retention, {result.backend}: bytes per finished task",
+                result.bytes_per_task,
+                None,
+                "B",
+                "",
+                0,
+            )
+        )
+        report.figure(f"retention {result.backend} size", last.after.total)
+        report.figure(f"retention {result.backend} bytes per task", result.bytes_per_task)
+        report.problems.extend(result.problems)
+        report.details.extend(f"retention {result.backend}: FAILED {problem}" for problem in result.problems)
+        report.details.append(
+            f"retention {result.backend}, {cfg.retention_tasks:,} tasks: "
+            + "; ".join(
+                f"round {r.number}: {r.after.total / 2**20:.2f} MiB ({r.after.detail})" for r in result.rounds
+            )
+            + "".join(f"; {note}" for note in result.notes)
+        )
+
+
 # --- the run -----------------------------------------------------------------------------------------
 
 Workload = Callable[[Config, Servers, Report], Coroutine[Any, Any, None]]
@@ -596,6 +652,7 @@ RUNNERS: dict[int, Workload] = {
     3: workload_memory,
     4: workload_latency,
     5: workload_storm,
+    6: workload_retention,
 }
 
 
@@ -628,7 +685,7 @@ async def run(args: argparse.Namespace) -> int:
         report.problems.append(f"PostgreSQL at {args.pg_admin_url} is unreachable: {exc}")
     mode = "smoke" if args.smoke else "full"
     print(f"bench/all.py ({mode}): workloads {', '.join(map(str, only))}; {os.cpu_count()} cores", flush=True)
-    servers = Servers(server_factories(args.pg_admin_url))
+    servers = Servers(server_factories(args.pg_admin_url), args.pg_admin_url)
     try:
         async with asyncio.timeout(cfg.total_timeout_s):
             if args.smoke:
@@ -690,7 +747,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
     parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
-    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-5)")
+    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-6)")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     args = parser.parse_args()
     status = 1

@@ -74,6 +74,16 @@ WORKLOADS = {
         "included), beside opening N sockets to the raw `websockets` server (the same accept backlog, "
         "2048, as uvicorn's) and getting one message each.",
     ),
+    6: (
+        "retention",
+        "the database's size under steady churn with `GATEWAY_RETAIN_FINISHED_S=10` (bench/retention.py): "
+        "tasks created, run (three callbacks), given a receipt and drained in three rounds of ten steps of "
+        "one second of the gateway's clock, while its retention loop deletes the tasks a retention old; the "
+        "size after the third round beside the size after the first (SQLite: its pages; PostgreSQL: "
+        "`pg_total_relation_size` of the tables, with a plain VACUUM every second standing in for "
+        "autovacuum, its cycle compressed as the retention is), and the bytes a finished task costs. "
+        "Checked besides: no row of a task past the retention is left, tasks nobody drained are kept.",
+    ),
 }
 
 

@@ -418,7 +418,10 @@ class Book:
                         f"Idempotency-Key {idempotency_key!r} was used for another task",
                     )
                 return Delivery(True, True, "duplicate-delivery", seen)
-            task = await _task(tx, task_id)
+            stored = await tx.lock_task(task_id)  # locked: retention cannot delete it before the receipt
+            if stored is None:
+                raise UnknownTask(task_id)
+            task = stored.task
             if task.state != "succeeded" or task.result_ref is None or task.result_hash is None:
                 raise Conflict("not-succeeded", f"task {task_id} has not succeeded ({task.state})")
             receipt = Receipt(task_id, task.result_ref, task.result_hash, idempotency_key, self.clock())

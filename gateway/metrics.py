@@ -66,6 +66,18 @@ class Metrics:
             "Notifications not relayed yet (all processes), as of the relay's last look",
             registry=self.registry,
         )
+        self.tasks_deleted = Counter(
+            "gateway_finished_tasks_deleted",
+            "Finished tasks deleted by retention (GATEWAY_RETAIN_FINISHED_S), with everything they owned",
+            registry=self.registry,
+        )
+        self.retention_held = Gauge(
+            "gateway_finished_tasks_held",
+            "Tasks finished longer ago than GATEWAY_RETAIN_FINISHED_S that are kept because nobody took "
+            "their notification (not drained, nor relayed when a relay is set), all processes, as of this "
+            "process's last retention pass",
+            registry=self.registry,
+        )
 
         self.slow_consumers = Counter(
             "gateway_slow_consumers_closed", "Connections closed with 4008", registry=self.registry

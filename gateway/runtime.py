@@ -23,6 +23,7 @@ from gateway.bus import Bus, bus_for
 from gateway.committer import Committer
 from gateway.jobs.demo import run_demo_worker
 from gateway.jobs.relay import Relay
+from gateway.jobs.retention import Retention
 from gateway.jobs.sweeper import Sweeper
 from gateway.jobs.sweeper_thread import SweeperThread
 from gateway.live.hub import Hub
@@ -84,6 +85,14 @@ class Gateway:
             else:  # off the event loop (gateway.jobs.sweeper_thread), its expiries told there
                 self.sweeper = SweeperThread(self.book, settings.database_url, interval_s, self.metrics)
             listeners.deadline.append(self.sweeper.deadline)
+        # Finished tasks deleted once their time is up and their notification was taken (a relayed one
+        # counts where a relay sends them).
+        self.retention: Retention | None = None
+        if settings.retain_finished_s > 0:
+            relay = self.relay is not None
+            self.retention = Retention(
+                self.store, clock, settings.retain_finished_s, relay=relay, metrics=self.metrics
+            )
         self.metrics.watch_hub(self.hub.stats)
         self.metrics.watch_bus(self.bus)
         settings = self.settings = with_secret(settings)
@@ -177,6 +186,8 @@ class Gateway:
                     tg.start_soon(self._essential, "the sweeper", self.sweeper.run)
                 if self.relay is not None:
                     tg.start_soon(self._essential, "the webhook relay", self.relay.run)
+                if self.retention is not None:
+                    tg.start_soon(self._essential, "retention", self.retention.run)
                 yield
                 self._background = None
                 tg.cancel_scope.cancel()

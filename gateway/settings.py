@@ -69,6 +69,7 @@ _ENV = {
     "max_history_versions": "GATEWAY_MAX_HISTORY_VERSIONS",
     "slow_close_grace_ms": "GATEWAY_SLOW_CLOSE_GRACE_MS",
     "db_deadline_ms": "GATEWAY_DB_DEADLINE_MS",
+    "retain_finished_s": "GATEWAY_RETAIN_FINISHED_S",
 }
 # GATEWAY_* variables read elsewhere than the server's settings: `gateway watch`'s defaults, the tests'.
 _OTHER_VARIABLES = frozenset({"GATEWAY_URL", "GATEWAY_TOKEN", "GATEWAY_TEST_PG_URL"})
@@ -156,6 +157,10 @@ class Settings(BaseModel):
     # The longest one database operation may take, its COMMIT and rollback included: past it, the request
     # is answered 503 (Retry-After) and the connection given up.
     db_deadline_ms: int = Field(10_000, ge=100, le=600_000)
+    # A task finished longer ago than this is deleted with everything it owns, once its notification was
+    # taken (gateway.jobs.retention). 0 keeps every task forever; at most 100 years (in milliseconds, the
+    # cutoff stays within a 64-bit column's range).
+    retain_finished_s: int = Field(7 * 24 * 3600, ge=0, le=100 * 365 * 24 * 3600)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:

@@ -99,6 +99,11 @@ class ReadTx(Protocol):
         with the ``C`` collation; another collation orders differently but pages the same way (each task
         once), since the comparison and the order use one collation."""
 
+    async def finished_held(self, cutoff_ms: int, *, relay: bool) -> int:
+        """How many tasks that finished at or before ``cutoff_ms`` nobody has taken the notification of:
+        not drained, nor relayed when ``relay`` (a relay sends notifications, and a relayed one counts as
+        taken). Retention keeps them."""
+
 
 class WriteTx(ReadTx, Protocol):
     async def lock_task(self, task_id: str) -> StoredTask | None:
@@ -171,6 +176,19 @@ class WriteTx(ReadTx, Protocol):
     async def relay_later(self, outbox_id: int, next_at_ms: int) -> None:
         """Move a notification not relayed yet to ``next_at_ms`` (a retry's backoff, or a lease given back
         early); one already relayed stays so."""
+
+    async def claim_finished(
+        self, cutoff_ms: int, after: tuple[int, str] | None, limit: int, *, relay: bool
+    ) -> list[tuple[int, str]]:
+        """Up to ``limit`` tasks that finished at or before ``cutoff_ms`` and whose notification was taken
+        (drained; or relayed, when ``relay``), as ``(finished at, id)`` in that order, only those after
+        ``after`` in it when given (a keyset: a pass goes on from its last batch's last task, past the
+        tasks it keeps); locked, rows another transaction holds skipped, so that processes retaining
+        together take different tasks."""
+
+    async def forget(self, task_ids: Sequence[str]) -> int:
+        """Delete these tasks and everything they own (``queries.TASK_OWNED``: history, callback ids,
+        receipts, notifications); how many tasks there were."""
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         """Messages delivered to the channel's listeners, in order, when (and only if) this transaction

@@ -24,15 +24,65 @@ R = TypeVar("R")
 class _Data:
     tasks: dict[str, StoredTask] = field(default_factory=dict)
     entries: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
-    callbacks: dict[str, str] = field(default_factory=dict)
+    # Each callback id's digest, and its task.
+    callbacks: dict[str, tuple[str, str]] = field(default_factory=dict)
     receipts: dict[str, Receipt] = field(default_factory=dict)
     # (id, notification, drained) in insertion order; (task, state, version) is unique, as in SQL.
     outbox: list[tuple[int, Notification, bool]] = field(default_factory=list)
     outbox_keys: set[tuple[str, str, int]] = field(default_factory=set)
+    # The last outbox id given (ids are never reused, as a SQL sequence's).
+    outbox_ids: int = 0
     # The relay's mark of each outbox row, by id: (relayed at or None, attempts, next at).
     relay: dict[int, tuple[int | None, int, int]] = field(default_factory=dict)
     # The answers of keyed drains, by key.
     drain_batches: dict[str, DrainBatch] = field(default_factory=dict)
+    # When each terminal task finished (``tasks.finished_at_ms``).
+    finished: dict[str, int] = field(default_factory=dict)
+
+    def untaken(self, *, relay: bool) -> set[str]:
+        """The tasks with a notification nobody took: not drained, nor relayed when ``relay``."""
+        return {
+            n.task_id
+            for i, n, drained in self.outbox
+            if not drained and not (relay and self.relay[i][0] is not None)
+        }
+
+    def forget(self, task_ids: set[str]) -> Callable[[], None]:
+        """Delete these tasks and everything they own (``queries.TASK_OWNED``); returns the undo."""
+        saved = (
+            dict(self.tasks),
+            dict(self.entries),
+            dict(self.callbacks),
+            dict(self.receipts),
+            list(self.outbox),
+            set(self.outbox_keys),
+            dict(self.relay),
+            dict(self.finished),
+        )
+        gone = {i for i, n, _ in self.outbox if n.task_id in task_ids}
+        for task_id in task_ids:
+            self.tasks.pop(task_id, None)
+            self.entries.pop(task_id, None)
+            self.finished.pop(task_id, None)
+        self.callbacks = {k: v for k, v in self.callbacks.items() if v[1] not in task_ids}
+        self.receipts = {k: r for k, r in self.receipts.items() if r.task_id not in task_ids}
+        self.outbox = [row for row in self.outbox if row[0] not in gone]
+        self.outbox_keys = {key for key in self.outbox_keys if key[0] not in task_ids}
+        self.relay = {i: mark for i, mark in self.relay.items() if i not in gone}
+
+        def undo() -> None:
+            (
+                self.tasks,
+                self.entries,
+                self.callbacks,
+                self.receipts,
+                self.outbox,
+                self.outbox_keys,
+                self.relay,
+                self.finished,
+            ) = saved
+
+        return undo
 
 
 class MemoryStore:
@@ -134,15 +184,18 @@ class MemoryTx:
         self.undo.append(undo)
         if transition.notify:
             notification = Notification(task.id, task.state, int(notify_at_ms), task.version)
-            outbox_id = len(self.data.outbox) + 1
+            self.data.outbox_ids += 1
+            outbox_id = self.data.outbox_ids
             self.data.outbox.append((outbox_id, notification, False))
             self.data.outbox_keys.add(key)
             self.data.relay[outbox_id] = (None, 0, 0)
+            self.data.finished[task.id] = int(notify_at_ms)
 
             def forget() -> None:
                 self.data.outbox.pop()
                 self.data.outbox_keys.discard(key)
                 self.data.relay.pop(outbox_id)
+                self.data.finished.pop(task.id)
 
             self.undo.append(forget)
 
@@ -160,17 +213,18 @@ class MemoryTx:
         return due[:limit]
 
     async def callback_digest(self, callback_id: str) -> str | None:
-        return self.data.callbacks.get(callback_id)
+        seen = self.data.callbacks.get(callback_id)
+        return None if seen is None else seen[0]
 
     async def insert_callback(self, callback_id: str, task_id: str, at_ms: int, digest: str) -> None:
         if callback_id in self.data.callbacks:
             raise StoreRace(f"callback {callback_id} exists")
-        self.data.callbacks[callback_id] = digest
+        self.data.callbacks[callback_id] = (digest, task_id)
         self.undo.append(lambda: self.data.callbacks.pop(callback_id))
 
     async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
         seen = self.data.callbacks
-        return {i: seen[i] for i in callback_ids if i in seen}
+        return {i: seen[i][0] for i in callback_ids if i in seen}
 
     async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
         for callback_id, task_id, at_ms, digest in rows:
@@ -253,6 +307,27 @@ class MemoryTx:
         after = self.data.relay[outbox_id] = change(before)
         self.undo.append(lambda: self.data.relay.__setitem__(outbox_id, before))
         return after
+
+    async def finished_held(self, cutoff_ms: int, *, relay: bool) -> int:
+        untaken = self.data.untaken(relay=relay)
+        return sum(1 for task_id, at in self.data.finished.items() if at <= cutoff_ms and task_id in untaken)
+
+    async def claim_finished(
+        self, cutoff_ms: int, after: tuple[int, str] | None, limit: int, *, relay: bool
+    ) -> list[tuple[int, str]]:
+        untaken = self.data.untaken(relay=relay)
+        due = sorted(
+            (at, task_id)
+            for task_id, at in self.data.finished.items()
+            if at <= cutoff_ms and (after is None or (at, task_id) > after) and task_id not in untaken
+        )
+        return due[:limit]
+
+    async def forget(self, task_ids: Sequence[str]) -> int:
+        ids = set(task_ids)
+        gone = sum(1 for i in ids if i in self.data.tasks)
+        self.undo.append(self.data.forget(ids))
+        return gone
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         raise NotImplementedError("the in-memory store has no NOTIFY")

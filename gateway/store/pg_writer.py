@@ -45,7 +45,7 @@ from gateway.machine import Task, Transition
 from gateway.store import queries as q
 from gateway.store.base import StoredTask, StoreRace
 from gateway.store.tables import task_values
-from gateway.store.transaction import SqlTx, spans
+from gateway.store.transaction import SqlTx, finished, spans
 
 # The longest a rollback may take before its connection is given up (invalidated) instead, within what is
 # left of the transaction's deadline.
@@ -215,8 +215,11 @@ class PgTx(SqlTx):
 
     async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
         batch = self._batch
+        batch.finished.update(finished(items))
         for task_id, (before, task) in spans(items).items():
             batch.columns.update(self._changes(task))
+            if task_id in batch.finished:
+                batch.columns.add("finished_at_ms")
             held = batch.updates.get(task_id)
             batch.updates[task_id] = (before if held is None else held[0], task)
         for t, encoded, at in items:
@@ -243,7 +246,11 @@ class PgTx(SqlTx):
         params: list[Any] = []
         if batch.updates:
             ids = list(batch.updates)
-            values = [task_values(task) for _, task in batch.updates.values()]
+            # finished_at_ms is set on the tasks that end here; the others live, and keep it NULL.
+            values = [
+                {**task_values(task), "finished_at_ms": batch.finished.get(task_id)}
+                for task_id, (_, task) in batch.updates.items()
+            ]
             params += [ids, [before for before, _ in batch.updates.values()]]
             params += [[v[name] for v in values] for name in columns]
             params.append(len(ids))
@@ -264,12 +271,14 @@ class PgTx(SqlTx):
 class _Batch:
     """The writes a :class:`PgTx` holds."""
 
-    __slots__ = ("callbacks", "columns", "entries", "notices", "outbox", "updates")
+    __slots__ = ("callbacks", "columns", "entries", "finished", "notices", "outbox", "updates")
 
     def __init__(self) -> None:
         # Each task's row write: the version it was read at, its last state; and the columns to set.
         self.updates: dict[str, tuple[int, Task]] = {}
         self.columns: set[str] = set()
+        # When the tasks that end in this batch finished (transaction.finished).
+        self.finished: dict[str, int] = {}
         self.entries: list[tuple[str, int, str, float, bytes]] = []
         self.outbox: list[tuple[str, str, float, int]] = []
         self.callbacks: list[tuple[str, str, int, str]] = []

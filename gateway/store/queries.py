@@ -11,8 +11,8 @@ Where the databases differ, said here once:
 
 - placeholders: asyncpg numbers them (``$1, $2...``), :func:`numbered` does, once per text;
 - locks: a PostgreSQL write transaction locks the task rows it reads (``LOCK``) and claims due rows
-  skipping those another transaction holds (``CLAIM``), so that processes sweeping or relaying together
-  take different rows; a SQLite write transaction holds the whole file already, and appends nothing;
+  skipping those another transaction holds (``CLAIM``), so that processes sweeping, relaying or retaining
+  together take different rows; a SQLite write transaction holds the whole file already, and appends nothing;
 - lists of keys: SQLite's ``IN (?, ?, ...)`` in chunks of ``IN_CHUNK`` (its limit on parameters),
   PostgreSQL's ``= ANY(?)`` with one array (one text, so one prepared statement, whatever the list's
   length), except where a lock or a dedup lookup probes the primary key once per key
@@ -131,6 +131,45 @@ RELAY_DUE = (
 RELAY_LEASE = "UPDATE outbox SET relay_next_at_ms = ?, relay_attempts = relay_attempts + 1 WHERE {ids}"
 RELAY_SENT = "UPDATE outbox SET relayed_at_ms = ? WHERE {ids} AND relayed_at_ms IS NULL"
 RELAY_LATER = "UPDATE outbox SET relay_next_at_ms = ? WHERE id = ? AND relayed_at_ms IS NULL"
+
+# --- retention: finished tasks deleted with everything they own -------------------------------------------
+
+# The tables whose rows belong to one task, with the column that names it (each indexed by it): retention
+# deletes a task's rows from each, then the task itself, in one transaction (``SqlTx.forget``). A new table
+# keyed by task id joins by adding its line here (and its part to the in-memory twin's ``_Data.forget``).
+TASK_OWNED = (
+    ("entries", "task_id"),
+    ("callbacks", "task_id"),
+    ("deliveries", "task_id"),
+    ("outbox", "task_id"),
+)
+FORGET = "DELETE FROM {table} WHERE {ids}"
+# Where the tasks are walked from: before any (finished_at_ms, id), since times are epoch milliseconds.
+FINISHED_START = (-1, "")
+
+
+def _untaken(*, relay: bool) -> str:
+    """The task's notification that nobody took yet: not drained, nor relayed when a relay sends them."""
+    relayed = " AND relayed_at_ms IS NULL" if relay else ""
+    return f"SELECT 1 FROM outbox WHERE outbox.task_id = tasks.id AND drained_at_ms IS NULL{relayed}"
+
+
+@functools.cache
+def finished_due(*, relay: bool) -> str:
+    """Tasks finished at or before a cutoff whose notification was taken, oldest first, after a point
+    ``(finished_at_ms, id)`` (a keyset: one pass walks the index ix_tasks_finished once, past the tasks it
+    keeps); its parameters: the cutoff, the point, the limit. + CLAIM."""
+    return (
+        "SELECT finished_at_ms, id FROM tasks WHERE finished_at_ms <= ? AND (finished_at_ms, id) > (?, ?) "
+        f"AND NOT EXISTS ({_untaken(relay=relay)}) ORDER BY finished_at_ms, id LIMIT ?"
+    )
+
+
+@functools.cache
+def finished_held(*, relay: bool) -> str:
+    """How many tasks finished at or before a cutoff are kept because nobody took their notification."""
+    return f"SELECT count(*) FROM tasks WHERE finished_at_ms <= ? AND EXISTS ({_untaken(relay=relay)})"
+
 
 # --- where PostgreSQL differs -----------------------------------------------------------------------------
 

@@ -63,6 +63,14 @@ class TaskRow(SQLModel, table=True):
             sqlite_where=text("state IN ('queued', 'running')"),
             postgresql_where=text("state IN ('queued', 'running')"),
         ),
+        # Retention's question: which tasks finished before the cutoff? (queries.FINISHED_DUE)
+        Index(
+            "ix_tasks_finished",
+            "finished_at_ms",
+            "id",
+            sqlite_where=text("finished_at_ms IS NOT NULL"),
+            postgresql_where=text("finished_at_ms IS NOT NULL"),
+        ),
     )
 
     id: str = Field(sa_column=Column(String(128), primary_key=True))
@@ -78,6 +86,9 @@ class TaskRow(SQLModel, table=True):
     # What the task was created with, so that a repeated create can be told apart from a conflicting one.
     ttl_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
     created_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # When the task became terminal, by the gateway's clock (its terminal entry's time, the notification's
+    # atMs), written with that transition; NULL while it lives. Retention counts from it.
+    finished_at_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
 class EntryRow(SQLModel, table=True):
@@ -96,6 +107,8 @@ class CallbackRow(SQLModel, table=True):
     """A callback id seen once. Ids are global, as in the reference; the digest is of the canonical body."""
 
     __tablename__ = "callbacks"
+    # Retention deletes a task's callback ids with it.
+    __table_args__ = (Index("ix_callbacks_task", "task_id"),)
 
     callback_id: str = Field(sa_column=Column(String(256), primary_key=True))
     task_id: str = Field(sa_column=Column(String(128), nullable=False))
@@ -126,6 +139,9 @@ class OutboxRow(SQLModel, table=True):
             sqlite_where=text("relayed_at_ms IS NULL"),
             postgresql_where=text("relayed_at_ms IS NULL"),
         ),
+        # An id is never given again once its row is deleted (retention), which SQLite does only with
+        # AUTOINCREMENT: the relay marks what it sent by id.
+        {"sqlite_autoincrement": True},
     )
 
     id: int | None = Field(
@@ -150,6 +166,8 @@ class DeliveryRow(SQLModel, table=True):
     """A delivery receipt, keyed by the caller's Idempotency-Key."""
 
     __tablename__ = "deliveries"
+    # Retention deletes a task's receipts with it.
+    __table_args__ = (Index("ix_deliveries_task", "task_id"),)
 
     idempotency_key: str = Field(sa_column=Column(String(256), primary_key=True))
     task_id: str = Field(sa_column=Column(String(128), nullable=False))

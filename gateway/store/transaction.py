@@ -34,6 +34,11 @@ def spans(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, tuple[i
     return found
 
 
+def finished(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, int]:
+    """When each task these transitions end finished: its notification's time (``tasks.finished_at_ms``)."""
+    return {t.task.id: int(at) for t, _, at in items if t.notify}
+
+
 def stored_from_row(row: Sequence[Any]) -> StoredTask:
     """A row of ``queries.SELECT_TASK``: the task's columns, then ``ttl_ms``."""
     return StoredTask(task_from_row(row), row[len(TASK_COLUMNS)])
@@ -136,8 +141,11 @@ class SqlTx:
     async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
         # One executemany per set of changed columns (a batch of progress callbacks: one).
         updates: dict[str, list[tuple[Any, ...]]] = {}
+        ended = finished(items)
         for task_id, (before, task) in spans(items).items():
             changes = self._changes(task)
+            if task_id in ended:
+                changes["finished_at_ms"] = ended[task_id]
             updates.setdefault(q.update_task(tuple(changes)), []).append((*changes.values(), task_id, before))
         for query, rows in updates.items():
             if await self.run_many(query, rows) != len(rows):
@@ -221,6 +229,31 @@ class SqlTx:
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no NOTIFY")
+
+    # --- retention ----------------------------------------------------------------------------------------
+
+    async def finished_held(self, cutoff_ms: int, *, relay: bool) -> int:
+        (row,) = await self.fetch(q.finished_held(relay=relay), (cutoff_ms,))
+        return int(row[0])
+
+    async def claim_finished(
+        self, cutoff_ms: int, after: tuple[int, str] | None, limit: int, *, relay: bool
+    ) -> list[tuple[int, str]]:
+        point = q.FINISHED_START if after is None else after
+        rows = await self.fetch(q.finished_due(relay=relay) + self.CLAIM, (cutoff_ms, *point, limit))
+        return [(r[0], r[1]) for r in rows]
+
+    async def forget(self, task_ids: Sequence[str]) -> int:
+        ids = sorted(set(task_ids))
+        for table, column in q.TASK_OWNED:
+            for condition, params in self.in_list(column, ids):
+                await self.run(q.FORGET.format(table=table, ids=condition), params)
+        gone = 0
+        for condition, params in self.in_list("id", ids):
+            gone += await self.run(q.FORGET.format(table="tasks", ids=condition), params)
+        for task_id in ids:
+            self._read.pop(task_id, None)
+        return gone
 
     async def _select_task(self, task_id: str, lock: str) -> StoredTask | None:
         if "\x00" in task_id:  # no task has one (create refuses it), and PostgreSQL text cannot hold it

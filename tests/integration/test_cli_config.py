@@ -62,6 +62,12 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
         ),
         ({"GATEWAY_LOG_LEVEL": "loud"}, 2, "GATEWAY_LOG_LEVEL: unknown log level 'loud'"),
         ({"GATEWAY_SECRET": "too-short"}, 2, "GATEWAY_SECRET: must be at least 32 bytes (it has 9)"),
+        (
+            {"GATEWAY_RETAIN_FINISHED_S": "7d"},
+            2,
+            "GATEWAY_RETAIN_FINISHED_S: Input should be a valid integer",
+        ),
+        ({"GATEWAY_RETAIN_FINISHED_S": "-1"}, 2, "GATEWAY_RETAIN_FINISHED_S: Input should be greater than"),
     ],
 )
 def test_a_bad_setting_ends_in_one_line_and_a_nonzero_exit(

@@ -315,6 +315,34 @@ async def test_a_database_of_0_1_0_upgrades_with_its_data_kept(database_url: str
         assert await diff_with_models(engine) == []
 
 
+@pytest.mark.anyio
+async def test_tasks_finished_before_the_upgrade_are_retained_from_when_they_finished(
+    database_url: str,
+) -> None:
+    """Revision 0003 gives a task that finished before it the time of its terminal notification, so that
+    retention deletes it a retention after that, once its notification is drained, like any other."""
+    async with engine_for(database_url) as engine:
+        await make_0_1_0_database(engine)
+    clock = FakeClock(CREATED + 20 + 10_000)  # a retention (10 s) after it finished
+    async with running_gateway(database_url, clock=clock, api_key=API_KEY, retain_finished_s=10) as gw:
+        async with engine_for(database_url) as engine, engine.connect() as conn:
+            finished = await conn.execute(text("SELECT id, finished_at_ms FROM tasks"))
+            assert finished.all() == [(TASK_ID, CREATED + 20)]
+        key = bearer(API_KEY)
+        assert (await gw.client.get(f"/v1/tasks/{TASK_ID}", headers=key)).status_code == 200  # not drained
+        drained = await gw.client.post("/v1/notifications/drain", headers=key)
+        assert [n["taskId"] for n in drained.json()] == [TASK_ID]
+        await eventually(
+            lambda: gw.client.get(f"/v1/tasks/{TASK_ID}", headers=key),
+            lambda answer: answer.status_code == 404,
+            "the task of 0.1.0 deleted by retention",
+        )
+    async with engine_for(database_url) as engine, engine.connect() as conn:
+        for table in ("tasks", "entries", "callbacks", "outbox", "deliveries"):
+            rows = await conn.execute(text(f"SELECT count(*) FROM {table}"))
+            assert rows.scalar() == 0, table
+
+
 # --- gateways starting together -------------------------------------------------------------------------
 
 

@@ -22,8 +22,18 @@ import sqlalchemy
 from gateway.book import EXPIRY_BATCH, Book, CallbackRequest
 from gateway.drain import KEEP_MS, Drained
 from gateway.errors import GatewayError
+from gateway.jobs.retention import Retention
 from gateway.jobs.sweeper import sweep_once
-from gateway.machine import Progress, Start, apply_event, create_task, event_to_json, expire_task
+from gateway.machine import (
+    Fail,
+    Progress,
+    Start,
+    Succeed,
+    apply_event,
+    create_task,
+    event_to_json,
+    expire_task,
+)
 from gateway.store import Database
 from gateway.store.base import DrainBatch, Receipt, Store, StoreRace, WriteTx
 from gateway.store.memory import MemoryStore
@@ -679,3 +689,160 @@ async def test_an_update_writes_only_the_columns_that_changed(sql_store: SqlStor
         a, b = await reading.task("a"), await reading.task("b")
     assert a is not None and (a.task.progress, a.task.version, a.task.state) == (70, 3, "running")
     assert b is not None and (b.task.progress, b.task.version, b.task.attempts) == (40, 2, 1)
+
+
+# --- retention: finished tasks deleted with everything they own ----------------------------------------
+
+
+async def finished(store: Store, task_id: str, *, at: int, key: str | None = None) -> None:
+    """A task started (with a callback id) and succeeded at ``at`` (its notification's time), with a
+    receipt under ``key``."""
+    await add(store, task_id)
+    async with store.write() as tx:
+        stored = await tx.lock_task(task_id)
+        assert stored is not None
+        start = apply_event(stored.task, Start(at - 10, "w1"))
+        done = apply_event(start.task, Succeed(at, "s3://r", "sha256:1"))
+        await tx.record_many([(t, orjson.dumps(event_to_json(t.entry.event)), at) for t in (start, done)])  # type: ignore[union-attr]
+        await tx.insert_callbacks(
+            [(f"{task_id}-start", task_id, at - 10, "d1"), (f"{task_id}-done", task_id, at, "d2")]
+        )
+        if key is not None:
+            await tx.insert_receipt(Receipt(task_id, "s3://r", "sha256:1", key, at + 1))
+
+
+async def test_a_finished_task_is_forgotten_with_everything_it_owns_once_its_notification_was_taken(
+    store: Store,
+) -> None:
+    """Retention's statements: a task is claimable from the time of its terminal entry, only once its
+    notification was drained (or relayed, where a relay counts); forgetting it deletes its history,
+    callback ids, receipts and notification, and nothing of any other task."""
+    await finished(store, "gone", at=5_000, key="k-gone")
+    await add(store, "live")
+    async with store.write() as tx:
+        assert await tx.claim_finished(10_000, None, 10, relay=False) == []  # not drained yet
+        assert [n.task_id for _, n in await tx.drain(6_000)] == ["gone"]
+    await finished(store, "kept", at=5_000, key="k-kept")  # its notification is still to take
+    async with store.read() as tx:
+        assert await tx.finished_held(10_000, relay=False) == 1
+        assert await tx.finished_held(4_999, relay=False) == 0
+    async with store.write() as tx:
+        assert await tx.claim_finished(4_999, None, 10, relay=False) == []  # finished after the cutoff
+        assert await tx.claim_finished(5_000, None, 10, relay=False) == [(5_000, "gone")]
+        assert await tx.forget(["gone", "never-was"]) == 1
+    async with store.read() as tx:
+        assert await tx.task("gone") is None
+        assert await tx.entries("gone", 0, 100) == []
+        assert await tx.versions(["gone", "kept", "live"]) == {"kept": 2, "live": 0}
+        assert [t.id for t in await tx.list_tasks(state=None, after=None, limit=10)] == ["kept", "live"]
+        assert await tx.relay_pending() == 1  # kept's notification only
+        assert await tx.finished_held(10_000, relay=False) == 1
+    async with store.write() as tx:
+        assert await tx.callback_digests(["gone-start", "gone-done", "kept-done"]) == {"kept-done": "d2"}
+        assert await tx.receipt("k-gone") is None
+        assert await tx.receipt("k-kept") is not None
+        assert await tx.claim_finished(10_000, None, 10, relay=False) == []
+        # The id is free again: a new task of that name starts a history of its own.
+        await tx.insert_task(queued("gone")[0], 60_000, 1_000)
+    # A relayed notification counts as taken where a relay sends them, not where the drain is the only way.
+    async with store.write() as tx:
+        (claimed,) = await tx.claim_relay(10_000, 20_000, 10)
+        await tx.relay_sent([claimed.outbox_id], 11_000)
+    async with store.write() as tx:
+        assert await tx.claim_finished(10_000, None, 10, relay=False) == []
+        assert await tx.claim_finished(10_000, None, 10, relay=True) == [(5_000, "kept")]
+    async with store.read() as tx:
+        assert await tx.finished_held(10_000, relay=True) == 0
+
+
+async def test_a_task_finishes_when_its_terminal_entry_is_written_whatever_ends_it(store: Store) -> None:
+    """Expiry (at the deadline), a group commit that ends several tasks, and a single record: each task's
+    finishing time is its notification's; a task that did not end is never claimed."""
+    await add(store, "expires", ttl_ms=10)  # deadline 1,010
+    for task_id in ("a", "b", "runs"):
+        await add(store, task_id)
+    async with store.write() as tx:
+        (due,) = await tx.claim_due(2_000, 10)
+        await tx.record(expire_task(due), b'{"type":"expire"}', due.expires_at_ms)
+        locked = await tx.lock_tasks(["a", "b", "runs"])
+        started = {i: apply_event(s.task, Start(3_000, "w")) for i, s in locked.items()}
+        ended = [
+            apply_event(started["a"].task, Succeed(3_100, "r", "h")),
+            apply_event(started["b"].task, Fail(3_200, "boom", False)),
+        ]
+        items = [
+            (t, b"{}", at)
+            for t, at in [*((s, 3_000) for s in started.values()), (ended[0], 3_100), (ended[1], 3_200)]
+        ]
+        await tx.record_many(items)
+        await tx.drain(4_000)
+    async with store.write() as tx:
+        assert await tx.claim_finished(10**6, None, 10, relay=False) == [
+            (1_010, "expires"),
+            (3_100, "a"),
+            (3_200, "b"),
+        ]
+        # A batch goes on after the last one's last task.
+        assert await tx.claim_finished(10**6, (1_010, "expires"), 1, relay=False) == [(3_100, "a")]
+        assert await tx.claim_finished(3_150, (1_010, "expires"), 10, relay=False) == [(3_100, "a")]
+
+
+async def test_a_rolled_back_forget_leaves_the_task_whole(store: Store) -> None:
+    await finished(store, "t1", at=5_000, key="k1")
+    async with store.write() as tx:
+        await tx.drain(6_000)
+    with pytest.raises(RuntimeError):
+        async with store.write() as tx:
+            assert await tx.forget(["t1"]) == 1
+            raise RuntimeError("never committed")
+    async with store.read() as tx:
+        assert (await tx.task("t1")) is not None
+        assert [v for v, _ in await tx.entries("t1", 0, 10)] == [1, 2]
+    async with store.write() as tx:
+        assert await tx.callback_digests(["t1-done"]) == {"t1-done": "d2"}
+        assert await tx.receipt("k1") is not None
+        assert await tx.claim_finished(10_000, None, 10, relay=False) == [(5_000, "t1")]
+
+
+async def test_a_deleted_notification_id_is_never_given_again(store: Store) -> None:
+    """The relay marks what it sent by outbox id: a relay still sending a notification that retention
+    deleted (drained, so taken) must not mark a newer one sent. SQLite would give the greatest rowid again
+    once its row is gone, unless the table is AUTOINCREMENT."""
+    await notified(store, "a")
+    async with store.write() as tx:
+        (sending,) = await tx.claim_relay(10_000, 20_000, 10)
+        await tx.drain(10_000)
+        assert await tx.forget(["a"]) == 1
+    await notified(store, "b")
+    async with store.write() as tx:
+        await tx.relay_sent([sending.outbox_id], 12_000)  # the POST of a's notification ended
+    async with store.read() as tx:
+        assert await tx.relay_pending() == 1  # b's is still to send
+    async with store.write() as tx:
+        (claimed,) = await tx.claim_relay(30_000, 40_000, 10)
+    assert claimed.notification.task_id == "b" and claimed.outbox_id != sending.outbox_id
+
+
+async def test_concurrent_retention_passes_delete_each_task_once(store: Store) -> None:
+    """Passes at once (processes retaining together: SKIP LOCKED on PostgreSQL), in small batches: every
+    task past retention whose notification was taken is deleted once, the others kept and counted."""
+    for i in range(40):
+        await finished(store, f"t-{i:02d}", at=5_000 + i)
+    async with store.write() as tx:
+        await tx.drain(6_000)
+    for i in range(5):
+        await finished(store, f"u-{i}", at=5_000)  # not drained
+    passes = [Retention(store, FakeClock(20_000), 10, relay=False, batch=3) for _ in range(3)]
+    counts: list[int] = []
+
+    async def sweep(retention: Retention) -> None:
+        counts.append(await retention.sweep())
+
+    async with anyio.create_task_group() as tg:
+        for retention in passes:
+            tg.start_soon(sweep, retention)
+    assert sum(counts) == 40
+    assert [r.held for r in passes] == [5, 5, 5]
+    async with store.read() as reading:
+        left = await reading.list_tasks(state=None, after=None, limit=100)
+    assert [t.id for t in left] == [f"u-{i}" for i in range(5)]

@@ -68,3 +68,12 @@ def test_log_level_and_secret_length_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"^GATEWAY_SECRET: must be at least 32 bytes \(it has 31\)"):
         Settings.from_environ({"GATEWAY_SECRET": "s" * 31})
     Settings.from_environ({"GATEWAY_SECRET": "s" * 32})
+
+
+def test_retention_is_whole_seconds_from_zero_to_a_hundred_years() -> None:
+    assert Settings.from_environ({}).retain_finished_s == 7 * 24 * 3600
+    assert Settings.from_environ({"GATEWAY_RETAIN_FINISHED_S": "0"}).retain_finished_s == 0  # keep all
+    for bad in ("-1", "7d", "1.5", str(101 * 365 * 24 * 3600)):
+        with pytest.raises(ConfigError, match=r"^GATEWAY_RETAIN_FINISHED_S: ") as refused:
+            Settings.from_environ({"GATEWAY_RETAIN_FINISHED_S": bad})
+        assert "\n" not in str(refused.value), bad

@@ -1,0 +1,529 @@
+"""Retention under steady churn: the database's size stays put, round after round.
+
+    python bench/retention.py [--tasks 100000] [--rounds 3] [--backends sqlite,postgresql]
+                              [--pg-admin-url URL]
+    python bench/retention.py --smoke
+
+For each backend, on a database of its own (a SQLite file in a temporary directory; a PostgreSQL database
+made for the run and dropped after), a gateway (``gateway.runtime.Gateway``, the composition root, with
+``GATEWAY_RETAIN_FINISHED_S=10`` and its lifespan's retention loop) on a clock the bench moves: one round
+is 10 s of the gateway's time, the retention, in ``SLICES`` steps. At each step ``--tasks / --rounds /
+SLICES`` tasks are created (in batches, through the store's ``insert_task``: the statement of ``POST
+/v1/tasks``), run and finished by three callbacks each (start, progress 50, succeed, each with a callback
+id; applied by the book in batches, as group commit applies concurrent callbacks), given one delivery
+receipt each and drained; then the clock moves a step on, and the bench waits (a condition with a
+deadline, never a fixed sleep) until the retention loop has deleted the tasks that are now a retention
+old: steady churn, a step's tasks coming as the oldest step's go.
+
+On PostgreSQL a plain ``VACUUM`` of each table every ``NAPTIME_S`` stands in for autovacuum, its cycle
+compressed as the retention is (``Vacuum`` says why), and at the end of each round the bench waits until
+a pass begun after the round's last deletes has ended. Then it measures the database's size: a SQLite
+database's pages (its WAL's included: the file's size once they are checkpointed; the file and the WAL on
+disk are printed beside), PostgreSQL's
+``pg_total_relation_size`` of the gateway's tables (their indexes, TOAST and free space maps included).
+
+After the last round, ``HELD`` tasks finish and nobody drains them: past the retention they are kept
+(and counted, ``gateway_finished_tasks_held``) while every other task goes; drained, they go too.
+
+Checks, each a line and exit 1 when one fails: the size after the last round within 1.2x the size after
+the first; after each round every row of every table (tasks, history, callback ids, receipts,
+notifications) is a task's that finished after the cutoff, none older (and a sample of the deleted ones is
+``unknown-task`` through the book); every drain takes exactly the notifications of the tasks finished
+since the one before; the held tasks are kept, and readable, until drained. Printed beside: the bytes a
+finished task costs (its rows and index entries in the database at the end of the first round, divided by
+its tasks).
+
+``--smoke`` (used by ``bench/all.py --smoke``): 600 tasks in rounds of ``SMOKE_SLICES`` steps, both
+backends, the sizes not checked (too small to compare: a database's fixed overheads weigh more than its
+tasks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.book import Book, CallbackRequest
+from gateway.errors import UnknownTask
+from gateway.machine import Progress, Start, Succeed, create_task
+from gateway.runtime import Gateway
+from gateway.settings import Settings
+from gateway.store.base import Receipt, Store, WriteTx
+
+RETAIN_S = 10
+ROUNDS = 3
+# Steps of a round (of the retention): each adds its tasks, while the retention loop deletes older ones.
+SLICES = 10
+# A smoke run's: each step waits for a pass of the retention loop (a second), so fewer.
+SMOKE_SLICES = 2
+# Tasks finished after the last round and not drained: kept past the retention, until they are.
+HELD = 20
+# Writes per transaction (creations, callbacks, receipts).
+BATCH = 500
+# The gateway's tables, whose sizes are the database's.
+TABLES = ("tasks", "entries", "callbacks", "outbox", "deliveries")
+# A VACUUM of each table this often stands in for PostgreSQL's autovacuum (class Vacuum).
+NAPTIME_S = 1.0
+# The longest the bench waits for the retention loop (or autovacuum) to have done a round's work.
+WAIT_S = 600.0
+MAX_GROWTH = 1.2
+
+
+class Clock:
+    """Epoch milliseconds that move when the bench says so (the gateway's clock)."""
+
+    def __init__(self) -> None:
+        self.now = time.time_ns() // 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@dataclass
+class Sizes:
+    """A database's size (its free pages included), and what its rows and indexes take (without them)."""
+
+    total: int
+    live: int
+    detail: str
+
+
+@dataclass
+class RoundResult:
+    number: int
+    tasks: int  # the tasks in the database at its end (finished within the retention)
+    after: Sizes
+    deleted: int
+    seconds: float
+
+
+@dataclass
+class Result:
+    backend: str
+    empty: Sizes
+    rounds: list[RoundResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def growth(self) -> float:
+        return self.rounds[-1].after.total / self.rounds[0].after.total
+
+    @property
+    def bytes_per_task(self) -> float:
+        first = self.rounds[0]
+        return (first.after.live - self.empty.live) / first.tasks
+
+
+# --- the database's size ----------------------------------------------------------------------------
+
+
+def _sqlite_path(url: str) -> str:
+    return url.removeprefix("sqlite:///")
+
+
+def sqlite_sizes(path: str) -> Sizes:
+    """A SQLite database's size: its pages as its readers see them (the WAL's included: the file's size
+    once they are checkpointed), and the WAL file beside it."""
+    wal = os.path.getsize(path + "-wal") if os.path.exists(path + "-wal") else 0
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        page_size, pages, free = (
+            conn.execute(f"PRAGMA {name}").fetchone()[0]
+            for name in ("page_size", "page_count", "freelist_count")
+        )
+    finally:
+        conn.close()
+    detail = (
+        f"{pages:,} pages of which {free:,} free; on disk the file {os.path.getsize(path) / 2**20:.2f} MiB "
+        f"and its WAL {wal / 2**20:.2f} MiB"
+    )
+    return Sizes(pages * page_size, (pages - free) * page_size, detail)
+
+
+async def sizes(url: str) -> Sizes:
+    """The database's size: a SQLite database's pages, PostgreSQL's ``pg_total_relation_size`` of the
+    gateway's tables (with their indexes, TOAST and free space maps)."""
+    if url.startswith("sqlite"):
+        return sqlite_sizes(_sqlite_path(url))
+    import asyncpg  # type: ignore[import-untyped]
+
+    conn = await asyncpg.connect(url)
+    try:
+        total = 0
+        parts = []
+        for table in TABLES:
+            size = await conn.fetchval("SELECT pg_total_relation_size($1::regclass)", table)
+            total += size
+            parts.append(f"{table} {size / 2**20:.2f}")
+    finally:
+        await conn.close()
+    return Sizes(total, total, "MiB: " + ", ".join(parts))
+
+
+async def finished_by(url: str, cutoff_ms: int) -> int:
+    """How many tasks in the database finished at or before ``cutoff_ms``."""
+    query = "SELECT count(*) FROM tasks WHERE finished_at_ms <= "
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(f"file:{_sqlite_path(url)}?mode=ro", uri=True)
+        try:
+            return int(conn.execute(query + "?", (cutoff_ms,)).fetchone()[0])
+        finally:
+            conn.close()
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval(query + "$1", cutoff_ms))
+    finally:
+        await conn.close()
+
+
+async def row_counts(url: str) -> dict[str, int]:
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(f"file:{_sqlite_path(url)}?mode=ro", uri=True)
+        try:
+            return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+        finally:
+            conn.close()
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in TABLES}
+    finally:
+        await conn.close()
+
+
+class Vacuum:
+    """A stand-in for PostgreSQL's autovacuum, its cycle compressed as the bench compresses the retention: a
+    plain ``VACUUM`` of each table (what autovacuum runs; never ``VACUUM FULL``) every ``NAPTIME_S`` while the
+    rounds run. In production autovacuum looks every minute (``autovacuum_naptime``) at tables whose
+    retention is days: its cycle is a ten-thousandth of the retention or less, where here it is a tenth.
+    (This machine's test server runs with ``autovacuum = off`` besides.)"""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.autovacuum = "?"
+        self.passes = 0  # passes ended
+        self._pass_ended = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Vacuum]:
+        import asyncpg  # type: ignore[import-untyped]
+
+        conn = await asyncpg.connect(self.url)
+        try:
+            self.autovacuum = await conn.fetchval("SHOW autovacuum")
+            stand_in = asyncio.create_task(self._stand_in(conn))
+            try:
+                yield self
+            finally:
+                stand_in.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stand_in
+        finally:
+            await conn.close()
+
+    @property
+    def note(self) -> str:
+        return (
+            f"a plain VACUUM of each table every {NAPTIME_S:g} s stood in for autovacuum (its cycle "
+            f"compressed as the retention is; autovacuum is {self.autovacuum} on this PostgreSQL); each "
+            "round was measured after a pass begun after its last deletes"
+        )
+
+    async def _stand_in(self, conn: Any) -> None:
+        while True:
+            for table in TABLES:
+                await conn.execute(f"VACUUM {table}")
+            self.passes += 1
+            self._pass_ended.set()
+            self._pass_ended = asyncio.Event()
+            await asyncio.sleep(NAPTIME_S)  # the naptime: an interval, not a wait for a condition
+
+    async def settled(self) -> None:
+        """Until every table has been vacuumed by a pass begun after now."""
+        wanted = self.passes + 2  # the pass under way may have begun before now: the one after it
+        while self.passes < wanted:
+            await asyncio.wait_for(self._pass_ended.wait(), WAIT_S)
+
+
+# --- the tasks ---------------------------------------------------------------------------------------
+
+
+async def make(book: Book, store: Store, ids: Sequence[str]) -> None:
+    """Tasks created as ``POST /v1/tasks`` creates them (its statement), a batch per transaction."""
+    now = book.clock()
+    for start in range(0, len(ids), BATCH):
+        chunk = ids[start : start + BATCH]
+
+        async def work(tx: WriteTx, chunk: Sequence[str] = chunk) -> None:
+            for task_id in chunk:
+                await tx.insert_task(
+                    create_task(id=task_id, now_ms=now, ttl_ms=3_600_000, max_attempts=3), 3_600_000, now
+                )
+
+        await store.transact(work)
+
+
+async def run(book: Book, store: Store, ids: Sequence[str]) -> None:
+    """Each task started, at 50%, succeeded (a callback id each, as a worker sends them), its result
+    delivered once."""
+    steps: list[Callable[[int], Any]] = [
+        lambda now: Start(now, "bench-worker"),
+        lambda now: Progress(now, 50, "row-500"),
+        lambda now: Succeed(now, "s3://bench-results/report.pdf", "sha256:" + "9f2c" * 16),
+    ]
+    for number, step in enumerate(steps):
+        for start in range(0, len(ids), BATCH):
+            requests = [
+                CallbackRequest(
+                    task_id, step, str(uuid.uuid4()), f"digest-{number}", None if number == 0 else 1
+                )
+                for task_id in ids[start : start + BATCH]
+            ]
+            for outcome in await book.callbacks(requests):
+                if isinstance(outcome, Exception) or not outcome.transition.changed:
+                    raise RuntimeError(f"a callback did not apply: {outcome}")
+    now = book.clock()
+    for start in range(0, len(ids), BATCH):
+        chunk = ids[start : start + BATCH]
+
+        async def deliver(tx: WriteTx, chunk: Sequence[str] = chunk) -> None:
+            for task_id in chunk:
+                await tx.insert_receipt(
+                    Receipt(
+                        task_id,
+                        "s3://bench-results/report.pdf",
+                        "sha256:" + "9f2c" * 16,
+                        str(uuid.uuid4()),
+                        now,
+                    )
+                )
+
+        await store.transact(deliver)
+
+
+def deleted_so_far(gateway: Gateway) -> int:
+    """The gateway's count of the tasks its retention deleted (its metric)."""
+    value = gateway.metrics.registry.get_sample_value("gateway_finished_tasks_deleted_total")
+    return int(value or 0)
+
+
+async def until(what: str, check: Callable[[], Any], deadline_s: float = WAIT_S) -> None:
+    """Wait for ``check()`` (awaitable) to be true, looking every 50 ms, at most ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {deadline_s:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+async def churn(
+    url: str,
+    tasks: int,
+    rounds: int = ROUNDS,
+    *,
+    slices: int = SLICES,
+    growth: bool = True,
+    say: Callable[[str], None] = print,
+) -> Result:
+    """The rounds on the database at ``url`` (new and empty), with their checks; see the module's text.
+    ``slices``: steps per round. ``growth``: check the sizes too (a run too small for them, a smoke run,
+    checks the rest)."""
+    backend = "SQLite" if url.startswith("sqlite") else "PostgreSQL"
+    per_slice = max(1, tasks // rounds // slices)
+    step_ms = RETAIN_S * 1000 // slices
+    clock = Clock()
+    settings = Settings(
+        database_url=url,
+        secret="bench-retention-secret-0123456789abcdef",
+        retain_finished_s=RETAIN_S,
+        sweep_interval_ms=0,
+    )
+    gateway = Gateway(settings, clock)
+    retention = gateway.retention
+    assert retention is not None
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(gateway.running())
+        book, store = gateway.book, gateway.store
+        result = Result(backend, await sizes(url))
+        vacuum = None if url.startswith("sqlite") else await stack.enter_async_context(Vacuum(url).running())
+        if vacuum is not None:
+            result.notes.append(vacuum.note)
+        # The tasks in the database, by when they finished; how many the retention loop deleted so far.
+        present: dict[int, list[str]] = {}
+        made = 0
+        for number in range(1, rounds + 1):
+            started = time.monotonic()
+            gone: list[str] = []
+            for part in range(slices):
+                ids = [f"r{number}-{part}-{uuid.uuid4()}" for _ in range(per_slice)]
+                await make(book, store, ids)
+                await run(book, store, ids)
+                present[clock.now] = ids
+                made += len(ids)
+                taken = {n.task_id for n in await book.drain()}
+                if taken != set(ids):
+                    result.problems.append(
+                        f"round {number}: a drain took {len(taken):,} notifications, {len(ids):,} expected"
+                    )
+                clock.now += step_ms
+                # The retention loop's next pass deletes the step that is now a retention old.
+                cutoff = clock.now - RETAIN_S * 1000
+                for at in [at for at in present if at <= cutoff]:
+                    gone += present.pop(at)
+                deleted = made - sum(map(len, present.values()))
+                await until(
+                    f"round {number}: the retention loop's deletes",
+                    lambda cutoff=cutoff, deleted=deleted: _deleted(gateway, url, cutoff, deleted),
+                )
+            if vacuum is not None:
+                await vacuum.settled()
+            after = await sizes(url)
+            live = [i for ids in present.values() for i in ids]
+            took = time.monotonic() - started
+            result.rounds.append(RoundResult(number, len(live), after, len(gone), took))
+            await check(result, book, url, f"round {number}", gone=gone, live=live)
+            say(
+                f"{backend} round {number}: {per_slice * slices:,} tasks made, {len(gone):,} deleted, "
+                f"{len(live):,} within the retention; {after.total / 2**20:.2f} MiB ({after.detail}); "
+                f"{took:.1f} s"
+            )
+        await held_until_drained(result, gateway, clock, url, made)
+    if growth and result.growth > MAX_GROWTH:
+        result.problems.append(
+            f"{backend}: the size after round {rounds} is {result.growth:.2f}x the size after round 1 "
+            f"(at most {MAX_GROWTH}x)"
+        )
+    return result
+
+
+async def _deleted(gateway: Gateway, url: str, cutoff_ms: int, deleted: int) -> bool:
+    """Whether no task finished by ``cutoff_ms`` is left, and the gateway counted ``deleted`` in all."""
+    return await finished_by(url, cutoff_ms) == 0 and deleted_so_far(gateway) == deleted
+
+
+async def held_until_drained(result: Result, gateway: Gateway, clock: Clock, url: str, made: int) -> None:
+    """Tasks whose notification nobody took are kept past the retention, and counted; drained, they go.
+    ``made``: the tasks made before, every one of them to be deleted."""
+    book, retention = gateway.book, gateway.retention
+    assert retention is not None
+    held = [f"held-{uuid.uuid4()}" for _ in range(HELD)]
+    await make(book, gateway.store, held)
+    await run(book, gateway.store, held)
+    clock.now += RETAIN_S * 1000 + 1  # every task is past the retention
+
+    async def kept() -> bool:
+        left = (await row_counts(url))["tasks"]
+        return left == len(held) and retention.held == len(held) and deleted_so_far(gateway) == made
+
+    await until("the tasks not drained kept, the others deleted", kept)
+    await check(result, book, url, "not drained", gone=[], live=held)
+    taken = sorted(n.task_id for n in await book.drain())
+    if taken != sorted(held):
+        result.problems.append(
+            f"the drain after the retention took {len(taken)} of {len(held)} notifications"
+        )
+
+    async def gone() -> bool:
+        left = (await row_counts(url))["tasks"]
+        return left == 0 and retention.held == 0 and deleted_so_far(gateway) == made + len(held)
+
+    await until("the drained tasks deleted", gone)
+    await check(result, book, url, "drained", gone=held, live=[])
+
+
+async def check(
+    result: Result, book: Book, url: str, when: str, gone: Sequence[str], live: Sequence[str]
+) -> None:
+    """Every row of every table is one of the ``live`` tasks'; a sample of the ``gone`` is unknown."""
+    counts = await row_counts(url)
+    # Each task: 3 entries, 3 callback ids, 1 notification, 1 receipt.
+    expected = {"tasks": 1, "entries": 3, "callbacks": 3, "outbox": 1, "deliveries": 1}
+    for table, rows in counts.items():
+        if rows != expected[table] * len(live):
+            result.problems.append(
+                f"{when}: {table} has {rows:,} rows, {expected[table] * len(live):,} expected "
+                "(those of the tasks within the retention)"
+            )
+    for task_id in live[:: max(1, len(live) // 100)]:
+        await book.get(task_id)  # raises if it was deleted
+    for task_id in gone[:: max(1, len(gone) // 200)]:
+        try:
+            await book.get(task_id)
+        except UnknownTask:
+            continue
+        result.problems.append(f"{when}: {task_id}, past the retention, can still be read")
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def database(backend: str, admin_url: str) -> AsyncIterator[str]:
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="gw-retention-") as tmp:
+            yield f"sqlite:///{Path(tmp) / 'gateway.db'}"
+        return
+    import harness
+
+    async with harness.pg_database(admin_url, "gw_bench_retention") as url:
+        yield url
+
+
+def report(results: Sequence[Result]) -> str:
+    lines = []
+    for r in results:
+        sizes_line = "  ".join(f"round {x.number}: {x.after.total / 2**20:8.2f} MiB" for x in r.rounds)
+        lines.append(
+            f"{r.backend:<10} after {sizes_line}  ->  {r.growth:.2f}x (at most {MAX_GROWTH}x); "
+            f"{r.bytes_per_task:,.0f} bytes per finished task"
+        )
+        lines += [f"  round {x.number}: {x.tasks:,} tasks; {x.after.detail}" for x in r.rounds]
+        lines += [f"  note: {n}" for n in r.notes]
+        lines += [f"  FAILED {p}" for p in r.problems]
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    results = []
+    for backend in args.backends.split(","):
+        async with database(backend, args.pg_admin_url) as url:
+            slices = SMOKE_SLICES if args.smoke else SLICES
+            results.append(await churn(url, args.tasks, args.rounds, slices=slices, growth=not args.smoke))
+    print()
+    print(report(results))
+    return 1 if any(r.problems for r in results) else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=100_000, help="tasks in all, over the rounds")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument("--smoke", action="store_true", help="600 tasks; the sizes are not checked")
+    parser.add_argument(
+        "--pg-admin-url",
+        default=os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.tasks = 600
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
