@@ -59,7 +59,8 @@ from gateway.errors import UnknownTask
 from gateway.machine import Progress, Start, Succeed, create_task
 from gateway.runtime import Gateway
 from gateway.settings import Settings
-from gateway.store.base import Receipt, Store, WriteTx
+from gateway.store.base import Notification, Receipt, Store, WriteTx
+from gateway.web.wire import notifications_body
 
 RETAIN_S = 10
 ROUNDS = 3
@@ -375,7 +376,7 @@ async def churn(
                 await run(book, store, ids)
                 present[clock.now] = ids
                 made += len(ids)
-                taken = {n.task_id for n in await book.drain()}
+                taken = {n.task_id for n in await drain_all(book)}
                 if taken != set(ids):
                     result.problems.append(
                         f"round {number}: a drain took {len(taken):,} notifications, {len(ids):,} expected"
@@ -416,6 +417,16 @@ async def _deleted(gateway: Gateway, url: str, cutoff_ms: int, deleted: int) -> 
     return await finished_by(url, cutoff_ms) == 0 and deleted_so_far(gateway) == deleted
 
 
+async def drain_all(book: Book) -> list[Notification]:
+    """Every notification not drained yet, batch after batch (a drain takes at most its limit)."""
+    taken: list[Notification] = []
+    while True:
+        batch = await book.drain(notifications_body, limit=10_000)
+        taken.extend(batch.taken)
+        if not batch.more:
+            return taken
+
+
 async def held_until_drained(result: Result, gateway: Gateway, clock: Clock, url: str, made: int) -> None:
     """Tasks whose notification nobody took are kept past the retention, and counted; drained, they go.
     ``made``: the tasks made before, every one of them to be deleted."""
@@ -432,7 +443,7 @@ async def held_until_drained(result: Result, gateway: Gateway, clock: Clock, url
 
     await until("the tasks not drained kept, the others deleted", kept)
     await check(result, book, url, "not drained", gone=[], live=held)
-    taken = sorted(n.task_id for n in await book.drain())
+    taken = sorted(n.task_id for n in await drain_all(book))
     if taken != sorted(held):
         result.problems.append(
             f"the drain after the retention took {len(taken)} of {len(held)} notifications"

@@ -721,7 +721,7 @@ async def test_a_finished_task_is_forgotten_with_everything_it_owns_once_its_not
     await add(store, "live")
     async with store.write() as tx:
         assert await tx.claim_finished(10_000, None, 10, relay=False) == []  # not drained yet
-        assert [n.task_id for _, n in await tx.drain(6_000)] == ["gone"]
+        assert [n.task_id for _, n in await tx.drain(6_000, 1_000)] == ["gone"]
     await finished(store, "kept", at=5_000, key="k-kept")  # its notification is still to take
     async with store.read() as tx:
         assert await tx.finished_held(10_000, relay=False) == 1
@@ -775,7 +775,7 @@ async def test_a_task_finishes_when_its_terminal_entry_is_written_whatever_ends_
             for t, at in [*((s, 3_000) for s in started.values()), (ended[0], 3_100), (ended[1], 3_200)]
         ]
         await tx.record_many(items)
-        await tx.drain(4_000)
+        await tx.drain(4_000, 1_000)
     async with store.write() as tx:
         assert await tx.claim_finished(10**6, None, 10, relay=False) == [
             (1_010, "expires"),
@@ -790,7 +790,7 @@ async def test_a_task_finishes_when_its_terminal_entry_is_written_whatever_ends_
 async def test_a_rolled_back_forget_leaves_the_task_whole(store: Store) -> None:
     await finished(store, "t1", at=5_000, key="k1")
     async with store.write() as tx:
-        await tx.drain(6_000)
+        await tx.drain(6_000, 1_000)
     with pytest.raises(RuntimeError):
         async with store.write() as tx:
             assert await tx.forget(["t1"]) == 1
@@ -811,7 +811,7 @@ async def test_a_deleted_notification_id_is_never_given_again(store: Store) -> N
     await notified(store, "a")
     async with store.write() as tx:
         (sending,) = await tx.claim_relay(10_000, 20_000, 10)
-        await tx.drain(10_000)
+        await tx.drain(10_000, 1_000)
         assert await tx.forget(["a"]) == 1
     await notified(store, "b")
     async with store.write() as tx:
@@ -829,7 +829,7 @@ async def test_concurrent_retention_passes_delete_each_task_once(store: Store) -
     for i in range(40):
         await finished(store, f"t-{i:02d}", at=5_000 + i)
     async with store.write() as tx:
-        await tx.drain(6_000)
+        await tx.drain(6_000, 1_000)
     for i in range(5):
         await finished(store, f"u-{i}", at=5_000)  # not drained
     passes = [Retention(store, FakeClock(20_000), 10, relay=False, batch=3) for _ in range(3)]
