@@ -1,4 +1,9 @@
-"""Expiry: a loop, owned by the app's lifespan, that expires live tasks whose deadline has passed.
+"""Expiry and heartbeat leases: a loop, owned by the app's lifespan, that expires live tasks whose deadline
+has passed and ends the leases of running attempts that stopped renewing them (``gateway.lease``).
+
+Leases are swept as deadlines are, below: the sweeper wakes for the earliest lease end as for the earliest
+deadline (a lease that starts or is renewed tells it, as a new task's deadline does), and ends them in
+bounded batches claimed with ``SKIP LOCKED``, one transaction each, the first urgent.
 
 It runs at start (so tasks that fell due while the gateway was down expire at once), then wakes at the
 next deadline it knows of: after each pass it reads the earliest deadline of the live tasks, and a task this
@@ -63,6 +68,20 @@ async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
             return total
 
 
+async def end_leases_once(book: Book, metrics: Metrics | None = None) -> int:
+    """End every lease that ran out by now, a batch at a time, as :func:`sweep_once` expires tasks; returns
+    how many this process ended."""
+    total = 0
+    while True:
+        with anyio.fail_after(DB_DEADLINE_S, shield=True):
+            ended = await book.end_leases(EXPIRY_BATCH, urgent=total == 0)
+        total += ended
+        if metrics is not None:
+            metrics.leases_ended.inc(ended)
+        if ended < EXPIRY_BATCH:
+            return total
+
+
 class Sweeper:
     def __init__(
         self,
@@ -107,6 +126,11 @@ class Sweeper:
         if self.metrics is not None:
             self.metrics.expired(deadlines_ms, self.book.clock())
 
+    def leases_ended(self, ends_ms: Sequence[int]) -> None:
+        """A batch of leases ended (a listener of the book that ended it): how late it was."""
+        if self.metrics is not None:
+            self.metrics.leases_over(ends_ms, self.book.clock())
+
     async def _pass(self, in_flight: anyio.Semaphore) -> None:
         """Expire what is due, then learn the next deadline. Passes overlap: a slow commit holds up only
         the tasks of its own batch, not those falling due while it runs."""
@@ -116,6 +140,7 @@ class Sweeper:
             next_ms = await self.book.next_deadline()
             if next_ms is not None and next_ms <= self.book.clock():
                 await sweep_once(self.book, self.metrics)
+                await end_leases_once(self.book, self.metrics)
                 next_ms = await self.book.next_deadline()
         except Exception as exc:  # a database outage must not end expiry for the life of the process
             if database_unavailable(exc):  # one line per pass, not a traceback every 200 ms

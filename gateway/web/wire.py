@@ -34,6 +34,7 @@ from starlette.responses import Response
 
 from gateway.book import CallbackOutcome, Delivery, Notification
 from gateway.errors import InvalidRequest
+from gateway.lease import MIN_HEARTBEAT_MS, Lease
 from gateway.machine import Event, Fail, Progress, Resume, Start, Succeed, Task, task_to_json
 
 M = TypeVar("M", bound=BaseModel)
@@ -94,10 +95,31 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _heartbeat_ms(value: Any) -> int:
+    """A lease of at least ``MIN_HEARTBEAT_MS``, in whole milliseconds (the gateway's own field: the reference
+    has no lease, so the range is checked here, with the types)."""
+    number = _milliseconds(value)
+    if number < MIN_HEARTBEAT_MS:
+        raise PydanticCustomError("heartbeat_range", f"must be at least {MIN_HEARTBEAT_MS} (milliseconds)")
+    return number
+
+
+HeartbeatMs = Annotated[
+    int,
+    PlainValidator(_heartbeat_ms, json_schema_input_type=float),
+    Field(json_schema_extra={"minimum": MIN_HEARTBEAT_MS}),
+]
+
+
 class CreateBody(_Body):
     id: Annotated[Text, Field(max_length=128)] | None = None
     ttlMs: Milliseconds
     maxAttempts: StoredCount
+    heartbeatMs: HeartbeatMs | None = Field(
+        default=None,
+        description="a heartbeat lease: a running attempt that shows no sign of life (a callback or a "
+        "heartbeat) for this long is failed with heartbeat-timeout (retryable)",
+    )
 
 
 class StartBody(_Body):
@@ -154,6 +176,12 @@ class CallbackBody(_Body):
             {"taskId": task_id, "event": event, "attempt": self.attempt}, option=orjson.OPT_SORT_KEYS
         )
         return hashlib.sha256(canonical).hexdigest()
+
+
+class HeartbeatBody(_Body):
+    attempt: StrictInt = Field(
+        description="the attempt the worker is running (the task's attempts at its start)"
+    )
 
 
 # --- the operators' task list (GET /v1/tasks) ---------------------------------------------------------
@@ -222,6 +250,10 @@ def parse_json(raw: bytes) -> Any:
 
 def parse_create(raw: bytes) -> CreateBody:
     return _validate(CreateBody, parse_json(raw))
+
+
+def parse_heartbeat(raw: bytes) -> HeartbeatBody:
+    return _validate(HeartbeatBody, parse_json(raw))
 
 
 def parse_callback(raw: bytes) -> CallbackBody:
@@ -294,7 +326,7 @@ def _unknown_field(loc: tuple[int | str, ...], missing: list[tuple[int | str, ..
 
 def callback_json(outcome: CallbackOutcome) -> dict[str, Any]:
     t = outcome.transition
-    return {
+    answer = {
         "changed": t.changed,
         "duplicate": t.duplicate,
         "duplicateCallback": outcome.duplicate_callback,
@@ -302,6 +334,17 @@ def callback_json(outcome: CallbackOutcome) -> dict[str, Any]:
         "reason": t.reason,
         "task": task_to_json(t.task),
     }
+    lease = outcome.lease
+    if lease is not None and lease.heartbeat_ms is not None:  # a running attempt that holds a lease
+        answer.update(lease_json(lease))
+    return answer
+
+
+def lease_json(lease: Lease | None) -> dict[str, Any]:
+    """``{"leaseUntilMs", "heartbeatMs"}``: both null for a task created without a lease."""
+    if lease is None:
+        return {"leaseUntilMs": None, "heartbeatMs": None}
+    return {"leaseUntilMs": lease.until_ms, "heartbeatMs": lease.heartbeat_ms}
 
 
 def resume_json(resume: Resume) -> bytes:
