@@ -92,6 +92,12 @@ class Worker:
         self._over: AttemptOver | None = None  # what a heartbeat learned; raised from the block
         self._exit = contextlib.AsyncExitStack()
 
+    @property
+    def heartbeating(self) -> bool:
+        """Whether this worker heartbeats in the background now: its attempt runs, on a task with a lease,
+        inside ``async with``."""
+        return self._beating is not None
+
     async def __aenter__(self) -> Worker:
         self._heartbeats = await self._exit.enter_async_context(anyio.create_task_group())
         return self

@@ -11,12 +11,14 @@ import pytest
 from websockets.asyncio.client import connect
 
 from gateway.jobs.sweeper import end_leases_once
+from tests.integration.test_expiry_load import commit_lateness
 from tests.support import (
     FakeClock,
     Running,
     bearer,
     create_task,
     error,
+    eventually,
     post_callback,
     running_gateway,
 )
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.anyio
 
 HEARTBEAT_MS = 2_000
 START = {"type": "start", "worker": "w1"}
+TIMEOUT = {"type": "fail", "error": "heartbeat-timeout", "retryable": True}
 
 
 async def make(gw: Running, task_id: str, heartbeat_ms: Any = HEARTBEAT_MS, **body: Any) -> Any:
@@ -129,3 +132,26 @@ async def test_an_ended_lease_requeues_pushes_the_fail_and_fences_the_vanished_w
         assert await end_leases_once(gw.gateway.book) == 1
         drained = (await gw.client.post("/v1/notifications/drain")).json()
         assert drained == [{"taskId": "t", "state": "failed", "atMs": clock.now, "version": 4}]
+
+
+async def test_the_sweeper_wakes_at_a_lease_end_not_at_its_interval(database_url: str) -> None:
+    """GATEWAY_SWEEP_INTERVAL_MS is the longest the sweeper sleeps: it wakes for the earliest lease end it
+    knows of (told by the start that began the lease), and a renewal moves that end later."""
+    async with running_gateway(database_url, sweep_interval_ms=60_000) as gw:
+        made = (await make(gw, "t", 1_000)).json()
+        token = made["callbackToken"]
+        await post_callback(gw, "t", token, START)
+        progress = {"type": "progress", "progress": 5, "cursor": "c"}
+        renewed = await post_callback(gw, "t", token, progress, attempt=1)
+        ended = await eventually(
+            lambda: gw.client.get("/v1/tasks/t/events", params={"cursor": 2}),
+            lambda answer: answer.json()["task"]["state"] == "queued",
+            "the lease ended, the task requeued",
+        )
+        (entry,) = ended.json()["events"]
+        assert entry["event"] == {
+            **TIMEOUT,
+            "atMs": renewed["leaseUntilMs"],
+        }  # the renewed end, not the first
+        lateness = await commit_lateness(gw.client, "gateway_lease_lateness_seconds", 1)
+        assert lateness["1.0"] == 1, lateness
