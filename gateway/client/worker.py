@@ -21,7 +21,6 @@ that blocks the loop cannot heartbeat, and its lease runs out as a vanished work
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from typing import Any
 
@@ -90,7 +89,7 @@ class Worker:
         self._beating: anyio.CancelScope | None = None  # the heartbeat of the current attempt
         self._ending = False  # the attempt's last callback is on its way: a 409 to a heartbeat is expected
         self._over: AttemptOver | None = None  # what a heartbeat learned; raised from the block
-        self._exit = contextlib.AsyncExitStack()
+        self._block: anyio.CancelScope | None = None  # around the block's job, which a heartbeat may cancel
 
     @property
     def heartbeating(self) -> bool:
@@ -99,21 +98,29 @@ class Worker:
         return self._beating is not None
 
     async def __aenter__(self) -> Worker:
-        self._heartbeats = await self._exit.enter_async_context(anyio.create_task_group())
+        # The heartbeats' task group, then a scope of the block's own inside it: the block's exceptions
+        # leave through that scope alone (never wrapped in an exception group), and a heartbeat that learns
+        # the attempt is over cancels the job through it.
+        self._heartbeats = anyio.create_task_group()
+        await self._heartbeats.__aenter__()
+        self._block = anyio.CancelScope().__enter__()
         return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
+    async def __aexit__(self, *exc: Any) -> None:
         self._stop_heartbeat()
+        heartbeats, block = self._heartbeats, self._block
+        self._heartbeats = self._block = None
+        assert heartbeats is not None and block is not None
         try:
-            # The heartbeat's cancellation of the block ends here (the task group's own).
-            suppressed = await self._exit.__aexit__(*exc)
+            cancelled_by_heartbeat = block.__exit__(*exc)  # swallows only its own cancellation
         finally:
-            self._heartbeats = None
-            if self._owns_client:
-                await self._client.aclose()
-        if self._over is not None:
+            try:
+                await heartbeats.__aexit__(None, None, None)  # the heartbeat, cancelled, has ended
+            finally:
+                if self._owns_client:
+                    await self._client.aclose()
+        if self._over is not None and (cancelled_by_heartbeat or exc[0] is None):
             raise self._over
-        return suppressed
 
     async def start(self, worker: str, *, take_over: bool = False) -> dict[str, Any]:
         """Begin an attempt. On a task that is already running (``already-running``: another worker holds
@@ -248,8 +255,8 @@ class Worker:
                     if self._ending:  # the attempt's last callback ended it: nothing is wrong
                         return
                     self._over = exc if isinstance(exc, AttemptOver) else _over(exc)
-                    if self._heartbeats is not None:
-                        self._heartbeats.cancel_scope.cancel()  # the job, in the block
+                    if self._block is not None:
+                        self._block.cancel()  # the job, in the block
                     return
                 except httpx.HTTPError:
                     self._renewed_at = anyio.current_time()  # not renewed; try again a beat later

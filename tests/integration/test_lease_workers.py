@@ -273,3 +273,18 @@ async def test_the_python_worker_keeps_its_task_for_30_s_and_loses_it_within_2_s
     history.final("stopped-1", events)
     history.check()
     assert [e["event"]["type"] for e in events["events"]] == ["start", "fail"]
+
+
+async def test_a_jobs_own_error_leaves_the_block_as_it_was_raised_while_the_worker_heartbeats(
+    sqlite_url: str,
+) -> None:
+    """The background heartbeat wraps nothing: the job's exception is the one the block raises (not an
+    exception group), and a worker that ends that way stops heartbeating."""
+    async with running_gateway(sqlite_url) as gw:
+        created = await create(gw, "raises-1", heartbeat_ms=1_000, max_attempts=1)
+        with anyio.fail_after(STEP_S), pytest.raises(KeyError, match="the job's own"):
+            async with Worker(gw.url, "raises-1", created["callbackToken"]) as worker:
+                await worker.start("w1")
+                assert worker.heartbeating
+                raise KeyError("the job's own")
+        assert not worker.heartbeating
