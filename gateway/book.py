@@ -201,10 +201,16 @@ class Book:
 
     @_shielded
     async def next_deadline(self) -> int | None:
-        """The earliest time the sweeper has work: a live task's deadline (``expiresAtMs``) or a running
-        attempt's lease end; ``None`` when there is neither."""
+        """The earliest deadline of the live tasks (``expiresAtMs``), or ``None`` when none is live."""
         async with self.store.read() as tx:
-            return min(filter(None, (await tx.next_deadline(), await tx.next_lease_end())), default=None)
+            return await tx.next_deadline()
+
+    @_shielded
+    async def next_due(self) -> tuple[int | None, int | None]:
+        """When the sweeper has work next, of each kind: the earliest deadline of the live tasks and the
+        earliest lease end of the running attempts (``gateway.lease``), each ``None`` when there is none."""
+        async with self.store.read() as tx:
+            return await tx.next_deadline(), await tx.next_lease_end()
 
     @_shielded
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:

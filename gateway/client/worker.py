@@ -120,7 +120,7 @@ class Worker:
                 if self._owns_client:
                     await self._client.aclose()
         if self._over is not None and (cancelled_by_heartbeat or exc[0] is None):
-            raise self._over
+            raise self._over from None  # not from the job's cancellation, which it caused
 
     async def start(self, worker: str, *, take_over: bool = False) -> dict[str, Any]:
         """Begin an attempt. On a task that is already running (``already-running``: another worker holds

@@ -136,12 +136,17 @@ class Sweeper:
         the tasks of its own batch, not those falling due while it runs."""
         try:
             # A read first: a pass with nothing due writes nothing (on SQLite it would take the write turn,
-            # and a callback arriving meanwhile would wait for it, five times a second).
-            next_ms = await self.book.next_deadline()
-            if next_ms is not None and next_ms <= self.book.clock():
+            # and a callback arriving meanwhile would wait for it, five times a second), and a pass writes
+            # only for the kind that is due (deadlines, lease ends).
+            deadline, lease_end = await self.book.next_due()
+            now = self.book.clock()
+            if deadline is not None and deadline <= now:
                 await sweep_once(self.book, self.metrics)
+            if lease_end is not None and lease_end <= now:
                 await end_leases_once(self.book, self.metrics)
-                next_ms = await self.book.next_deadline()
+            if now >= min(deadline or math.inf, lease_end or math.inf):
+                deadline, lease_end = await self.book.next_due()
+            next_ms = min((t for t in (deadline, lease_end) if t is not None), default=None)
         except Exception as exc:  # a database outage must not end expiry for the life of the process
             if database_unavailable(exc):  # one line per pass, not a traceback every 200 ms
                 log.warning("expiry pass failed: the database is unreachable (%s); retrying", exc)
