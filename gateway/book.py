@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
@@ -23,6 +23,8 @@ from gateway.bus.base import Bus, News
 from gateway.drain import DEFAULT_LIMIT, Drained, Encode, drain
 from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.frames import event_frame
+from gateway.lease import heartbeat, lease_of, renewal, timed_out
+from gateway.listeners import Listeners
 from gateway.machine import (
     Event,
     Resume,
@@ -36,6 +38,7 @@ from gateway.machine import (
     is_blank,
     resume_mode,
 )
+from gateway.outcomes import CallbackOutcome, CallbackRequest, Delivery
 from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
 
 __all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Listeners", "Notification", "Receipt"]
@@ -76,31 +79,6 @@ def _shielded(
 _RACE_RETRIES = 3
 
 
-@dataclass(frozen=True, slots=True)
-class CallbackOutcome:
-    transition: Transition
-    duplicate_callback: bool
-
-
-@dataclass(frozen=True, slots=True)
-class CallbackRequest:
-    """One worker callback to apply: its event is made with the gateway's time once the task is locked."""
-
-    task_id: str
-    make_event: Callable[[int], Event]
-    callback_id: str | None = None
-    digest: str = ""
-    attempt: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    ok: bool
-    duplicate: bool
-    reason: str
-    receipt: Receipt
-
-
 class _SharedResume:
     """The cursors of the resumes of one task that will share one store read."""
 
@@ -119,40 +97,6 @@ class _Commit:
     def __init__(self) -> None:
         self.news: list[News] = []
         self.notified = 0
-
-
-class Listeners:
-    """Who hears of what a book has committed, one explicit list per kind, set up by the composition root
-    (``gateway.runtime``) before anything runs. Each is called on the book's event loop right after the
-    commit it tells of, and must not block: they are wake-ups, the store is the truth."""
-
-    __slots__ = ("deadline", "expired", "notifications")
-
-    def __init__(
-        self,
-        *,
-        deadline: Sequence[Callable[[int], None]] = (),
-        expired: Sequence[Callable[[Sequence[int]], None]] = (),
-        notifications: Sequence[Callable[[], None]] = (),
-    ) -> None:
-        # A new task's deadline, once committed (the sweeper's wake-up).
-        self.deadline = list(deadline)
-        # An expiry batch committed, with its tasks' deadlines (the lateness metric).
-        self.expired = list(expired)
-        # A commit wrote notifications to the outbox (the webhook relay's wake-up).
-        self.notifications = list(notifications)
-
-    def deadline_set(self, expires_at_ms: int) -> None:
-        for listener in self.deadline:
-            listener(expires_at_ms)
-
-    def tasks_expired(self, deadlines_ms: Sequence[int]) -> None:
-        for listener in self.expired:
-            listener(deadlines_ms)
-
-    def notified(self) -> None:
-        for listener in self.notifications:
-            listener()
 
 
 class Book:
@@ -245,6 +189,13 @@ class Book:
             return await tx.next_deadline()
 
     @_shielded
+    async def next_due(self) -> tuple[int | None, int | None]:
+        """When the sweeper has work next, of each kind: the earliest deadline of the live tasks and the
+        earliest lease end of the running attempts (``gateway.lease``), each ``None`` when there is none."""
+        async with self.store.read() as tx:
+            return await tx.next_deadline(), await tx.next_lease_end()
+
+    @_shielded
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         """Up to ``limit`` tasks in id order after ``after``, only those in ``state`` if given."""
         async with self.store.read() as tx:
@@ -253,22 +204,26 @@ class Book:
     # --- writes --------------------------------------------------------------------------------------
 
     @_shielded
-    async def create(self, task_id: str, ttl_ms: int, max_attempts: Any) -> tuple[Task, bool]:
-        """Create a queued task; the same id with the same parameters returns it again (``False``)."""
+    async def create(
+        self, task_id: str, ttl_ms: int, max_attempts: Any, heartbeat_ms: int | None = None
+    ) -> tuple[Task, bool]:
+        """Create a queued task (with a heartbeat lease of ``heartbeat_ms``, if given); the same id with the
+        same parameters returns it again (``False``)."""
         now = self.clock()
         task = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=max_attempts)
 
         async def work(tx: WriteTx, _: _Commit) -> tuple[Task, bool]:
             existing = await tx.task(task_id)
             if existing is not None:
-                if existing.ttl_ms != ttl_ms or existing.task.max_attempts != task.max_attempts:
+                made = (existing.ttl_ms, existing.task.max_attempts, existing.heartbeat_ms)
+                if made != (ttl_ms, task.max_attempts, heartbeat_ms):
                     raise Conflict(
                         "task-exists",
-                        f"task {task_id} exists with other parameters "
-                        f"(ttlMs {existing.ttl_ms}, maxAttempts {existing.task.max_attempts})",
+                        f"task {task_id} exists with other parameters (ttlMs {made[0]}, maxAttempts "
+                        f"{made[1]}, heartbeatMs {'none' if made[2] is None else made[2]})",
                     )
                 return existing.task, False
-            await tx.insert_task(task, ttl_ms, now)
+            await tx.insert_task(task, ttl_ms, now, heartbeat_ms)
             return task, True
 
         made, created = await self._write(work)
@@ -302,13 +257,16 @@ class Book:
         Order for each (protocol.md): the callback id first (global; same body = same callback, another
         body is a conflict), then ``attempt`` fencing, then the state machine. A callback id is remembered
         even when the event changed nothing, never when the event was rejected. The tasks are locked and
-        the callback ids looked up once for the whole batch; the writes are set-based.
+        the callback ids looked up once for the whole batch; the writes are set-based, the running
+        attempts' lease renewals (``gateway.lease``) among them.
         """
 
-        async def work(tx: WriteTx, commit: _Commit) -> list[CallbackOutcome | GatewayError]:
-            tasks = {
-                i: stored.task for i, stored in (await tx.lock_tasks([r.task_id for r in requests])).items()
-            }
+        async def work(
+            tx: WriteTx, commit: _Commit
+        ) -> tuple[list[CallbackOutcome | GatewayError], int | None]:
+            stored = await tx.lock_tasks([r.task_id for r in requests])
+            tasks = {i: s.task for i, s in stored.items()}
+            renewed: dict[str, int] = {}  # the leases the batch renews, by task
             ids = [r.callback_id for r in requests if r.callback_id is not None]
             digests = await tx.callback_digests(ids) if ids else {}
             outcomes: list[CallbackOutcome | GatewayError] = []
@@ -320,19 +278,29 @@ class Book:
                 except GatewayError as exc:
                     outcomes.append(exc)
                     continue
-                outcomes.append(outcome)
-                if outcome.duplicate_callback:
+                task, held = outcome.transition.task, stored[request.task_id]
+                # Every callback of the running attempt renews its lease (gateway.lease), a retry not.
+                until = None if outcome.duplicate_callback else renewal(task, held.heartbeat_ms, at)
+                if until is not None:
+                    renewed[task.id] = until
+                until = renewed.get(task.id, held.lease_until_ms)
+                outcomes.append(replace(outcome, lease=lease_of(task, held.heartbeat_ms, until)))
+                if outcome.duplicate_callback or request.make_event is None:
                     continue
-                tasks[request.task_id] = outcome.transition.task
+                tasks[request.task_id] = task
                 transitions.append((outcome.transition, at))
                 if request.callback_id is not None:
                     digests[request.callback_id] = request.digest
                     seen.append((request.callback_id, request.task_id, at, request.digest))
             await self._record_many(tx, commit, transitions)
             await tx.insert_callbacks(seen)
-            return outcomes
+            await tx.renew_leases(list(renewed.items()))
+            return outcomes, min(renewed.values(), default=None)
 
-        return await self._write(work)
+        done, lease_end = await self._write(work)
+        if lease_end is not None:
+            self.listeners.deadline_set(lease_end)
+        return done
 
     def _decide(
         self, request: CallbackRequest, tasks: dict[str, Task], digests: dict[str, str]
@@ -354,6 +322,8 @@ class Book:
                 "stale-attempt",
                 f"attempt {request.attempt} is not the task's current attempt ({task.attempts})",
             )
+        if request.make_event is None:  # a heartbeat: it changes no entry of the task
+            return CallbackOutcome(heartbeat(task), False), self.clock()
         now = self.clock()
         transition = apply_event(task, request.make_event(now))
         limit = self.max_history_versions
@@ -402,6 +372,24 @@ class Book:
         if deadlines:
             self.listeners.tasks_expired(deadlines)
         return len(deadlines)
+
+    @_shielded
+    async def end_leases(self, limit: int = EXPIRY_BATCH, *, urgent: bool = True) -> int:
+        """End up to ``limit`` leases that ran out (``clock() >= lease end``) with the reference's retryable
+        fail at each one's end (``gateway.lease``), in one transaction, as :meth:`expire_due` does; returns
+        how many. Leases another process is ending are skipped, not waited for."""
+
+        async def work(tx: WriteTx, commit: _Commit) -> list[int]:
+            ended = [(s.task, s.lease_until_ms or 0) for s in await tx.claim_leases(self.clock(), limit)]
+            # Its entry and a final fail's notification at the lease's end (an expiry's at the deadline).
+            timeouts = [timed_out(task, end) for task, end in ended]
+            await self._record_many(tx, commit, [(t, t.entry.event.at_ms) for t in timeouts if t.entry])
+            return [end for _, end in ended]
+
+        ends = await self._write(work, urgent=urgent)
+        if ends:
+            self.listeners.leases_over(ends)
+        return len(ends)
 
     @_shielded
     async def deliver(self, task_id: str, idempotency_key: str) -> Delivery:

@@ -7,7 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-# Around the protocol's bound (1 s) finely; a backlog after a database outage lands in the last ones.
+# Expiry's and leases': around the protocol's bound (1 s) finely; a backlog after a database outage lands
+# in the last ones.
 EXPIRY_LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -28,6 +29,11 @@ class Metrics:
             "Time from a callback's arrival to its committed answer",
             registry=self.registry,
         )
+        self.heartbeats = Counter(
+            "gateway_heartbeats",
+            "Heartbeats answered 200 (each renews its attempt's lease, where the task has one)",
+            registry=self.registry,
+        )
         self.tasks_created = Counter("gateway_tasks_created", "Tasks created", registry=self.registry)
         self.tasks_cancelled = Counter(
             "gateway_tasks_cancelled", "Tasks ended by POST /v1/tasks/{id}/cancel", registry=self.registry
@@ -38,6 +44,18 @@ class Metrics:
         self.expiry_lateness_seconds = Histogram(
             "gateway_expiry_lateness_seconds",
             "Time from a task's deadline (expiresAtMs) to the commit of its expiry by the sweeper "
+            "(protocol.md: within 1 s)",
+            buckets=EXPIRY_LATENESS_BUCKETS,
+            registry=self.registry,
+        )
+        self.leases_ended = Counter(
+            "gateway_leases_ended_by_sweeper",
+            "Heartbeat leases the sweeper ended (their attempt failed with heartbeat-timeout)",
+            registry=self.registry,
+        )
+        self.lease_lateness_seconds = Histogram(
+            "gateway_lease_lateness_seconds",
+            "Time from a heartbeat lease's end to the commit of its heartbeat-timeout fail by the sweeper "
             "(protocol.md: within 1 s)",
             buckets=EXPIRY_LATENESS_BUCKETS,
             registry=self.registry,
@@ -87,6 +105,11 @@ class Metrics:
         """Tasks with these deadlines were expired by a commit at ``committed_ms``."""
         for deadline in deadlines_ms:
             self.expiry_lateness_seconds.observe(max(0, committed_ms - deadline) / 1000)
+
+    def leases_over(self, ends_ms: Sequence[int], committed_ms: int) -> None:
+        """Leases with these ends were ended by a commit at ``committed_ms``."""
+        for end in ends_ms:
+            self.lease_lateness_seconds.observe(max(0, committed_ms - end) / 1000)
 
     def watch_hub(self, stats: Callable[[], dict[str, int]]) -> None:
         """Export the hub's queue sizes, read when /metrics is scraped."""

@@ -82,6 +82,7 @@ class Gateway:
             if self.db.is_sqlite:  # a file only this process writes: it makes every deadline
                 self.sweeper = Sweeper(self.book, interval_s, self.metrics, solo=True)
                 listeners.expired.append(self.sweeper.expired)
+                listeners.leases_ended.append(self.sweeper.leases_ended)
             else:  # off the event loop (gateway.jobs.sweeper_thread), its expiries told there
                 self.sweeper = SweeperThread(self.book, settings.database_url, interval_s, self.metrics)
             listeners.deadline.append(self.sweeper.deadline)

@@ -5,6 +5,7 @@ watch`` loads httpx/websockets and these modules only.
 """
 
 from gateway.client.errors import (
+    AttemptOver,
     CallbackError,
     CallbackIgnored,
     ClientError,
@@ -16,6 +17,7 @@ from gateway.client.watch import WatchError, watch
 from gateway.client.worker import Worker
 
 __all__ = [
+    "AttemptOver",
     "CallbackError",
     "CallbackIgnored",
     "ClientError",

@@ -5,6 +5,7 @@ import)::
     ├── WatchError            watch(): what retrying will not cure (bad token, unknown task, not a gateway)
     └── WorkerError           a Worker's callback did not do what it asked (reason, task_id, task)
         ├── CallbackError     the gateway refused it with a 4xx (stale-attempt, unauthorized, ...)
+        │   └── AttemptOver   the gateway says the worker's attempt is over (stale-attempt, not-running)
         └── CallbackIgnored   answered 200 but had no effect (terminal-conflict, not-running, ...)
             ├── TaskAlreadyRunning   start() on a task another worker is running
             └── TaskCancelled        the task was cancelled (POST /v1/tasks/{id}/cancel): stop working
@@ -42,6 +43,14 @@ class CallbackError(WorkerError):
         )
         self.status = status
         self.code = code
+
+
+class AttemptOver(CallbackError):
+    """The gateway says this worker's attempt is over: ``409 stale-attempt`` (another attempt has started
+    since) or ``409 not-running`` to a heartbeat (the task was requeued, its lease having run out or the
+    attempt having failed, or it has ended). Whatever the job does from here on no longer counts. Raised by
+    the callback that was told so or, when the background heartbeat learns it, from the ``async with
+    Worker(...)`` block, whose job is cancelled."""
 
 
 class CallbackIgnored(WorkerError):

@@ -8,6 +8,15 @@ raise :class:`CallbackError`, and answers that changed nothing the worker asked 
 its work is no longer wanted); both are :class:`WorkerError`, carrying the reason and the task. A
 harmless repeat (the same progress or result again, a retried callback the gateway had already applied) is
 not an error. ``start`` never adopts an attempt another worker began unless told to (``take_over=True``).
+
+**Heartbeats.** On a task created with ``heartbeatMs``, the gateway tells the worker its lease in the
+answer to ``start`` (and to every callback of the attempt). Inside ``async with Worker(...)`` the worker
+then heartbeats in the background (``POST /v1/tasks/{id}/heartbeat``) at a third of the lease, unless a
+callback renewed it more recently, until the attempt ends (its ``succeed`` or ``fail``, or the block's end).
+When the gateway answers a heartbeat that the attempt is over (requeued after its lease ran out, started
+again elsewhere, ended), the block's job is cancelled and the block raises :class:`AttemptOver`. The job
+must leave the event loop free for this (blocking work in a thread: ``anyio.to_thread.run_sync``); a job
+that blocks the loop cannot heartbeat, and its lease runs out as a vanished worker's does.
 """
 
 from __future__ import annotations
@@ -16,14 +25,23 @@ import uuid
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 
 from gateway.client.backoff import Backoff
-from gateway.client.errors import CallbackError, CallbackIgnored, TaskAlreadyRunning, TaskCancelled, ignored
+from gateway.client.errors import (
+    AttemptOver,
+    CallbackError,
+    CallbackIgnored,
+    TaskAlreadyRunning,
+    TaskCancelled,
+    ignored,
+)
 
 __all__ = [
     "APPLIED",
     "HARMLESS",
+    "AttemptOver",
     "CallbackError",
     "CallbackIgnored",
     "TaskAlreadyRunning",
@@ -40,6 +58,10 @@ HARMLESS = frozenset({"duplicate-progress", "duplicate-result", "duplicate-callb
 
 # Below the gateway's idle timeout (GATEWAY_IDLE_TIMEOUT_MS, 5 s by default).
 KEEPALIVE_S = 2.0
+# The 409 codes that say a worker's attempt is over.
+ATTEMPT_OVER = frozenset({"stale-attempt", "not-running"})
+# A heartbeat goes at this fraction of the lease after the lease's last renewal.
+HEARTBEAT_FRACTION = 1 / 3
 
 
 class Worker:
@@ -56,6 +78,7 @@ class Worker:
     ) -> None:
         self.task_id = task_id
         self.url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/callbacks"
+        self.heartbeat_url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/heartbeat"
         self.headers = {"Authorization": f"Bearer {callback_token}"}
         # A pooled connection is not reused after KEEPALIVE_S idle: well before the gateway closes it
         # (GATEWAY_IDLE_TIMEOUT_MS, 5 s), so a callback is never sent on a connection being closed.
@@ -66,13 +89,46 @@ class Worker:
         self.retries = retries
         self.backoff = backoff or Backoff(base_s=0.05, cap_s=2.0)
         self.attempt: int | None = None  # the attempt this worker's start began
+        # The lease of that attempt, as the gateway last said: its length, and when (on anyio's clock) a
+        # request that renewed it was sent.
+        self.heartbeat_ms: int | None = None
+        self._renewed_at = 0.0
+        self._heartbeats: anyio.abc.TaskGroup | None = None  # inside ``async with``: where they run
+        self._beating: anyio.CancelScope | None = None  # the heartbeat of the current attempt
+        self._ending = False  # the attempt's last callback is on its way: a 409 to a heartbeat is expected
+        self._over: AttemptOver | None = None  # what a heartbeat learned; raised from the block
+        self._block: anyio.CancelScope | None = None  # around the block's job, which a heartbeat may cancel
+
+    @property
+    def heartbeating(self) -> bool:
+        """Whether this worker heartbeats in the background now: its attempt runs, on a task with a lease,
+        inside ``async with``."""
+        return self._beating is not None
 
     async def __aenter__(self) -> Worker:
+        # The heartbeats' task group, then a scope of the block's own inside it: the block's exceptions
+        # leave through that scope alone (never wrapped in an exception group), and a heartbeat that learns
+        # the attempt is over cancels the job through it.
+        self._heartbeats = anyio.create_task_group()
+        await self._heartbeats.__aenter__()
+        self._block = anyio.CancelScope().__enter__()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+    async def __aexit__(self, *exc: Any) -> None:
+        self._stop_heartbeat()
+        heartbeats, block = self._heartbeats, self._block
+        self._heartbeats = self._block = None
+        assert heartbeats is not None and block is not None
+        try:
+            cancelled_by_heartbeat = block.__exit__(*exc)  # swallows only its own cancellation
+        finally:
+            try:
+                await heartbeats.__aexit__(None, None, None)  # the heartbeat, cancelled, has ended
+            finally:
+                if self._owns_client:
+                    await self._client.aclose()
+        if self._over is not None and (cancelled_by_heartbeat or exc[0] is None):
+            raise self._over from None  # not from the job's cancellation, which it caused
 
     async def start(self, worker: str, *, take_over: bool = False) -> dict[str, Any]:
         """Begin an attempt. On a task that is already running (``already-running``: another worker holds
@@ -88,6 +144,7 @@ class Worker:
         # requeued and was started again by another worker: the gateway does not keep the first answer.)
         if task["state"] == "running" and reason in ("started", "already-running", "duplicate-callback"):
             self.attempt = task["attempts"]
+            self._start_heartbeat(self.attempt)
             return answer
         _check("start", answer)
         return answer
@@ -97,10 +154,18 @@ class Worker:
 
     async def succeed(self, result_ref: str, result_hash: str) -> dict[str, Any]:
         event = {"type": "succeed", "resultRef": result_ref, "resultHash": result_hash}
-        return await self.send(event, fenced=True)
+        return await self._last(event)
 
     async def fail(self, error: str, *, retryable: bool) -> dict[str, Any]:
-        return await self.send({"type": "fail", "error": error, "retryable": retryable}, fenced=True)
+        return await self._last({"type": "fail", "error": error, "retryable": retryable})
+
+    async def _last(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The attempt's last callback: its heartbeat stops once it is answered (or refused)."""
+        self._ending = True
+        try:
+            return await self.send(event, fenced=True)
+        finally:
+            self._stop_heartbeat()
 
     async def send(
         self,
@@ -118,35 +183,97 @@ class Worker:
         body: dict[str, Any] = {"callbackId": callback_id or str(uuid.uuid4()), "event": event}
         if fenced and self.attempt is not None:
             body["attempt"] = self.attempt
-        self.backoff.reset()
+        result = await self._post(self.url, body, self.backoff)
+        if check:
+            _check(str(event.get("type")), result)
+        return result
+
+    async def heartbeat(self) -> dict[str, Any]:
+        """Renew the lease of this worker's attempt now (the background heartbeat does so by itself);
+        returns ``{"leaseUntilMs", "heartbeatMs"}``. Raises :class:`AttemptOver` when the attempt is over."""
+        if self.attempt is None:
+            raise RuntimeError("heartbeat() before start(): this worker holds no attempt")
+        return await self._post(self.heartbeat_url, {"attempt": self.attempt}, Backoff(0.05, 2.0))
+
+    async def _post(self, url: str, body: dict[str, Any], backoff: Backoff) -> dict[str, Any]:
+        """POST ``body``, retrying transport failures, 5xx and 429 (after its Retry-After); the answer's
+        JSON, or :class:`CallbackError` (:class:`AttemptOver`) on a 4xx. An answer that carries the lease
+        counts as its renewal, from when the request was sent."""
+        backoff.reset()
         for attempt in range(self.retries + 1):
+            sent = anyio.current_time()
             try:
-                response = await self._client.post(self.url, json=body, headers=self.headers)
+                response = await self._client.post(url, json=body, headers=self.headers)
             except httpx.TransportError:
                 if attempt == self.retries:
                     raise
             else:
                 if response.status_code < 300:
                     result: dict[str, Any] = response.json()
-                    if check:
-                        _check(str(event.get("type")), result)
+                    if result.get("heartbeatMs") is not None:
+                        self.heartbeat_ms = int(result["heartbeatMs"])
+                        self._renewed_at = max(self._renewed_at, sent)
                     return result
                 if response.status_code < 500 and response.status_code != 429:
                     error = _error_of(response)
-                    raise CallbackError(
-                        response.status_code,
-                        error.get("code", ""),
-                        error.get("message", ""),
-                        task_id=self.task_id,
+                    code = error.get("code", "")
+                    over = response.status_code == 409 and code in ATTEMPT_OVER
+                    raise (AttemptOver if over else CallbackError)(
+                        response.status_code, code, error.get("message", ""), task_id=self.task_id
                     )
                 if attempt == self.retries:
                     response.raise_for_status()
                 retry_after = response.headers.get("retry-after", "")
                 if retry_after.isdigit():  # 429 (too many callbacks for this task) and 503 say when
-                    await anyio.sleep(max(int(retry_after), self.backoff.next_delay()))
+                    await anyio.sleep(max(int(retry_after), backoff.next_delay()))
                     continue
-            await anyio.sleep(self.backoff.next_delay())
+            await anyio.sleep(backoff.next_delay())
         raise AssertionError("unreachable")
+
+    # --- the background heartbeat -------------------------------------------------------------------------
+
+    def _start_heartbeat(self, attempt: int) -> None:
+        """Heartbeat for ``attempt`` while it runs, if its task has a lease and the block is entered."""
+        self._stop_heartbeat()
+        self._ending = False
+        if self.heartbeat_ms is not None and self._heartbeats is not None:
+            self._beating = anyio.CancelScope()
+            self._heartbeats.start_soon(self._beat, attempt, self._beating)
+
+    def _stop_heartbeat(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
+            self._beating = None
+
+    async def _beat(self, attempt: int, scope: anyio.CancelScope) -> None:
+        """Renew the lease a third of it after its last renewal (a callback's or a heartbeat's), until
+        cancelled. Told the attempt is over, cancel the block (which raises it); a gateway that cannot be
+        reached is tried again at the next beat (the lease may run out meanwhile: the next answer says so)."""
+        backoff = Backoff(base_s=0.05, cap_s=2.0)
+        with scope:
+            while True:
+                assert self.heartbeat_ms is not None
+                due = self._renewed_at + self.heartbeat_ms / 1000 * HEARTBEAT_FRACTION
+                if anyio.current_time() < due:
+                    await anyio.sleep_until(due)
+                    continue  # a callback may have renewed the lease meanwhile
+                try:
+                    await self._post(self.heartbeat_url, {"attempt": attempt}, backoff)
+                except CallbackError as exc:
+                    if self._ending:  # the attempt's last callback ended it: nothing is wrong
+                        return
+                    self._over = exc if isinstance(exc, AttemptOver) else _over(exc)
+                    if self._block is not None:
+                        self._block.cancel()  # the job, in the block
+                    return
+                except httpx.HTTPError:
+                    self._renewed_at = anyio.current_time()  # not renewed; try again a beat later
+
+
+def _over(exc: CallbackError) -> AttemptOver:
+    """A heartbeat refused for good (a 4xx other than the attempt's end, e.g. a token that expired): the
+    lease cannot be held, so the attempt is as good as over."""
+    return AttemptOver(exc.status, exc.code, f"heartbeats are refused: {exc}", task_id=exc.task_id)
 
 
 def _check(event_type: str, answer: dict[str, Any]) -> None:

@@ -1,4 +1,9 @@
-"""Expiry: a loop, owned by the app's lifespan, that expires live tasks whose deadline has passed.
+"""Expiry and heartbeat leases: a loop, owned by the app's lifespan, that expires live tasks whose deadline
+has passed and ends the leases of running attempts that stopped renewing them (``gateway.lease``).
+
+Leases are swept as deadlines are, below: the sweeper wakes for the earliest lease end as for the earliest
+deadline (a lease that starts or is renewed tells it, as a new task's deadline does), and ends them in
+bounded batches claimed with ``SKIP LOCKED``, one transaction each, the first urgent.
 
 It runs at start (so tasks that fell due while the gateway was down expire at once), then wakes at the
 next deadline it knows of: after each pass it reads the earliest deadline of the live tasks, and a task this
@@ -25,9 +30,10 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
+from prometheus_client import Counter
 
 from gateway.book import EXPIRY_BATCH, Book
 from gateway.errors import one_line
@@ -44,8 +50,10 @@ SOLO_IDLE_S = 1.0
 MAX_PASSES = 3
 
 
-async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
-    """Expire every task that is due now, a batch at a time; returns how many this process expired.
+async def _in_batches(
+    book: Book, batch: Callable[[int, bool], Awaitable[int]], counter: Counter | None
+) -> int:
+    """``batch(limit, urgent)`` until one comes back short; returns how many it took in all.
 
     The first batch is urgent (it writes before the callbacks waiting to); the rest of a backlog (after an
     outage, say) takes its turns with them, so that catching up does not stall callbacks for long."""
@@ -53,15 +61,31 @@ async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
     while True:
         # Shielded: a stop waits for the batch to end instead of tearing a connection down mid-query.
         with anyio.fail_after(book.deadline_s, shield=True):
-            if total == 0:
-                expired = await book.expire_due(EXPIRY_BATCH)  # urgent
-            else:
-                expired = await book.expire_due(EXPIRY_BATCH, urgent=False)
-        total += expired
-        if metrics is not None:
-            metrics.tasks_expired.inc(expired)
-        if expired < EXPIRY_BATCH:
+            done = await batch(EXPIRY_BATCH, total == 0)
+        total += done
+        if counter is not None:
+            counter.inc(done)
+        if done < EXPIRY_BATCH:
             return total
+
+
+async def sweep_once(book: Book, metrics: Metrics | None = None) -> int:
+    """Expire every task that is due now, a batch at a time; returns how many this process expired."""
+    return await _in_batches(
+        book,
+        lambda limit, urgent: book.expire_due(limit, urgent=urgent),
+        metrics.tasks_expired if metrics is not None else None,
+    )
+
+
+async def end_leases_once(book: Book, metrics: Metrics | None = None) -> int:
+    """End every lease that ran out by now, a batch at a time, as :func:`sweep_once` expires tasks; returns
+    how many this process ended."""
+    return await _in_batches(
+        book,
+        lambda limit, urgent: book.end_leases(limit, urgent=urgent),
+        metrics.leases_ended if metrics is not None else None,
+    )
 
 
 class Sweeper:
@@ -108,16 +132,27 @@ class Sweeper:
         if self.metrics is not None:
             self.metrics.expired(deadlines_ms, self.book.clock())
 
+    def leases_ended(self, ends_ms: Sequence[int]) -> None:
+        """A batch of leases ended (a listener of the book that ended it): how late it was."""
+        if self.metrics is not None:
+            self.metrics.leases_over(ends_ms, self.book.clock())
+
     async def _pass(self, in_flight: anyio.Semaphore) -> None:
         """Expire what is due, then learn the next deadline. Passes overlap: a slow commit holds up only
         the tasks of its own batch, not those falling due while it runs."""
         try:
             # A read first: a pass with nothing due writes nothing (on SQLite it would take the write turn,
-            # and a callback arriving meanwhile would wait for it, five times a second).
-            next_ms = await self.book.next_deadline()
-            if next_ms is not None and next_ms <= self.book.clock():
+            # and a callback arriving meanwhile would wait for it, five times a second), and a pass writes
+            # only for the kind that is due (deadlines, lease ends).
+            deadline, lease_end = await self.book.next_due()
+            now = self.book.clock()
+            if deadline is not None and deadline <= now:
                 await sweep_once(self.book, self.metrics)
-                next_ms = await self.book.next_deadline()
+            if lease_end is not None and lease_end <= now:
+                await end_leases_once(self.book, self.metrics)
+            if now >= min(deadline or math.inf, lease_end or math.inf):
+                deadline, lease_end = await self.book.next_due()
+            next_ms = min((t for t in (deadline, lease_end) if t is not None), default=None)
         except Exception as exc:  # a database outage must not end expiry for the life of the process
             if database_unavailable(exc):  # one line per pass, not a traceback every 200 ms
                 log.warning("expiry pass failed: %s (%s); retrying", unavailable_reason(exc), one_line(exc))

@@ -115,6 +115,7 @@ class SweeperThread:
         )
         sweeper = Sweeper(book, self.interval_s, self.metrics)
         listeners.expired.append(sweeper.expired)
+        listeners.leases_ended.append(sweeper.leases_ended)
         try:
             with anyio.CancelScope() as scope:
                 with self._lock:

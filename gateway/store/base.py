@@ -35,6 +35,10 @@ class StoredTask:
     task: Task
     # What the task was created with, so that a repeated create can be told apart from a conflicting one.
     ttl_ms: int
+    # Its heartbeat lease (gateway.lease): the length asked for at create (None: no lease), and the end of
+    # the running attempt's lease (meaningful only while the task is running).
+    heartbeat_ms: int | None = None
+    lease_until_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +95,9 @@ class ReadTx(Protocol):
     async def next_deadline(self) -> int | None:
         """The earliest ``expiresAtMs`` of the live tasks, or ``None`` when none is live."""
 
+    async def next_lease_end(self) -> int | None:
+        """The earliest lease end of the running tasks that hold a lease, or ``None``."""
+
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         """One page of the operators' task list: up to ``limit`` tasks in id order, only those whose id
         comes after ``after`` when it is given, only those in ``state`` when it is given.
@@ -113,8 +120,11 @@ class WriteTx(ReadTx, Protocol):
         """The tasks that exist among these, each locked until the transaction ends, in id order (so that
         concurrent batches lock in one order and cannot deadlock)."""
 
-    async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
-        """A new task; :class:`StoreRace` (at the latest on commit) when the id exists."""
+    async def insert_task(
+        self, task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None = None
+    ) -> None:
+        """A new task (with a heartbeat lease when ``heartbeat_ms`` is given); :class:`StoreRace` (at the
+        latest on commit) when the id exists."""
 
     async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
         """A transition with an entry: the task row (checked at the version before), its history entry and,
@@ -128,6 +138,13 @@ class WriteTx(ReadTx, Protocol):
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
         """Up to ``limit`` live tasks past their deadline, earliest first, locked; rows another transaction
         holds are skipped, so that processes sweeping together take different tasks."""
+
+    async def renew_leases(self, leases: Sequence[tuple[str, int]]) -> None:
+        """Set the lease end of each of these tasks (task id, lease end), which this transaction locked."""
+
+    async def claim_leases(self, now_ms: int, limit: int) -> list[StoredTask]:
+        """Up to ``limit`` running tasks whose lease ended at or before ``now_ms``, earliest first, locked;
+        rows another transaction holds are skipped, as :meth:`claim_due` does."""
 
     async def callback_digest(self, callback_id: str) -> str | None:
         """The body digest a callback id was first seen with, or ``None``."""

@@ -7,9 +7,10 @@ store; it keeps nothing across restarts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from gateway.machine import Task, Transition
@@ -140,6 +141,17 @@ class MemoryTx:
         live = [s.task.expires_at_ms for s in self.data.tasks.values() if s.task.state in ACTIVE_STATES]
         return int(min(live)) if live else None
 
+    async def next_lease_end(self) -> int | None:
+        return min((until for _, until in self._leased()), default=None)
+
+    def _leased(self) -> list[tuple[StoredTask, int]]:
+        """The running tasks that hold a lease, with its end."""
+        return [
+            (s, s.lease_until_ms)
+            for s in self.data.tasks.values()
+            if s.task.state == "running" and s.lease_until_ms is not None
+        ]
+
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         found = sorted(
             (s.task for s in self.data.tasks.values()),
@@ -156,10 +168,12 @@ class MemoryTx:
         stored = self.data.tasks
         return {i: stored[i] for i in sorted(set(task_ids)) if i in stored}
 
-    async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
+    async def insert_task(
+        self, task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None = None
+    ) -> None:
         if task.id in self.data.tasks:
             raise StoreRace(f"task {task.id} exists")
-        self.data.tasks[task.id] = StoredTask(task, ttl_ms)
+        self.data.tasks[task.id] = StoredTask(task, ttl_ms, heartbeat_ms)
         self.data.entries[task.id] = []
         self.undo.append(lambda: (self.data.tasks.pop(task.id), self.data.entries.pop(task.id)))
 
@@ -173,7 +187,7 @@ class MemoryTx:
         key = (task.id, task.state, task.version)
         if transition.notify and key in self.data.outbox_keys:
             raise StoreRace(f"notification {key} exists")
-        self.data.tasks[task.id] = StoredTask(task, before.ttl_ms)
+        self.data.tasks[task.id] = replace(before, task=task)
         history = self.data.entries[task.id]
         history.append((entry.version, encoded_event))
 
@@ -211,6 +225,16 @@ class MemoryTx:
         ]
         due.sort(key=lambda t: t.expires_at_ms)
         return due[:limit]
+
+    async def renew_leases(self, leases: Sequence[tuple[str, int]]) -> None:
+        for task_id, until_ms in leases:
+            before = self.data.tasks[task_id]
+            self.data.tasks[task_id] = replace(before, lease_until_ms=until_ms)
+            self.undo.append(functools.partial(self.data.tasks.__setitem__, task_id, before))
+
+    async def claim_leases(self, now_ms: int, limit: int) -> list[StoredTask]:
+        ended = sorted((until, s.task.id, s) for s, until in self._leased() if until <= now_ms)
+        return [s for _, _, s in ended[:limit]]
 
     async def callback_digest(self, callback_id: str) -> str | None:
         seen = self.data.callbacks.get(callback_id)

@@ -233,6 +233,12 @@ class PgTx(SqlTx):
     async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
         self._batch.callbacks.extend(rows)
 
+    async def renew_leases(self, leases: Sequence[tuple[str, int]]) -> None:
+        # After the batch's writes (which hold the task rows' own update): one more statement, sent only by
+        # a batch that renews a lease.
+        if leases:
+            await self.run(q.PG_RENEW_LEASES, ([i for i, _ in leases], [until for _, until in leases]))
+
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         self._batch.notices.extend((channel, p) for p in payloads)
 

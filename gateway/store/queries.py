@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql
 
-from gateway.store.tables import ACTIVE_STATES, TASK_COLUMNS, callbacks, entries, outbox, tasks
+from gateway.store.tables import ACTIVE_STATES, LEASED, TASK_COLUMNS, callbacks, entries, outbox, tasks
 
 # ``IN (...)`` lists go in chunks of this size (SQLite's default limit is 32,766 parameters).
 IN_CHUNK = 500
@@ -51,15 +51,24 @@ def _insert(table: str, columns: Sequence[str]) -> str:
 
 # --- tasks ------------------------------------------------------------------------------------------------
 
-# Its rows are ``TASK_COLUMNS`` (``tables.task_from_row``), then ``ttl_ms``.
-SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)}, ttl_ms FROM tasks"
+# Its rows are ``TASK_COLUMNS`` (``tables.task_from_row``), then ``ttl_ms``, ``heartbeat_ms`` and
+# ``lease_until_ms``.
+SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)}, ttl_ms, heartbeat_ms, lease_until_ms FROM tasks"
 TASK = f"{SELECT_TASK} WHERE id = ?"  # + LOCK in a write transaction
 TASKS = f"{SELECT_TASK} WHERE {{ids}} ORDER BY id"  # + LOCK; in id order, so that batches lock in one order
 VERSIONS = "SELECT id, version FROM tasks WHERE {ids}"
 TASK_EXISTS = "SELECT 1 FROM tasks WHERE id = ?"
 NEXT_DEADLINE = f"SELECT min(expires_at_ms) FROM tasks WHERE {_LIVE}"
 DUE = f"{SELECT_TASK} WHERE {_LIVE} AND expires_at_ms <= ? ORDER BY expires_at_ms LIMIT ?"  # + CLAIM
-INSERT_TASK = _insert("tasks", (*TASK_COLUMNS, "ttl_ms", "created_at_ms"))
+INSERT_TASK = _insert("tasks", (*TASK_COLUMNS, "ttl_ms", "created_at_ms", "heartbeat_ms"))
+
+# --- heartbeat leases (gateway.lease) -----------------------------------------------------------------
+# Both repeat the predicate of the partial index ix_tasks_lease_end: answered in O(rows wanted).
+NEXT_LEASE_END = f"SELECT min(lease_until_ms) FROM tasks WHERE {LEASED}"
+LEASES_ENDED = (
+    f"{SELECT_TASK} WHERE {LEASED} AND lease_until_ms <= ? ORDER BY lease_until_ms LIMIT ?"  # + CLAIM
+)
+RENEW_LEASE = "UPDATE tasks SET lease_until_ms = ? WHERE id = ?"
 
 
 @functools.cache
@@ -183,6 +192,11 @@ IN_ARRAY = "{column} = ANY(?)"
 PG_LOCK_TASKS = (
     "SELECT t.* FROM unnest(?::text[]) AS i(id) "
     f"CROSS JOIN LATERAL ({SELECT_TASK} WHERE id = i.id{LOCK}) AS t"
+)
+# A batch's lease renewals in one statement (SQLite runs ``RENEW_LEASE`` once per row).
+PG_RENEW_LEASES = (
+    "UPDATE tasks AS t SET lease_until_ms = v.until FROM unnest(?::text[], ?::bigint[]) AS v(id, until) "
+    "WHERE t.id = v.id"
 )
 # Every key asked for, with its digest or NULL.
 PG_DIGESTS = (

@@ -15,6 +15,8 @@ from sqlmodel import Field, SQLModel
 from gateway.machine import Task
 
 ACTIVE_STATES = ("queued", "running")
+# The rows of running attempts that hold a lease: the predicate of the partial index ix_tasks_lease_end.
+LEASED = "state = 'running' AND lease_until_ms IS NOT NULL"
 # The columns of a ``tasks`` row that hold the machine's task: named and ordered as its fields, so that a
 # row that starts with them is the task's arguments in order (``task_from_row``).
 TASK_COLUMNS = tuple(field.name for field in fields(Task))
@@ -71,6 +73,13 @@ class TaskRow(SQLModel, table=True):
             sqlite_where=text("finished_at_ms IS NOT NULL"),
             postgresql_where=text("finished_at_ms IS NOT NULL"),
         ),
+        # The sweeper's other question: which running attempts' leases have ended?
+        Index(
+            "ix_tasks_lease_end",
+            "lease_until_ms",
+            sqlite_where=text(LEASED),
+            postgresql_where=text(LEASED),
+        ),
     )
 
     id: str = Field(sa_column=Column(String(128), primary_key=True))
@@ -89,6 +98,11 @@ class TaskRow(SQLModel, table=True):
     # When the task became terminal, by the gateway's clock (its terminal entry's time, the notification's
     # atMs), written with that transition; NULL while it lives. Retention counts from it.
     finished_at_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
+    # The heartbeat lease (gateway.lease): its length, asked for at create (NULL: none), and the end of the
+    # running attempt's lease, renewed by its callbacks and heartbeats. The end is meaningful only while the
+    # task is running: a start renews it, so a value left by an earlier attempt is never read.
+    heartbeat_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
+    lease_until_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
 class EntryRow(SQLModel, table=True):

@@ -40,8 +40,10 @@ def finished(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, int]
 
 
 def stored_from_row(row: Sequence[Any]) -> StoredTask:
-    """A row of ``queries.SELECT_TASK``: the task's columns, then ``ttl_ms``."""
-    return StoredTask(task_from_row(row), row[len(TASK_COLUMNS)])
+    """A row of ``queries.SELECT_TASK``: the task's columns, then ``ttl_ms``, ``heartbeat_ms``,
+    ``lease_until_ms``."""
+    ttl_ms, heartbeat_ms, lease_until_ms = row[len(TASK_COLUMNS) : len(TASK_COLUMNS) + 3]
+    return StoredTask(task_from_row(row), ttl_ms, heartbeat_ms, lease_until_ms)
 
 
 class SqlTx:
@@ -104,6 +106,11 @@ class SqlTx:
         deadline: int | None = row[0]
         return deadline
 
+    async def next_lease_end(self) -> int | None:
+        (row,) = await self.fetch(q.NEXT_LEASE_END)
+        end: int | None = row[0]
+        return end
+
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         query = q.list_tasks(by_state=state is not None, after=after is not None)
         params = [value for value in (state, after) if value is not None]
@@ -132,8 +139,10 @@ class SqlTx:
             self._seen(stored.task)
         return found
 
-    async def insert_task(self, task: Task, ttl_ms: int, created_at_ms: int) -> None:
-        await self.run(q.INSERT_TASK, (*task_values(task).values(), ttl_ms, created_at_ms))
+    async def insert_task(
+        self, task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None = None
+    ) -> None:
+        await self.run(q.INSERT_TASK, (*task_values(task).values(), ttl_ms, created_at_ms, heartbeat_ms))
 
     async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
         await self.record_many([(transition, encoded_event, notify_at_ms)])
@@ -166,6 +175,17 @@ class SqlTx:
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
         rows = await self.fetch(q.DUE + self.CLAIM, (now_ms, limit))
         return [self._seen(task_from_row(r)) for r in rows]
+
+    async def renew_leases(self, leases: Sequence[tuple[str, int]]) -> None:
+        if leases:
+            await self.run_many(q.RENEW_LEASE, [(until, task_id) for task_id, until in leases])
+
+    async def claim_leases(self, now_ms: int, limit: int) -> list[StoredTask]:
+        rows = await self.fetch(q.LEASES_ENDED + self.CLAIM, (now_ms, limit))
+        found = [stored_from_row(r) for r in rows]
+        for stored in found:
+            self._seen(stored.task)
+        return found
 
     async def callback_digest(self, callback_id: str) -> str | None:
         return (await self.callback_digests([callback_id])).get(callback_id)

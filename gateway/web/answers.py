@@ -52,6 +52,7 @@ ErrorCode = Literal[
     "callback-id-reused",
     "stale-attempt",
     "history-full",
+    "not-running",
     "request-timeout",
     "payload-too-large",
     "unsupported-media-type",
@@ -145,6 +146,24 @@ class CallbackAnswer(_Answer):
     notify: bool
     reason: Reason
     task: TaskJson
+    leaseUntilMs: int | Absent = Field(
+        default=None,
+        description="while the task runs with a heartbeat lease: when it ends (epoch ms) unless renewed",
+        json_schema_extra=_drop_default,
+    )
+    heartbeatMs: int | Absent = Field(
+        default=None,
+        description="while the task runs with a heartbeat lease: the lease's length, which each callback "
+        "or heartbeat renews",
+        json_schema_extra=_drop_default,
+    )
+
+
+class HeartbeatAnswer(_Answer):
+    leaseUntilMs: int | None = Field(
+        description="the lease's new end (epoch ms); null when the task was created without heartbeatMs"
+    )
+    heartbeatMs: int | None = Field(description="the lease's length; null when the task has no lease")
 
 
 class CancelAnswer(_Answer):

@@ -132,7 +132,10 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
             raise InvalidRequest(f"id: {task_id!r} cannot be addressed in a URL path")
         if created_body.ttlMs > wire.MAX_SAFE - gw.clock():
             raise InvalidRequest("ttlMs: too large; expiresAtMs must stay at most 2**53-1")
-        task, created = await book.create(task_id, created_body.ttlMs, created_body.maxAttempts)
+        heartbeat_ms = created_body.heartbeatMs
+        if heartbeat_ms is not None and heartbeat_ms > wire.MAX_SAFE - gw.clock():
+            raise InvalidRequest("heartbeatMs: too large; a lease's end must stay at most 2**53-1")
+        task, created = await book.create(task_id, created_body.ttlMs, created_body.maxAttempts, heartbeat_ms)
         if created:
             metrics.tasks_created.inc()
         answer = {
@@ -191,6 +194,17 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         if transition.reason == "cancelled":
             metrics.tasks_cancelled.inc()
         return wire.JSON(wire.cancel_json(transition))
+
+    async def heartbeat(request: Request) -> Response:
+        with gw.committer.answering():
+            task_id = request.path_params["task_id"]
+            guard.task(request, task_id, "callback")
+            gw.callback_rate.take(task_id)
+            parsed = wire.parse_heartbeat(await body(request))
+            # Through group commit, with the callbacks: heartbeats of many tasks share a commit.
+            outcome = await gw.committer.submit(CallbackRequest(task_id, None, attempt=parsed.attempt))
+            metrics.heartbeats.inc()
+            return wire.JSON(wire.lease_json(outcome.lease))
 
     async def deliver(request: Request) -> Response:
         task_id = request.path_params["task_id"]
@@ -262,6 +276,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         Route("/v1/tasks/{task_id}/events", events, methods=["GET"]),
         Route("/v1/tasks/{task_id}/callbacks", callback, methods=["POST"]),
         Route("/v1/tasks/{task_id}/cancel", cancel, methods=["POST"]),
+        Route("/v1/tasks/{task_id}/heartbeat", heartbeat, methods=["POST"]),
         Route("/v1/tasks/{task_id}/deliveries", deliver, methods=["POST"]),
         Route("/v1/notifications/drain", drain, methods=["POST"]),
         Route("/v1/demo", demo_status, methods=["GET"]),

@@ -226,6 +226,31 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation(
         "post",
+        _TASK + "/heartbeat",
+        "Renew a running attempt's lease",
+        {200: answers.HeartbeatAnswer},
+        {
+            400: "",
+            401: "",
+            403: "",
+            404: "",
+            408: "",
+            409: "`stale-attempt`: attempt is not the task's current one; "
+            "`not-running`: the task is not running (its attempt is over: requeued, or ended)",
+            413: "",
+            415: "",
+            429: "",
+            503: "",
+        },
+        security=(CALLBACK,),
+        body=wire.HeartbeatBody,
+        tags=("worker",),
+        description="Renews the lease of the running attempt (heartbeatMs from now, by the gateway's "
+        "clock) and adds no history entry. On a task created without heartbeatMs it renews nothing and "
+        "answers nulls: the attempt is still current.",
+    ),
+    Operation(
+        "post",
         _TASK + "/deliveries",
         "Take the result",
         {200: answers.DeliveryAnswer},

@@ -36,6 +36,7 @@ from gateway.book import CallbackOutcome, Delivery, Notification
 from gateway.drain import DEFAULT_LIMIT as DRAIN_DEFAULT_LIMIT
 from gateway.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
 from gateway.errors import InvalidRequest
+from gateway.lease import MIN_HEARTBEAT_MS, Lease
 from gateway.machine import Event, Fail, Progress, Resume, Start, Succeed, Task, Transition, task_to_json
 
 M = TypeVar("M", bound=BaseModel)
@@ -96,10 +97,31 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+def _heartbeat_ms(value: Any) -> int:
+    """A lease of at least ``MIN_HEARTBEAT_MS``, in whole milliseconds (the gateway's own field: the reference
+    has no lease, so the range is checked here, with the types)."""
+    number = _milliseconds(value)
+    if number < MIN_HEARTBEAT_MS:
+        raise PydanticCustomError("heartbeat_range", f"must be at least {MIN_HEARTBEAT_MS} (milliseconds)")
+    return number
+
+
+HeartbeatMs = Annotated[
+    int,
+    PlainValidator(_heartbeat_ms, json_schema_input_type=float),
+    Field(json_schema_extra={"minimum": MIN_HEARTBEAT_MS}),
+]
+
+
 class CreateBody(_Body):
     id: Annotated[Text, Field(max_length=128)] | None = None
     ttlMs: Milliseconds
     maxAttempts: StoredCount
+    heartbeatMs: HeartbeatMs | None = Field(
+        default=None,
+        description="a heartbeat lease: a running attempt that shows no sign of life (a callback or a "
+        "heartbeat) for this long is failed with heartbeat-timeout (retryable)",
+    )
 
 
 class StartBody(_Body):
@@ -171,6 +193,12 @@ class CancelBody(_Body):
 def parse_cancel(raw: bytes) -> CancelBody:
     """The cancel body; an empty body (``curl -X POST`` with nothing) is ``{}``, no reason."""
     return CancelBody() if raw.strip() == b"" else _validate(CancelBody, parse_json(raw))
+
+
+class HeartbeatBody(_Body):
+    attempt: StrictInt = Field(
+        description="the attempt the worker is running (the task's attempts at its start)"
+    )
 
 
 # --- the operators' task list (GET /v1/tasks) ---------------------------------------------------------
@@ -260,6 +288,10 @@ def parse_create(raw: bytes) -> CreateBody:
     return _validate(CreateBody, parse_json(raw))
 
 
+def parse_heartbeat(raw: bytes) -> HeartbeatBody:
+    return _validate(HeartbeatBody, parse_json(raw))
+
+
 def parse_callback(raw: bytes) -> CallbackBody:
     data = parse_json(raw)
     if isinstance(data, dict):
@@ -346,7 +378,7 @@ def cancel_json(t: Transition) -> dict[str, Any]:
 
 def callback_json(outcome: CallbackOutcome) -> dict[str, Any]:
     t = outcome.transition
-    return {
+    answer = {
         "changed": t.changed,
         "duplicate": t.duplicate,
         "duplicateCallback": outcome.duplicate_callback,
@@ -354,6 +386,17 @@ def callback_json(outcome: CallbackOutcome) -> dict[str, Any]:
         "reason": t.reason,
         "task": task_to_json(t.task),
     }
+    lease = outcome.lease
+    if lease is not None and lease.heartbeat_ms is not None:  # a running attempt that holds a lease
+        answer.update(lease_json(lease))
+    return answer
+
+
+def lease_json(lease: Lease | None) -> dict[str, Any]:
+    """``{"leaseUntilMs", "heartbeatMs"}``: both null for a task created without a lease."""
+    if lease is None:
+        return {"leaseUntilMs": None, "heartbeatMs": None}
+    return {"leaseUntilMs": lease.until_ms, "heartbeatMs": lease.heartbeat_ms}
 
 
 def resume_json(resume: Resume) -> bytes:

@@ -116,15 +116,18 @@ def figures(lateness: dict[str, int]) -> str:
     )
 
 
-async def commit_lateness(client: httpx.AsyncClient) -> dict[str, float]:
-    """The gateway's own ``gateway_expiry_lateness_seconds`` (deadline to commit): each bucket by ``le``,
-    once it holds all ``TASKS`` expiries. The sweeper observes an expiry after its commit (on PostgreSQL on
-    a thread of its own), so a poller can list a task as expired a moment before it is counted."""
+async def commit_lateness(
+    client: httpx.AsyncClient, metric: str = "gateway_expiry_lateness_seconds", count: int = TASKS
+) -> dict[str, float]:
+    """The gateway's own lateness histogram ``metric`` (expiry: deadline to commit; leases: lease end to
+    commit): each bucket by ``le``, once it holds ``count`` observations. The sweeper observes a batch after
+    its commit (on PostgreSQL on a thread of its own), so a poller can list a task a moment before it is
+    counted."""
 
     async def buckets() -> dict[str, float]:
         answer = await client.get("/metrics")
         assert answer.status_code == 200, answer.text
-        prefix = 'gateway_expiry_lateness_seconds_bucket{le="'
+        prefix = f'{metric}_bucket{{le="'
         return {
             line[len(prefix) :].split('"')[0]: float(line.rpartition(" ")[2])
             for line in answer.text.splitlines()
@@ -132,9 +135,7 @@ async def commit_lateness(client: httpx.AsyncClient) -> dict[str, float]:
         }
 
     return await eventually(
-        buckets,
-        lambda found: found.get("+Inf", 0) >= TASKS,
-        f"all {TASKS} expiries observed in gateway_expiry_lateness_seconds",
+        buckets, lambda found: found.get("+Inf", 0) >= count, f"all {count} observed in {metric}"
     )
 
 

@@ -49,6 +49,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/tasks/{task_id}/stream"): "subscribe",
     ("POST", "/v1/tasks/{task_id}/callbacks"): "callback",
     ("POST", "/v1/tasks/{task_id}/cancel"): "api-key",  # MINE has succeeded: terminal-conflict, a 200
+    ("POST", "/v1/tasks/{task_id}/heartbeat"): "callback",
     ("POST", "/v1/tasks/{task_id}/deliveries"): "api-key",
     ("POST", "/v1/notifications/drain"): "api-key",
     ("WS", "/v1/tasks/{task_id}/ws"): "subscribe",
@@ -194,6 +195,12 @@ SPECIAL: dict[tuple[bool, str, str, str], str] = {
     # authenticate, ?token= is one more unknown parameter.
     (True, "GET", "/v1/tasks", "task token in URL"): "invalid-request",
     (True, "POST", "/v1/notifications/drain", "task token in URL"): "invalid-request",
+    # The right credential reaches the heartbeat route, which says the task (succeeded) is not running.
+    **{
+        (open_mode, "POST", "/v1/tasks/{task_id}/heartbeat", column): "not-running"
+        for open_mode in (False, True)
+        for column in ("task token", "task token in URL")
+    },
 }
 
 
@@ -232,6 +239,8 @@ def _request(method: str, path: str, task_id: str) -> tuple[str, str, dict[str, 
         kwargs["json"] = {"ttlMs": 60_000, "maxAttempts": 1}
     elif path.endswith("/callbacks"):
         kwargs["json"] = {"event": {"type": "progress", "progress": 50, "cursor": "c"}}
+    elif path.endswith("/heartbeat"):
+        kwargs["json"] = {"attempt": 1}
     elif path.endswith("/deliveries"):
         kwargs["headers"] = {"Idempotency-Key": uuid.uuid4().hex}  # a key of its own: never reused
     return method, url, kwargs

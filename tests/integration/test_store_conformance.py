@@ -846,3 +846,101 @@ async def test_concurrent_retention_passes_delete_each_task_once(store: Store) -
     async with store.read() as reading:
         left = await reading.list_tasks(state=None, after=None, limit=100)
     assert [t.id for t in left] == [f"u-{i}" for i in range(5)]
+
+
+# --- heartbeat leases (gateway.lease) -----------------------------------------------------------------------
+
+
+async def started(store: Store, task_id: str, *, heartbeat_ms: int | None = 2_000, lease_until: int) -> None:
+    """A task created with ``heartbeat_ms``, started, its lease ending at ``lease_until``."""
+    task, ttl_ms, now = queued(task_id)
+    async with store.write() as tx:
+        await tx.insert_task(task, ttl_ms, now, heartbeat_ms)
+    start = apply_event(task, Start(2_000, "w1"))
+    async with store.write() as tx:
+        await tx.lock_task(task_id)
+        await tx.record(start, orjson.dumps(event_to_json(start.entry.event)), 2_000)  # type: ignore[union-attr]
+        await tx.renew_leases([(task_id, lease_until)])
+
+
+async def test_a_lease_reads_back_with_its_task_and_a_rolled_back_renewal_leaves_it_as_it_was(
+    store: Store,
+) -> None:
+    await started(store, "t1", lease_until=4_000)
+    await add(store, "plain")
+    async with store.read() as tx:
+        stored = await tx.task("t1")
+        plain = await tx.task("plain")
+    assert stored is not None and (stored.heartbeat_ms, stored.lease_until_ms) == (2_000, 4_000)
+    assert stored.task.state == "running" and stored.ttl_ms == 60_000
+    assert plain is not None and (plain.heartbeat_ms, plain.lease_until_ms) == (None, None)
+    with pytest.raises(RuntimeError):
+        async with store.write() as tx:
+            await tx.lock_tasks(["t1"])
+            await tx.renew_leases([("t1", 9_000)])
+            raise RuntimeError("the renewal never committed")
+    async with store.write() as tx:
+        locked = await tx.lock_tasks(["t1"])
+        assert locked["t1"].lease_until_ms == 4_000
+        # A transition keeps the lease beside the task (it is the row's, not the machine's).
+        progress = apply_event(locked["t1"].task, Progress(3_000, 10, "c"))
+        await tx.record(progress, orjson.dumps(event_to_json(progress.entry.event)), 3_000)  # type: ignore[union-attr]
+        await tx.renew_leases([("t1", 5_000)])
+    async with store.read() as tx:
+        after = await tx.task("t1")
+    assert after is not None and after.task == progress.task
+    assert (after.heartbeat_ms, after.lease_until_ms) == (2_000, 5_000)
+
+
+async def test_claim_leases_takes_running_attempts_whose_lease_ended_earliest_first(store: Store) -> None:
+    async with store.read() as tx:
+        assert await tx.next_lease_end() is None
+    for task_id, until in (("late", 9_000), ("b", 5_000), ("a", 4_000), ("c", 5_500)):
+        await started(store, task_id, lease_until=until)
+    await add(store, "queued")  # no lease
+    async with store.read() as tx:
+        assert await tx.next_lease_end() == 4_000
+    async with store.write() as tx:
+        assert [s.task.id for s in await tx.claim_leases(5_000, 10)] == ["a", "b"]
+        assert [s.task.id for s in await tx.claim_leases(6_000, 2)] == ["a", "b"]
+        (first,) = await tx.claim_leases(6_000, 1)
+        assert (first.task.state, first.lease_until_ms, first.heartbeat_ms) == ("running", 4_000, 2_000)
+        # A task that is no longer running holds no lease, whatever its row says.
+        requeued = apply_event(first.task, Fail(6_000, "oops", True))
+        await tx.record(requeued, orjson.dumps(event_to_json(requeued.entry.event)), 6_000)  # type: ignore[union-attr]
+    async with store.write() as tx:
+        assert [s.task.id for s in await tx.claim_leases(6_000, 10)] == ["b", "c"]
+    async with store.read() as tx:
+        assert await tx.next_lease_end() == 5_000
+
+
+async def test_concurrent_lease_claims_end_each_lease_once(store: Store) -> None:
+    """Sweepers ending leases together (several processes: SKIP LOCKED): each lease ended exactly once,
+    with one heartbeat-timeout fail each."""
+    clock = FakeClock(1_000)
+    book = Book(store, clock)
+    for i in range(40):
+        await started(store, f"l-{i:02d}", lease_until=3_000 + i)
+    clock.advance(10_000)
+    counts: list[int] = []
+
+    async def sweep() -> None:
+        total = 0
+        while (n := await book.end_leases(7)) > 0:
+            total += n
+        counts.append(total)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(sweep)
+    assert sum(counts) == 40
+    async with store.read() as reading:
+        for i in range(40):
+            history = [orjson.loads(raw) for _, raw in await reading.entries(f"l-{i:02d}", 0, 100)]
+            assert [e["type"] for e in history] == ["start", "fail"]
+            assert history[-1] == {
+                "type": "fail",
+                "atMs": 3_000 + i,
+                "error": "heartbeat-timeout",
+                "retryable": True,
+            }

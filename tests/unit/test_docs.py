@@ -52,7 +52,7 @@ def error_codes() -> set[str]:
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.GatewayError) and cls is not errors.Conflict
     }
-    for module in ("book.py", "web/http.py", "web/wire.py"):
+    for module in ("book.py", "lease.py", "web/http.py", "web/wire.py"):
         codes |= _strings_in_calls(ROOT / "gateway" / module, {"Conflict"}, 0)
     return codes
 

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.book import Book
 from gateway.jobs.sweeper import Sweeper
-from gateway.machine import create_task
+from gateway.machine import Start, create_task
 from gateway.store.memory import MemoryStore, MemoryTx
 from tests.support import FakeClock, eventually
 
@@ -95,17 +95,17 @@ async def test_a_pass_with_nothing_due_takes_no_write_turn() -> None:
         await tx.insert_task(task, 60_000, 1_000)
     store.writes = 0
     passes = 0
-    real_next_deadline = book.next_deadline
+    real_next_due = book.next_due
     enough = anyio.Event()
 
-    async def counting_next_deadline() -> int | None:
+    async def counting_next_due() -> tuple[int | None, int | None]:
         nonlocal passes
         passes += 1
         if passes >= 10:
             enough.set()
-        return await real_next_deadline()
+        return await real_next_due()
 
-    book.next_deadline = counting_next_deadline  # type: ignore[method-assign]
+    book.next_due = counting_next_due  # type: ignore[method-assign]
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(Sweeper(book, 0.01).run)
@@ -118,3 +118,24 @@ async def test_a_pass_with_nothing_due_takes_no_write_turn() -> None:
     async with store.read() as tx:
         stored = await tx.task("later")
     assert stored is not None and stored.task.state == "expired"
+
+
+async def test_a_pass_writes_only_for_the_kind_of_work_that_is_due() -> None:
+    """A lease that ran out takes one write (its end), not also an empty expiry transaction; and the
+    sweeper wakes for it although no deadline is near."""
+    clock = FakeClock(1_000)
+    store = CountsWrites()
+    book = Book(store, clock)
+    await book.create("leased", 60_000, 1, 1_000)
+    await book.callback("leased", lambda now: Start(now, "w1"))
+    store.writes = 0
+    store.wrote = anyio.Event()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(Sweeper(book, 0.01).run)
+            clock.advance(1_000)  # the lease's end; the deadline is a minute away
+            await store.wrote.wait()
+            await eventually(book.next_due, lambda due: due[1] is None, "the lease ended", poll_s=0.01)
+            tg.cancel_scope.cancel()
+    assert store.writes == 1
+    assert (await book.get("leased")).state == "failed"
