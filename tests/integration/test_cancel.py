@@ -131,7 +131,10 @@ async def test_a_running_task_cancelled_is_seen_by_every_subscriber_relayed_once
         history = (await gw.client.get("/v1/tasks/export-7/events", params={"cursor": 0})).json()
         seen.final("export-7", history)
         assert [e["event"]["type"] for e in history["events"]] == ["start", "progress", "cancel"]
-    assert [t.verified for t in receiver.tries] == [True]
+    # One notification, signed: a try the receiver was too slow to answer in time is sent again under the
+    # same webhook-id (at least once), so count notifications, not tries.
+    assert all(t.verified for t in receiver.tries)
+    assert len({t.msg_id for t in receiver.tries}) == 1
     assert receiver.delivered == dict([expected(drained[0])])
     for item in drained:
         seen.notification(item)
