@@ -181,8 +181,9 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             cursor = message.get("cursor", 0)
             if isinstance(cursor, bool) or not isinstance(cursor, int):
                 raise InvalidRequest("cursor: must be an integer")
-            # A message is not logged like a URL: the API key may stand here for a subscribe token.
-            guard.task_credential(token, task_id, "subscribe", api_key_allowed=True)
+            # A task's subscribe token only: the API key is taken from the Authorization header alone (it has
+            # no business in a browser's socket message).
+            guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
             await feed.subscribe(task_id, cursor)
             authorized(ws)
             return None
