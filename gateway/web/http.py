@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import re
 import sys
 import time
 import uuid
@@ -32,9 +31,7 @@ from gateway.runtime import Gateway
 from gateway.web import wire
 from gateway.web.auth import Guard
 from gateway.web.openapi import openapi_document
-
-# A task id travels in URL paths: no slash, no control characters.
-_ID_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
+from gateway.web.task_ids import task_id_problem
 
 
 def check_json_type(request: Request) -> None:
@@ -110,10 +107,9 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         guard.management(request)
         created_body = wire.parse_create(await body(request))
         task_id = created_body.id if created_body.id is not None else str(uuid.uuid4())
-        if not is_blank(task_id) and _ID_FORBIDDEN.search(task_id):
-            raise InvalidRequest("id: must not contain '/' or control characters")
-        if task_id in (".", ".."):
-            raise InvalidRequest(f"id: {task_id!r} cannot be addressed in a URL path")
+        problem = None if is_blank(task_id) else task_id_problem(task_id)
+        if problem is not None:
+            raise InvalidRequest(f"id: {problem}")
         if created_body.ttlMs > wire.MAX_SAFE - gw.clock():
             raise InvalidRequest("ttlMs: too large; expiresAtMs must stay at most 2**53-1")
         task, created = await book.create(task_id, created_body.ttlMs, created_body.maxAttempts)
