@@ -110,8 +110,8 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         problem = None if is_blank(task_id) else task_id_problem(task_id)
         if problem is not None:
             raise InvalidRequest(f"id: {problem}")
-        if created_body.ttlMs > wire.MAX_SAFE - gw.clock():
-            raise InvalidRequest("ttlMs: too large; expiresAtMs must stay at most 2**53-1")
+        if created_body.ttlMs > wire.MAX_TTL_MS:
+            raise InvalidRequest(f"ttlMs: at most {wire.MAX_TTL_MS} (2**52, about 142,800 years)")
         task, created = await book.create(task_id, created_body.ttlMs, created_body.maxAttempts)
         if created:
             metrics.tasks_created.inc()
@@ -211,7 +211,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
-    document = orjson.dumps(openapi_document(_version()))
+    document = orjson.dumps(openapi_document(_version(), open_mode=settings.open_mode))
 
     async def openapi_json(request: Request) -> Response:
         return wire.JSON(document)

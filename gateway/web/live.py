@@ -37,7 +37,7 @@ from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
 from gateway.web.auth import Guard, origin_allowed
 from gateway.web.extensions import connection, direct_socket
-from gateway.web.wire import parse_cursor, query_cursor
+from gateway.web.wire import cursor_in_range, parse_cursor, query_cursor
 
 log = logging.getLogger("gateway")
 UNAVAILABLE = "the database is unreachable; try again"
@@ -181,6 +181,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             cursor = message.get("cursor", 0)
             if isinstance(cursor, bool) or not isinstance(cursor, int):
                 raise InvalidRequest("cursor: must be an integer")
+            cursor_in_range(cursor)
             # A task's subscribe token only: the API key is taken from the Authorization header alone (it has
             # no business in a browser's socket message).
             guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
@@ -234,7 +235,9 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "subscribe")
         last_id = request.headers.get("last-event-id")
-        cursor = parse_cursor(last_id) if last_id is not None else query_cursor(request.query_params)
+        cursor = query_cursor(request.query_params)  # a bad one is refused even where Last-Event-ID wins
+        if last_id is not None:
+            cursor = parse_cursor(last_id)
         if last_id is not None:
             task = await gw.book.get(task_id)
             if task.terminal and cursor >= task.version:

@@ -13,10 +13,33 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Any
 
+from gateway.machine import JS_WHITESPACE
+
+MAX_LENGTH = 128
 # Unicode's category Cc, which is closed (no code point will ever be added to it): U+0000-U+001F and
 # U+007F-U+009F. tests/unit/test_task_ids.py holds it to unicodedata's.
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(chars: str) -> str:
+    return "".join(f"\\u{ord(c):04x}" for c in chars)
+
+
+# The rule as a JSON Schema pattern (ECMA-262, which Python's re reads alike): not "." or "..", not blank
+# (JavaScript's whitespace only, as the machine judges), no "/" and no control character. NFC has no
+# pattern: the schema names it as the format "task-id".
+PATTERN = "^(?!\\.\\.?$)(?![" + _escaped(JS_WHITESPACE) + "]*$)[^/\\u0000-\\u001f\\u007f-\\u009f]+$"
+JSON_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_LENGTH,
+    "pattern": PATTERN,
+    "format": "task-id",
+    "description": "at most 128 characters, not blank, no '/' or control character (Unicode Cc), not '.' "
+    "or '..', in Unicode normalization form C (NFC); without it the gateway names the task (a UUID)",
+}
 
 
 def task_id_problem(task_id: str) -> str | None:
