@@ -68,6 +68,7 @@ _ENV = {
     "callback_rate_per_s": "GATEWAY_CALLBACK_RATE_PER_S",
     "max_history_versions": "GATEWAY_MAX_HISTORY_VERSIONS",
     "slow_close_grace_ms": "GATEWAY_SLOW_CLOSE_GRACE_MS",
+    "ws_auth_deadline_s": "GATEWAY_WS_AUTH_DEADLINE_S",
 }
 # GATEWAY_* variables read elsewhere than the server's settings: `gateway watch`'s defaults, the tests'.
 _OTHER_VARIABLES = frozenset({"GATEWAY_URL", "GATEWAY_TOKEN", "GATEWAY_TEST_PG_URL"})
@@ -152,6 +153,9 @@ class Settings(BaseModel):
     max_history_versions: int = Field(10_000, ge=0)
     # How long a connection cut for not reading (4008) keeps its socket for that close frame to reach it.
     slow_close_grace_ms: int = Field(30_000, ge=1)
+    # A /v1/ws socket holding no authorized subscription for this long (since it opened, or since its last
+    # subscription ended) is closed with 4408, whatever it sends meanwhile.
+    ws_auth_deadline_s: float = Field(10.0, gt=0)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:

@@ -26,6 +26,7 @@ from gateway.errors import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_NORMAL,
     CLOSE_SLOW_CONSUMER,
+    CLOSE_TOO_MANY_REFUSALS,
     Forbidden,
     GatewayError,
     InvalidRequest,
@@ -46,6 +47,9 @@ _GONE = -1
 _HEARTBEAT = Frame("heartbeat", -1, "")
 SSE_HEARTBEAT_S = 15.0
 SSE_RETRY_MS = 1000
+# A /v1/ws socket that holds no subscription is closed at this many messages refused (answered with an error
+# frame) since it opened or last held one (protocol.md, Close codes); one holding a subscription is not.
+MAX_REFUSALS = 5
 
 
 def socket_origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> bool:
@@ -134,7 +138,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         return CLOSE_SLOW_CONSUMER
 
     async def read(ws: WebSocket, feed: Feed, single: bool) -> None:
-        while True:
+        while feed.peer.closing is None:  # once closing, what it sends is not read
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 feed.close(_GONE)
@@ -146,9 +150,14 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             # Answers wait for room in the bounded control queue: the client's messages are read no
             # faster than it reads the answers (one that stops reading is cut by the write watchdog).
             while answer is not None and not feed.send_control(answer):
-                if feed.close_code is not None:
+                if feed.close_code is not None or feed.peer.closing is not None:
                     return
                 await feed.control_room()
+            if answer is not None and answer.type == "error" and feed.peer.refused():
+                message_text = (
+                    f"{MAX_REFUSALS} messages refused on a socket that holds no subscription; closing"
+                )
+                feed.close_after(error_frame("too-many-refusals", message_text), CLOSE_TOO_MANY_REFUSALS)
 
     async def handle_single(raw: str | bytes) -> Frame | None:
         try:
@@ -226,6 +235,8 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             return
         feed = new_feed()
         feed.direct = direct_socket(ws.scope)
+        # Held to having a subscription: one with no credential costs a bounded time and work.
+        feed.peer.hold_to(time.monotonic(), settings.ws_auth_deadline_s, MAX_REFUSALS)
         try:
             await pump(ws, feed, single=False)
         finally:
