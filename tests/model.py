@@ -7,7 +7,9 @@ differences protocol.md states, and it answers every operation as the HTTP API d
 - ``create``: the same id with the same parameters is idempotent (200, the current task); other parameters
   are ``409 task-exists`` (the reference silently overwrote).
 - ``events``: the reference's ``resume``, but a cursor ahead of the task is a snapshot (``cursor-ahead``);
-  a snapshot carries its ``reason``.
+  a snapshot carries its ``reason``; a cursor outside 0 to 2**53 - 1 is ``invalid-request`` in the
+  protocol's words (``cursor: ...``), not the reference's (``cursorVersion``), whether or not the task
+  exists (a bad query, like a non-integer cursor).
 - ``callback``: the event comes without ``atMs`` (the model stamps ``now_ms``); a callback id reused with
   another body (task id, event and attempt, compared as parsed JSON) is ``409 callback-id-reused``; an
   ``attempt`` that is not the task's current ``attempts`` is ``409 stale-attempt`` on progress, succeed and
@@ -30,6 +32,8 @@ from typing import Any
 
 from gateway import machine as m
 from gateway.errors import Conflict, GatewayError, InvalidRequest, UnknownTask
+
+MAX_CURSOR = 2**53 - 1  # the largest cursor the protocol takes (JavaScript's largest safe integer)
 
 Answer = tuple[int, Any]
 
@@ -188,6 +192,8 @@ class Model:
 
     def events(self, task_id: str, cursor: object, retention: int | None = None) -> Answer:
         """``GET /v1/tasks/{id}/events?cursor=N``."""
+        if isinstance(cursor, int) and not 0 <= cursor <= MAX_CURSOR:  # the query's, before the lookup
+            return _error(InvalidRequest(f"cursor: must be an integer from 0 to {MAX_CURSOR}, got {cursor}"))
         task = self.tasks.get(task_id)
         if task is None:
             return _error(UnknownTask(task_id))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import re
 import sys
 import time
 import uuid
@@ -33,9 +32,7 @@ from gateway.store.database import DISK_FULL
 from gateway.web import wire
 from gateway.web.auth import Guard
 from gateway.web.openapi import openapi_document
-
-# A task id travels in URL paths: no slash, no control characters.
-_ID_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
+from gateway.web.task_ids import task_id_problem
 
 
 def check_json_type(request: Request) -> None:
@@ -126,16 +123,14 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         guard.management(request)
         created_body = wire.parse_create(await body(request))
         task_id = created_body.id if created_body.id is not None else str(uuid.uuid4())
-        if not is_blank(task_id) and _ID_FORBIDDEN.search(task_id):
-            raise InvalidRequest("id: must not contain '/' or control characters")
-        if task_id in (".", ".."):
-            raise InvalidRequest(f"id: {task_id!r} cannot be addressed in a URL path")
-        if created_body.ttlMs > wire.MAX_SAFE - gw.clock():
-            raise InvalidRequest("ttlMs: too large; expiresAtMs must stay at most 2**53-1")
-        heartbeat_ms = created_body.heartbeatMs
-        if heartbeat_ms is not None and heartbeat_ms > wire.MAX_SAFE - gw.clock():
-            raise InvalidRequest("heartbeatMs: too large; a lease's end must stay at most 2**53-1")
-        task, created = await book.create(task_id, created_body.ttlMs, created_body.maxAttempts, heartbeat_ms)
+        problem = None if is_blank(task_id) else task_id_problem(task_id)
+        if problem is not None:
+            raise InvalidRequest(f"id: {problem}")
+        if created_body.ttlMs > wire.MAX_TTL_MS:
+            raise InvalidRequest(f"ttlMs: at most {wire.MAX_TTL_MS} (2**52, about 142,800 years)")
+        task, created = await book.create(
+            task_id, created_body.ttlMs, created_body.maxAttempts, created_body.heartbeatMs
+        )
         if created:
             metrics.tasks_created.inc()
         answer = {
@@ -258,7 +253,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
-    document = orjson.dumps(openapi_document(_version()))
+    document = orjson.dumps(openapi_document(_version(), open_mode=settings.open_mode))
 
     async def openapi_json(request: Request) -> Response:
         return wire.JSON(document)

@@ -52,6 +52,11 @@ SECURITY_SCHEMES: dict[str, dict[str, Any]] = {
     },
 }
 
+OPEN_SUBSCRIBE = (
+    "the task's subscribeToken (JWT, scope `subscribe`); optional in open mode, but one that is sent must "
+    "be right"
+)
+
 # What each error status means, by code (docs/protocol.md, Errors).
 ERRORS: dict[int, str] = {
     400: "`invalid-request`: malformed JSON, a wrong type, an unknown or missing field, a value out of range",
@@ -103,7 +108,7 @@ _CURSOR = Param(
     "cursor",
     "query",
     "the last version the client holds (default 0)",
-    {"type": "integer", "minimum": 0, "default": 0},
+    {"type": "integer", "minimum": 0, "maximum": wire.MAX_CURSOR, "default": 0},
 )
 _READ_ERRORS = {401: "", 403: "", 404: "", 503: ""}
 
@@ -174,7 +179,7 @@ OPERATIONS: tuple[Operation, ...] = (
                 "Last-Event-ID",
                 "header",
                 "set by EventSource on a reconnect: the last version applied (wins over ?cursor=)",
-                {"type": "integer", "minimum": 0},
+                {"type": "integer", "minimum": 0, "maximum": wire.MAX_CURSOR},
             ),
         ),
         media_type="text/event-stream",
@@ -447,7 +452,20 @@ def _responses(op: Operation) -> dict[str, Any]:
     return out
 
 
-def _operation(op: Operation) -> dict[str, Any]:
+def _security(op: Operation, open_mode: bool) -> list[dict[str, list[str]]]:
+    """Any one of the schemes will do; none listed is a route anyone may call. In open mode there is no API
+    key: the management routes take no credential, and reads take none or a task's token (which must then
+    be right); a callback still takes its task's callback token."""
+    if not open_mode:
+        return [{name: []} for name in op.security]
+    schemes = [name for name in op.security if name != API_KEY]
+    if not schemes:
+        return []
+    optional: list[dict[str, list[str]]] = [{}] if SUBSCRIBE in schemes else []
+    return optional + [{name: []} for name in schemes]
+
+
+def _operation(op: Operation, open_mode: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "operationId": f"{op.method}{op.path}".replace("/", "_").replace("{", "").replace("}", ""),
         "summary": op.summary,
@@ -464,17 +482,21 @@ def _operation(op: Operation) -> dict[str, Any]:
             "required": op.body_required,
             "content": {"application/json": {"schema": _ref(op.body)}},
         }
-    # Any one of the schemes will do; none listed is a route anyone may call.
-    out["security"] = [{name: []} for name in op.security]
+    out["security"] = _security(op, open_mode)
     return out
 
 
-def openapi_document(version: str) -> dict[str, Any]:
-    """The whole document: every operation, and the schemas of every model they name."""
+def openapi_document(version: str, *, open_mode: bool = False) -> dict[str, Any]:
+    """The whole document: every operation, and the schemas of every model they name; ``open_mode``: as a
+    gateway with no API key serves it (its routes' credentials are not those of a keyed one)."""
     _, schemas = models_json_schema([(m, "validation") for m in _models()], ref_template=REF)
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
-        paths.setdefault(op.path, {})[op.method] = _operation(op)
+        paths.setdefault(op.path, {})[op.method] = _operation(op, open_mode)
+    schemes = dict(SECURITY_SCHEMES)
+    if open_mode:
+        del schemes[API_KEY]
+        schemes[SUBSCRIBE] = {**schemes[SUBSCRIBE], "description": OPEN_SUBSCRIBE}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -486,6 +508,6 @@ def openapi_document(version: str) -> dict[str, Any]:
             "license": {"name": "MIT", "identifier": "MIT"},
         },
         "paths": paths,
-        "components": {"schemas": schemas.get("$defs", {}), "securitySchemes": SECURITY_SCHEMES},
+        "components": {"schemas": schemas.get("$defs", {}), "securitySchemes": schemes},
         "x-websockets": list(WEBSOCKETS),
     }
