@@ -29,7 +29,7 @@ from gateway.jobs.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.machine import cancel_task, is_blank, task_to_json
 from gateway.runtime import Gateway
 from gateway.store.database import DISK_FULL
-from gateway.web import wire
+from gateway.web import render, wire
 from gateway.web.auth import Guard
 from gateway.web.openapi import openapi_document
 from gateway.web.task_ids import task_id_problem
@@ -160,7 +160,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "subscribe")
         cursor = wire.query_cursor(request.query_params)
-        return wire.JSON(wire.resume_json(await book.resume(task_id, cursor)))
+        return wire.JSON(render.resume_json(await book.resume(task_id, cursor)))
 
     async def callback(request: Request) -> Response:
         with gw.committer.answering():  # fan-out yields from here on (gateway.live.hub)
@@ -179,7 +179,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         outcome = await gw.committer.submit(callback_request)
         metrics.callbacks.labels(outcome.transition.reason).inc()
         metrics.callback_seconds.observe(time.perf_counter() - started)
-        return wire.JSON(wire.callback_json(outcome))
+        return wire.JSON(render.callback_json(outcome))
 
     async def cancel(request: Request) -> Response:
         task_id = request.path_params["task_id"]
@@ -188,7 +188,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         transition = await book.act(task_id, lambda task, now: cancel_task(task, now, reason))
         if transition.reason == "cancelled":
             metrics.tasks_cancelled.inc()
-        return wire.JSON(wire.cancel_json(transition))
+        return wire.JSON(render.cancel_json(transition))
 
     async def heartbeat(request: Request) -> Response:
         with gw.committer.answering():
@@ -199,7 +199,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
             # Through group commit, with the callbacks: heartbeats of many tasks share a commit.
             outcome = await gw.committer.submit(CallbackRequest(task_id, None, attempt=parsed.attempt))
             metrics.heartbeats.inc()
-            return wire.JSON(wire.lease_json(outcome.lease))
+            return wire.JSON(render.lease_json(outcome.lease))
 
     async def deliver(request: Request) -> Response:
         task_id = request.path_params["task_id"]
@@ -207,13 +207,13 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         key = idempotency_key(request)
         if key is None:
             raise InvalidRequest("Idempotency-Key: header is required")
-        return wire.JSON(wire.delivery_json(await book.deliver(task_id, key)))
+        return wire.JSON(render.delivery_json(await book.deliver(task_id, key)))
 
     async def drain(request: Request) -> Response:
         guard.management(request)
         key = idempotency_key(request)
         query = wire.parse_drain_query(request.query_params)
-        drained = await book.drain(wire.notifications_body, limit=query.limit, idempotency_key=key)
+        drained = await book.drain(render.notifications_body, limit=query.limit, idempotency_key=key)
         metrics.notifications_drained.inc(len(drained.taken))
         if drained.replayed:
             metrics.drain_replays.inc()

@@ -1,4 +1,5 @@
-"""Wire models: the request bodies of protocol.md, validated strictly, and the JSON the API answers.
+"""Wire models: the request bodies and queries of protocol.md, validated strictly (the JSON the API
+answers is ``gateway.web.render``).
 
 Type checks (JSON types, required and unknown fields) happen here and answer ``400 invalid-request``
 naming the field; range checks (progress over 100, a blank ``resultRef``) are the state machine's, in its
@@ -12,7 +13,7 @@ import base64
 import difflib
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -32,12 +33,11 @@ from pydantic_core import PydanticCustomError
 from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
-from gateway.book import CallbackOutcome, Delivery, Notification
 from gateway.drain import DEFAULT_LIMIT as DRAIN_DEFAULT_LIMIT
 from gateway.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
 from gateway.errors import InvalidRequest
-from gateway.lease import MIN_HEARTBEAT_MS, Lease
-from gateway.machine import Event, Fail, Progress, Resume, Start, Succeed, Task, Transition, task_to_json
+from gateway.lease import MIN_HEARTBEAT_MS
+from gateway.machine import Event, Fail, Progress, Start, Succeed, Task, task_to_json
 from gateway.web import task_ids
 
 M = TypeVar("M", bound=BaseModel)
@@ -409,77 +409,6 @@ def _unknown_field(loc: tuple[int | str, ...], missing: list[tuple[int | str, ..
     close = difflib.get_close_matches(plain(str(loc[-1])), siblings, n=1, cutoff=0.6)
     hint = f" (did you mean {siblings[close[0]]}?)" if close else ""
     return f"{_field(loc)}: unknown field{hint}"
-
-
-# --- answers ------------------------------------------------------------------------------------------
-
-
-def cancel_json(t: Transition) -> dict[str, Any]:
-    """A cancel's answer: a callback's, without ``duplicateCallback`` (a cancel has no callback id)."""
-    return {
-        "changed": t.changed,
-        "duplicate": t.duplicate,
-        "notify": t.notify,
-        "reason": t.reason,
-        "task": task_to_json(t.task),
-    }
-
-
-def callback_json(outcome: CallbackOutcome) -> dict[str, Any]:
-    t = outcome.transition
-    answer = {
-        "changed": t.changed,
-        "duplicate": t.duplicate,
-        "duplicateCallback": outcome.duplicate_callback,
-        "notify": t.notify,
-        "reason": t.reason,
-        "task": task_to_json(t.task),
-    }
-    lease = outcome.lease
-    if lease is not None and lease.heartbeat_ms is not None:  # a running attempt that holds a lease
-        answer.update(lease_json(lease))
-    return answer
-
-
-def lease_json(lease: Lease | None) -> dict[str, Any]:
-    """``{"leaseUntilMs", "heartbeatMs"}``: both null for a task created without a lease."""
-    if lease is None:
-        return {"leaseUntilMs": None, "heartbeatMs": None}
-    return {"leaseUntilMs": lease.until_ms, "heartbeatMs": lease.heartbeat_ms}
-
-
-def resume_json(resume: Resume) -> bytes:
-    """``{"mode", "version", "events", "task", "reason"?}``; stored entries are spliced in as stored."""
-    head: dict[str, Any] = {"mode": resume.mode, "version": resume.task.version}
-    if resume.reason is not None:
-        head["reason"] = resume.reason
-    head["task"] = task_to_json(resume.task)
-    return orjson.dumps(head)[:-1] + b',"events":' + resume.entries_json() + b"}"
-
-
-def delivery_json(delivery: Delivery) -> dict[str, Any]:
-    r = delivery.receipt
-    return {
-        "ok": delivery.ok,
-        "duplicate": delivery.duplicate,
-        "reason": delivery.reason,
-        "receipt": {
-            "taskId": r.task_id,
-            "resultRef": r.result_ref,
-            "resultHash": r.result_hash,
-            "idempotencyKey": r.idempotency_key,
-            "deliveredAtMs": r.delivered_at_ms,
-        },
-    }
-
-
-def notification_json(n: Notification) -> dict[str, Any]:
-    return {"taskId": n.task_id, "state": n.state, "atMs": n.at_ms, "version": n.version}
-
-
-def notifications_body(notifications: Sequence[Notification]) -> bytes:
-    """A drain's answer: its notifications as a JSON array."""
-    return orjson.dumps([notification_json(n) for n in notifications])
 
 
 class JSON(Response):
