@@ -12,8 +12,9 @@ differences protocol.md states, and it answers every operation as the HTTP API d
   exists (a bad query, like a non-integer cursor).
 - ``callback``: the event comes without ``atMs`` (the model stamps ``now_ms``); a callback id reused with
   another body (task id, event and attempt, compared as parsed JSON) is ``409 callback-id-reused``; an
-  ``attempt`` that is not the task's current ``attempts`` is ``409 stale-attempt`` on progress, succeed and
-  fail; every transition answers 200, ``terminal-conflict`` included.
+  ``attempt`` (a whole number from 0 to 2**63 - 1, else 400) that is not the task's current ``attempts`` is
+  ``409 stale-attempt`` on progress, succeed and fail; every transition answers 200, ``terminal-conflict``
+  included.
 - ``cancel``: the gateway's own event (not the reference's): ``POST /v1/tasks/{id}/cancel`` with
   ``{"reason"?}`` (or no body) applies ``cancel_task`` at ``now_ms`` and answers the callback's shape
   without ``duplicateCallback``; a bad body is 400, an unknown task 404.
@@ -51,6 +52,14 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "fail": {"error": _STRING, "retryable": _BOOLEAN},
 }
 FENCED = frozenset({"progress", "succeed", "fail"})
+
+
+def _an_attempt(value: object) -> bool:
+    """An ``attempt`` the HTTP layer takes: a whole JSON number (1 or 1.0) that a task's ``attempts`` can be,
+    0 to 2**63 - 1; another, a negative one included, is a 400 before any fencing."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (isinstance(value, int) or value.is_integer()) and 0 <= value <= 2**63 - 1
 
 
 def _error(error: GatewayError) -> Answer:
@@ -226,8 +235,8 @@ class Model:
         """``POST /v1/tasks/{id}/callbacks``, body ``{"callbackId"?, "attempt"?, "event": event_body}``."""
         # 1. the HTTP layer's type checks (atMs and type "expire" included: neither is the worker's to send)
         try:
-            if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
-                raise InvalidRequest("attempt must be an integer")
+            if attempt is not None and not _an_attempt(attempt):
+                raise InvalidRequest("attempt must be a whole number from 0 to 2**63-1")
             if callback_id is not None and not isinstance(callback_id, str):
                 raise InvalidRequest("callbackId must be a string")
             event = parse_event(event_body, now_ms)

@@ -24,7 +24,6 @@ from pydantic import (
     Field,
     PlainValidator,
     StrictBool,
-    StrictInt,
     StrictStr,
     ValidationError,
     WithJsonSchema,
@@ -142,6 +141,22 @@ HeartbeatMs = Annotated[
 ]
 
 
+def _attempt(value: Any) -> int:
+    """An attempt as a task counts them (its ``attempts``: 0 before the first start, at most a BIGINT), as
+    any JSON number that is a whole one (1 and 1.0 alike, as the schema's ``integer`` says)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or not 0 <= value <= MAX_STORED:
+        raise PydanticCustomError("attempt_range", "must be a whole number from 0 to 2**63-1")
+    return int(value)
+
+
+Attempt = Annotated[
+    int,
+    PlainValidator(_attempt),
+    WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_STORED}),
+]
+
+
 class CreateBody(_Body):
     id: TaskId | None = None
     ttlMs: Milliseconds
@@ -206,7 +221,7 @@ class CallbackBody(_Body):
     )
 
     callbackId: CallbackId | None = None
-    attempt: StrictInt | None = None
+    attempt: Attempt | None = None
     event: EventBody
 
     def digest(self, task_id: str) -> str:
@@ -225,10 +240,18 @@ class CallbackBody(_Body):
 MAX_CANCEL_REASON = 1024
 
 
+CancelReason = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=MAX_CANCEL_REASON),
+    AfterValidator(_text),
+    WithJsonSchema({"type": "string", "pattern": _NO_NUL, "minLength": 1, "maxLength": MAX_CANCEL_REASON}),
+]
+
+
 class CancelBody(_Body):
     """``POST /v1/tasks/{task_id}/cancel``: why, in a person's words (optional; kept in the entry)."""
 
-    reason: Annotated[Text, Field(min_length=1, max_length=MAX_CANCEL_REASON)] | None = None
+    reason: CancelReason | None = None
 
 
 def parse_cancel(raw: bytes) -> CancelBody:
@@ -237,7 +260,7 @@ def parse_cancel(raw: bytes) -> CancelBody:
 
 
 class HeartbeatBody(_Body):
-    attempt: StrictInt = Field(
+    attempt: Attempt = Field(
         description="the attempt the worker is running (the task's attempts at its start)"
     )
 

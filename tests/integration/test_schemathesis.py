@@ -116,13 +116,13 @@ def test_in_open_mode_the_served_document_asks_for_no_credential_where_none_is_t
     open_server: Server,
 ) -> None:
     """Open mode: the management routes take no credential and reads need none (a token that is sent must
-    still be right); only a callback needs its task's callback token."""
+    still be right); only a worker's routes, a callback and a heartbeat, need the task's callback token."""
     document = open_server.client.get("/openapi.json").json()
     assert "apiKey" not in document["components"]["securitySchemes"]
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             security = operation["security"]
-            if path.endswith("/callbacks"):
+            if path.endswith(("/callbacks", "/heartbeat")):
                 assert security == [{"callbackToken": []}], (method, path, security)
             else:
                 assert security == [] or {} in security, (method, path, security)
