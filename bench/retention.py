@@ -60,7 +60,7 @@ from gateway.machine import Progress, Start, Succeed, create_task
 from gateway.runtime import Gateway
 from gateway.settings import Settings
 from gateway.store.base import Notification, Receipt, Store, WriteTx
-from gateway.web.wire import notifications_body
+from gateway.web.render import notifications_body
 
 RETAIN_S = 10
 ROUNDS = 3

@@ -24,7 +24,7 @@ State: TypeAlias = Literal["queued", "running", "succeeded", "failed", "expired"
 TERMINAL: Final[frozenset[str]] = frozenset({"succeeded", "failed", "expired"})
 
 # JavaScript's String.prototype.trim() whitespace, so that "blank" means what the reference means.
-_JS_WHITESPACE: Final = (
+JS_WHITESPACE: Final = (
     "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
     "\u2028\u2029\u202f\u205f\u3000\ufeff"
 )
@@ -125,7 +125,7 @@ def fail(message: str) -> InvalidRequest:
 
 
 def is_blank(value: str) -> bool:
-    return value.strip(_JS_WHITESPACE) == ""
+    return value.strip(JS_WHITESPACE) == ""
 
 
 def _is_number(value: object) -> bool:

@@ -70,6 +70,7 @@ _ENV = {
     "slow_close_grace_ms": "GATEWAY_SLOW_CLOSE_GRACE_MS",
     "db_deadline_ms": "GATEWAY_DB_DEADLINE_MS",
     "retain_finished_s": "GATEWAY_RETAIN_FINISHED_S",
+    "ws_auth_deadline_s": "GATEWAY_WS_AUTH_DEADLINE_S",
 }
 # GATEWAY_* variables read elsewhere than the server's settings: `gateway watch`'s defaults, the tests'.
 _OTHER_VARIABLES = frozenset({"GATEWAY_URL", "GATEWAY_TOKEN", "GATEWAY_TEST_PG_URL"})
@@ -161,6 +162,9 @@ class Settings(BaseModel):
     # taken (gateway.jobs.retention). 0 keeps every task forever; at most 100 years (in milliseconds, the
     # cutoff stays within a 64-bit column's range).
     retain_finished_s: int = Field(7 * 24 * 3600, ge=0, le=100 * 365 * 24 * 3600)
+    # A /v1/ws socket holding no authorized subscription for this long (since it opened, or since its last
+    # subscription ended) is closed with 4408, whatever it sends meanwhile.
+    ws_auth_deadline_s: float = Field(10.0, gt=0)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:

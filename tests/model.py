@@ -7,11 +7,14 @@ differences protocol.md states, and it answers every operation as the HTTP API d
 - ``create``: the same id with the same parameters is idempotent (200, the current task); other parameters
   are ``409 task-exists`` (the reference silently overwrote).
 - ``events``: the reference's ``resume``, but a cursor ahead of the task is a snapshot (``cursor-ahead``);
-  a snapshot carries its ``reason``.
+  a snapshot carries its ``reason``; a cursor outside 0 to 2**53 - 1 is ``invalid-request`` in the
+  protocol's words (``cursor: ...``), not the reference's (``cursorVersion``), whether or not the task
+  exists (a bad query, like a non-integer cursor).
 - ``callback``: the event comes without ``atMs`` (the model stamps ``now_ms``); a callback id reused with
   another body (task id, event and attempt, compared as parsed JSON) is ``409 callback-id-reused``; an
-  ``attempt`` that is not the task's current ``attempts`` is ``409 stale-attempt`` on progress, succeed and
-  fail; every transition answers 200, ``terminal-conflict`` included.
+  ``attempt`` (a whole number from 0 to 2**63 - 1, else 400) that is not the task's current ``attempts`` is
+  ``409 stale-attempt`` on progress, succeed and fail; every transition answers 200, ``terminal-conflict``
+  included.
 - ``cancel``: the gateway's own event (not the reference's): ``POST /v1/tasks/{id}/cancel`` with
   ``{"reason"?}`` (or no body) applies ``cancel_task`` at ``now_ms`` and answers the callback's shape
   without ``duplicateCallback``; a bad body is 400, an unknown task 404.
@@ -31,6 +34,8 @@ from typing import Any
 from gateway import machine as m
 from gateway.errors import Conflict, GatewayError, InvalidRequest, UnknownTask
 
+MAX_CURSOR = 2**53 - 1  # the largest cursor the protocol takes (JavaScript's largest safe integer)
+
 Answer = tuple[int, Any]
 
 RETENTION = 8
@@ -47,6 +52,14 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "fail": {"error": _STRING, "retryable": _BOOLEAN},
 }
 FENCED = frozenset({"progress", "succeed", "fail"})
+
+
+def _an_attempt(value: object) -> bool:
+    """An ``attempt`` the HTTP layer takes: a whole JSON number (1 or 1.0) that a task's ``attempts`` can be,
+    0 to 2**63 - 1; another, a negative one included, is a 400 before any fencing."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (isinstance(value, int) or value.is_integer()) and 0 <= value <= 2**63 - 1
 
 
 def _error(error: GatewayError) -> Answer:
@@ -188,6 +201,8 @@ class Model:
 
     def events(self, task_id: str, cursor: object, retention: int | None = None) -> Answer:
         """``GET /v1/tasks/{id}/events?cursor=N``."""
+        if isinstance(cursor, int) and not 0 <= cursor <= MAX_CURSOR:  # the query's, before the lookup
+            return _error(InvalidRequest(f"cursor: must be an integer from 0 to {MAX_CURSOR}, got {cursor}"))
         task = self.tasks.get(task_id)
         if task is None:
             return _error(UnknownTask(task_id))
@@ -220,8 +235,8 @@ class Model:
         """``POST /v1/tasks/{id}/callbacks``, body ``{"callbackId"?, "attempt"?, "event": event_body}``."""
         # 1. the HTTP layer's type checks (atMs and type "expire" included: neither is the worker's to send)
         try:
-            if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
-                raise InvalidRequest("attempt must be an integer")
+            if attempt is not None and not _an_attempt(attempt):
+                raise InvalidRequest("attempt must be a whole number from 0 to 2**63-1")
             if callback_id is not None and not isinstance(callback_id, str):
                 raise InvalidRequest("callbackId must be a string")
             event = parse_event(event_body, now_ms)

@@ -286,6 +286,7 @@ class Fanout(Generic[H]):
         hand out (a round is due)."""
         if not sub.active:  # unsubscribed or released while the state was being read
             return None
+        sub.peer.held()
         sub.last = resume.task
         sub.put_head((resume_frame(resume),))
         # Entries committed while the state was read are already in the resume frame.

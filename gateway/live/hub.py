@@ -13,7 +13,8 @@ fan-out never holds the event loop for long and yields to callbacks:
   does; only a socket that is full takes its connection's queue and writer task (:class:`Feed`);
 - :meth:`Hub.run`, one task owned by the lifespan, makes the reads a channel needs after a version jump,
   a bare wake-up or a reconnect of the bus, one at a time; each :class:`Feed`'s writer makes its own;
-- :meth:`Hub.watch_writes`, one timer for all sockets, closes a connection stuck in one send (``4008``).
+- :meth:`Hub.watch_writes`, one timer for all sockets, closes a connection stuck in one send (``4008``) and
+  one held to having a subscription that has held none for its deadline (``4408``).
 
 The store is reached through :class:`BookReads`, the four reads of ``gateway.book.Book`` this needs, so
 that tests drive the hub with an in-memory book.
@@ -30,8 +31,14 @@ from typing import Protocol
 import anyio
 
 from gateway.bus.base import News
-from gateway.errors import CLOSE_INTERNAL_ERROR, CLOSE_SLOW_CONSUMER, GatewayError, one_line
-from gateway.frames import Frame
+from gateway.errors import (
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_NO_SUBSCRIPTION,
+    CLOSE_SLOW_CONSUMER,
+    GatewayError,
+    one_line,
+)
+from gateway.frames import Frame, error_frame
 from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription
 from gateway.machine import Resume, Task
 
@@ -258,6 +265,7 @@ class Hub:
     def remove(self, sub: Subscription[Feed]) -> None:
         self.fanout.remove(sub)
         self._forget(sub.task_id)
+        sub.peer.let_go(time.monotonic())
 
     def stats(self) -> dict[str, int]:
         """Queue sizes, so that tests and metrics can see that memory stays bounded."""
@@ -293,13 +301,16 @@ class Hub:
         await self._idle.wait()
 
     async def watch_writes(self, timeout_s: float) -> None:
-        """Close every connection whose send has made no progress for ``timeout_s`` (``4008``)."""
+        """Close every connection whose send has made no progress for ``timeout_s`` (``4008``), and every one
+        held to having a subscription that has held none for its deadline (``4408``)."""
         while True:
             await asyncio.sleep(min(1.0, timeout_s / 4))
             now = time.monotonic()
             for feed in tuple(self.feeds):
                 if feed.peer.stalled(now, timeout_s):
                     feed.stall()
+                elif feed.peer.idle_overdue(now):
+                    feed.close_idle()
 
     def shutdown(self, code: int) -> None:
         for feed in tuple(self.feeds):
@@ -398,7 +409,7 @@ class Feed:
     async def control_room(self) -> None:
         """Wait until a control frame can be queued (or the feed is closed). A client that sends faster
         than it reads its answers is read more slowly; one that stops reading is cut by the watchdog."""
-        while self.peer.control_full() and self.peer.close_code is None:
+        while self.peer.control_full() and self.peer.close_code is None and self.peer.closing is None:
             if self._room is None:
                 self._room = asyncio.Event()
             self._room.clear()
@@ -409,6 +420,22 @@ class Feed:
         self.signal()
         if self._room is not None:
             self._room.set()
+
+    def close_after(self, frame: Frame, code: int) -> None:
+        """Close with ``code`` once ``frame`` and what is queued before it are sent."""
+        self.peer.close_after(frame, code)
+        self.signal()
+        if self._room is not None:
+            self._room.set()
+
+    def close_idle(self) -> None:
+        """It held no subscription for its deadline: say so, and close (``4408``)."""
+        deadline = self.peer.deadline_s
+        message = (
+            f"this socket held no subscription for {deadline:g} s (GATEWAY_WS_AUTH_DEADLINE_S); "
+            "subscribe with a task's subscribe token on a new socket"
+        )
+        self.close_after(error_frame("request-timeout", message), CLOSE_NO_SUBSCRIPTION)
 
     def stall(self) -> None:
         """The watchdog closed the connection (``4008``): cancel its stuck send."""

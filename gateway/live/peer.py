@@ -10,6 +10,11 @@ valid. A connection whose writer is stuck in one send past its deadline is close
 
 What the connection's writer does next is a value (:meth:`Peer.next`): a frame to send, a read to make
 and answer, or nothing; so a test plays any interleaving of writes, reads and commits as plain calls.
+
+A connection may be held to having a subscription (:meth:`Peer.hold_to`, for ``/v1/ws``): one that has held
+none for a deadline (since it opened, or since its last subscription ended) or has had a number of messages
+refused while holding none is closed after a frame that says why, so that a socket with no credential costs
+a bounded time and work whatever it sends (protocol.md, Close codes).
 """
 
 from __future__ import annotations
@@ -155,14 +160,19 @@ class Peer(Generic[H]):
         "_ready",
         "backlog",
         "close_code",
+        "closing",
         "conflations",
         "control",
+        "deadline_s",
         "direct",
         "handle",
+        "idle_since",
         "max_control",
+        "max_refusals",
         "max_subscriptions",
         "preparing",
         "reading",
+        "refusals",
         "subscriptions",
         "writing_since",
     )
@@ -186,6 +196,13 @@ class Peer(Generic[H]):
         self.reading: Read | None = None  # the store read its writer makes for ``preparing``
         self.preparing: Subscription[H] | None = None
         self.conflations = 0  # backlogs it dropped for a gap too long to fill
+        self.closing: int | None = None  # the close code once the frames queued before it are sent
+        # Held to having a subscription (hold_to): the deadline, and since when it has held none (the driver's
+        # clock; None while it holds one); its messages refused since it last held one.
+        self.deadline_s: float | None = None
+        self.max_refusals = 0
+        self.idle_since: float | None = None
+        self.refusals = 0
 
     def quiet(self) -> bool:
         """Nothing of this connection is queued, being prepared or being sent: a frame written now directly
@@ -195,6 +212,7 @@ class Peer(Generic[H]):
             and self.writing_since is None
             and self.preparing is None
             and self.close_code is None
+            and self.closing is None
             and not self.control
         )
 
@@ -230,9 +248,65 @@ class Peer(Generic[H]):
         if self.close_code is None:
             self.close_code = code
 
+    def close_after(self, frame: Frame, code: int) -> None:
+        """End the connection with ``code`` once ``frame`` (an error saying why) and everything queued
+        before it are sent."""
+        if self.close_code is not None or self.closing is not None:
+            return
+        self.closing = code
+        if self.control is None:
+            self.control = deque()
+        self.control.append(frame)  # past max_control if need be: it is the last
+        if self._ready is None:
+            self._ready = deque()
+        self._ready.append(None)
+
+    # --- held to having a subscription ---------------------------------------------------------------
+
+    def hold_to(self, now: float, deadline_s: float, max_refusals: int) -> None:
+        """From ``now`` on, this connection is closed when it holds no subscription for ``deadline_s``
+        (:meth:`idle_overdue`) or at its ``max_refusals``-th message refused while it holds none
+        (:meth:`refused`)."""
+        self.deadline_s = deadline_s
+        self.max_refusals = max_refusals
+        self.idle_since = now
+
+    def held(self) -> None:
+        """One of its subscriptions was authorized and resumed: no deadline, no refusal counted, while it
+        holds one."""
+        self.idle_since = None
+        self.refusals = 0
+
+    def let_go(self, now: float) -> None:
+        """A subscription of it ended: when it was the last, the deadline starts again from ``now``."""
+        if self.deadline_s is not None and self.idle_since is None and not self.subscriptions:
+            self.idle_since = now
+
+    def refused(self) -> bool:
+        """One of its messages was refused (an error frame answers it); ``True`` when that is the
+        ``max_refusals``-th since it last held a subscription (or opened): then close it."""
+        if self.idle_since is None:
+            return False
+        self.refusals += 1
+        return self.refusals >= self.max_refusals
+
+    def idle_overdue(self, now: float) -> bool:
+        """Whether it has held no subscription for its deadline (one being authorized or resumed counts as
+        held): then close it."""
+        return (
+            self.deadline_s is not None
+            and self.idle_since is not None
+            and not self.subscriptions
+            and self.close_code is None
+            and self.closing is None
+            and now - self.idle_since >= self.deadline_s
+        )
+
     def has_work(self) -> bool:
         """Whether :meth:`next` has something at once (a frame to send, or the end)."""
-        return self.close_code is not None or bool(self.control) or bool(self._ready)
+        return (
+            self.close_code is not None or self.closing is not None or bool(self.control) or bool(self._ready)
+        )
 
     def stalled(self, now: float, timeout_s: float) -> bool:
         """Whether the send under way has made no progress for ``timeout_s``: then the connection closes with
@@ -259,6 +333,9 @@ class Peer(Generic[H]):
             else:
                 ready = self._ready
                 if not ready:
+                    if self.closing is not None:  # what went before its last frame is sent: the end
+                        self.close_code = self.closing
+                        continue
                     return None
                 turn = ready.popleft()
                 if not ready:

@@ -87,8 +87,16 @@ class Guard:
         self.task_credential(value, task_id, scope, api_key_allowed=from_header)
 
     def task_credential(
-        self, value: str | None, task_id: str, scope: Scope, *, api_key_allowed: bool = False
+        self,
+        value: str | None,
+        task_id: str,
+        scope: Scope,
+        *,
+        api_key_allowed: bool = False,
+        where: str = "a URL",
     ) -> None:
+        """``value`` for this task and scope; ``api_key_allowed``: it came in the ``Authorization`` header,
+        the one place the API key is taken from (else it authenticates nothing: it came from ``where``)."""
         if scope == "subscribe":
             if self._api_key is None:
                 if value is None:
@@ -103,5 +111,5 @@ class Guard:
                 raise Forbidden("callbacks need the task's callback token, not the API key")
             # As on the management routes, callbacks included: a key in a URL authenticates nothing (URLs
             # end up in logs).
-            raise Unauthorized("the API key is taken only from the Authorization header, never from a URL")
+            raise Unauthorized(f"the API key is taken only from the Authorization header, never from {where}")
         self._tokens.check(value, task_id, scope)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import re
 import sys
 import time
 import uuid
@@ -30,12 +29,10 @@ from gateway.jobs.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.machine import cancel_task, is_blank, task_to_json
 from gateway.runtime import Gateway
 from gateway.store.database import DISK_FULL
-from gateway.web import wire
+from gateway.web import render, wire
 from gateway.web.auth import Guard
 from gateway.web.openapi import openapi_document
-
-# A task id travels in URL paths: no slash, no control characters.
-_ID_FORBIDDEN = re.compile(r"[/\x00-\x1f\x7f]")
+from gateway.web.task_ids import task_id_problem
 
 
 def check_json_type(request: Request) -> None:
@@ -126,16 +123,14 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         guard.management(request)
         created_body = wire.parse_create(await body(request))
         task_id = created_body.id if created_body.id is not None else str(uuid.uuid4())
-        if not is_blank(task_id) and _ID_FORBIDDEN.search(task_id):
-            raise InvalidRequest("id: must not contain '/' or control characters")
-        if task_id in (".", ".."):
-            raise InvalidRequest(f"id: {task_id!r} cannot be addressed in a URL path")
-        if created_body.ttlMs > wire.MAX_SAFE - gw.clock():
-            raise InvalidRequest("ttlMs: too large; expiresAtMs must stay at most 2**53-1")
-        heartbeat_ms = created_body.heartbeatMs
-        if heartbeat_ms is not None and heartbeat_ms > wire.MAX_SAFE - gw.clock():
-            raise InvalidRequest("heartbeatMs: too large; a lease's end must stay at most 2**53-1")
-        task, created = await book.create(task_id, created_body.ttlMs, created_body.maxAttempts, heartbeat_ms)
+        problem = None if is_blank(task_id) else task_id_problem(task_id)
+        if problem is not None:
+            raise InvalidRequest(f"id: {problem}")
+        if created_body.ttlMs > wire.MAX_TTL_MS:
+            raise InvalidRequest(f"ttlMs: at most {wire.MAX_TTL_MS} (2**52, about 142,800 years)")
+        task, created = await book.create(
+            task_id, created_body.ttlMs, created_body.maxAttempts, created_body.heartbeatMs
+        )
         if created:
             metrics.tasks_created.inc()
         answer = {
@@ -165,7 +160,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "subscribe")
         cursor = wire.query_cursor(request.query_params)
-        return wire.JSON(wire.resume_json(await book.resume(task_id, cursor)))
+        return wire.JSON(render.resume_json(await book.resume(task_id, cursor)))
 
     async def callback(request: Request) -> Response:
         with gw.committer.answering():  # fan-out yields from here on (gateway.live.hub)
@@ -184,7 +179,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         outcome = await gw.committer.submit(callback_request)
         metrics.callbacks.labels(outcome.transition.reason).inc()
         metrics.callback_seconds.observe(time.perf_counter() - started)
-        return wire.JSON(wire.callback_json(outcome))
+        return wire.JSON(render.callback_json(outcome))
 
     async def cancel(request: Request) -> Response:
         task_id = request.path_params["task_id"]
@@ -193,7 +188,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         transition = await book.act(task_id, lambda task, now: cancel_task(task, now, reason))
         if transition.reason == "cancelled":
             metrics.tasks_cancelled.inc()
-        return wire.JSON(wire.cancel_json(transition))
+        return wire.JSON(render.cancel_json(transition))
 
     async def heartbeat(request: Request) -> Response:
         with gw.committer.answering():
@@ -204,7 +199,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
             # Through group commit, with the callbacks: heartbeats of many tasks share a commit.
             outcome = await gw.committer.submit(CallbackRequest(task_id, None, attempt=parsed.attempt))
             metrics.heartbeats.inc()
-            return wire.JSON(wire.lease_json(outcome.lease))
+            return wire.JSON(render.lease_json(outcome.lease))
 
     async def deliver(request: Request) -> Response:
         task_id = request.path_params["task_id"]
@@ -212,13 +207,13 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         key = idempotency_key(request)
         if key is None:
             raise InvalidRequest("Idempotency-Key: header is required")
-        return wire.JSON(wire.delivery_json(await book.deliver(task_id, key)))
+        return wire.JSON(render.delivery_json(await book.deliver(task_id, key)))
 
     async def drain(request: Request) -> Response:
         guard.management(request)
         key = idempotency_key(request)
         query = wire.parse_drain_query(request.query_params)
-        drained = await book.drain(wire.notifications_body, limit=query.limit, idempotency_key=key)
+        drained = await book.drain(render.notifications_body, limit=query.limit, idempotency_key=key)
         metrics.notifications_drained.inc(len(drained.taken))
         if drained.replayed:
             metrics.drain_replays.inc()
@@ -258,7 +253,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
-    document = orjson.dumps(openapi_document(_version()))
+    document = orjson.dumps(openapi_document(_version(), open_mode=settings.open_mode))
 
     async def openapi_json(request: Request) -> Response:
         return wire.JSON(document)

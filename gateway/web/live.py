@@ -26,6 +26,7 @@ from gateway.errors import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_NORMAL,
     CLOSE_SLOW_CONSUMER,
+    CLOSE_TOO_MANY_REFUSALS,
     Forbidden,
     GatewayError,
     InvalidRequest,
@@ -37,7 +38,7 @@ from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
 from gateway.web.auth import Guard, origin_allowed
 from gateway.web.extensions import connection, direct_socket
-from gateway.web.wire import parse_cursor, query_cursor
+from gateway.web.wire import cursor_in_range, parse_cursor, query_cursor
 
 log = logging.getLogger("gateway")
 UNAVAILABLE = "the database is unreachable; try again"
@@ -46,6 +47,9 @@ _GONE = -1
 _HEARTBEAT = Frame("heartbeat", -1, "")
 SSE_HEARTBEAT_S = 15.0
 SSE_RETRY_MS = 1000
+# A /v1/ws socket that holds no subscription is closed at this many messages refused (answered with an error
+# frame) since it opened or last held one (protocol.md, Close codes); one holding a subscription is not.
+MAX_REFUSALS = 5
 
 
 def socket_origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> bool:
@@ -134,7 +138,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         return CLOSE_SLOW_CONSUMER
 
     async def read(ws: WebSocket, feed: Feed, single: bool) -> None:
-        while True:
+        while feed.peer.closing is None:  # once closing, what it sends is not read
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 feed.close(_GONE)
@@ -146,9 +150,14 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             # Answers wait for room in the bounded control queue: the client's messages are read no
             # faster than it reads the answers (one that stops reading is cut by the write watchdog).
             while answer is not None and not feed.send_control(answer):
-                if feed.close_code is not None:
+                if feed.close_code is not None or feed.peer.closing is not None:
                     return
                 await feed.control_room()
+            if answer is not None and answer.type == "error" and feed.peer.refused():
+                message_text = (
+                    f"{MAX_REFUSALS} messages refused on a socket that holds no subscription; closing"
+                )
+                feed.close_after(error_frame("too-many-refusals", message_text), CLOSE_TOO_MANY_REFUSALS)
 
     async def handle_single(raw: str | bytes) -> Frame | None:
         try:
@@ -181,8 +190,10 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             cursor = message.get("cursor", 0)
             if isinstance(cursor, bool) or not isinstance(cursor, int):
                 raise InvalidRequest("cursor: must be an integer")
-            # A message is not logged like a URL: the API key may stand here for a subscribe token.
-            guard.task_credential(token, task_id, "subscribe", api_key_allowed=True)
+            cursor_in_range(cursor)
+            # A task's subscribe token only: the API key is taken from the Authorization header alone (it has
+            # no business in a browser's socket message).
+            guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
             await feed.subscribe(task_id, cursor)
             authorized(ws)
             return None
@@ -224,6 +235,8 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             return
         feed = new_feed()
         feed.direct = direct_socket(ws.scope)
+        # Held to having a subscription: one with no credential costs a bounded time and work.
+        feed.peer.hold_to(time.monotonic(), settings.ws_auth_deadline_s, MAX_REFUSALS)
         try:
             await pump(ws, feed, single=False)
         finally:
@@ -233,7 +246,9 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         task_id = request.path_params["task_id"]
         guard.task(request, task_id, "subscribe")
         last_id = request.headers.get("last-event-id")
-        cursor = parse_cursor(last_id) if last_id is not None else query_cursor(request.query_params)
+        cursor = query_cursor(request.query_params)  # a bad one is refused even where Last-Event-ID wins
+        if last_id is not None:
+            cursor = parse_cursor(last_id)
         if last_id is not None:
             task = await gw.book.get(task_id)
             if task.terminal and cursor >= task.version:

@@ -1,4 +1,5 @@
-"""Wire models: the request bodies of protocol.md, validated strictly, and the JSON the API answers.
+"""Wire models: the request bodies and queries of protocol.md, validated strictly (the JSON the API
+answers is ``gateway.web.render``).
 
 Type checks (JSON types, required and unknown fields) happen here and answer ``400 invalid-request``
 naming the field; range checks (progress over 100, a blank ``resultRef``) are the state machine's, in its
@@ -9,11 +10,10 @@ JSON number here so that the machine decides, as the reference does.
 from __future__ import annotations
 
 import base64
-import binascii
 import difflib
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -24,20 +24,20 @@ from pydantic import (
     Field,
     PlainValidator,
     StrictBool,
-    StrictInt,
     StrictStr,
     ValidationError,
+    WithJsonSchema,
 )
 from pydantic_core import PydanticCustomError
 from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
-from gateway.book import CallbackOutcome, Delivery, Notification
 from gateway.drain import DEFAULT_LIMIT as DRAIN_DEFAULT_LIMIT
 from gateway.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
 from gateway.errors import InvalidRequest
-from gateway.lease import MIN_HEARTBEAT_MS, Lease
-from gateway.machine import Event, Fail, Progress, Resume, Start, Succeed, Task, Transition, task_to_json
+from gateway.lease import MIN_HEARTBEAT_MS
+from gateway.machine import Event, Fail, Progress, Start, Succeed, Task, task_to_json
+from gateway.web import task_ids
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -45,6 +45,9 @@ M = TypeVar("M", bound=BaseModel)
 MAX_SAFE = 2**53 - 1
 # What a stored count (maxAttempts) can hold: a BIGINT.
 MAX_STORED = 2**63 - 1
+# The longest ttlMs, about 142,800 years: expiresAtMs (now + ttlMs) stays at most MAX_SAFE while the clock is
+# below 2**52 ms (the year 144,683), so the limit is one number the schema can state, not one moving with it.
+MAX_TTL_MS = 2**52
 
 
 def _number(value: Any) -> float:
@@ -85,12 +88,35 @@ def _text(value: str) -> str:
     return value
 
 
-Text = Annotated[StrictStr, AfterValidator(_text)]
-# The JSON schema of each: what a client may send (the custom validators decide the rest).
+# The JSON schema of each says what the server takes, no more and no less (the OpenAPI document is built from
+# it, and schemathesis holds the server to it): ranges the machine checks whatever the task's state are
+# stated; those it checks only on a running task (progress, a blank resultRef) cannot be, and are not.
+_NO_NUL = "^[^\\u0000]*$"
+Text = Annotated[StrictStr, AfterValidator(_text), WithJsonSchema({"type": "string", "pattern": _NO_NUL})]
+CallbackId = Annotated[
+    StrictStr,
+    Field(max_length=256),
+    AfterValidator(_text),
+    WithJsonSchema({"type": "string", "pattern": _NO_NUL, "maxLength": 256}),
+]
+TaskId = Annotated[
+    StrictStr,
+    Field(max_length=task_ids.MAX_LENGTH),
+    AfterValidator(_text),
+    WithJsonSchema(task_ids.JSON_SCHEMA),
+]
 Number = Annotated[float, PlainValidator(_number, json_schema_input_type=float)]
 ProgressNumber = Annotated[float, PlainValidator(_progress, json_schema_input_type=float)]
-StoredCount = Annotated[float, PlainValidator(_stored_count, json_schema_input_type=float)]
-Milliseconds = Annotated[int, PlainValidator(_milliseconds, json_schema_input_type=float)]
+StoredCount = Annotated[
+    float,
+    PlainValidator(_stored_count),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": MAX_STORED}),
+]
+Milliseconds = Annotated[
+    int,
+    PlainValidator(_milliseconds),
+    WithJsonSchema({"type": "integer", "exclusiveMinimum": 0, "maximum": MAX_TTL_MS}),
+]
 
 
 class _Body(BaseModel):
@@ -101,20 +127,38 @@ def _heartbeat_ms(value: Any) -> int:
     """A lease of at least ``MIN_HEARTBEAT_MS``, in whole milliseconds (the gateway's own field: the reference
     has no lease, so the range is checked here, with the types)."""
     number = _milliseconds(value)
-    if number < MIN_HEARTBEAT_MS:
-        raise PydanticCustomError("heartbeat_range", f"must be at least {MIN_HEARTBEAT_MS} (milliseconds)")
+    if not MIN_HEARTBEAT_MS <= number <= MAX_TTL_MS:
+        raise PydanticCustomError(
+            "heartbeat_range", f"must be from {MIN_HEARTBEAT_MS} to {MAX_TTL_MS} (milliseconds)"
+        )
     return number
 
 
 HeartbeatMs = Annotated[
     int,
-    PlainValidator(_heartbeat_ms, json_schema_input_type=float),
-    Field(json_schema_extra={"minimum": MIN_HEARTBEAT_MS}),
+    PlainValidator(_heartbeat_ms),
+    WithJsonSchema({"type": "integer", "minimum": MIN_HEARTBEAT_MS, "maximum": MAX_TTL_MS}),
+]
+
+
+def _attempt(value: Any) -> int:
+    """An attempt as a task counts them (its ``attempts``: 0 before the first start, at most a BIGINT), as
+    any JSON number that is a whole one (1 and 1.0 alike, as the schema's ``integer`` says)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or not 0 <= value <= MAX_STORED:
+        raise PydanticCustomError("attempt_range", "must be a whole number from 0 to 2**63-1")
+    return int(value)
+
+
+Attempt = Annotated[
+    int,
+    PlainValidator(_attempt),
+    WithJsonSchema({"type": "integer", "minimum": 0, "maximum": MAX_STORED}),
 ]
 
 
 class CreateBody(_Body):
-    id: Annotated[Text, Field(max_length=128)] | None = None
+    id: TaskId | None = None
     ttlMs: Milliseconds
     maxAttempts: StoredCount
     heartbeatMs: HeartbeatMs | None = Field(
@@ -164,8 +208,20 @@ EventBody = Annotated[StartBody | ProgressBody | SucceedBody | FailBody, Field(d
 
 
 class CallbackBody(_Body):
-    callbackId: Annotated[Text, Field(max_length=256)] | None = None
-    attempt: StrictInt | None = None
+    # A start cannot carry attempt (parse_callback refuses it): said in the schema too.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"event": {"properties": {"type": {"const": "start"}}}}},
+                    "then": {"properties": {"attempt": {"type": "null"}}},
+                }
+            ]
+        }
+    )
+
+    callbackId: CallbackId | None = None
+    attempt: Attempt | None = None
     event: EventBody
 
     def digest(self, task_id: str) -> str:
@@ -184,10 +240,18 @@ class CallbackBody(_Body):
 MAX_CANCEL_REASON = 1024
 
 
+CancelReason = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=MAX_CANCEL_REASON),
+    AfterValidator(_text),
+    WithJsonSchema({"type": "string", "pattern": _NO_NUL, "minLength": 1, "maxLength": MAX_CANCEL_REASON}),
+]
+
+
 class CancelBody(_Body):
     """``POST /v1/tasks/{task_id}/cancel``: why, in a person's words (optional; kept in the entry)."""
 
-    reason: Annotated[Text, Field(min_length=1, max_length=MAX_CANCEL_REASON)] | None = None
+    reason: CancelReason | None = None
 
 
 def parse_cancel(raw: bytes) -> CancelBody:
@@ -196,7 +260,7 @@ def parse_cancel(raw: bytes) -> CancelBody:
 
 
 class HeartbeatBody(_Body):
-    attempt: StrictInt = Field(
+    attempt: Attempt = Field(
         description="the attempt the worker is running (the task's attempts at its start)"
     )
 
@@ -206,6 +270,11 @@ class HeartbeatBody(_Body):
 State = Literal["queued", "running", "succeeded", "failed", "expired"]
 MAX_PAGE = 500
 _PAGE_CURSOR_PREFIX = "1:"
+# The shape of every cursor page_cursor makes: base64url (unpadded) of "1:" and an id, whose first three
+# characters are always "MT" and one of o-r. The schema states it, and every string of this shape is taken:
+# it is a place in id order, wherever it came from.
+PAGE_CURSOR_PATTERN = "^MT[o-r][A-Za-z0-9_-]*$"
+_PAGE_CURSOR = re.compile(PAGE_CURSOR_PATTERN)
 
 
 def page_cursor(last_id: str) -> str:
@@ -214,13 +283,14 @@ def page_cursor(last_id: str) -> str:
 
 
 def _after_id(cursor: str) -> str:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raw = ""
-    if not raw.startswith(_PAGE_CURSOR_PREFIX) or "\x00" in raw:
+    """The id a page starts after. A cursor of the right shape that page_cursor did not make (forged or
+    mangled) is still a place in id order: its bytes are read as UTF-8 with U+FFFD for what is not, NUL
+    included (which no database text holds), and a dangling last character (no whole byte) is dropped."""
+    if not _PAGE_CURSOR.fullmatch(cursor):
         raise PydanticCustomError("page_cursor", "not a cursor from this list; pass nextCursor as it came")
-    return raw[len(_PAGE_CURSOR_PREFIX) :]
+    body = cursor[: len(cursor) - 1] if len(cursor) % 4 == 1 else cursor
+    raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+    return raw[len(_PAGE_CURSOR_PREFIX) :].decode(errors="replace").replace("\x00", "\ufffd")
 
 
 class TaskListQuery(BaseModel):
@@ -229,7 +299,9 @@ class TaskListQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     state: State | None = Field(default=None, description="only tasks in this state")
-    cursor: Annotated[str, Field(max_length=1024)] | None = Field(
+    cursor: (
+        Annotated[str, Field(max_length=1024, json_schema_extra={"pattern": PAGE_CURSOR_PATTERN})] | None
+    ) = Field(
         default=None, description="the nextCursor of the page before (opaque); absent for the first page"
     )
     limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = Field(default=50, description="tasks per page")
@@ -362,77 +434,6 @@ def _unknown_field(loc: tuple[int | str, ...], missing: list[tuple[int | str, ..
     return f"{_field(loc)}: unknown field{hint}"
 
 
-# --- answers ------------------------------------------------------------------------------------------
-
-
-def cancel_json(t: Transition) -> dict[str, Any]:
-    """A cancel's answer: a callback's, without ``duplicateCallback`` (a cancel has no callback id)."""
-    return {
-        "changed": t.changed,
-        "duplicate": t.duplicate,
-        "notify": t.notify,
-        "reason": t.reason,
-        "task": task_to_json(t.task),
-    }
-
-
-def callback_json(outcome: CallbackOutcome) -> dict[str, Any]:
-    t = outcome.transition
-    answer = {
-        "changed": t.changed,
-        "duplicate": t.duplicate,
-        "duplicateCallback": outcome.duplicate_callback,
-        "notify": t.notify,
-        "reason": t.reason,
-        "task": task_to_json(t.task),
-    }
-    lease = outcome.lease
-    if lease is not None and lease.heartbeat_ms is not None:  # a running attempt that holds a lease
-        answer.update(lease_json(lease))
-    return answer
-
-
-def lease_json(lease: Lease | None) -> dict[str, Any]:
-    """``{"leaseUntilMs", "heartbeatMs"}``: both null for a task created without a lease."""
-    if lease is None:
-        return {"leaseUntilMs": None, "heartbeatMs": None}
-    return {"leaseUntilMs": lease.until_ms, "heartbeatMs": lease.heartbeat_ms}
-
-
-def resume_json(resume: Resume) -> bytes:
-    """``{"mode", "version", "events", "task", "reason"?}``; stored entries are spliced in as stored."""
-    head: dict[str, Any] = {"mode": resume.mode, "version": resume.task.version}
-    if resume.reason is not None:
-        head["reason"] = resume.reason
-    head["task"] = task_to_json(resume.task)
-    return orjson.dumps(head)[:-1] + b',"events":' + resume.entries_json() + b"}"
-
-
-def delivery_json(delivery: Delivery) -> dict[str, Any]:
-    r = delivery.receipt
-    return {
-        "ok": delivery.ok,
-        "duplicate": delivery.duplicate,
-        "reason": delivery.reason,
-        "receipt": {
-            "taskId": r.task_id,
-            "resultRef": r.result_ref,
-            "resultHash": r.result_hash,
-            "idempotencyKey": r.idempotency_key,
-            "deliveredAtMs": r.delivered_at_ms,
-        },
-    }
-
-
-def notification_json(n: Notification) -> dict[str, Any]:
-    return {"taskId": n.task_id, "state": n.state, "atMs": n.at_ms, "version": n.version}
-
-
-def notifications_body(notifications: Sequence[Notification]) -> bytes:
-    """A drain's answer: its notifications as a JSON array."""
-    return orjson.dumps([notification_json(n) for n in notifications])
-
-
 class JSON(Response):
     """A JSON answer, encoded with orjson (bytes already encoded are sent as they are)."""
 
@@ -443,6 +444,8 @@ class JSON(Response):
 
 
 _INTEGER = re.compile(r"-?[0-9]{1,100}")
+# A cursor is a version: at most what a JavaScript client can hold exactly.
+MAX_CURSOR = MAX_SAFE
 
 
 def query_cursor(query: QueryParams) -> int:
@@ -454,9 +457,17 @@ def query_cursor(query: QueryParams) -> int:
 
 
 def parse_cursor(raw: str | None) -> int:
-    """A cursor from a query string; the range check (``>= 0``) is the machine's, with its message."""
+    """A cursor from a query string or a ``Last-Event-ID`` header."""
     if raw is None or raw == "":
         return 0
     if not _INTEGER.fullmatch(raw):
         raise InvalidRequest(f"cursor: must be an integer, got {raw!r}")
-    return int(raw)
+    return cursor_in_range(int(raw))
+
+
+def cursor_in_range(cursor: int) -> int:
+    """A cursor the protocol takes, else ``invalid-request`` in its words (the machine's own check, kept
+    for the reference's sake, would name the reference's field, ``cursorVersion``)."""
+    if not 0 <= cursor <= MAX_CURSOR:
+        raise InvalidRequest(f"cursor: must be an integer from 0 to {MAX_CURSOR}, got {cursor}")
+    return cursor

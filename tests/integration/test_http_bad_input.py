@@ -90,6 +90,8 @@ CALLBACK_TYPE_ERRORS: list[tuple[Any, str]] = [
     ({"attempt": "1", **progress(5)}, "attempt"),
     ({"attempt": True, **progress(5)}, "attempt"),
     ({"attempt": 1.5, **progress(5)}, "attempt"),
+    ({"attempt": -1, **progress(5)}, "attempt"),  # no task's attempts is below 0, nor past a BIGINT
+    ({"attempt": 2**63, **progress(5)}, "attempt"),
     ({"event": START, "extra": 1}, "extra"),
     ({"event": {**START, "extra": 1}}, "event.extra"),
     ({"event": {"type": "progress", "progress": 5, "cursor": "c", "percent": 5}}, "event.percent"),

@@ -832,6 +832,9 @@ async def test_events_bad_cursor(sqlite_url: str, clock: FakeClock) -> None:
         for cursor in ("-1", "abc", "1.5", "1e3"):
             message = error(await t.events(cursor), 400, "invalid-request")
             assert "cursor" in message, message
-        message = error(await t.events("-1"), 400, "invalid-request")
-        assert message == "async-task: cursorVersion must be an integer >= 0"
+        # In the protocol's words (its field is `cursor`), not the reference's internal ones (cursorVersion).
+        for cursor in ("-1", str(2**53)):
+            message = error(await t.events(cursor), 400, "invalid-request")
+            assert message == f"cursor: must be an integer from 0 to 9007199254740991, got {cursor}", message
+        assert (await t.events(str(2**53 - 1))).json()["reason"] == "cursor-ahead"
         error(await gw.client.get("/v1/tasks/e-missing/events", params={"cursor": 0}), 404, "unknown-task")

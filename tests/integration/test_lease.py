@@ -73,11 +73,20 @@ async def test_callbacks_and_heartbeats_renew_the_lease_from_the_gateways_clock(
         renewed = await beat(gw, "t", token, {"attempt": 1})
         assert renewed.status_code == 200, renewed.text
         assert renewed.json() == {"leaseUntilMs": clock.now + HEARTBEAT_MS, "heartbeatMs": HEARTBEAT_MS}
+        as_float = await beat(gw, "t", token, {"attempt": 1.0})  # one JSON number, however written
+        assert as_float.json() == renewed.json(), as_float.text
         task = (await gw.client.get("/v1/tasks/t")).json()
         assert (task["state"], task["version"]) == ("running", 2)  # a heartbeat adds no entry
         error(await beat(gw, "t", token, {"attempt": 2}), 409, "stale-attempt")
         error(await beat(gw, "nope", token, {"attempt": 1}), 403, "forbidden")  # the token is t's
-        for body in ({}, {"attempt": "1"}, {"attempt": 1, "extra": 1}, [1]):
+        for body in (
+            {},
+            {"attempt": "1"},
+            {"attempt": -1},
+            {"attempt": 1.5},
+            {"attempt": 1, "extra": 1},
+            [1],
+        ):
             error(await beat(gw, "t", token, body), 400, "invalid-request")
         error(await beat(gw, "t", made["subscribeToken"], {"attempt": 1}), 403, "forbidden")
         done = {"type": "succeed", "resultRef": "r", "resultHash": "h"}

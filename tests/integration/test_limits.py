@@ -421,10 +421,14 @@ async def test_a_pong_does_not_overtake_the_resume_frame_of_an_earlier_subscribe
 @pytest.mark.anyio
 async def test_many_pipelined_bad_messages_from_a_reading_client_are_all_answered(sqlite_url: str) -> None:
     async with live_gateway(sqlite_url) as gw, tcp(port(gw)) as stream:
+        await create_task(gw, "t")
         ws = RawWebSocket(stream, "/v1/ws")
         await ws.open()
         count = 1000
-        await ws.send(*["not json"] * count, '{"type": "ping"}')
+        # Holding a subscription (a socket that holds none is closed at its 5th refusal: test_live_idle).
+        await ws.send('{"type": "subscribe", "taskId": "t"}', *["not json"] * count, '{"type": "ping"}')
+        resumed = await ws.recv()
+        assert resumed is not None and resumed["type"] == "caught-up", resumed
         answers = [await ws.recv() for _ in range(count + 1)]
         assert all(a is not None and a["code"] == "invalid-request" for a in answers[:count])
         assert answers[-1] == {"type": "pong"}  # and the socket is still open

@@ -2,7 +2,8 @@
 
 On the single-task socket the server accepts the handshake, sends an ``error`` frame with the code, then
 closes with the matching close code, so that browsers see why. On ``/v1/ws`` each of these is an
-``error`` frame for that subscription and the socket stays open. A disallowed ``Origin`` is refused.
+``error`` frame for that subscription and the socket stays open (while it holds a subscription). A
+disallowed ``Origin`` is refused.
 """
 
 from __future__ import annotations
@@ -131,6 +132,10 @@ async def test_on_the_many_task_socket_each_refusal_is_an_error_frame_and_the_so
         mine, theirs = await two_tasks(gw)
         with anyio.fail_after(20):
             async with socket(ws_url(gw, "/v1/ws"), origin=APP) as ws:
+                # Holding a subscription (one that holds none is closed at its 5th refusal: test_live_idle).
+                valid = {"type": "subscribe", "taskId": "theirs", "token": theirs["subscribeToken"]}
+                await ws.send(json.dumps(valid))
+                assert (await recv_frame(ws))["type"] == "caught-up"
                 for case, task_id, query, code, _ in refusals(mine, theirs):
                     message: dict[str, Any] = {"type": "subscribe", "taskId": task_id}
                     if "token" in query:

@@ -22,7 +22,7 @@ NOT_API = {"/", "/docs", "/openapi.json"}
 
 
 async def test_the_document_lists_exactly_the_apps_routes_and_is_valid(sqlite_url: str) -> None:
-    async with running_gateway(sqlite_url, sweep_interval_ms=0) as gw:
+    async with running_gateway(sqlite_url, sweep_interval_ms=0, api_key="openapi-key") as gw:
         answer = await gw.client.get("/openapi.json")
         assert answer.status_code == 200
         assert answer.headers["content-type"] == "application/json"
@@ -58,6 +58,16 @@ async def test_the_document_lists_exactly_the_apps_routes_and_is_valid(sqlite_ur
     assert doc["paths"]["/v1/tasks/{task_id}/callbacks"]["post"]["security"] == [{"callbackToken": []}]
     assert {"subscribeToken": []} in doc["paths"]["/v1/tasks/{task_id}"]["get"]["security"]
     assert doc["paths"]["/healthz"]["get"]["security"] == []
+    # In open mode the served document asks for no API key: management routes take no credential, reads
+    # a task token or none; a callback still its callback token.
+    async with running_gateway(sqlite_url, sweep_interval_ms=0) as gw:
+        open_doc = (await gw.client.get("/openapi.json")).json()
+    validate(open_doc)
+    assert "apiKey" not in open_doc["components"]["securitySchemes"]
+    assert open_doc["paths"]["/v1/tasks"]["get"]["security"] == []
+    read = open_doc["paths"]["/v1/tasks/{task_id}"]["get"]["security"]
+    assert {} in read and {"subscribeToken": []} in read
+    assert open_doc["paths"]["/v1/tasks/{task_id}/callbacks"]["post"]["security"] == [{"callbackToken": []}]
     reasons = doc["components"]["schemas"]["CallbackAnswer"]["properties"]["reason"]["enum"]
     assert "terminal-conflict" in reasons and "duplicate-callback" in reasons
 

@@ -27,7 +27,7 @@ from gateway.machine import Start, Succeed
 from gateway.store import Database
 from gateway.store.base import Notification, Receipt, WriteTx
 from gateway.store.sql import SqlStore
-from gateway.web.wire import notifications_body
+from gateway.web.render import notifications_body
 from tests.integration.test_live_support import (
     StreamCheck,
     closed_with,

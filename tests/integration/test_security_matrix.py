@@ -162,11 +162,16 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "valid, no such task": NOT_FOUND,
     },
 }
-# On /v1/ws the credential is the subscribe message's token: there is no header, URL or scheme for it.
+# On /v1/ws the credential is the subscribe message's token: there is no header, URL or scheme for it. The
+# API key is not taken there (it is taken only from the Authorization header: a key has no business in a
+# browser's socket message).
 WITH_API_KEY["subscribe-message"] = {
-    name: cell
-    for name, cell in WITH_API_KEY["subscribe"].items()
-    if name not in ("another scheme", "API key in URL", "task token in URL")
+    **{
+        name: cell
+        for name, cell in WITH_API_KEY["subscribe"].items()
+        if name not in ("another scheme", "API key in URL", "task token in URL")
+    },
+    "API key": U,
 }
 
 # Open mode: the API key routes and reads take no credential; a credential that is sent must still be

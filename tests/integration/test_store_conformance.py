@@ -39,7 +39,7 @@ from gateway.store.base import DrainBatch, Receipt, Store, StoreRace, WriteTx
 from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
 from gateway.store.transaction import SqlTx
-from gateway.web.wire import notifications_body
+from gateway.web.render import notifications_body
 from tests.support import FakeClock, opened, postgres_database
 
 pytestmark = pytest.mark.anyio

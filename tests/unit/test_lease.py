@@ -14,7 +14,7 @@ from gateway.lease import Lease, heartbeat, lease_of, renewal, timed_out
 from gateway.listeners import Listeners
 from gateway.machine import Fail, Progress, Start, Succeed, Task, apply_event, create_task
 from gateway.store.memory import MemoryStore
-from gateway.web.wire import notifications_body
+from gateway.web.render import notifications_body
 from tests.support import FakeClock
 
 pytestmark = pytest.mark.anyio
