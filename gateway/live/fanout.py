@@ -188,7 +188,9 @@ class Channel(Generic[H]):
 
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
-        self.subscriptions: set[Subscription[H]] = set()
+        # In the order they subscribed (a dict, not a set: a set of these orders them by address, so a
+        # round would offer its subscriptions in an order that changes from one run to the next).
+        self.subscriptions: dict[Subscription[H], None] = {}
         # The last state handed out; None until a message or the subscriptions' resume states tell.
         self.last: Task | None = None
         self.ahead: dict[int, Message] = {}
@@ -278,7 +280,7 @@ class Fanout(Generic[H]):
         channel = self.channels.get(task_id)
         if channel is None:
             channel = self.channels[task_id] = Channel(task_id)
-        channel.subscriptions.add(sub)
+        channel.subscriptions[sub] = None
         return sub
 
     def resumed(self, sub: Subscription[H], resume: Resume) -> Channel[H] | None:
@@ -303,7 +305,7 @@ class Fanout(Generic[H]):
             del peer.subscriptions[sub.task_id]
         channel = self.channels.get(sub.task_id)
         if channel is not None:
-            channel.subscriptions.discard(sub)
+            channel.subscriptions.pop(sub, None)
             if not channel.subscriptions:
                 del self.channels[sub.task_id]
 

@@ -10,8 +10,8 @@ After every step: each subscription's frames so far are its resume frame, then o
 other, every ``event`` frame the exact entry and the task after it, a ``conflated`` snapshot the only jump
 (never backwards, never a repeat); no backlog past its bound; no more ``conflated`` snapshots than backlogs
 dropped; a connection stuck in one send past its deadline, and only such a one, is closed with ``4008``.
-At the end, once every message is delivered (or the periodic check has found it lost), every read answered
-and every socket drained: every subscription still open holds its task's final version.
+At the end, once every message is delivered (or the periodic check has found it lost), every read answered,
+every round offered and every socket drained: every subscription still open holds its task's final version.
 """
 
 from __future__ import annotations
@@ -123,11 +123,13 @@ class FanoutMachine(RuleBasedStateMachine):
                 client.announced = max(client.announced, message.version)
         self.fan.receive(message)
 
-    def flush_slice(self, task_id: str, size: int | None) -> None:
+    def flush_slice(self, task_id: str, size: int | None) -> bool:
+        """One turn of the hub's flush: the channel's round (the unfinished one, else the next) offered to all
+        its subscriptions or a slice of them; ``False`` when it had none."""
         channel = self.fan.channels.get(task_id)
         fan_round = channel.next_round() if channel is not None else None
         if fan_round is None:
-            return
+            return False
         subs = fan_round.subscriptions
         stop = len(subs) if size is None else min(len(subs), fan_round.done + size)
         conns = {c.peer: c for c in self.conns}
@@ -150,6 +152,7 @@ class FanoutMachine(RuleBasedStateMachine):
         fan_round.done = stop
         self.conflations += fan_round.take_counts()[1]
         fan_round.woken.clear()
+        return True
 
     def step_writer(self, conn: Conn) -> tuple[Subscription[str] | None, Frame] | None:
         """The writer's next step: a frame to send, or None (a read asked for: ``conn.read``; or no work)."""
@@ -408,7 +411,10 @@ class FanoutMachine(RuleBasedStateMachine):
             while (asked := self.fan.next_read()) is not None:
                 self.answer_channel(asked, self.book.current(asked.task_id).version)
             for task_id in TASKS:
-                self.flush_slice(task_id, None)
+                # As the hub: turn after turn until no round is left (finishing a round whose remaining
+                # subscriptions are gone moves no client, yet the entries handed out since are due).
+                while self.flush_slice(task_id, None):
+                    pass
             for conn in self.conns:
                 if conn.closed:
                     continue
@@ -433,3 +439,19 @@ FanoutMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_fanout_machine = FanoutMachine.TestCase
+
+
+def test_the_machine_waits_for_every_round_at_the_end() -> None:
+    """The machine's one false failure (found when a round offered its subscriptions in an order that changed
+    from run to run): a round left unfinished, only gone subscriptions still to offer, and an entry handed
+    out after it. Finishing that round moves no client, but the entry's round is still due: at the end the
+    machine offers rounds until none is left, as the hub's flush does, before it holds the clients to it."""
+    state = FanoutMachine()
+    state.start(sockets=[(False, 2, "b", "0"), (False, 1, "b", "0")], history=(0, 0))
+    state.socket(action="send", pick=1)  # the second connection's writer is stuck: it is cut at the end
+    state.commit(hows=["whole", "whole", "held"], task_id="b", then="slice")  # v1, v2 to the first only
+    state.drain(late=False, n=3, pick=0)
+    first = next(iter(state.clients.values()))
+    assert first.version == 2
+    state.teardown()  # v3 is delivered after the round of v1 and v2, which the second never finished
+    assert (first.version, first.announced) == (3, 3)
