@@ -12,7 +12,8 @@ the code once to its HTTP status (and, for sockets, to a close code)::
     ├── MethodNotAllowed        405 method-not-allowed
     ├── RequestTimeout          408 request-timeout (and the connection is closed)
     ├── Conflict                409 task-exists | key-reused-for-other-task | not-succeeded
-    │                               | callback-id-reused | stale-attempt | history-full
+    │                               | callback-id-reused | stale-attempt | history-full | not-running
+    │                               (not-running carries the task beside the error: ``task``)
     ├── PayloadTooLarge         413 payload-too-large
     ├── UnsupportedMediaType    415 unsupported-media-type
     ├── RateLimited             429 rate-limited (with Retry-After)
@@ -28,7 +29,8 @@ The pure state machine raises only :class:`InvalidRequest`, as the reference rai
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 # WebSocket close codes, named once (protocol.md, "Close codes").
 CLOSE_NORMAL = 1000
@@ -62,7 +64,7 @@ class GatewayError(Exception):
         self.message = message
         self.code = code or self.default_code
 
-    def to_json(self) -> dict[str, dict[str, str]]:
+    def to_json(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message}}
 
     def headers(self) -> dict[str, str] | None:
@@ -119,13 +121,22 @@ class RequestTimeout(GatewayError):
 
 
 class Conflict(GatewayError):
-    """A 409 whose ``code`` names the conflict (task-exists, stale-attempt, ...)."""
+    """A 409 whose ``code`` names the conflict (task-exists, stale-attempt, ...). ``task``, the task's JSON
+    where the conflict is about what became of it (``not-running``: a cancel, a requeue), goes in the body
+    beside ``error``, so that a worker learns why without another request."""
 
     status = 409
     close_code = CLOSE_INVALID_REQUEST
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, task: Mapping[str, Any] | None = None) -> None:
         super().__init__(message, code=code)
+        self.task = task
+
+    def to_json(self) -> dict[str, Any]:
+        body = super().to_json()
+        if self.task is not None:
+            body["task"] = dict(self.task)
+        return body
 
 
 class PayloadTooLarge(GatewayError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gateway.errors import Conflict
-from gateway.machine import Fail, Task, Transition, apply_event
+from gateway.machine import Fail, Task, Transition, apply_event, task_to_json
 
 # The shortest lease a task may ask for: a heartbeat at a third of it stays well apart from network delays.
 MIN_HEARTBEAT_MS: Final = 1_000
@@ -50,16 +50,18 @@ def lease_of(task: Task, heartbeat_ms: int | None, until_ms: int | None) -> Leas
 def heartbeat(task: Task) -> Transition:
     """A heartbeat on ``task``, its attempt already matched: it renews only a running attempt, and changes
     nothing of the task (its answer is the lease, never this transition's reason). Else ``409
-    not-running``, saying what became of the attempt."""
+    not-running``, saying what became of the attempt and carrying the task as it is (a worker tells a
+    cancelled task, ``failed`` with ``error: "cancelled"``, from an attempt that merely ran out)."""
     if task.state == "running":
         return Transition(task, changed=False, duplicate=False, notify=False, reason="heartbeat")
     if task.state == "queued":
         why = "it was requeued (its lease ran out, or it failed) and waits for a start"
     else:
-        why = f"it has ended ({task.state})"
+        why = f"it has ended ({task.state}" + (f", error {task.error!r})" if task.error else ")")
     raise Conflict(
         "not-running",
         f"task {task.id} is {task.state}, not running: attempt {task.attempts} is over, {why}",
+        task=task_to_json(task),
     )
 
 

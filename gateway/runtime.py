@@ -92,7 +92,12 @@ class Gateway:
         if settings.retain_finished_s > 0:
             relay = self.relay is not None
             self.retention = Retention(
-                self.store, clock, settings.retain_finished_s, relay=relay, metrics=self.metrics
+                self.store,
+                clock,
+                settings.retain_finished_s,
+                relay=relay,
+                metrics=self.metrics,
+                db_deadline_s=self.book.deadline_s,
             )
         self.metrics.watch_hub(self.hub.stats)
         self.metrics.watch_bus(self.bus)

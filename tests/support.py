@@ -106,10 +106,12 @@ def mint(
 
 
 def error(answer: httpx.Response, status: int, code: str) -> str:
-    """Check an error answer's status and shape (protocol.md, Errors); return its message."""
+    """Check an error answer's status and shape (protocol.md, Errors: a ``not-running`` carries the task
+    beside the error); return its message."""
     assert answer.status_code == status, answer.text
     body = answer.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    shape = {"error", "task"} if code == "not-running" else {"error"}
+    assert set(body) == shape and set(body["error"]) == {"code", "message"}, body
     assert body["error"]["code"] == code, body
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
     message: str = body["error"]["message"]

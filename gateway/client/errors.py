@@ -8,7 +8,8 @@ import)::
         │   └── AttemptOver   the gateway says the worker's attempt is over (stale-attempt, not-running)
         └── CallbackIgnored   answered 200 but had no effect (terminal-conflict, not-running, ...)
             ├── TaskAlreadyRunning   start() on a task another worker is running
-            └── TaskCancelled        the task was cancelled (POST /v1/tasks/{id}/cancel): stop working
+            └── TaskCancelled        the task was cancelled (POST /v1/tasks/{id}/cancel): stop working;
+                                     what a callback or a heartbeat that learns of the cancel raises
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ class WorkerError(ClientError):
 class CallbackError(WorkerError):
     """The gateway refused the callback (a 4xx): retrying the same callback would not help."""
 
-    def __init__(self, status: int, code: str, message: str, *, task_id: str = "") -> None:
+    def __init__(
+        self, status: int, code: str, message: str, *, task_id: str = "", task: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(
             f"{status} {code}: {message}" + (f" (task {task_id})" if task_id else ""),
             task_id=task_id,
             reason=code,
-            task=None,
+            task=task,
         )
         self.status = status
         self.code = code
@@ -48,9 +51,10 @@ class CallbackError(WorkerError):
 class AttemptOver(CallbackError):
     """The gateway says this worker's attempt is over: ``409 stale-attempt`` (another attempt has started
     since) or ``409 not-running`` to a heartbeat (the task was requeued, its lease having run out or the
-    attempt having failed, or it has ended). Whatever the job does from here on no longer counts. Raised by
-    the callback that was told so or, when the background heartbeat learns it, from the ``async with
-    Worker(...)`` block, whose job is cancelled."""
+    attempt having failed, or it has ended; ``task`` is then the task as the gateway answered it, and a
+    cancelled task raises :class:`TaskCancelled` instead). Whatever the job does from here on no longer
+    counts. Raised by the callback that was told so or, when the background heartbeat learns it, from the
+    ``async with Worker(...)`` block, whose job is cancelled."""
 
 
 class CallbackIgnored(WorkerError):
@@ -83,11 +87,18 @@ CANCELLED = "cancelled"
 class TaskCancelled(CallbackIgnored):
     """The callback was ignored because the task was cancelled (``POST /v1/tasks/{id}/cancel``: the task is
     ``failed`` with ``error: "cancelled"``): the work is no longer wanted, so stop it. ``reason`` is the
-    gateway's (``terminal-conflict``)."""
+    gateway's: ``terminal-conflict`` to a callback, ``not-running`` to a heartbeat (``event_type``
+    ``"heartbeat"``: the background heartbeat of ``async with Worker(...)`` learned of the cancel, and the
+    block raises it)."""
+
+
+def cancelled(task: dict[str, Any]) -> bool:
+    """Whether ``task`` (its JSON) ended by a cancel."""
+    return task.get("state") == "failed" and task.get("error") == CANCELLED
 
 
 def ignored(event_type: str, reason: str, task: dict[str, Any]) -> CallbackIgnored:
     """The error for a callback that had no effect: :class:`TaskCancelled` when the task was cancelled."""
-    if reason == "terminal-conflict" and task.get("state") == "failed" and task.get("error") == CANCELLED:
+    if reason == "terminal-conflict" and cancelled(task):
         return TaskCancelled(event_type, reason, task)
     return CallbackIgnored(event_type, reason, task)

@@ -14,7 +14,8 @@ answer to ``start`` (and to every callback of the attempt). Inside ``async with 
 then heartbeats in the background (``POST /v1/tasks/{id}/heartbeat``) at a third of the lease, unless a
 callback renewed it more recently, until the attempt ends (its ``succeed`` or ``fail``, or the block's end).
 When the gateway answers a heartbeat that the attempt is over (requeued after its lease ran out, started
-again elsewhere, ended), the block's job is cancelled and the block raises :class:`AttemptOver`. The job
+again elsewhere, ended), the block's job is cancelled and the block raises :class:`AttemptOver`, or
+:class:`TaskCancelled` when the task was cancelled (the ``409 not-running`` answer carries the task). The job
 must leave the event loop free for this (blocking work in a thread: ``anyio.to_thread.run_sync``); a job
 that blocks the loop cannot heartbeat, and its lease runs out as a vanished worker's does.
 """
@@ -35,6 +36,8 @@ from gateway.client.errors import (
     CallbackIgnored,
     TaskAlreadyRunning,
     TaskCancelled,
+    WorkerError,
+    cancelled,
     ignored,
 )
 
@@ -60,6 +63,8 @@ HARMLESS = frozenset({"duplicate-progress", "duplicate-result", "duplicate-callb
 KEEPALIVE_S = 2.0
 # The 409 codes that say a worker's attempt is over.
 ATTEMPT_OVER = frozenset({"stale-attempt", "not-running"})
+# The ``event_type`` of an error a heartbeat raises.
+HEARTBEAT = "heartbeat"
 # A heartbeat goes at this fraction of the lease after the lease's last renewal.
 HEARTBEAT_FRACTION = 1 / 3
 
@@ -96,7 +101,8 @@ class Worker:
         self._heartbeats: anyio.abc.TaskGroup | None = None  # inside ``async with``: where they run
         self._beating: anyio.CancelScope | None = None  # the heartbeat of the current attempt
         self._ending = False  # the attempt's last callback is on its way: a 409 to a heartbeat is expected
-        self._over: AttemptOver | None = None  # what a heartbeat learned; raised from the block
+        # What a heartbeat learned (the attempt is over, or the task was cancelled); raised from the block.
+        self._over: AttemptOver | TaskCancelled | None = None
         self._block: anyio.CancelScope | None = None  # around the block's job, which a heartbeat may cancel
 
     @property
@@ -183,22 +189,24 @@ class Worker:
         body: dict[str, Any] = {"callbackId": callback_id or str(uuid.uuid4()), "event": event}
         if fenced and self.attempt is not None:
             body["attempt"] = self.attempt
-        result = await self._post(self.url, body, self.backoff)
+        result = await self._post(self.url, body, self.backoff, str(event.get("type")))
         if check:
             _check(str(event.get("type")), result)
         return result
 
     async def heartbeat(self) -> dict[str, Any]:
         """Renew the lease of this worker's attempt now (the background heartbeat does so by itself);
-        returns ``{"leaseUntilMs", "heartbeatMs"}``. Raises :class:`AttemptOver` when the attempt is over."""
+        returns ``{"leaseUntilMs", "heartbeatMs"}``. Raises :class:`AttemptOver` when the attempt is over,
+        :class:`TaskCancelled` when it is over because the task was cancelled."""
         if self.attempt is None:
             raise RuntimeError("heartbeat() before start(): this worker holds no attempt")
-        return await self._post(self.heartbeat_url, {"attempt": self.attempt}, Backoff(0.05, 2.0))
+        return await self._post(self.heartbeat_url, {"attempt": self.attempt}, Backoff(0.05, 2.0), HEARTBEAT)
 
-    async def _post(self, url: str, body: dict[str, Any], backoff: Backoff) -> dict[str, Any]:
-        """POST ``body``, retrying transport failures, 5xx and 429 (after its Retry-After); the answer's
-        JSON, or :class:`CallbackError` (:class:`AttemptOver`) on a 4xx. An answer that carries the lease
-        counts as its renewal, from when the request was sent."""
+    async def _post(self, url: str, body: dict[str, Any], backoff: Backoff, what: str) -> dict[str, Any]:
+        """POST ``body`` (``what``: the event's type, or a heartbeat), retrying transport failures, 5xx and
+        429 (after its Retry-After); the answer's JSON, or :class:`CallbackError` (:class:`AttemptOver`) on
+        a 4xx (:class:`TaskCancelled` for an attempt over because its task was cancelled). An answer that
+        carries the lease counts as its renewal, from when the request was sent."""
         backoff.reset()
         for attempt in range(self.retries + 1):
             sent = anyio.current_time()
@@ -215,12 +223,7 @@ class Worker:
                         self._renewed_at = max(self._renewed_at, sent)
                     return result
                 if response.status_code < 500 and response.status_code != 429:
-                    error = _error_of(response)
-                    code = error.get("code", "")
-                    over = response.status_code == 409 and code in ATTEMPT_OVER
-                    raise (AttemptOver if over else CallbackError)(
-                        response.status_code, code, error.get("message", ""), task_id=self.task_id
-                    )
+                    raise _refusal(response, what, self.task_id)
                 if attempt == self.retries:
                     response.raise_for_status()
                 retry_after = response.headers.get("retry-after", "")
@@ -258,11 +261,11 @@ class Worker:
                     await anyio.sleep_until(due)
                     continue  # a callback may have renewed the lease meanwhile
                 try:
-                    await self._post(self.heartbeat_url, {"attempt": attempt}, backoff)
-                except CallbackError as exc:
+                    await self._post(self.heartbeat_url, {"attempt": attempt}, backoff, HEARTBEAT)
+                except (CallbackError, TaskCancelled) as exc:
                     if self._ending:  # the attempt's last callback ended it: nothing is wrong
                         return
-                    self._over = exc if isinstance(exc, AttemptOver) else _over(exc)
+                    self._over = exc if isinstance(exc, (AttemptOver, TaskCancelled)) else _over(exc)
                     if self._block is not None:
                         self._block.cancel()  # the job, in the block
                     return
@@ -284,9 +287,21 @@ def _check(event_type: str, answer: dict[str, Any]) -> None:
     raise ignored(event_type, reason, answer.get("task") or {})
 
 
-def _error_of(response: httpx.Response) -> dict[str, str]:
+def _refusal(response: httpx.Response, what: str, task_id: str) -> WorkerError:
+    """The error for a 4xx answer: :class:`AttemptOver` when it says the attempt is over (with the task the
+    answer carries, if any), :class:`TaskCancelled` when it is over because the task was cancelled, else
+    :class:`CallbackError`."""
     try:
-        error = response.json().get("error", {})
+        body = response.json()
     except ValueError:  # not JSON: a proxy's page, say
-        return {"code": f"http-{response.status_code}", "message": response.text[:200]}
-    return error if isinstance(error, dict) else {}
+        body = {"error": {"code": f"http-{response.status_code}", "message": response.text[:200]}}
+    body = body if isinstance(body, dict) else {}
+    error, task = body.get("error"), body.get("task")
+    error = error if isinstance(error, dict) else {}
+    task = task if isinstance(task, dict) else None
+    code, message = str(error.get("code", "")), str(error.get("message", ""))
+    if response.status_code != 409 or code not in ATTEMPT_OVER:
+        return CallbackError(response.status_code, code, message, task_id=task_id)
+    if task is not None and cancelled(task):
+        return TaskCancelled(what, code, task)
+    return AttemptOver(response.status_code, code, message, task_id=task_id, task=task)

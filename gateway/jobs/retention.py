@@ -61,6 +61,7 @@ class Retention:
         metrics: Metrics | None = None,
         batch: int = RETENTION_BATCH,
         interval_s: float | None = None,
+        db_deadline_s: float = DB_DEADLINE_S,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -70,6 +71,8 @@ class Retention:
         self.metrics = metrics
         self.batch = batch
         self.interval_s = interval_for(retain_s) if interval_s is None else interval_s
+        # The longest one of its database rounds may take (GATEWAY_DB_DEADLINE_MS).
+        self.db_deadline_s = db_deadline_s
         self.held = 0
 
     async def run(self) -> None:
@@ -92,7 +95,7 @@ class Retention:
         total = 0
         while True:
             # Shielded: a stop waits for the batch to end instead of tearing a connection down mid-query.
-            with anyio.fail_after(DB_DEADLINE_S, shield=True):
+            with anyio.fail_after(self.db_deadline_s, shield=True):
                 claimed, gone, after = await self.store.transact(
                     functools.partial(self._delete_batch, cutoff_ms=cutoff, after=after)
                 )
@@ -101,7 +104,7 @@ class Retention:
                 self.metrics.tasks_deleted.inc(gone)
             if claimed < self.batch:
                 break
-        with anyio.fail_after(DB_DEADLINE_S, shield=True):
+        with anyio.fail_after(self.db_deadline_s, shield=True):
             async with self.store.read() as tx:
                 held = await tx.finished_held(cutoff, relay=self.relay)
         if held and not self.held:

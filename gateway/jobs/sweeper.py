@@ -3,7 +3,10 @@ has passed and ends the leases of running attempts that stopped renewing them (`
 
 Leases are swept as deadlines are, below: the sweeper wakes for the earliest lease end as for the earliest
 deadline (a lease that starts or is renewed tells it, as a new task's deadline does), and ends them in
-bounded batches claimed with ``SKIP LOCKED``, one transaction each, the first urgent.
+bounded batches claimed with ``SKIP LOCKED``, one transaction each, the first urgent. A pass ends leases
+before it expires tasks, and the expiry claim never takes a running task whose lease ended before its
+deadline (``queries.DUE``): however late a pass comes, or whichever process's comes first, the history
+has the lease's end (a heartbeat-timeout fail) before the deadline's.
 
 It runs at start (so tasks that fell due while the gateway was down expire at once), then wakes at the
 next deadline it knows of: after each pass it reads the earliest deadline of the live tasks, and a task this
@@ -138,18 +141,20 @@ class Sweeper:
             self.metrics.leases_over(ends_ms, self.book.clock())
 
     async def _pass(self, in_flight: anyio.Semaphore) -> None:
-        """Expire what is due, then learn the next deadline. Passes overlap: a slow commit holds up only
-        the tasks of its own batch, not those falling due while it runs."""
+        """End the leases that ran out, expire what is due, then learn the next deadline. Passes overlap: a
+        slow commit holds up only the tasks of its own batch, not those falling due while it runs."""
         try:
             # A read first: a pass with nothing due writes nothing (on SQLite it would take the write turn,
             # and a callback arriving meanwhile would wait for it, five times a second), and a pass writes
             # only for the kind that is due (deadlines, lease ends).
             deadline, lease_end = await self.book.next_due()
             now = self.book.clock()
-            if deadline is not None and deadline <= now:
-                await sweep_once(self.book, self.metrics)
+            # Leases first: a lease that ran out before its task's deadline is ended at its end (the expiry
+            # claim leaves such a task alone), and the task it requeued past its deadline expires next.
             if lease_end is not None and lease_end <= now:
                 await end_leases_once(self.book, self.metrics)
+            if deadline is not None and deadline <= now:
+                await sweep_once(self.book, self.metrics)
             if now >= min(deadline or math.inf, lease_end or math.inf):
                 deadline, lease_end = await self.book.next_due()
             next_ms = min((t for t in (deadline, lease_end) if t is not None), default=None)

@@ -137,7 +137,9 @@ class WriteTx(ReadTx, Protocol):
 
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
         """Up to ``limit`` live tasks past their deadline, earliest first, locked; rows another transaction
-        holds are skipped, so that processes sweeping together take different tasks."""
+        holds are skipped, so that processes sweeping together take different tasks. A running task whose
+        lease ended before its deadline is not among them: :meth:`claim_leases` takes it first, so that its
+        history has the lease's end before the deadline, whichever sweeper comes first."""
 
     async def renew_leases(self, leases: Sequence[tuple[str, int]]) -> None:
         """Set the lease end of each of these tasks (task id, lease end), which this transaction locked."""

@@ -218,10 +218,13 @@ class MemoryTx:
             await self.record(transition, encoded_event, notify_at_ms)
 
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
+        lease_first = {s.task.id for s, until in self._leased() if until < s.task.expires_at_ms}
         due = [
             s.task
             for s in self.data.tasks.values()
-            if s.task.state in ACTIVE_STATES and s.task.expires_at_ms <= now_ms
+            if s.task.state in ACTIVE_STATES
+            and s.task.expires_at_ms <= now_ms
+            and s.task.id not in lease_first
         ]
         due.sort(key=lambda t: t.expires_at_ms)
         return due[:limit]

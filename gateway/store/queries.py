@@ -59,7 +59,12 @@ TASKS = f"{SELECT_TASK} WHERE {{ids}} ORDER BY id"  # + LOCK; in id order, so th
 VERSIONS = "SELECT id, version FROM tasks WHERE {ids}"
 TASK_EXISTS = "SELECT 1 FROM tasks WHERE id = ?"
 NEXT_DEADLINE = f"SELECT min(expires_at_ms) FROM tasks WHERE {_LIVE}"
-DUE = f"{SELECT_TASK} WHERE {_LIVE} AND expires_at_ms <= ? ORDER BY expires_at_ms LIMIT ?"  # + CLAIM
+# A running attempt whose lease ended before its deadline is left to LEASES_ENDED: its end comes first in the
+# history (a heartbeat-timeout fail at the lease's end, then, requeued, this expiry), whoever sweeps first.
+DUE = (
+    f"{SELECT_TASK} WHERE {_LIVE} AND expires_at_ms <= ? "
+    f"AND NOT ({LEASED} AND lease_until_ms < expires_at_ms) ORDER BY expires_at_ms LIMIT ?"  # + CLAIM
+)
 INSERT_TASK = _insert("tasks", (*TASK_COLUMNS, "ttl_ms", "created_at_ms", "heartbeat_ms"))
 
 # --- heartbeat leases (gateway.lease) -----------------------------------------------------------------

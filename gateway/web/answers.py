@@ -212,6 +212,12 @@ class ErrorDetail(_Answer):
 
 class ErrorAnswer(_Answer):
     error: ErrorDetail
+    task: TaskJson | Absent = Field(
+        default=None,
+        description="with `not-running` only: the task as it is, so that a worker learns what ended its "
+        'attempt (cancelled: `failed` with `error: "cancelled"`)',
+        json_schema_extra=_drop_default,
+    )
 
 
 class Status(_Answer):

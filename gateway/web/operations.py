@@ -234,7 +234,8 @@ OPERATIONS: tuple[Operation, ...] = (
             404: "",
             408: "",
             409: "`stale-attempt`: attempt is not the task's current one; "
-            "`not-running`: the task is not running (its attempt is over: requeued, or ended)",
+            "`not-running`: the task is not running (its attempt is over: requeued, or ended); the body "
+            "carries the task beside the error",
             413: "",
             415: "",
             429: "",

@@ -250,3 +250,28 @@ async def test_in_open_mode_a_page_elsewhere_cannot_cancel(sqlite_url: str) -> N
         assert (await gw.client.get("/v1/tasks/o-1")).json()["state"] == "queued"
         local = await cancel(gw.client, "o-1", headers={"Origin": gw.url})
         assert (local.status_code, local.json()["reason"]) == (200, "cancelled")
+
+
+async def test_a_worker_whose_heartbeat_hears_of_the_cancel_raises_task_cancelled(sqlite_url: str) -> None:
+    """On a task with a lease, the background heartbeat usually learns of a cancel before the job's next
+    callback: the block still raises ``TaskCancelled`` (not ``AttemptOver``), so a job that catches it
+    sees why its work stopped."""
+    async with running_gateway(sqlite_url) as gw:
+        body = {"id": "hb-1", "ttlMs": 600_000, "maxAttempts": 3, "heartbeatMs": 1_000}
+        made = await gw.client.post("/v1/tasks", json=body)
+        assert made.status_code == 201, made.text
+        token = made.json()["callbackToken"]
+        job_stopped = anyio.Event()
+        with anyio.fail_after(STEP_S), pytest.raises(TaskCancelled) as stopped:
+            async with Worker(gw.url, "hb-1", token) as worker:
+                await worker.start("w1")
+                assert worker.heartbeating
+                answer = await cancel(gw.client, "hb-1", b'{"reason": "wrong export"}')
+                assert answer.json()["reason"] == "cancelled", answer.text
+                try:
+                    await anyio.Event().wait()  # the job, with nothing to report: only heartbeats run
+                finally:
+                    job_stopped.set()
+        assert job_stopped.is_set()
+        assert stopped.value.task is not None
+        assert (stopped.value.task["state"], stopped.value.task["error"]) == ("failed", "cancelled")

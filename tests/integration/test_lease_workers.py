@@ -4,8 +4,8 @@ SIGKILLed mid-task loses its attempt within a lease and a second worker finishes
 says the attempt is over, and loses the task within 2 s of its process being stopped (SIGSTOP).
 
 Time is asserted on what the gateway stamped (the ``fail`` entry's ``atMs`` is the lease's end) against
-the moment the test killed or stopped the process, and on the gateway's own lateness histogram (from a
-lease's end to the commit of its fail), never on how long the test took."""
+the moment the test killed or stopped the process, never on how long the test took nor on how late the
+sweeper committed (tests/integration/test_lease_load.py holds leases to their 1 s under load)."""
 
 from __future__ import annotations
 
@@ -128,22 +128,6 @@ async def create(gw: Running, task_id: str, heartbeat_ms: int, max_attempts: int
     return made
 
 
-async def lease_lateness(gw: Running, ended: int) -> dict[str, float]:
-    """``gateway_lease_lateness_seconds`` by bucket, once it counts ``ended`` leases (the sweeper observes
-    a batch just after its commit, which a subscriber may see first)."""
-
-    async def buckets() -> dict[str, float]:
-        text = (await gw.client.get("/metrics")).text
-        prefix = 'gateway_lease_lateness_seconds_bucket{le="'
-        return {
-            line[len(prefix) :].split('"')[0]: float(line.rpartition(" ")[2])
-            for line in text.splitlines()
-            if line.startswith(prefix)
-        }
-
-    return await eventually(buckets, lambda found: found.get("+Inf", 0) >= ended, f"{ended} leases ended")
-
-
 async def heartbeats(gw: Running) -> float:
     text = (await gw.client.get("/metrics")).text
     (line,) = [line for line in text.splitlines() if line.startswith("gateway_heartbeats_total ")]
@@ -168,9 +152,8 @@ async def test_a_worker_killed_mid_task_is_requeued_within_its_lease_and_a_secon
         failed = await watcher.wait_for("the lease's end", lambda f: f["event"]["type"] == "fail")
         assert {k: v for k, v in failed["event"].items() if k != "atMs"} == TIMEOUT
         assert (failed["task"]["state"], failed["task"]["attempts"]) == ("queued", 1)
-        # Requeued within 3 s of the kill: stamped at the lease's end, committed within 1 s of it.
+        # Requeued within 3 s of the kill: stamped at the lease's end.
         assert 0 < failed["event"]["atMs"] - killed_at <= 3_000, (failed, killed_at)
-        assert (await lease_lateness(gw, 1))["1.0"] == 1
 
         # A second worker takes the next attempt and finishes the task.
         async with Worker(gw.url, "killed-1", created["callbackToken"]) as second:
@@ -261,7 +244,6 @@ async def test_the_python_worker_keeps_its_task_for_30_s_and_loses_it_within_2_s
             failed = await watcher.wait_for("the lease's end", lambda f: f["event"]["type"] == "fail")
             assert {k: v for k, v in failed["event"].items() if k != "atMs"} == TIMEOUT
             assert failed["event"]["atMs"] - stopped_at <= 2_000, (failed, stopped_at)
-            assert (await lease_lateness(gw, 1))["1.0"] == 1  # and committed within 1 s of that
 
             # Woken up, the worker is told its attempt is over, in its job.
             os.kill(worker.process.pid, signal.SIGCONT)

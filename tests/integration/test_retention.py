@@ -268,6 +268,28 @@ class _PausingTx:
         await self._tx.insert_receipt(receipt)
 
 
+async def test_a_retention_pass_gives_each_database_round_the_configured_deadline(sqlite_url: str) -> None:
+    """``GATEWAY_DB_DEADLINE_MS`` bounds retention's rounds as it bounds every other (a stop waits for a
+    batch under way, so a longer one would hold a stop up past what the operator set)."""
+    async with live_gateway(sqlite_url, retain_finished_s=RETAIN_S, db_deadline_ms=300) as gw:
+        retention = gw.gateway.retention
+        assert retention is not None
+        store = gw.gateway.store
+        budgets: list[float] = []  # the time each round of a pass was given, as it began
+
+        async def measured(work: Callable[[WriteTx], Awaitable[Any]], *, urgent: bool = False) -> Any:
+            budgets.append(anyio.current_effective_deadline() - anyio.current_time())
+            return await transact(work, urgent=urgent)
+
+        transact = store.transact
+        store.transact = measured  # type: ignore[method-assign]
+        try:
+            await retention.sweep()
+        finally:
+            del store.transact
+        assert budgets and all(0 < budget <= 0.3 for budget in budgets), budgets
+
+
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     with postgres_database() as url:

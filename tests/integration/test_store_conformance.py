@@ -851,9 +851,11 @@ async def test_concurrent_retention_passes_delete_each_task_once(store: Store) -
 # --- heartbeat leases (gateway.lease) -----------------------------------------------------------------------
 
 
-async def started(store: Store, task_id: str, *, heartbeat_ms: int | None = 2_000, lease_until: int) -> None:
-    """A task created with ``heartbeat_ms``, started, its lease ending at ``lease_until``."""
-    task, ttl_ms, now = queued(task_id)
+async def started(
+    store: Store, task_id: str, *, heartbeat_ms: int | None = 2_000, lease_until: int, ttl_ms: int = 60_000
+) -> None:
+    """A task created with ``heartbeat_ms`` at 1,000, started at 2,000, its lease ending at lease_until."""
+    task, ttl_ms, now = queued(task_id, ttl_ms=ttl_ms)
     async with store.write() as tx:
         await tx.insert_task(task, ttl_ms, now, heartbeat_ms)
     start = apply_event(task, Start(2_000, "w1"))
@@ -912,6 +914,27 @@ async def test_claim_leases_takes_running_attempts_whose_lease_ended_earliest_fi
         assert [s.task.id for s in await tx.claim_leases(6_000, 10)] == ["b", "c"]
     async with store.read() as tx:
         assert await tx.next_lease_end() == 5_000
+
+
+async def test_claim_due_leaves_a_task_whose_lease_ended_before_its_deadline_to_the_lease_claim(
+    store: Store,
+) -> None:
+    """An expiry claim (another process's, an overlapping pass's) never takes a running task whose lease ran
+    out before its deadline: expired, it would lose the heartbeat-timeout fail from its history, and a last
+    attempt would read expired instead of failed. The lease claim takes it, and the deadline then finds it
+    requeued (or ended). A lease that ends at or after the deadline leaves the task to either claim: the
+    deadline comes first."""
+    await add(store, "queued", ttl_ms=4_000)  # deadline 5,000
+    await started(store, "lease-first", lease_until=4_000, ttl_ms=5_000)  # deadline 6,000
+    await started(store, "deadline-first", lease_until=7_000, ttl_ms=5_500)  # deadline 6,500
+    async with store.write() as tx:
+        assert [t.id for t in await tx.claim_due(10_000, 10)] == ["queued", "deadline-first"]
+        assert [s.task.id for s in await tx.claim_leases(10_000, 10)] == ["lease-first", "deadline-first"]
+        (ended,) = await tx.claim_leases(10_000, 1)
+        requeued = apply_event(ended.task, Fail(4_000, "heartbeat-timeout", True))
+        await tx.record(requeued, orjson.dumps(event_to_json(requeued.entry.event)), 4_000)  # type: ignore[union-attr]
+    async with store.write() as tx:  # requeued: the deadline's now
+        assert [t.id for t in await tx.claim_due(10_000, 10)] == ["queued", "lease-first", "deadline-first"]
 
 
 async def test_concurrent_lease_claims_end_each_lease_once(store: Store) -> None:

@@ -123,3 +123,21 @@ def test_every_setting_has_a_readme_row_with_its_default() -> None:
             continue  # said in words (none, open mode, kept in a file)
         shown = f"{default:g}" if isinstance(default, float) else str(default)
         assert rows[name] == f"`{shown}`", (name, rows[name], default)
+
+
+def test_each_migrations_docstring_names_its_own_revision_and_the_one_it_revises() -> None:
+    """Alembic reads ``revision`` and ``down_revision``; a reader reads the docstring. Revisions renumbered
+    when parts merge must keep the two the same."""
+    versions = sorted((ROOT / "gateway" / "store" / "migrations" / "versions").glob("[0-9]*.py"))
+    assert versions
+    for path in versions:
+        module = ast.parse(path.read_text())
+        said = ast.get_docstring(module) or ""
+        values = {
+            node.target.id: ast.literal_eval(node.value)
+            for node in module.body
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value
+        }
+        assert f"Revision ID: {values['revision']}\n" in said + "\n", path.name
+        assert re.search(rf"^Revises: ?{values['down_revision'] or ''}$", said, re.MULTILINE), path.name
+        assert path.name.startswith(f"{values['revision']}_"), path.name

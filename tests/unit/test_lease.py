@@ -12,7 +12,17 @@ from gateway.book import Book, CallbackRequest
 from gateway.errors import Conflict
 from gateway.lease import Lease, heartbeat, lease_of, renewal, timed_out
 from gateway.listeners import Listeners
-from gateway.machine import Fail, Progress, Start, Succeed, Task, apply_event, create_task
+from gateway.machine import (
+    Fail,
+    Progress,
+    Start,
+    Succeed,
+    Task,
+    apply_event,
+    cancel_task,
+    create_task,
+    task_to_json,
+)
 from gateway.store.memory import MemoryStore
 from gateway.web.render import notifications_body
 from tests.support import FakeClock
@@ -57,9 +67,15 @@ def test_a_heartbeat_is_taken_only_on_a_running_task_and_says_what_became_of_the
         heartbeat(requeued)
     assert refused.value.code == "not-running" and "queued" in refused.value.message
     failed = apply_event(running(max_attempts=1), Fail(NOW + 1, "oops", False)).task
-    with pytest.raises(Conflict, match="ended \\(failed\\)") as ended:
+    with pytest.raises(Conflict, match="ended \\(failed, error 'oops'\\)") as ended:
         heartbeat(failed)
     assert ended.value.code == "not-running"
+    # The refusal carries the task, beside the error, so a worker tells a cancel from a requeue.
+    assert ended.value.to_json()["task"] == task_to_json(failed)
+    cancelled = cancel_task(task, NOW + 1, "wrong export").task
+    with pytest.raises(Conflict) as stopped:
+        heartbeat(cancelled)
+    assert stopped.value.to_json()["task"]["error"] == "cancelled"
 
 
 def test_an_ended_lease_is_the_references_retryable_fail_at_the_leases_end() -> None:

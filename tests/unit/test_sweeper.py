@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import orjson
 import pytest
 
 from gateway.book import Book
 from gateway.jobs.sweeper import Sweeper
 from gateway.machine import Start, create_task
 from gateway.store.memory import MemoryStore, MemoryTx
+from gateway.web.render import notifications_body
 from tests.support import FakeClock, eventually
 
 pytestmark = pytest.mark.anyio
@@ -139,3 +141,39 @@ async def test_a_pass_writes_only_for_the_kind_of_work_that_is_due() -> None:
             tg.cancel_scope.cancel()
     assert store.writes == 1
     assert (await book.get("leased")).state == "failed"
+
+
+async def history(book: Book, task_id: str) -> list[dict[str, object]]:
+    async with book.store.read() as tx:
+        return [orjson.loads(raw) for _, raw in await tx.entries(task_id, 0, 1_000)]
+
+
+@pytest.mark.parametrize("max_attempts", [1, 2])
+async def test_a_late_pass_ends_a_lease_that_ran_out_before_the_deadline_first(max_attempts: int) -> None:
+    """A pass that comes after both a lease's end and the deadline (the gateway was down, or busy): the
+    history says what happened in time's order, the lease's end first. The last attempt fails with
+    heartbeat-timeout at the lease's end (the deadline, later, finds it ended); with attempts left the task
+    is requeued at the lease's end, then expires at its deadline."""
+    clock = FakeClock(1_000)
+    book = Book(MemoryStore(), clock)
+    await book.create("t", 5_000, max_attempts, 1_000)
+    await book.callback("t", lambda now: Start(now, "w1"))
+    clock.advance(6_000)  # the lease ended at 2,000, the deadline at 6,000: both are behind
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(Sweeper(book, 60).run)
+            await eventually(lambda: book.get("t"), lambda t: t.terminal, "the task ended", poll_s=0.01)
+            tg.cancel_scope.cancel()
+    timeout = {"type": "fail", "atMs": 2_000, "error": "heartbeat-timeout", "retryable": True}
+    start = {"type": "start", "atMs": 1_000, "worker": "w1"}
+    task = await book.get("t")
+    if max_attempts == 1:
+        assert (task.state, task.error) == ("failed", "heartbeat-timeout")
+        assert await history(book, "t") == [start, timeout]
+        (notification,) = (await book.drain(notifications_body)).taken
+        assert (notification.state, notification.at_ms) == ("failed", 2_000)
+    else:
+        assert task.state == "expired"
+        assert await history(book, "t") == [start, timeout, {"type": "expire", "atMs": 6_000}]
+        (notification,) = (await book.drain(notifications_body)).taken
+        assert (notification.state, notification.at_ms) == ("expired", 6_000)

@@ -1,7 +1,7 @@
 """Retention: when each task finished, and the indexes that find a task's rows to delete them with it.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-12-14
 
 ``tasks.finished_at_ms`` is written with the transition that makes a task terminal. Tasks that finished

@@ -1,8 +1,8 @@
 """Heartbeat leases on the tasks: the lease a task asked for at create, and the end of its running
 attempt's lease, with the partial index the sweeper finds ended leases by.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-12-01
 
 Tasks already stored have no lease (both columns NULL), as before.
