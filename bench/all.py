@@ -57,6 +57,7 @@ class Config:
     storm_tasks: int
     retention_tasks: int
     retention_slices: int
+    retention_growth: bool  # check the sizes (a smoke run's are too small to compare)
     procs: int
     step_timeout_s: float
     total_timeout_s: float
@@ -74,6 +75,7 @@ FULL = Config(
     storm_tasks=10,
     retention_tasks=30_000,
     retention_slices=retention.SLICES,
+    retention_growth=True,
     procs=4,
     step_timeout_s=180.0,
     total_timeout_s=1800.0,
@@ -90,6 +92,7 @@ SMOKE = Config(
     storm_tasks=2,
     retention_tasks=600,
     retention_slices=retention.SMOKE_SLICES,
+    retention_growth=False,
     procs=2,
     step_timeout_s=30.0,
     total_timeout_s=120.0,
@@ -176,10 +179,8 @@ class Servers:
     process's RSS from its baseline, has a gateway and a floor server that serve nothing else.
     """
 
-    def __init__(self, factories: dict[str, ServerFactory], pg_admin_url: str = harness.PG_ADMIN) -> None:
+    def __init__(self, factories: dict[str, ServerFactory]) -> None:
         self.factories = factories
-        # Where a workload that needs no server makes its PostgreSQL database (6, retention).
-        self.pg_admin_url = pg_admin_url
         self.lent: dict[str, Any] = {}
         self._holders: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
@@ -601,11 +602,16 @@ async def workload_storm(cfg: Config, servers: Servers, report: Report) -> None:
 
 
 async def workload_retention(cfg: Config, servers: Servers, report: Report) -> None:
-    """bench/retention.py in process, on a SQLite file and a PostgreSQL database of its own (no server)."""
+    """bench/retention.py in process, on a SQLite file and a PostgreSQL cluster of its own (no server):
+    autovacuum on, as the shared server's is not."""
     for backend in ("sqlite", "postgresql"):
-        async with retention.database(backend, servers.pg_admin_url) as url:
+        async with retention.database(backend) as url:
             result = await retention.churn(
-                url, cfg.retention_tasks, slices=cfg.retention_slices, say=lambda line: None
+                url,
+                cfg.retention_tasks,
+                slices=cfg.retention_slices,
+                growth=cfg.retention_growth,
+                say=lambda line: None,
             )
         first, last = result.rounds[0], result.rounds[-1]
         report.rows.append(
@@ -685,7 +691,7 @@ async def run(args: argparse.Namespace) -> int:
         report.problems.append(f"PostgreSQL at {args.pg_admin_url} is unreachable: {exc}")
     mode = "smoke" if args.smoke else "full"
     print(f"bench/all.py ({mode}): workloads {', '.join(map(str, only))}; {os.cpu_count()} cores", flush=True)
-    servers = Servers(server_factories(args.pg_admin_url), args.pg_admin_url)
+    servers = Servers(server_factories(args.pg_admin_url))
     try:
         async with asyncio.timeout(cfg.total_timeout_s):
             if args.smoke:

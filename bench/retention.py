@@ -1,26 +1,32 @@
 """Retention under steady churn: the database's size stays put, round after round.
 
     python bench/retention.py [--tasks 100000] [--rounds 3] [--backends sqlite,postgresql]
-                              [--pg-admin-url URL]
+                              [--scale-factor 0.02] [--autovacuum-each-step] [--pg-admin-url URL]
     python bench/retention.py --smoke
 
-For each backend, on a database of its own (a SQLite file in a temporary directory; a PostgreSQL database
-made for the run and dropped after), a gateway (``gateway.runtime.Gateway``, the composition root, with
-``GATEWAY_RETAIN_FINISHED_S=10`` and its lifespan's retention loop) on a clock the bench moves: one round
-is 10 s of the gateway's time, the retention, in ``SLICES`` steps. At each step ``--tasks / --rounds /
-SLICES`` tasks are created (in batches, through the store's ``insert_task``: the statement of ``POST
+For each backend, on a database of its own, a gateway (``gateway.runtime.Gateway``, the composition root,
+with ``GATEWAY_RETAIN_FINISHED_S=10`` and its lifespan's retention loop) on a clock the bench moves: one
+round is 10 s of the gateway's time, the retention, in ``SLICES`` steps. At each step ``--tasks / --rounds
+/ SLICES`` tasks are created (in batches, through the store's ``insert_task``: the statement of ``POST
 /v1/tasks``), run and finished by three callbacks each (start, progress 50, succeed, each with a callback
 id; applied by the book in batches, as group commit applies concurrent callbacks), given one delivery
 receipt each and drained; then the clock moves a step on, and the bench waits (a condition with a
 deadline, never a fixed sleep) until the retention loop has deleted the tasks that are now a retention
-old: steady churn, a step's tasks coming as the oldest step's go.
+old: steady churn, a step's tasks coming as the oldest step's go. At the end of each round it measures
+the database's size: a SQLite database's pages (its WAL's included: the file's size once they are
+checkpointed; the file and the WAL on disk are printed beside), PostgreSQL's ``pg_total_relation_size``
+of the gateway's tables (their indexes, TOAST and free space maps included).
 
-On PostgreSQL a plain ``VACUUM`` of each table every ``NAPTIME_S`` stands in for autovacuum, its cycle
-compressed as the retention is (``Vacuum`` says why), and at the end of each round the bench waits until
-a pass begun after the round's last deletes has ended. Then it measures the database's size: a SQLite
-database's pages (its WAL's included: the file's size once they are checkpointed; the file and the WAL on
-disk are printed beside), PostgreSQL's
-``pg_total_relation_size`` of the gateway's tables (their indexes, TOAST and free space maps included).
+SQLite's database is a file in a temporary directory. PostgreSQL's is a cluster of the bench's own
+(tests/pgcluster.py: ``initdb`` and ``pg_ctl`` on a free loopback port, stopped and removed after) whose
+autovacuum does the work, nothing standing in for it: autovacuum on, its cycle compressed as the retention
+is (``autovacuum_naptime`` a second, its least, for a minute by default), each table's
+``autovacuum_vacuum_scale_factor`` set as docs/deploy.md advises (``--scale-factor`` to measure another);
+``pg_stat_user_tables.autovacuum_count`` says how often it ran. Each round's size is read once autovacuum
+has caught up with the round's deletes (``Autovacuum.settled``; ``--autovacuum-each-step``: after each
+step's too, before the next step's tasks). ``--pg-admin-url`` runs it on a database made on an existing
+server instead, its autovacuum as it is set there (off, it is a failure: nothing would make the deleted
+rows' space reusable).
 
 After the last round, ``HELD`` tasks finish and nobody drains them: past the retention they are kept
 (and counted, ``gateway_finished_tasks_held``) while every other task goes; drained, they go too.
@@ -62,6 +68,7 @@ from gateway.settings import Settings
 from gateway.store.base import Notification, Receipt, Store, WriteTx
 from gateway.web.render import notifications_body
 
+ROOT = Path(__file__).resolve().parents[1]
 RETAIN_S = 10
 ROUNDS = 3
 # Steps of a round (of the retention): each adds its tasks, while the retention loop deletes older ones.
@@ -74,9 +81,14 @@ HELD = 20
 BATCH = 500
 # The gateway's tables, whose sizes are the database's.
 TABLES = ("tasks", "entries", "callbacks", "outbox", "deliveries")
-# A VACUUM of each table this often stands in for PostgreSQL's autovacuum (class Vacuum).
-NAPTIME_S = 1.0
-# The longest the bench waits for the retention loop (or autovacuum) to have done a round's work.
+# A task's rows in each: 3 entries, 3 callback ids, 1 notification, 1 receipt.
+ROWS = {"tasks": 1, "entries": 3, "callbacks": 3, "outbox": 1, "deliveries": 1}
+# The PostgreSQL cluster the bench makes (database()): autovacuum on, its cycle compressed as the retention
+# is: autovacuum_naptime, how often it looks at each database, is a minute by default, a second at least.
+SERVER_SETTINGS = {"autovacuum": "on", "autovacuum_naptime": "1s"}
+# Each table's autovacuum_vacuum_scale_factor, as docs/deploy.md advises (class Autovacuum).
+SCALE_FACTOR = 0.02
+# The longest the bench waits for the retention loop to have done a step's work.
 WAIT_S = 600.0
 MAX_GROWTH = 1.2
 
@@ -107,6 +119,8 @@ class RoundResult:
     after: Sizes
     deleted: int
     seconds: float
+    # PostgreSQL: autovacuum's runs so far, by table.
+    autovacuums: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -207,58 +221,85 @@ async def row_counts(url: str) -> dict[str, int]:
         await conn.close()
 
 
-class Vacuum:
-    """A stand-in for PostgreSQL's autovacuum, its cycle compressed as the bench compresses the retention: a
-    plain ``VACUUM`` of each table (what autovacuum runs; never ``VACUUM FULL``) every ``NAPTIME_S`` while the
-    rounds run. In production autovacuum looks every minute (``autovacuum_naptime``) at tables whose
-    retention is days: its cycle is a ten-thousandth of the retention or less, where here it is a tenth.
-    (This machine's test server runs with ``autovacuum = off`` besides.)"""
+class Autovacuum:
+    """PostgreSQL's autovacuum on the gateway's tables: each table's ``autovacuum_vacuum_scale_factor`` set
+    as docs/deploy.md advises (``SCALE_FACTOR``: its ``ALTER TABLE`` statements), and its runs counted
+    (``pg_stat_user_tables.autovacuum_count``). The server's settings are the cluster's
+    (``SERVER_SETTINGS``, in the cluster :func:`database` makes)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, scale_factor: float) -> None:
         self.url = url
-        self.autovacuum = "?"
-        self.passes = 0  # passes ended
-        self._pass_ended = asyncio.Event()
+        self.scale_factor = scale_factor
+        self.server: dict[str, str] = {}
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Vacuum]:
-        import asyncpg  # type: ignore[import-untyped]
+    async def configure(self) -> None:
+        import asyncpg
 
         conn = await asyncpg.connect(self.url)
         try:
-            self.autovacuum = await conn.fetchval("SHOW autovacuum")
-            stand_in = asyncio.create_task(self._stand_in(conn))
-            try:
-                yield self
-            finally:
-                stand_in.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stand_in
+            for table in TABLES:
+                await conn.execute(
+                    f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = {self.scale_factor:g})"
+                )
+            for name in ("autovacuum", "autovacuum_naptime", "autovacuum_vacuum_threshold"):
+                self.server[name] = await conn.fetchval(f"SHOW {name}")
         finally:
             await conn.close()
 
+    async def settled(self, deleted: int) -> None:
+        """Until autovacuum has caught up with the deletes of ``deleted`` tasks: the statistics count each
+        of their rows deleted (``n_tup_del``), and no table has as many dead rows as make autovacuum vacuum
+        it (``n_dead_tup`` under ``autovacuum_vacuum_threshold`` + the scale factor x its rows). With
+        autovacuum off, at once (nothing would)."""
+        if self.server["autovacuum"] != "on":
+            return
+        import asyncpg
+
+        base = float(self.server["autovacuum_vacuum_threshold"])
+        conn = await asyncpg.connect(self.url)
+
+        async def caught_up() -> bool:
+            rows = await conn.fetch(
+                "SELECT s.relname, s.n_tup_del, s.n_dead_tup, greatest(c.reltuples, 0) AS tuples "
+                "FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid "
+                "WHERE s.relname = ANY($1::text[])",
+                list(TABLES),
+            )
+            return len(rows) == len(TABLES) and all(
+                row["n_tup_del"] >= ROWS[row["relname"]] * deleted
+                and row["n_dead_tup"] <= base + self.scale_factor * row["tuples"]
+                for row in rows
+            )
+
+        try:
+            await until("autovacuum caught up with the deletes", caught_up)
+        finally:
+            await conn.close()
+
+    async def runs(self) -> dict[str, int]:
+        """Autovacuum's runs so far, by table."""
+        import asyncpg
+
+        conn = await asyncpg.connect(self.url)
+        try:
+            rows = await conn.fetch(
+                "SELECT relname, autovacuum_count FROM pg_stat_user_tables WHERE relname = ANY($1::text[])",
+                list(TABLES),
+            )
+        finally:
+            await conn.close()
+        return {row["relname"]: row["autovacuum_count"] for row in rows}
+
     @property
     def note(self) -> str:
-        return (
-            f"a plain VACUUM of each table every {NAPTIME_S:g} s stood in for autovacuum (its cycle "
-            f"compressed as the retention is; autovacuum is {self.autovacuum} on this PostgreSQL); each "
-            "round was measured after a pass begun after its last deletes"
+        server = ", ".join(f"{name} = {value}" for name, value in self.server.items())
+        note = (
+            f"PostgreSQL's autovacuum ({server}; each table's autovacuum_vacuum_scale_factor = "
+            f"{self.scale_factor:g}); each round's size read once autovacuum caught up with its deletes"
         )
-
-    async def _stand_in(self, conn: Any) -> None:
-        while True:
-            for table in TABLES:
-                await conn.execute(f"VACUUM {table}")
-            self.passes += 1
-            self._pass_ended.set()
-            self._pass_ended = asyncio.Event()
-            await asyncio.sleep(NAPTIME_S)  # the naptime: an interval, not a wait for a condition
-
-    async def settled(self) -> None:
-        """Until every table has been vacuumed by a pass begun after now."""
-        wanted = self.passes + 2  # the pass under way may have begun before now: the one after it
-        while self.passes < wanted:
-            await asyncio.wait_for(self._pass_ended.wait(), WAIT_S)
+        if self.server.get("autovacuum") != "on":
+            note += ": autovacuum is OFF on this server, nothing makes the deleted rows' space reusable"
+        return note
 
 
 # --- the tasks ---------------------------------------------------------------------------------------
@@ -339,11 +380,14 @@ async def churn(
     *,
     slices: int = SLICES,
     growth: bool = True,
+    scale_factor: float = SCALE_FACTOR,
+    each_step: bool = False,
     say: Callable[[str], None] = print,
 ) -> Result:
     """The rounds on the database at ``url`` (new and empty), with their checks; see the module's text.
     ``slices``: steps per round. ``growth``: check the sizes too (a run too small for them, a smoke run,
-    checks the rest)."""
+    checks the rest). ``scale_factor``: PostgreSQL's tables' ``autovacuum_vacuum_scale_factor``;
+    ``each_step``: wait for autovacuum to catch up after each step's deletes, not only at a round's end."""
     backend = "SQLite" if url.startswith("sqlite") else "PostgreSQL"
     per_slice = max(1, tasks // rounds // slices)
     step_ms = RETAIN_S * 1000 // slices
@@ -361,9 +405,12 @@ async def churn(
         await stack.enter_async_context(gateway.running())
         book, store = gateway.book, gateway.store
         result = Result(backend, await sizes(url))
-        vacuum = None if url.startswith("sqlite") else await stack.enter_async_context(Vacuum(url).running())
-        if vacuum is not None:
-            result.notes.append(vacuum.note)
+        autovacuum = None if url.startswith("sqlite") else Autovacuum(url, scale_factor)
+        if autovacuum is not None:
+            await autovacuum.configure()
+            result.notes.append(autovacuum.note)
+            if growth and autovacuum.server["autovacuum"] != "on":
+                result.problems.append(f"{backend}: autovacuum is off on this server")
         # The tasks in the database, by when they finished; how many the retention loop deleted so far.
         present: dict[int, list[str]] = {}
         made = 0
@@ -391,17 +438,20 @@ async def churn(
                     f"round {number}: the retention loop's deletes",
                     lambda cutoff=cutoff, deleted=deleted: _deleted(gateway, url, cutoff, deleted),
                 )
-            if vacuum is not None:
-                await vacuum.settled()
+                if autovacuum is not None and each_step:
+                    await autovacuum.settled(deleted)
+            if autovacuum is not None:
+                await autovacuum.settled(deleted)
             after = await sizes(url)
             live = [i for ids in present.values() for i in ids]
             took = time.monotonic() - started
-            result.rounds.append(RoundResult(number, len(live), after, len(gone), took))
+            runs = {} if autovacuum is None else await autovacuum.runs()
+            result.rounds.append(RoundResult(number, len(live), after, len(gone), took, runs))
             await check(result, book, url, f"round {number}", gone=gone, live=live)
             say(
                 f"{backend} round {number}: {per_slice * slices:,} tasks made, {len(gone):,} deleted, "
                 f"{len(live):,} within the retention; {after.total / 2**20:.2f} MiB ({after.detail}); "
-                f"{took:.1f} s"
+                f"{took:.1f} s" + (f"; autovacuum's runs so far: {_runs(runs)}" if runs else "")
             )
         await held_until_drained(result, gateway, clock, url, made)
     if growth and result.growth > MAX_GROWTH:
@@ -462,12 +512,10 @@ async def check(
 ) -> None:
     """Every row of every table is one of the ``live`` tasks'; a sample of the ``gone`` is unknown."""
     counts = await row_counts(url)
-    # Each task: 3 entries, 3 callback ids, 1 notification, 1 receipt.
-    expected = {"tasks": 1, "entries": 3, "callbacks": 3, "outbox": 1, "deliveries": 1}
     for table, rows in counts.items():
-        if rows != expected[table] * len(live):
+        if rows != ROWS[table] * len(live):
             result.problems.append(
-                f"{when}: {table} has {rows:,} rows, {expected[table] * len(live):,} expected "
+                f"{when}: {table} has {rows:,} rows, {ROWS[table] * len(live):,} expected "
                 "(those of the tasks within the retention)"
             )
     for task_id in live[:: max(1, len(live) // 100)]:
@@ -484,15 +532,31 @@ async def check(
 
 
 @contextlib.asynccontextmanager
-async def database(backend: str, admin_url: str) -> AsyncIterator[str]:
+async def database(backend: str, admin_url: str | None = None) -> AsyncIterator[str]:
+    """A new, empty database for ``backend``: a SQLite file in a temporary directory; for PostgreSQL, a
+    cluster of the bench's own with ``SERVER_SETTINGS`` (tests/pgcluster.py: initdb and pg_ctl, stopped and
+    removed after), or, given ``admin_url``, a database made on that server and dropped after (its
+    autovacuum as it is set there)."""
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="gw-retention-") as tmp:
             yield f"sqlite:///{Path(tmp) / 'gateway.db'}"
+        return
+    if admin_url is None:
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))  # tests/pgcluster.py, shared with the tests
+        from tests.pgcluster import throwaway_postgres
+
+        async with throwaway_postgres(SERVER_SETTINGS) as cluster:
+            yield cluster.url
         return
     import harness
 
     async with harness.pg_database(admin_url, "gw_bench_retention") as url:
         yield url
+
+
+def _runs(runs: dict[str, int]) -> str:
+    return ", ".join(f"{table} {runs.get(table, 0)}" for table in TABLES)
 
 
 def report(results: Sequence[Result]) -> str:
@@ -503,7 +567,11 @@ def report(results: Sequence[Result]) -> str:
             f"{r.backend:<10} after {sizes_line}  ->  {r.growth:.2f}x (at most {MAX_GROWTH}x); "
             f"{r.bytes_per_task:,.0f} bytes per finished task"
         )
-        lines += [f"  round {x.number}: {x.tasks:,} tasks; {x.after.detail}" for x in r.rounds]
+        lines += [
+            f"  round {x.number}: {x.tasks:,} tasks; {x.after.detail}"
+            + (f"; autovacuum's runs so far: {_runs(x.autovacuums)}" if x.autovacuums else "")
+            for x in r.rounds
+        ]
         lines += [f"  note: {n}" for n in r.notes]
         lines += [f"  FAILED {p}" for p in r.problems]
     return "\n".join(lines)
@@ -514,7 +582,17 @@ async def main_async(args: argparse.Namespace) -> int:
     for backend in args.backends.split(","):
         async with database(backend, args.pg_admin_url) as url:
             slices = SMOKE_SLICES if args.smoke else SLICES
-            results.append(await churn(url, args.tasks, args.rounds, slices=slices, growth=not args.smoke))
+            results.append(
+                await churn(
+                    url,
+                    args.tasks,
+                    args.rounds,
+                    slices=slices,
+                    growth=not args.smoke,
+                    scale_factor=args.scale_factor,
+                    each_step=args.autovacuum_each_step,
+                )
+            )
     print()
     print(report(results))
     return 1 if any(r.problems for r in results) else 0
@@ -528,7 +606,20 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="600 tasks; the sizes are not checked")
     parser.add_argument(
         "--pg-admin-url",
-        default=os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        help="run PostgreSQL's part on a database made on this server (autovacuum as it is set there), "
+        "not on a cluster of the bench's own",
+    )
+    parser.add_argument(
+        "--scale-factor",
+        type=float,
+        default=SCALE_FACTOR,
+        help="each table's autovacuum_vacuum_scale_factor (docs/deploy.md's advice by default)",
+    )
+    parser.add_argument(
+        "--autovacuum-each-step",
+        action="store_true",
+        help="wait for autovacuum to catch up after each step's deletes, before the next step's tasks (as "
+        "a naptime far under the retention would), not only at each round's end",
     )
     args = parser.parse_args()
     if args.smoke:

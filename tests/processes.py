@@ -4,7 +4,7 @@
   database, or one with ``--workers N``), each one's output in a file under the test's ``tmp_path``;
 - :class:`RoundRobinBalancer`: a loopback TCP load balancer in front of several gateways;
 - :func:`throwaway_postgres`: a PostgreSQL cluster of the test's own that it may stop and start (never this
-  machine's shared one);
+  machine's shared one; tests/pgcluster.py makes it);
 - :class:`ResumingSubscriber` and :class:`CallbackPoster`: a subscriber that reconnects by itself with its
   cursor, and a worker that posts each callback again, same id and body, until it is answered.
 
@@ -15,17 +15,12 @@ exception, the tail of each process's output is printed (pytest shows it under t
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
-import pwd
 import re
-import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -41,8 +36,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from gateway.machine import TERMINAL
+from tests import pgcluster
 from tests.history import History
 from tests.integration.test_live_support import STEP_S, StreamCheck, loads
+from tests.pgcluster import ThrowawayPostgres
+from tests.pgcluster import free_port as free_port  # the tests take it from here
 from tests.support import GATEWAY_CLI, bearer
 
 # One secret for every process of a test: a token any of them issued works on all of them.
@@ -73,15 +71,6 @@ async def redis_or_skip(url: str) -> None:
         unavailable(f"Redis is not reachable at {url} ({exc}); start it to run this test")
     finally:
         await client.aclose()
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (bound, read and released: another process could take it
-    before the caller does, which on a test machine does not happen in practice)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # --- gateway processes --------------------------------------------------------------------------------------
@@ -392,107 +381,16 @@ async def round_robin_balancer(ports: Sequence[int]) -> AsyncIterator[RoundRobin
 # --- a throwaway PostgreSQL cluster -------------------------------------------------------------------------
 
 
-def postgres_bindir() -> Path:
-    """The newest ``/usr/lib/postgresql/*/bin`` holding ``initdb`` and ``pg_ctl`` (Debian's layout)."""
-    found = [Path(p).parent for p in glob.glob("/usr/lib/postgresql/*/bin/initdb")]
-    found = [d for d in found if (d / "pg_ctl").exists()]
-    if not found:
-        unavailable("no initdb/pg_ctl under /usr/lib/postgresql/*/bin (install postgresql to run this test)")
-    return max(found, key=lambda d: int(re.sub(r"\D", "", d.parent.name) or 0))
-
-
-class ThrowawayPostgres:
-    """A PostgreSQL cluster made by ``initdb`` in a temporary directory for one test: the test may stop it
-    and start it again on the same port and data directory. Its server log is ``log``."""
-
-    def __init__(self, bindir: Path, base: Path, port: int, run_as: list[str]) -> None:
-        self.bindir = bindir
-        self.base = base
-        self.data = base / "data"
-        self.log = base / "postgres.log"
-        self.port = port
-        self.run_as = run_as
-        self.up = False
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return "(no server log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    async def _run(self, program: str, *args: str, timeout_s: float = 60) -> None:
-        command = [*self.run_as, str(self.bindir / program), *args]
-        with anyio.fail_after(timeout_s):
-            result = await anyio.run_process(command, check=False, stdin=subprocess.DEVNULL)
-        if result.returncode != 0:
-            output = (result.stdout + result.stderr).decode(errors="replace")
-            raise RuntimeError(
-                f"{' '.join(command)} exited with {result.returncode}:\n{output}\n{self.tail()}"
-            )
-
-    async def initdb(self) -> None:
-        await self._run(
-            "initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-locale",
-            "--no-sync",
-        )  # fmt: skip
-
-    async def start(self) -> None:
-        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base}"
-        await self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
-        self.up = True
-
-    async def stop(self, mode: str = "fast") -> None:
-        await self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
-        self.up = False
-
-
 @asynccontextmanager
-async def throwaway_postgres() -> AsyncIterator[ThrowawayPostgres]:
-    """A PostgreSQL cluster of the test's own on a free loopback port (trust auth, user ``postgres``), running
-    when the block begins; stopped and removed, files and all, when it ends.
-
-    initdb refuses to run as root: as root (CI), the directory is given to the ``postgres`` user and initdb
-    and pg_ctl run through ``runuser -u postgres --``; as another user they run directly."""
-    bindir = postgres_bindir()
-    run_as: list[str] = []
-    base = Path(tempfile.mkdtemp(prefix="gw-pg-"))  # under /tmp: the postgres user can reach it
+async def throwaway_postgres(settings: Mapping[str, str] | None = None) -> AsyncIterator[ThrowawayPostgres]:
+    """:func:`tests.pgcluster.throwaway_postgres`, the test skipped (failed in CI) where no cluster can be
+    made."""
     try:
-        if os.geteuid() == 0:
-            try:
-                owner = pwd.getpwnam("postgres")
-            except KeyError:
-                unavailable("running as root and there is no postgres user to run initdb as")
-            runuser = shutil.which("runuser")
-            if runuser is None:
-                unavailable("running as root and there is no runuser to run initdb as postgres")
-            os.chown(base, owner.pw_uid, owner.pw_gid)
-            run_as = [runuser, "-u", "postgres", "--"]
-        cluster = ThrowawayPostgres(bindir, base, free_port(), run_as)
-        failed = False
-        try:
-            await cluster.initdb()
-            await cluster.start()
-            yield cluster
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            with anyio.CancelScope(shield=True):
-                if cluster.up or (cluster.data / "postmaster.pid").exists():
-                    try:
-                        await cluster.stop("fast")
-                    except (RuntimeError, TimeoutError):
-                        await cluster.stop("immediate")
-            if failed:
-                print(f"\n----- throwaway PostgreSQL on port {cluster.port}: {cluster.log} -----")
-                print(cluster.tail())
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+        pgcluster.check()
+    except pgcluster.ClusterUnavailable as exc:
+        unavailable(f"{exc}: this test needs a PostgreSQL cluster of its own")
+    async with pgcluster.throwaway_postgres(settings) as cluster:
+        yield cluster
 
 
 # --- clients that outlive a process going away --------------------------------------------------------------
