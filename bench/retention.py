@@ -21,7 +21,8 @@ SQLite's database is a file in a temporary directory. PostgreSQL's is a cluster 
 (tests/pgcluster.py: ``initdb`` and ``pg_ctl`` on a free loopback port, stopped and removed after) whose
 autovacuum does the work, nothing standing in for it: autovacuum on, its cycle compressed as the retention
 is (``autovacuum_naptime`` a second, its least, for a minute by default), each table's
-``autovacuum_vacuum_scale_factor`` set as docs/deploy.md advises (``--scale-factor`` to measure another);
+``autovacuum_vacuum_scale_factor`` the gateway's own (0.02, set by its migration 0006; ``--scale-factor`` to
+measure another);
 ``pg_stat_user_tables.autovacuum_count`` says how often it ran. Each round's size is read once autovacuum
 has caught up with the round's deletes (``Autovacuum.settled``; ``--autovacuum-each-step``: after each
 step's too, before the next step's tasks). ``--pg-admin-url`` runs it on a database made on an existing
@@ -86,8 +87,9 @@ ROWS = {"tasks": 1, "entries": 3, "callbacks": 3, "outbox": 1, "deliveries": 1}
 # The PostgreSQL cluster the bench makes (database()): autovacuum on, its cycle compressed as the retention
 # is: autovacuum_naptime, how often it looks at each database, is a minute by default, a second at least.
 SERVER_SETTINGS = {"autovacuum": "on", "autovacuum_naptime": "1s"}
-# Each table's autovacuum_vacuum_scale_factor, as docs/deploy.md advises (class Autovacuum).
-SCALE_FACTOR = 0.02
+# Each table's autovacuum_vacuum_scale_factor: None, the gateway's own (its migration 0006 sets it on the
+# tables that churn); a number, set over it by ``ALTER TABLE`` (class Autovacuum), to measure another.
+SCALE_FACTOR: float | None = None
 # The longest the bench waits for the retention loop to have done a step's work.
 WAIT_S = 600.0
 MAX_GROWTH = 1.2
@@ -223,13 +225,14 @@ async def row_counts(url: str) -> dict[str, int]:
 
 class Autovacuum:
     """PostgreSQL's autovacuum on the gateway's tables: each table's ``autovacuum_vacuum_scale_factor`` set
-    as docs/deploy.md advises (``SCALE_FACTOR``: its ``ALTER TABLE`` statements), and its runs counted
+    by the gateway's migration 0006 (or over it: ``--scale-factor``), and its runs counted
     (``pg_stat_user_tables.autovacuum_count``). The server's settings are the cluster's
     (``SERVER_SETTINGS``, in the cluster :func:`database` makes)."""
 
-    def __init__(self, url: str, scale_factor: float) -> None:
+    def __init__(self, url: str, scale_factor: float | None) -> None:
         self.url = url
-        self.scale_factor = scale_factor
+        self.asked = scale_factor
+        self.scale_factor = 0.2  # PostgreSQL's default, until configure() reads the tables' own
         self.server: dict[str, str] = {}
 
     async def configure(self) -> None:
@@ -237,10 +240,20 @@ class Autovacuum:
 
         conn = await asyncpg.connect(self.url)
         try:
+            if self.asked is not None:
+                for table in TABLES:
+                    await conn.execute(
+                        f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = {self.asked:g})"
+                    )
+            # What the tables have: the gateway's migration sets it; a table that has none has the default.
+            found = set()
             for table in TABLES:
-                await conn.execute(
-                    f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = {self.scale_factor:g})"
-                )
+                options = await conn.fetchval("SELECT reloptions FROM pg_class WHERE relname = $1", table)
+                given = dict(o.split("=", 1) for o in options or ())
+                found.add(float(given.get("autovacuum_vacuum_scale_factor", 0.2)))
+            if len(found) != 1:
+                raise RuntimeError(f"the tables' autovacuum_vacuum_scale_factor differ: {sorted(found)}")
+            (self.scale_factor,) = found
             for name in ("autovacuum", "autovacuum_naptime", "autovacuum_vacuum_threshold"):
                 self.server[name] = await conn.fetchval(f"SHOW {name}")
         finally:
@@ -380,7 +393,7 @@ async def churn(
     *,
     slices: int = SLICES,
     growth: bool = True,
-    scale_factor: float = SCALE_FACTOR,
+    scale_factor: float | None = SCALE_FACTOR,
     each_step: bool = False,
     say: Callable[[str], None] = print,
 ) -> Result:
@@ -613,7 +626,7 @@ def main() -> int:
         "--scale-factor",
         type=float,
         default=SCALE_FACTOR,
-        help="each table's autovacuum_vacuum_scale_factor (docs/deploy.md's advice by default)",
+        help="each table's autovacuum_vacuum_scale_factor (default: the gateway's own, 0.02)",
     )
     parser.add_argument(
         "--autovacuum-each-step",

@@ -138,6 +138,21 @@ async def test_a_new_database_gets_exactly_the_schema_of_the_models(database_url
 
 
 @pytest.mark.anyio
+async def test_on_postgresql_autovacuum_reuses_the_churning_tables_space_early(postgres_url: str) -> None:
+    """Retention deletes from these tables all day: autovacuum must reclaim their dead rows at 2%, not at
+    PostgreSQL's 20%, for the tables to stay the same size (docs/deploy.md, Retention); nothing to set up."""
+    async with engine_for(postgres_url) as engine:
+        await migrate(engine)
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(text("SELECT relname, reloptions FROM pg_class WHERE relkind = 'r'"))
+            ).all()
+    options = {name: set(opts or ()) for name, opts in rows}
+    for table in ("tasks", "entries", "callbacks", "outbox", "deliveries", "drain_batches"):
+        assert "autovacuum_vacuum_scale_factor=0.02" in options[table], (table, options[table])
+
+
+@pytest.mark.anyio
 async def test_a_migration_that_fails_leaves_the_database_as_it_was(database_url: str) -> None:
     """One transaction: a failure half-way (here a table in the way of the last one created) leaves no
     half-made schema, which the next start would otherwise take for a 0.1.0 database and stamp. SQLite's
