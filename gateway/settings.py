@@ -71,6 +71,7 @@ _ENV = {
     "db_deadline_ms": "GATEWAY_DB_DEADLINE_MS",
     "retain_finished_s": "GATEWAY_RETAIN_FINISHED_S",
     "ws_auth_deadline_s": "GATEWAY_WS_AUTH_DEADLINE_S",
+    "worker_stable_s": "GATEWAY_WORKER_STABLE_S",
 }
 # GATEWAY_* variables read elsewhere than the server's settings: `gateway watch`'s defaults, the tests'.
 _OTHER_VARIABLES = frozenset({"GATEWAY_URL", "GATEWAY_TOKEN", "GATEWAY_TEST_PG_URL"})
@@ -165,6 +166,9 @@ class Settings(BaseModel):
     # A /v1/ws socket holding no authorized subscription for this long (since it opened, or since its last
     # subscription ended) is closed with 4408, whatever it sends meanwhile.
     ws_auth_deadline_s: float = Field(10.0, gt=0)
+    # --workers: a worker that lived this long before it died counts as stable, and its slot's restart
+    # delay starts again from the first (gateway.server.workers.RestartBackoff).
+    worker_stable_s: float = Field(60.0, gt=0)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:

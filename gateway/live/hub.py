@@ -102,8 +102,13 @@ class Hub:
         yield_s: float = FLUSH_YIELD_S,
         max_pause_s: float = FLUSH_MAX_PAUSE_S,
         clock: Callable[[], float] = time.perf_counter,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock`` times the flush slices; ``monotonic`` is the connections' clock, the one their deadlines
+        are measured on (a send that makes no progress, a socket held to having a subscription): read by
+        the watchdog and by the endpoints that start those deadlines (tests set it to move time by hand)."""
         self.book = book
+        self.monotonic = monotonic
         self.fanout: Fanout[Feed] = Fanout()
         self.feeds: set[Feed] = set()
         self.conflations = 0
@@ -265,7 +270,7 @@ class Hub:
     def remove(self, sub: Subscription[Feed]) -> None:
         self.fanout.remove(sub)
         self._forget(sub.task_id)
-        sub.peer.let_go(time.monotonic())
+        sub.peer.let_go(self.monotonic())
 
     def stats(self) -> dict[str, int]:
         """Queue sizes, so that tests and metrics can see that memory stays bounded."""
@@ -305,7 +310,7 @@ class Hub:
         held to having a subscription that has held none for its deadline (``4408``)."""
         while True:
             await asyncio.sleep(min(1.0, timeout_s / 4))
-            now = time.monotonic()
+            now = self.monotonic()
             for feed in tuple(self.feeds):
                 if feed.peer.stalled(now, timeout_s):
                     feed.stall()
@@ -365,7 +370,7 @@ class Feed:
 
     @property
     def writing_since(self) -> float | None:
-        """When the send under way began (``time.monotonic``), set by the writer around each send."""
+        """When the send under way began (the hub's ``monotonic``), set by the writer around each send."""
         return self.peer.writing_since
 
     @writing_since.setter

@@ -31,9 +31,9 @@ STOP_GRACE_S = 15.0
 # How often the parent looks at its children.
 WATCH_S = 0.5
 # A child that dies is restarted after a pause that doubles while the children of its slot keep dying (a
-# crash loop must not spin the CPU), back to the first once the slot's child has lived a while.
+# crash loop must not spin the CPU), back to the first once the slot's child has lived a while
+# (GATEWAY_WORKER_STABLE_S).
 RESTART_DELAY_S = (1.0, 30.0)
-STABLE_S = 60.0
 # The exit code of a process that could not start (uvicorn's).
 STARTUP_FAILED = 3
 
@@ -71,7 +71,7 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
 
     children = [start(i) for i in range(workers)]
     first_run = set(range(workers))  # workers still in the launch of the gateway itself
-    backoff = RestartBackoff(workers)
+    backoff = RestartBackoff(workers, stable_s=settings.worker_stable_s)
     restart_at: dict[int, float] = {}
     code = 0
     try:
@@ -128,9 +128,9 @@ class RestartBackoff:
         self,
         slots: int,
         *,
+        stable_s: float,
         first_s: float = RESTART_DELAY_S[0],
         cap_s: float = RESTART_DELAY_S[1],
-        stable_s: float = STABLE_S,
     ) -> None:
         self.first_s = first_s
         self.cap_s = cap_s

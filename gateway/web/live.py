@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -122,7 +121,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
                 if item is None:
                     return feed.close_code if feed.close_code is not None else _GONE
                 subscription, frame = item
-                feed.writing_since = time.monotonic()
+                feed.writing_since = gw.hub.monotonic()
                 try:
                     await ws.send_text(frame.text)
                 except (WebSocketDisconnect, OSError, RuntimeError):
@@ -236,7 +235,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         feed = new_feed()
         feed.direct = direct_socket(ws.scope)
         # Held to having a subscription: one with no credential costs a bounded time and work.
-        feed.peer.hold_to(time.monotonic(), settings.ws_auth_deadline_s, MAX_REFUSALS)
+        feed.peer.hold_to(gw.hub.monotonic(), settings.ws_auth_deadline_s, MAX_REFUSALS)
         try:
             await pump(ws, feed, single=False)
         finally:
@@ -288,7 +287,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
                     return
                 subscription, frame = item
                 # Each yield returns once the chunk is written: the watchdog times it like a socket send.
-                feed.writing_since = time.monotonic()
+                feed.writing_since = gw.hub.monotonic()
                 if subscription is None:
                     yield ": heartbeat\n\n"
                 else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -27,13 +28,18 @@ from typing import Any
 import anyio
 import pytest
 from anyio.abc import Process
-from sqlalchemy import func, select
+from sqlalchemy import event, select
+from starlette.applications import Starlette
 
 from gateway.jobs.sweeper import sweep_once
+from gateway.settings import Settings
 from gateway.store import Database
+from gateway.store.queries import DUE, NEXT_DEADLINE
 from gateway.store.tables import tasks
+from gateway.web.app import create_app
 from tests.support import (
     GATEWAY_CLI,
+    SECRET,
     STEP_S,
     FakeClock,
     Running,
@@ -43,6 +49,8 @@ from tests.support import (
     postgres_database,
     reap_leftover_driver_tasks,
     running_gateway,
+    serve,
+    wait_until,
 )
 
 # protocol.md: within 1 s of the deadline. A 300 ms TTL plus that second, with a little room for polling.
@@ -415,51 +423,92 @@ async def test_on_postgresql_a_task_expires_on_time_while_the_event_loop_is_busy
 # --- stopping in the middle of a sweep ---------------------------------------------------------------------
 
 
+class HeldStatement:
+    """The first run of one statement (``statement``, its text up to its first parameter) on the gateway's
+    SQLite connections, the engine's aiosqlite ones and the writer's, held mid-query on the thread that
+    runs it (a ``sqlite3`` trace callback, which SQLite calls as the statement starts) until
+    :meth:`release`: whatever comes meanwhile, a stop, lands in the middle of it."""
+
+    def __init__(self, statement: str) -> None:
+        self.prefix = statement.split("?", 1)[0]
+        self.reached = threading.Event()
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+
+    def hold_on(self, db: Database) -> None:
+        """Watch every statement ``db`` runs from now on."""
+        assert db.writer is not None
+        db.writer.trace(self._trace)
+
+        def traced(dbapi_connection: Any, *_: Any) -> None:  # each connection the engine hands out
+            dbapi_connection.driver_connection._conn.set_trace_callback(self._trace)
+
+        event.listen(db.engine.sync_engine, "checkout", traced)
+
+    def release(self) -> None:
+        self._released.set()
+
+    def _trace(self, sql: str) -> None:
+        with self._lock:
+            first = sql.startswith(self.prefix) and not self.reached.is_set()
+            if first:
+                self.reached.set()
+        if first:
+            # Bounded, so that a test that fails never leaves a database thread blocked for ever.
+            self._released.wait(60)
+
+
+def stop_requested(app: Starlette) -> anyio.Event:
+    """An event set when the server asks ``app`` to stop (its lifespan's shutdown): the gateway then cancels
+    its background work, the sweeper's pass included, before it next waits for anything."""
+    stopping = anyio.Event()
+    lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def watched(app: Starlette) -> AsyncIterator[Any]:
+        async with lifespan(app) as state:
+            yield state
+            stopping.set()
+
+    app.router.lifespan_context = watched
+    return stopping
+
+
 @pytest.mark.anyio
+@pytest.mark.parametrize("statement", [NEXT_DEADLINE, DUE], ids=["reading-what-is-due", "in-an-expiry-batch"])
 async def test_stopping_during_a_sweep_leaves_no_driver_task_behind(
-    sqlite_url: str, clock: FakeClock
+    sqlite_url: str, clock: FakeClock, statement: str
 ) -> None:
     """A stop that lands in a sweep pass must not leave a database-driver task pending: one that never ends
     (aiosqlite's graceful close after SQLAlchemy tore a connection down mid-query) hangs the event loop's
-    shutdown for ever, so `gateway serve` on SQLite would never exit on Ctrl-C."""
-    backlog = 300
-    async with running_gateway(sqlite_url, clock=clock, sweep_interval_ms=0) as gw:
-        for i in range(backlog):
-            await gw.gateway.book.create(f"due-{i:04d}", 1, 1)
-    clock.advance(10)
+    shutdown for ever, so `gateway serve` on SQLite would never exit on Ctrl-C.
 
-    async def expired_count(gw: Running) -> int:
-        async with gw.gateway.db.read() as conn:
-            query = select(func.count()).select_from(tasks).where(tasks.c.state == "expired")
-            return int((await conn.execute(query)).scalar_one())
+    The pass is held in the middle of one of its statements (its read of what is due, on an aiosqlite
+    connection; an expiry batch's claim, on the writer's) until the stop has cancelled the gateway's
+    background work: the stop lands there, whatever the machine's speed."""
+    ttl_ms = 1_000
+    app = create_app(Settings(database_url=sqlite_url, secret=SECRET), clock=clock)
+    stopping = stop_requested(app)
+    held = HeldStatement(statement)
 
-    async def at_work(gw: Running, before: int) -> None:
-        await eventually(
-            lambda: expired_count(gw),
-            lambda count: count > before,
-            f"the sweeper at work on the backlog (from {before} expired)",
-            poll_s=POLL_S,
-        )
+    async def release_once_stopping() -> None:
+        await stopping.wait()
+        await anyio.wait_all_tasks_blocked()  # the cancellation delivered wherever it can go
+        held.release()
 
-    leaked: list[str] = []
-    stops_during_a_pass = 0
-    # Each stop lands in a pass with high probability; several make a miss negligible. A gateway that
-    # finishes its pass before it stops leaves no backlog for the next round: that ends the rounds.
-    for _ in range(6):
-        started = time.monotonic()
-        async with running_gateway(sqlite_url, clock=clock) as gw:
-            # The sweeper starts with the server and works through the backlog: stop once it is at work.
-            before = await expired_count(gw)
-            if before == backlog:
-                break
-            await at_work(gw, before)
-            stops_during_a_pass += 1
-        print(f"\nstopped during a sweep pass in {time.monotonic() - started:.2f}s")
-        leaked += await reap_leftover_driver_tasks()
-        if leaked:
-            break
-    assert stops_during_a_pass >= 1
-    assert leaked == []
+    try:
+        async with anyio.create_task_group() as tg, serve(app):
+            gw = app.state.gateway
+            for i in range(3):
+                await gw.book.create(f"due-{i}", ttl_ms, 1)
+            held.hold_on(gw.db)
+            clock.advance(ttl_ms)  # all due: the sweeper's next pass (within a second) expires them
+            await wait_until(held.reached.is_set, "the sweeper in the held statement")
+            tg.start_soon(release_once_stopping)
+            # Stopped (serve's end waited for the server to exit).
+    finally:
+        held.release()
+    assert await reap_leftover_driver_tasks() == []
 
 
 # --- durability ---------------------------------------------------------------------------------------------

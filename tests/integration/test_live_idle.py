@@ -5,12 +5,20 @@ ended) is sent an ``error`` frame (``request-timeout``) and closed with ``4408``
 itself: answering the server's pings, sending ``ping`` messages or refused subscribes. One that has
 had five messages refused while holding none is closed at the fifth (``too-many-refusals``, ``4429``). A
 socket holding an authorized subscription is not touched, however many of its other subscribes fail.
+
+The deadline tests move the clock the deadline is measured on (the hub's ``monotonic``) by hand: a socket
+is past its deadline when the test says so, once it has done what it does before that, however slow the
+machine. What is awaited is the close, which the gateway's watchdog makes on its own (real) time; what is
+asserted is the frames and the close code, never how long anything took. The refusal test has a deadline
+far longer than itself, so that only the count closes its socket.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -19,13 +27,43 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from tests.integration.test_live_support import live_gateway, recv_frame, socket, ws_url
-from tests.support import STEP_S, bearer, create_task, mint, post_callback
+from tests.support import STEP_S, Running, bearer, create_task, mint, post_callback
 
 pytestmark = pytest.mark.anyio
 
 API_KEY = "idle-api-key"
-DEADLINE_S = 0.5  # short, so that the tests wait little for it
+DEADLINE_S = 10.0  # on the tests' own clock, which moves only when a test says
+LONG_DEADLINE_S = 3_600.0  # longer than any test: no socket reaches it
 REFUSALS = 5
+
+
+class HubClock:
+    """Seconds that move only when the test says so, as the hub's ``monotonic``."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@asynccontextmanager
+async def idle_gateway(sqlite_url: str, **overrides: Any) -> AsyncIterator[tuple[Running, HubClock]]:
+    """A gateway whose sockets' deadlines (``DEADLINE_S``) are measured on a clock the test moves."""
+    async with live_gateway(sqlite_url, ws_auth_deadline_s=DEADLINE_S, **overrides) as gw:
+        clock = HubClock()
+        gw.gateway.hub.monotonic = clock  # before any socket opens
+        yield gw, clock
+
+
+async def pong(ws: ClientConnection) -> None:
+    """A ``ping`` answered: the socket is open, and what the server did before that answer is done."""
+    with anyio.fail_after(STEP_S):
+        await ws.send('{"type": "ping"}')
+        assert await recv_frame(ws) == {"type": "pong"}
 
 
 async def ping_until_closed(ws: ClientConnection) -> tuple[list[dict[str, Any]], int | None]:
@@ -58,9 +96,19 @@ def subscribe(task_id: str, token: str | None) -> str:
 
 
 def timed_out(frames: list[dict[str, Any]]) -> bool:
-    """Pongs, then the ``request-timeout`` error frame."""
+    """Pongs (as many as came before the close: none at all is fine), then the ``request-timeout`` error
+    frame."""
     *pongs, last = frames
-    return bool(pongs) and all(f == {"type": "pong"} for f in pongs) and last["code"] == "request-timeout"
+    return all(f == {"type": "pong"} for f in pongs) and last["code"] == "request-timeout"
+
+
+async def read_until_closed(ws: ClientConnection) -> list[dict[str, Any]]:
+    """Every frame the server sends until it closes the socket."""
+    frames: list[dict[str, Any]] = []
+    with anyio.fail_after(STEP_S), contextlib.suppress(ConnectionClosed):
+        async for raw in ws:
+            frames.append(json.loads(raw))
+    return frames
 
 
 @pytest.mark.parametrize("api_key", [API_KEY, None], ids=["keyed", "open-mode"])
@@ -68,50 +116,52 @@ async def test_a_socket_that_only_pings_is_closed_after_the_deadline_and_an_auth
     sqlite_url: str, api_key: str | None
 ) -> None:
     headers = bearer(api_key) if api_key else None
-    async with live_gateway(sqlite_url, api_key=api_key, ws_auth_deadline_s=DEADLINE_S) as gw:
+    async with idle_gateway(sqlite_url, api_key=api_key) as (gw, clock):
         made = await create_task(gw, "watched", headers=headers)
         async with socket(ws_url(gw, "/v1/ws")) as watching:
-            # Opened first, and authorized: it is older than the deadline by the time the other is cut.
+            # Opened first, and authorized: as far past its opening as the other by the time that one is cut.
             await watching.send(subscribe("watched", made.subscribe_token))
             assert (await recv_frame(watching))["type"] == "caught-up"
             async with socket(ws_url(gw, "/v1/ws")) as idle:
+                await pong(idle)
+                clock.advance(DEADLINE_S / 2)
+                await pong(idle)  # a ping halfway through does not start the deadline again
+                clock.advance(DEADLINE_S / 2)
                 frames, closed = await ping_until_closed(idle)
             assert timed_out(frames), frames
             assert frames[-1]["type"] == "error" and "taskId" not in frames[-1], frames[-1]
             assert closed == 4408
-            # The authorized socket is still served.
+            # The authorized socket, past its deadline too, is still served.
             await post_callback(gw, "watched", made.callback_token, {"type": "start", "worker": "w"})
             frame = await recv_frame(watching)
             assert (frame["type"], frame["version"]) == ("event", 1), frame
-            await watching.send('{"type": "ping"}')
-            assert await recv_frame(watching) == {"type": "pong"}
+            await pong(watching)
             assert watching.close_code is None
 
 
 async def test_refused_subscribes_do_not_hold_a_socket_past_the_deadline(sqlite_url: str) -> None:
-    """A refused subscribe every so often (fewer than the refusals that close a socket) keeps nothing open."""
-    async with live_gateway(sqlite_url, api_key=API_KEY, ws_auth_deadline_s=DEADLINE_S) as gw:
+    """Refused subscribes (fewer than the refusals that close a socket), before and after the deadline's
+    halfway point, keep nothing open."""
+    async with idle_gateway(sqlite_url, api_key=API_KEY) as (gw, clock):
         await create_task(gw, "mine", headers=bearer(API_KEY))
         async with socket(ws_url(gw, "/v1/ws")) as ws:
-            frames: list[dict[str, Any]] = []
-            with anyio.fail_after(STEP_S):
-                try:
-                    for _ in range(REFUSALS - 1):
-                        await ws.send(subscribe("mine", "not-a-jwt"))
-                        frames.append(await recv_frame(ws))
-                    async for raw in ws:
-                        frames.append(json.loads(raw))
-                except ConnectionClosed:
-                    pass
-        codes = [f["code"] for f in frames]
-        assert codes == ["unauthorized"] * (REFUSALS - 1) + ["request-timeout"], frames
+            codes: list[str] = []
+            for refusal in range(REFUSALS - 1):
+                if refusal == (REFUSALS - 1) // 2:
+                    clock.advance(DEADLINE_S / 2)
+                await ws.send(subscribe("mine", "not-a-jwt"))
+                codes.append((await recv_frame(ws))["code"])
+            assert codes == ["unauthorized"] * (REFUSALS - 1)
+            clock.advance(DEADLINE_S / 2)
+            frames = await read_until_closed(ws)
+        assert [f["code"] for f in frames] == ["request-timeout"], frames
         assert ws.close_code == 4408
 
 
 async def test_a_socket_is_closed_at_its_fifth_refused_message_while_it_holds_no_subscription(
     sqlite_url: str,
 ) -> None:
-    async with live_gateway(sqlite_url, api_key=API_KEY) as gw:  # the default deadline: 10 s
+    async with live_gateway(sqlite_url, api_key=API_KEY, ws_auth_deadline_s=LONG_DEADLINE_S) as gw:
         mine = await create_task(gw, "mine", headers=bearer(API_KEY))
         theirs = await create_task(gw, "theirs", headers=bearer(API_KEY))
         refused = [
@@ -123,15 +173,10 @@ async def test_a_socket_is_closed_at_its_fifth_refused_message_while_it_holds_no
         ]
         assert len(refused) == REFUSALS
         async with socket(ws_url(gw, "/v1/ws")) as ws:
-            frames: list[dict[str, Any]] = []
             with anyio.fail_after(STEP_S):
                 for message, _ in refused:
                     await ws.send(message)
-                try:
-                    async for raw in ws:
-                        frames.append(json.loads(raw))
-                except ConnectionClosed:
-                    pass
+            frames = await read_until_closed(ws)
         assert [f["code"] for f in frames] == [code for _, code in refused] + ["too-many-refusals"], frames
         assert "taskId" not in frames[-1]
         assert ws.close_code == 4429
@@ -144,21 +189,24 @@ async def test_a_socket_is_closed_at_its_fifth_refused_message_while_it_holds_no
                 for message, code in refused * 2:
                     await ws.send(message)
                     assert (await recv_frame(ws))["code"] == code
-                await ws.send('{"type": "ping"}')
-                assert await recv_frame(ws) == {"type": "pong"}
+            await pong(ws)
             assert ws.close_code is None
 
 
 async def test_a_socket_whose_last_subscription_ended_is_closed_after_the_deadline(sqlite_url: str) -> None:
-    async with live_gateway(sqlite_url, api_key=API_KEY, ws_auth_deadline_s=DEADLINE_S) as gw:
+    async with idle_gateway(sqlite_url, api_key=API_KEY) as (gw, clock):
         made = await create_task(gw, "short", headers=bearer(API_KEY))
         async with socket(ws_url(gw, "/v1/ws")) as ws:
             await ws.send(subscribe("short", made.subscribe_token))
             assert (await recv_frame(ws))["type"] == "caught-up"
+            clock.advance(2 * DEADLINE_S)  # holding a subscription: no deadline runs
             await post_callback(gw, "short", made.callback_token, {"type": "start", "worker": "w"})
             done = {"type": "fail", "error": "boom", "retryable": False}
             await post_callback(gw, "short", made.callback_token, done)
             assert [(await recv_frame(ws))["version"] for _ in range(2)] == [1, 2]  # 2: terminal, the end
+            # Answered after the subscription was let go (the same writer sends both): its deadline runs.
+            await pong(ws)
+            clock.advance(DEADLINE_S)
             frames, closed = await ping_until_closed(ws)
         assert timed_out(frames), frames
         assert closed == 4408

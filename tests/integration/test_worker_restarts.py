@@ -31,6 +31,8 @@ from tests.support import STEP_S, bearer, postgres_database
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 TEST_S = 120.0
+# A worker's life after which its slot's backoff starts over, longer than any test.
+STABLE_FOR_EVER_S = 24 * 3600
 # The parent's line for a worker that exited: which slot, which pid, the restart delay it chose.
 EXITED = re.compile(rb"worker (\d+) \(pid (\d+)\) exited with (-?\d+); starting it again in (\d+) s")
 # A line of a gateway process's log: every one starts with its level (nothing spans several lines).
@@ -60,9 +62,18 @@ async def kill_worker(parent: GatewayProcess, pid: int) -> tuple[int, int]:
 
 async def test_each_worker_slot_backs_off_on_its_own(pg_url: str, tmp_path: Path) -> None:
     """One worker that keeps dying backs off (1 s, then 2 s); a worker of another slot that dies for the
-    first time is started again after 1 s, not after the first one's backoff; every slot comes back."""
+    first time is started again after 1 s, not after the first one's backoff; every slot comes back.
+
+    A worker that lived ``GATEWAY_WORKER_STABLE_S`` resets its slot's backoff: set here far longer than the
+    test, so that however slowly a restarted worker starts on this machine, its death still counts as its
+    slot's second in a row."""
     parent = await spawn_gateway(
-        "workers", pg_url, tmp_path / "workers.log", port=free_port(), args=["--workers", "3"]
+        "workers",
+        pg_url,
+        tmp_path / "workers.log",
+        env={"GATEWAY_WORKER_STABLE_S": str(STABLE_FOR_EVER_S)},
+        port=free_port(),
+        args=["--workers", "3"],
     )
     failed = False
     try:
