@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -67,7 +68,10 @@ def _shielded(
 
     @functools.wraps(method)
     async def run(book: Book, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        within_s = min(book.deadline_s, anyio.current_effective_deadline() - anyio.current_time())
+        caller = anyio.current_effective_deadline()  # -inf once the caller is cancelled: not a deadline
+        within_s = (
+            book.deadline_s if caller == -math.inf else min(book.deadline_s, caller - anyio.current_time())
+        )
         with anyio.fail_after(within_s, shield=True):
             return await method(book, *args, **kwargs)
 

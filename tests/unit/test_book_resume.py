@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from gateway.book import Book
@@ -155,3 +156,26 @@ async def test_one_caller_cancelled_does_not_cancel_the_others_read() -> None:
         store.gate.set()
     assert doomed.cancelled_caught
     assert [v for v, _ in results[0].entries] == [3, 4]
+
+
+@pytest.mark.anyio
+async def test_an_operation_begun_by_a_cancelled_caller_runs_to_its_end() -> None:
+    """A shutdown cancels the sweeper mid-pass: the database operation it begins then still runs to its end
+    (within the book's own deadline), instead of timing out at once and being logged as an unreachable
+    database."""
+
+    class Remote(MemoryStore):
+        """A store whose reads wait on I/O, as a database's do (the in-memory one never yields)."""
+
+        @asynccontextmanager
+        async def read(self) -> AsyncIterator[MemoryTx]:
+            await anyio.lowlevel.checkpoint()
+            async with super().read() as tx:
+                yield tx
+
+    book = Book(Remote(), FakeClock(1_000))
+    await book.create("t", 60_000, 1)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        task = await book.get("t")
+    assert task.id == "t"
