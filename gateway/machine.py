@@ -104,6 +104,9 @@ class Task:
     result_ref: str | None = None
     result_hash: str | None = None
     error: str | None = None
+    # The gateway's own, not the reference's: fixed at creation, carried unchanged by every transition.
+    tags: tuple[str, ...] = ()
+    created_at_ms: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -331,6 +334,8 @@ def task_to_json(task: Task) -> dict[str, Any]:
         "maxAttempts": task.max_attempts,
         "progress": task.progress,
         "version": task.version,
+        "tags": list(task.tags),
+        "createdAtMs": task.created_at_ms,
     }
     if task.result_ref is not None:
         out["resultRef"] = task.result_ref
@@ -354,6 +359,8 @@ def task_from_json(data: dict[str, Any]) -> Task:
         result_ref=data.get("resultRef"),
         result_hash=data.get("resultHash"),
         error=data.get("error"),
+        tags=tuple(data.get("tags", ())),
+        created_at_ms=data.get("createdAtMs", 0),
     )
 
 

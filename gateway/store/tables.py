@@ -19,7 +19,9 @@ ACTIVE_STATES = ("queued", "running")
 LEASED = "state = 'running' AND lease_until_ms IS NOT NULL"
 # The columns of a ``tasks`` row that hold the machine's task: named and ordered as its fields, so that a
 # row that starts with them is the task's arguments in order (``task_from_row``).
-TASK_COLUMNS = tuple(field.name for field in fields(Task))
+# The machine's fields that are columns of ``tasks`` (tags live in their own table; created_at_ms is
+# written once, at insert). BASE18 PLACEHOLDER: the tags helper makes these real.
+TASK_COLUMNS = tuple(field.name for field in fields(Task) if field.name not in ("tags", "created_at_ms"))
 
 
 def task_from_row(row: Sequence[Any]) -> Task:
