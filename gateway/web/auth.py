@@ -80,6 +80,11 @@ class Guard:
             raise Unauthorized("invalid API key") from None
         raise Forbidden("a task token cannot be used here; this route needs the API key")
 
+    def task_list(self, conn: HTTPConnection) -> None:
+        """The task list (``GET /v1/tasks``, with or without ``tag=``): the API key, as a management route.
+        Every credential the list takes is decided here."""
+        self.management(conn)
+
     def task(self, conn: HTTPConnection, task_id: str, scope: Scope) -> None:
         """A token for this task and scope. Reads (``subscribe``) also take the API key, or none in open
         mode; callbacks take only the task's callback token."""
