@@ -10,13 +10,14 @@ for that id, unless ``GATEWAY_BUS_CHANNEL`` names one. What is asserted:
 - two deployments sharing one broker, each with a subscriber of a task of the same id, never hear each
   other: each subscriber gets exactly its own deployment's entries, and each channel carries only its
   deployment's messages;
-- processes started together on one new database make one id between them and share its channel, over
-  which their entries travel; a restarted one keeps it;
+- processes started together on one new database make one id between them and share its channel (said
+  in their start-up lines), over which their entries travel; a restarted one keeps it;
 - a configured channel is the one every bus uses, Redis and PostgreSQL alike.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -51,6 +52,7 @@ pytestmark = pytest.mark.anyio
 
 # The task both deployments have.
 TASK_ID = "t1"
+BUS_LINE = re.compile(r"INFO: +gateway: bus Redis (\S+), channel (\S+)\n")
 
 
 @pytest.fixture(params=["redis", "memory"])
@@ -219,12 +221,15 @@ async def test_processes_started_together_on_a_new_database_share_its_channel(
     pg_url: str, tmp_path: Path
 ) -> None:
     """Two ``gateway serve`` processes start at once on a database no gateway has served: one id is made
-    between them, and an entry committed by one reaches a subscriber of
+    between them, both say they use its channel, and an entry committed by one reaches a subscriber of
     the other over it (their periodic check of the store is too rare to bring it within the test)."""
     await redis_or_skip()
     env = {"GATEWAY_BUS_URL": REDIS_URL, "GATEWAY_RECONCILE_INTERVAL_MS": "600000"}
     async with gateway_processes(2, pg_url, tmp_path, env=env) as (first, second):
-        assert len(await stored_id(pg_url)) == 1
+        (made,) = await stored_id(pg_url)
+        for gw in (first, second):
+            said = BUS_LINE.findall(gw.output())
+            assert said == [("127.0.0.1:6379/0", deployment_channel(made))], gw.output()
         async with httpx.AsyncClient(timeout=10) as client:
             answer = await client.post(
                 f"{first.url}/v1/tasks", json={"id": TASK_ID, "ttlMs": 60_000, "maxAttempts": 1}
