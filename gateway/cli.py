@@ -128,11 +128,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
     # Reach the database and migrate it before uvicorn starts, so that an unreachable database is one line
-    # here rather than a traceback from the lifespan (which then finds the schema at head).
+    # here rather than a traceback from the lifespan (which then finds the schema at head), and learn the
+    # deployment's id (made now on the first start), which names its Redis channel in the start-up lines.
     import anyio
 
     try:
-        anyio.run(_upgrade, settings.database_url)
+        deployment = anyio.run(_prepare, settings.database_url)
     except Exception as exc:
         print(f"gateway: could not start: the database: {one_line(exc)}", file=sys.stderr)
         return STARTUP_FAILED
@@ -143,7 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.workers > 1:
         from gateway.server.workers import serve_workers
 
-        return serve_workers(settings, settings.workers, secret_source=source)
+        return serve_workers(settings, settings.workers, deployment_id=deployment, secret_source=source)
 
     from gateway.server.serve import GatewayServer, server_config, tune_interpreter
     from gateway.web.app import create_app
@@ -153,7 +154,9 @@ def _serve(args: argparse.Namespace) -> int:
         app, settings.host, settings.port, log_level=settings.log_level, proxy_headers=True
     )
     server = GatewayServer(
-        config, app, on_listening=lambda host, port: announce(settings, source, host, port)
+        config,
+        app,
+        on_listening=lambda host, port: announce(settings, source, host, port, deployment_id=deployment),
     )
     tune_interpreter()
     # Ctrl-C: uvicorn stops cleanly, then raises the SIGINT it caught again; that is the end, not an error.
@@ -214,6 +217,20 @@ async def _upgrade(url: str) -> tuple[str | None, str]:
     try:
         await migrate(db.engine)
         return await current_revision(db.engine), head_revision()
+    finally:
+        await db.close()
+
+
+async def _prepare(url: str) -> str:
+    """Migrate the database; the deployment's id (``gateway.store.deployment``)."""
+    from gateway.store.database import Database
+    from gateway.store.deployment import deployment_id
+    from gateway.store.migrate import migrate
+
+    db = Database(url)
+    try:
+        await migrate(db.engine)
+        return await deployment_id(db.engine)
     finally:
         await db.close()
 

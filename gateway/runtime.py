@@ -32,6 +32,7 @@ from gateway.rate import RateLimiter
 from gateway.secret_file import with_secret
 from gateway.settings import Settings
 from gateway.store import Database
+from gateway.store.deployment import deployment_id
 from gateway.store.sql import SqlStore
 from gateway.tag_reads import TagReads
 from gateway.tokens import Tokens
@@ -57,7 +58,7 @@ class Gateway:
         self.metrics = Metrics()
         self.db = Database(settings.database_url)
         self.store = SqlStore(self.db)
-        self.bus: Bus = bus_for(settings.bus_url, settings.database_url)
+        self.bus: Bus = bus_for(settings.bus_url, settings.database_url, settings.bus_channel)
         # Who hears of the book's commits: filled below, once, by what this gateway runs.
         listeners = Listeners()
         self.book = Book(
@@ -178,6 +179,8 @@ class Gateway:
         self.settings.check_bind()
         await self.store.open()
         try:
+            # The deployment's id, kept in its database: on Redis, its channel (unless one is configured).
+            self.bus.join(await deployment_id(self.db.engine))
             async with anyio.create_task_group() as tg:
                 self._background = tg
                 await tg.start(

@@ -12,6 +12,7 @@ import binascii
 import difflib
 import ipaddress
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +48,7 @@ _ENV = {
     "max_subscriptions": "GATEWAY_MAX_SUBSCRIPTIONS",
     "demo": "GATEWAY_DEMO",
     "bus_url": "GATEWAY_BUS_URL",
+    "bus_channel": "GATEWAY_BUS_CHANNEL",
     "workers": "GATEWAY_WORKERS",
     "reconcile_interval_ms": "GATEWAY_RECONCILE_INTERVAL_MS",
     "notify_url": "GATEWAY_NOTIFY_URL",
@@ -79,6 +81,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 # HS256 wants a key at least as long as its hash (RFC 7518, 3.2): a shorter secret can be guessed offline
 # from any one token.
 MIN_SECRET_BYTES = 32
+
+# A bus channel by name: what Redis and a PostgreSQL identifier (NOTIFY's channel, at most 63 bytes) take.
+BUS_CHANNEL = re.compile(r"[A-Za-z0-9_.:-]{1,63}")
 
 # A webhook secret: "whsec_" + base64 of this many random bytes (Standard Webhooks: 24 to 64).
 NOTIFY_KEY_BYTES = (24, 64)
@@ -114,6 +119,9 @@ class Settings(BaseModel):
     # How entries travel between processes: None is "local" on SQLite and "postgres" on PostgreSQL;
     # "redis://host:port/db" for Redis.
     bus_url: str | None = None
+    # The bus's channel: None is the deployment's own on Redis (named for the id its database keeps,
+    # gateway.store.deployment), "task_gateway" on PostgreSQL (whose NOTIFY is per database already).
+    bus_channel: str | None = None
     # On a bus shared by several processes, how often each checks the store for entries whose message
     # was lost (a Redis outage): the most such an entry can be late.
     reconcile_interval_ms: int = Field(5_000, ge=100)
@@ -200,6 +208,16 @@ class Settings(BaseModel):
     def _not_blank(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value().strip():
             raise ValueError("must not be blank (leave it unset instead)")
+        return value
+
+    @field_validator("bus_channel")
+    @classmethod
+    def _a_channel_name(cls, value: str | None) -> str | None:
+        if value is not None and not BUS_CHANNEL.fullmatch(value):
+            raise ValueError(
+                f"must be 1 to 63 letters, digits, '_', '-', '.' or ':', got {value!r} (or leave it unset: "
+                "each deployment then has a channel of its own)"
+            )
         return value
 
     @field_validator("notify_url")

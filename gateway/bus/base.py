@@ -27,8 +27,16 @@ from gateway.store.base import WriteTx
 
 # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more; a longer frame travels as id and version.
 MAX_PAYLOAD_BYTES = 7900
-# The channel every gateway process of one deployment shares (per database on PostgreSQL).
+# PostgreSQL's channel, which LISTEN/NOTIFY keeps to one database, so to one deployment, already. On Redis,
+# whose pub/sub spans every database number of a server, each deployment has one of its own:
+# deployment_channel().
 DEFAULT_CHANNEL = "task_gateway"
+
+
+def deployment_channel(deployment_id: str) -> str:
+    """The Redis channel of the deployment whose database holds ``deployment_id`` (gateway.store.deployment):
+    shared by every process of that deployment, and by no other deployment."""
+    return f"{DEFAULT_CHANNEL}:{deployment_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +88,11 @@ class Bus(Protocol):
     #: Whether the listener is connected now, and how many times it has connected (for metrics).
     connected: bool
     reconnects: int
+
+    def join(self, deployment_id: str) -> None:
+        """Before :meth:`run`: the deployment this process serves (its id, kept in its database). A bus that
+        several deployments can share (Redis, the twin) carries its messages on the deployment's own
+        channel, unless one was configured (``GATEWAY_BUS_CHANNEL``)."""
 
     async def run(self, on_news: OnNews, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
         """Deliver every message to ``on_news`` until cancelled; ``task_status.started()`` once listening.

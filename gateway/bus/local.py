@@ -19,6 +19,9 @@ class LocalBus:
         self.connected = False
         self.reconnects = 0
 
+    def join(self, deployment_id: str) -> None:
+        pass  # it links nothing: no channel
+
     async def run(self, on_news: OnNews, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
         self._on_news = on_news
         self.connected, self.reconnects = True, 1

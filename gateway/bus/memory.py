@@ -2,6 +2,10 @@
 broker (``GATEWAY_BUS_URL=memory://NAME``) hear each other's entries, delivered on a later turn of the
 event loop as a real bus would. For tests of what several processes do, without the processes.
 
+Like Redis, a broker carries several channels: each deployment's (``deployment_channel``, named by
+``join``), or the one configured (``GATEWAY_BUS_CHANNEL``). Gateways on different databases do not hear
+each other.
+
 ``disconnect()`` and ``reconnect()`` stand in for a listener losing its connection: messages sent meanwhile
 are lost to it, and reconnecting asks its hub to resync from the store, as the real buses do.
 """
@@ -14,25 +18,34 @@ from collections.abc import Sequence
 import anyio
 from anyio.abc import TaskStatus
 
-from gateway.bus.base import News, OnNews, OnResync
+from gateway.bus.base import News, OnNews, OnResync, deployment_channel
 from gateway.store.base import WriteTx
 
-_BROKERS: dict[str, set[MemoryBus]] = {}
+# Listeners by broker name and channel.
+_BROKERS: dict[tuple[str, str], set[MemoryBus]] = {}
 
 
 class MemoryBus:
     shared = True
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, channel: str | None = None) -> None:
         self.name = name
+        self.channel = channel
         self.connected = False
         self.reconnects = 0
         self._on_news: OnNews | None = None
         self._on_resync: OnResync | None = None
 
+    def join(self, deployment_id: str) -> None:
+        if self.channel is None:
+            self.channel = deployment_channel(deployment_id)
+
     async def run(self, on_news: OnNews, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
+        if self.channel is None:
+            raise RuntimeError("MemoryBus.run() before join(): no channel")
+        key = (self.name, self.channel)
         self._on_news, self._on_resync = on_news, on_resync
-        listeners = _BROKERS.setdefault(self.name, set())
+        listeners = _BROKERS.setdefault(key, set())
         listeners.add(self)
         self.reconnect()
         task_status.started()
@@ -41,7 +54,7 @@ class MemoryBus:
         finally:
             listeners.discard(self)
             if not listeners:
-                _BROKERS.pop(self.name, None)
+                _BROKERS.pop(key, None)
             self._on_news = self._on_resync = None
             self.connected = False
 
@@ -53,7 +66,7 @@ class MemoryBus:
             return
         self._on_news(news)
         loop = asyncio.get_running_loop()
-        for other in _BROKERS.get(self.name, ()):
+        for other in _BROKERS.get((self.name, self.channel or ""), ()):
             if other is not self:
                 loop.call_soon(other._heard, news)
 

@@ -34,20 +34,23 @@ class PostgresBus:
     def __init__(
         self,
         dsn: str,
-        channel: str = DEFAULT_CHANNEL,
+        channel: str | None = None,
         *,
         keepalive_s: float = 5.0,
         connect_timeout_s: float = 5.0,
         backoff_max_s: float = 5.0,
     ) -> None:
         self.dsn = dsn
-        self.channel = channel
+        self.channel = channel or DEFAULT_CHANNEL
         self.keepalive_s = keepalive_s
         self.connect_timeout_s = connect_timeout_s
         self.backoff_max_s = backoff_max_s
         self._on_news: OnNews | None = None
         self.connected = False
         self.reconnects = 0
+
+    def join(self, deployment_id: str) -> None:
+        pass  # LISTEN/NOTIFY is per database: the channel is the deployment's already
 
     async def run(self, on_news: OnNews, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
         self._on_news = on_news

@@ -6,6 +6,10 @@ only a wake-up: the hub resyncs from the store after every (re)subscribe and che
 (``Hub.reconcile``), so a lost message delays an entry by at most that period. Publishing happens after
 the commit, from a bounded queue drained by one task (a pipeline per batch), so a callback never waits for
 Redis and a Redis outage costs a bounded amount of memory.
+
+Pub/sub channels span a whole Redis server (the database number of the URL does not separate them), so each
+deployment publishes on a channel of its own, named for the id its database keeps
+(``deployment_channel``): another deployment on the same Redis never hears its entries, nor it theirs.
 """
 
 from __future__ import annotations
@@ -20,16 +24,24 @@ from anyio.abc import TaskStatus
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.bus.base import DEFAULT_CHANNEL, News, OnNews, OnResync
+from gateway.bus.base import News, OnNews, OnResync, deployment_channel
 from gateway.errors import one_line
 from gateway.store.base import WriteTx
 
 log = logging.getLogger("gateway.bus")
 
+# How the bus's connections show in Redis' CLIENT LIST: this, then ":" and the channel (each deployment's
+# connections apart from the others').
+CLIENT_NAME = "task-gateway-bus"
 # Messages waiting to be published; past this the oldest are dropped (the store covers them).
 MAX_OUTGOING = 10_000
 # A subscription that lasted this long was healthy: the next reconnect starts from a short pause.
 STABLE_S = 10.0
+
+
+def client_name(channel: str) -> str:
+    """The name of the bus's connections on ``channel`` (Redis' ``CLIENT SETNAME``)."""
+    return f"{CLIENT_NAME}:{channel}"
 
 
 class RedisBus:
@@ -38,12 +50,13 @@ class RedisBus:
     def __init__(
         self,
         url: str,
-        channel: str = DEFAULT_CHANNEL,
+        channel: str | None = None,
         *,
         keepalive_s: float = 5.0,
         backoff_max_s: float = 5.0,
     ) -> None:
         self.url = url
+        # GATEWAY_BUS_CHANNEL, or the deployment's own once join() has named it.
         self.channel = channel
         self.keepalive_s = keepalive_s
         self.backoff_max_s = backoff_max_s
@@ -54,12 +67,19 @@ class RedisBus:
         self._outgoing: deque[str] = deque()
         self._wakeup = anyio.Event()
 
+    def join(self, deployment_id: str) -> None:
+        if self.channel is None:
+            self.channel = deployment_channel(deployment_id)
+
     async def run(self, on_news: OnNews, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
+        channel = self.channel
+        if channel is None:
+            raise RuntimeError("RedisBus.run() before join(): no channel to publish on")
         self._on_news = on_news
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._publisher)
-                await tg.start(self._listener, on_resync)
+                tg.start_soon(self._publisher, channel)
+                await tg.start(self._listener, channel, on_resync)
                 task_status.started()
         finally:
             self._on_news = None
@@ -77,9 +97,14 @@ class RedisBus:
         self._outgoing.append(news.encode())
         self._wakeup.set()
 
-    async def _publisher(self) -> None:
+    async def _publisher(self, channel: str) -> None:
         delay = 0.1
-        client = Redis.from_url(self.url, socket_timeout=self.keepalive_s, socket_connect_timeout=5)
+        client = Redis.from_url(
+            self.url,
+            socket_timeout=self.keepalive_s,
+            socket_connect_timeout=5,
+            client_name=client_name(channel),
+        )
         try:
             while True:
                 if not self._outgoing:
@@ -89,7 +114,7 @@ class RedisBus:
                 try:
                     async with client.pipeline(transaction=False) as pipe:
                         for text in batch:
-                            pipe.publish(self.channel, text)
+                            pipe.publish(channel, text)
                         await pipe.execute()
                 except (RedisError, OSError) as exc:
                     # Dropped: other processes see these entries at their next check of the store.
@@ -103,15 +128,17 @@ class RedisBus:
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 await client.aclose()
 
-    async def _listener(self, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
+    async def _listener(self, channel: str, on_resync: OnResync, *, task_status: TaskStatus[None]) -> None:
         started = False
         delay = 0.1
         while True:
             subscribed_at: float | None = None
-            client = Redis.from_url(self.url, socket_timeout=None, socket_connect_timeout=5)
+            client = Redis.from_url(
+                self.url, socket_timeout=None, socket_connect_timeout=5, client_name=client_name(channel)
+            )
             pubsub = client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self.channel)
+                await pubsub.subscribe(channel)
                 self.connected = True
                 self.reconnects += 1
                 on_resync()  # whatever was published while nobody listened is read from the store

@@ -42,6 +42,9 @@ class _Forward:
         self.connected = bus.connected
         self.reconnects = bus.reconnects
 
+    def join(self, deployment_id: str) -> None:
+        raise NotImplementedError("the event loop's bus has joined its deployment")
+
     async def run(self, on_news: OnNews, on_resync: OnResync, *, task_status: Any) -> None:
         raise NotImplementedError("the event loop's bus listens")
 

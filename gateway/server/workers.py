@@ -38,9 +38,12 @@ RESTART_DELAY_S = (1.0, 30.0)
 STARTUP_FAILED = 3
 
 
-def serve_workers(settings: Settings, workers: int, *, secret_source: str | None = None) -> int:
-    """Run ``workers`` gateway processes; ``secret_source`` says where ``settings.secret`` came from (for
-    the start-up lines, said here once rather than by every child)."""
+def serve_workers(
+    settings: Settings, workers: int, *, deployment_id: str, secret_source: str | None = None
+) -> int:
+    """Run ``workers`` gateway processes; ``secret_source`` says where ``settings.secret`` came from and
+    ``deployment_id`` is the database's (for the start-up lines, said here once rather than by every
+    child)."""
     from gateway.server.serve import bind_socket
     from gateway.server.startup import announce
 
@@ -55,7 +58,7 @@ def serve_workers(settings: Settings, workers: int, *, secret_source: str | None
     sock = bind_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     log.info("%d worker processes on http://%s:%d", workers, host, port)
-    announce(settings, secret_source, host, port)
+    announce(settings, secret_source, host, port, deployment_id=deployment_id)
     context = multiprocessing.get_context("spawn")
     stop = threading.Event()
 

@@ -242,6 +242,12 @@ def finished_held(*, relay: bool) -> str:
     return f"SELECT count(*) FROM tasks WHERE finished_at_ms <= ? AND EXISTS ({_untaken(relay=relay)})"
 
 
+# --- the deployment: what it knows of itself, by name (gateway.store.deployment) --------------------------
+
+DEPLOYMENT_FACT = "SELECT value FROM deployment WHERE name = ?"
+INSERT_DEPLOYMENT_FACT = _insert("deployment", ("name", "value"))
+
+
 # --- where PostgreSQL differs -----------------------------------------------------------------------------
 
 LOCK = " FOR UPDATE"

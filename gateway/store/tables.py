@@ -240,6 +240,16 @@ class DrainBatchRow(SQLModel, table=True):
     body: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
+class DeploymentRow(SQLModel, table=True):
+    """What a deployment knows of itself, by name (``gateway.store.deployment``): ``id``, a random id made by
+    the first gateway that started on this database, which names the deployment's Redis channel."""
+
+    __tablename__ = "deployment"
+
+    name: str = Field(sa_column=Column(String(64), primary_key=True))
+    value: str = Field(sa_column=Column(Text, nullable=False))
+
+
 tasks = TaskRow.__table__  # type: ignore[attr-defined]
 entries = EntryRow.__table__  # type: ignore[attr-defined]
 task_tags = TaskTagRow.__table__  # type: ignore[attr-defined]

@@ -2,10 +2,11 @@
 in-memory twin.
 
 Two gateways (each a whole app under its own uvicorn server, its own pool and its own bus listener) share
-one PostgreSQL database, as two processes would. What a subscriber of one must see when callbacks are
-posted to the other: every entry, in order, with no gap, however the bus behaves: a frame too big for a
-message, a listener whose connection is cut, a message that is lost. The local bus, which links nothing,
-is checked for the one thing it promises: this process's subscribers.
+one PostgreSQL database, as two processes would: one deployment, so one bus channel, the database's own
+(test_bus_channel.py: other deployments', and other test runs', are apart). What a subscriber of one must
+see when callbacks are posted to the other: every entry, in order, with no gap, however the bus behaves: a
+frame too big for a message, a listener whose connection is cut, a message that is lost. The local bus,
+which links nothing, is checked for the one thing it promises: this process's subscribers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from redis.asyncio import Redis
 from gateway.bus.base import MAX_PAYLOAD_BYTES, News
 from gateway.bus.memory import MemoryBus
 from gateway.bus.postgres import APPLICATION_NAME
+from gateway.bus.redis import RedisBus, client_name
 from gateway.jobs.sweeper import sweep_once
 from gateway.store.base import WriteTx
 from tests.integration.test_live_support import (
@@ -176,9 +178,19 @@ async def test_a_listener_cut_off_catches_up_from_the_store(
                 await conn.close()
             assert killed == 2  # one listener per gateway
         else:
+            # Only this pair's listeners (named for their channel): another deployment on this Redis, or
+            # another test run, keeps its own.
+            assert isinstance(bus, RedisBus) and bus.channel is not None
             client = Redis.from_url(REDIS_URL)
             try:
-                assert await client.client_kill_filter(_type="pubsub") >= 2
+                ours = [
+                    c["id"]
+                    for c in await client.client_list(_type="pubsub")
+                    if c["name"] == client_name(bus.channel)
+                ]
+                assert len(ours) == 2, ours  # one listener per gateway
+                for client_id in ours:
+                    assert await client.client_kill_filter(_id=client_id) == 1
             finally:
                 await client.aclose()
 

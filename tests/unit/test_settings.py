@@ -77,3 +77,15 @@ def test_retention_is_whole_seconds_from_zero_to_a_hundred_years() -> None:
         with pytest.raises(ConfigError, match=r"^GATEWAY_RETAIN_FINISHED_S: ") as refused:
             Settings.from_environ({"GATEWAY_RETAIN_FINISHED_S": bad})
         assert "\n" not in str(refused.value), bad
+
+
+def test_a_bus_channel_is_a_name_redis_and_postgresql_both_take() -> None:
+    assert Settings.from_environ({}).bus_channel is None  # the deployment's own
+    channel = Settings.from_environ({"GATEWAY_BUS_CHANNEL": "orders-prod:task_gateway.v2"}).bus_channel
+    assert channel == "orders-prod:task_gateway.v2"
+    assert Settings.from_environ({"GATEWAY_BUS_CHANNEL": "c" * 63}).bus_channel == "c" * 63
+    # Too long for a PostgreSQL identifier (NOTIFY's channel), a space, a glob Redis' PSUBSCRIBE would expand.
+    for bad in ("c" * 64, "orders prod", "orders*", "tâches"):
+        with pytest.raises(ConfigError, match=r"^GATEWAY_BUS_CHANNEL: must be 1 to 63 letters") as refused:
+            Settings.from_environ({"GATEWAY_BUS_CHANNEL": bad})
+        assert "\n" not in str(refused.value), bad
