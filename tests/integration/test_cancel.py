@@ -10,6 +10,8 @@ written.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import httpx
 import pytest
@@ -29,6 +31,7 @@ from tests.receiver import Receiver, serving_receiver
 from tests.support import (
     STEP_S,
     FakeClock,
+    Running,
     bearer,
     create_task,
     error,
@@ -45,6 +48,20 @@ async def cancel(
     client: httpx.AsyncClient, task_id: str, body: bytes | None = None, headers: dict[str, str] | None = None
 ) -> httpx.Response:
     return await client.post(f"/v1/tasks/{task_id}/cancel", content=body, headers=headers)
+
+
+async def drain_all(gw: Running) -> list[dict[str, Any]]:
+    """Drain as the protocol says a backend does: again at once while ``Drain-More`` is true. A batch can
+    come back short while the relay's bookkeeping holds a notification's row for a moment (PostgreSQL: the
+    drain skips a row another transaction holds); ``Drain-More`` says so."""
+    drained: list[dict[str, Any]] = []
+    with anyio.fail_after(STEP_S):
+        while True:
+            answer = await gw.client.post("/v1/notifications/drain")
+            assert answer.status_code == 200, answer.text
+            drained += answer.json()
+            if answer.headers["Drain-More"] != "true":
+                return drained
 
 
 async def test_a_running_task_cancelled_is_seen_by_every_subscriber_relayed_once_and_fences_its_worker(
@@ -117,7 +134,7 @@ async def test_a_running_task_cancelled_is_seen_by_every_subscriber_relayed_once
         await receiver.until(lambda: len(receiver.delivered) == 1)
         await relayed(gw, 1)
         assert relay_metric(gw, "gateway_tasks_cancelled_total") == 1
-        drained = (await gw.client.post("/v1/notifications/drain")).json()
+        drained = await drain_all(gw)
         assert drained == [{"taskId": "export-7", "state": "failed", "atMs": entry["atMs"], "version": 3}]
         # A second cancel changes nothing and notifies nothing.
         again = await cancel(gw.client, "export-7")
@@ -237,7 +254,7 @@ async def test_a_cancel_at_or_after_the_deadline_expires_the_task(
         )
         history = (await gw.client.get("/v1/tasks/late-1/events")).json()["events"]
         assert history[-1] == {"version": 2, "event": {"type": "expire", "atMs": deadline}}
-        drained = (await gw.client.post("/v1/notifications/drain")).json()
+        drained = await drain_all(gw)
         assert drained == [{"taskId": "late-1", "state": "expired", "atMs": clock(), "version": 2}]
 
 
