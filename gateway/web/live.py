@@ -32,7 +32,7 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.frames import PONG, Frame, error_frame
-from gateway.live.hub import Feed
+from gateway.live.feed import Feed
 from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
 from gateway.web.auth import Guard, origin_allowed
