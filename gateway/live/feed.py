@@ -8,12 +8,13 @@ room. The WebSocket and SSE endpoints (``gateway.web.live``) give each connectio
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from gateway.errors import CLOSE_NO_SUBSCRIPTION, CLOSE_SLOW_CONSUMER
 from gateway.frames import Frame, error_frame
-from gateway.live.fanout import NeedTask, Peer, Read, Subscription
+from gateway.live.fanout import NeedTask, Peer, Read, Subscription, TagSub
 from gateway.live.hub import BookReads, Connection, DirectWriter, Hub
+from gateway.live.tagging import NEW
 
 __all__ = ["Feed"]
 
@@ -89,12 +90,47 @@ class Feed:
         self.signal()
         return sub
 
+    async def subscribe_tag(self, tag: str, cursors: Mapping[str, int], limit: int) -> TagSub[Connection]:
+        """Subscribe to a tag (replacing an earlier subscription to it): list its tasks (at most ``limit``,
+        newest first), read their resume states from ``cursors`` in one read, then queue the ``tag`` frame,
+        their resume frames and the announcements of the tasks created meanwhile (``gateway.live.tagging``):
+        two store reads, however many tasks.
+
+        Raises ``InvalidRequest`` (too many subscriptions) or the store's error with nothing left of it."""
+        hub = self.hub
+        store = hub.tags
+        assert store is not None, "the hub reads no tags"
+        tag_sub = hub.subscribe_tag(self.peer, tag)  # news of creations with the tag is buffered from here on
+        try:
+            task_ids, more = await store.list(tag, limit)
+            hub.tagging.listed(tag_sub, task_ids)  # their live entries collect from here on
+            wanted = {task_id: cursors.get(task_id, NEW) for task_id in task_ids}
+            resumes = await store.resume_many(wanted) if wanted and tag_sub.active else {}
+            await self.control_room()  # the tag frame answers the message: it waits for room as any answer
+        except BaseException:
+            hub.drop_tag(tag_sub)
+            raise
+        if self.peer.control_full():  # closed while it waited
+            hub.drop_tag(tag_sub)
+        else:
+            hub.tag_resumed(tag_sub, task_ids, more, resumes, cursors)
+            self.signal()
+        return tag_sub
+
     def unsubscribe(self, task_id: str) -> None:
         sub = self.peer.subscriptions.get(task_id)
         if sub is not None:
             self.hub.remove(sub)
 
+    def unsubscribe_tag(self, tag: str) -> None:
+        """End the subscription to ``tag`` and the streams it owns, if there is one."""
+        tag_sub = self.peer.tags.get(tag)
+        if tag_sub is not None:
+            self.hub.drop_tag(tag_sub)
+
     def release(self) -> None:
+        for tag_sub in tuple(self.peer.tags.values()):
+            self.hub.drop_tag(tag_sub)
         for sub in tuple(self.peer.subscriptions.values()):
             self.hub.remove(sub)
         self.hub.detach(self)

@@ -17,16 +17,22 @@ fan-out never holds the event loop for long and yields to callbacks:
 - :meth:`Hub.watch_writes`, one timer for all sockets, closes a connection stuck in one send (``4008``) and
   one held to having a subscription that has held none for its deadline (``4408``).
 
-The store is reached through :class:`BookReads`, the four reads of ``gateway.book.Book`` this needs, so
-that tests drive the hub with an in-memory book.
+Tag subscriptions (``gateway.live.tagging``) ride on the same: news of a task created with tags comes on the
+bus too (:meth:`Hub.receive`), and :meth:`Hub.reconcile` also lists the watched tags again for a creation
+whose news was lost.
+
+The store is reached through :class:`BookReads`, the four reads of ``gateway.book.Book`` this needs, and
+:class:`TagStore`, the three of ``gateway.tag_reads.TagReads``, so that tests drive the hub with an
+in-memory book.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import anyio
@@ -37,15 +43,17 @@ from gateway.errors import (
     GatewayError,
     one_line,
 )
-from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription
+from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription, TagSub
+from gateway.live.tagging import NEW, Tagging
 from gateway.machine import Resume, Task
 
-__all__ = ["BookReads", "Connection", "DirectWriter", "Hub"]
+__all__ = ["BookReads", "Connection", "DirectWriter", "Hub", "TagStore"]
 
 log = logging.getLogger("gateway.hub")
 
-# The task ids of one reconcile query.
+# The task ids of one reconcile query; the tags of one query of the tags' reconcile.
 RECONCILE_CHUNK = 1000
+RECONCILE_TAGS_CHUNK = 500
 # Fan-out holds the event loop for at most this long at a time (then callbacks and the rest run: a callback
 # read or committed meanwhile waits at most this long for its turn; 1 ms costs one more turn of the loop
 # per 100 sockets or so), checking the clock every so many subscriptions.
@@ -67,6 +75,20 @@ class BookReads(Protocol):
     async def entries_between(self, task_id: str, after: int, upto: int) -> Entries: ...
 
     async def versions(self, task_ids: Sequence[str]) -> dict[str, int]: ...
+
+
+class TagStore(Protocol):
+    """The reads of tags the hub and its feeds make (``gateway.tag_reads.TagReads`` has them)."""
+
+    async def resume_many(self, cursors: Mapping[str, int]) -> dict[str, Resume]: ...
+
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> builtins.list[tuple[str, str]]: ...
+
+    async def list(self, tag: str, limit: int) -> tuple[builtins.list[str], bool]: ...
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class DirectWriter(Protocol):
@@ -121,13 +143,20 @@ class Hub:
         max_pause_s: float = FLUSH_MAX_PAUSE_S,
         clock: Callable[[], float] = time.perf_counter,
         monotonic: Callable[[], float] = time.monotonic,
+        tags: TagStore | None = None,
+        wall: Callable[[], int] = wall_clock_ms,
     ) -> None:
         """``clock`` times the flush slices; ``monotonic`` is the connections' clock, the one their deadlines
         are measured on (a send that makes no progress, a socket held to having a subscription): read by
-        the watchdog and by the endpoints that start those deadlines (tests set it to move time by hand)."""
+        the watchdog and by the endpoints that start those deadlines (tests set it to move time by hand).
+        ``tags`` reads tags (none: no tag subscription); ``wall`` is the clock tasks are created by
+        (milliseconds, the book's), that the tags' reconcile compares creation times with."""
         self.book = book
+        self.tags = tags
+        self.wall = wall
         self.monotonic = monotonic
         self.fanout: Fanout[Connection] = Fanout()
+        self.tagging: Tagging[Connection] = Tagging(self.fanout)
         self.feeds: set[Connection] = set()
         self.conflations = 0
         self.catch_ups = 0
@@ -148,7 +177,11 @@ class Hub:
     # --- news from the bus, and what it missed ---------------------------------------------------------
 
     def receive(self, news: News) -> None:
-        """A committed entry heard on the bus (this process's or another's). Never waits."""
+        """A committed entry, or a task created with tags, heard on the bus (this process's or another's).
+        Never waits."""
+        if news.created:
+            self._flush_all(self.tagging.created(news))
+            return
         channel = self.fanout.receive(news)
         if channel is not None:
             self._flush_soon(channel)
@@ -164,6 +197,7 @@ class Hub:
         """Make the reads the channels need; ``reconcile_s``: also compare every channel with the store that
         often (a shared bus can lose a message; a lost one is then late by at most this)."""
         next_check = None if reconcile_s is None else time.monotonic() + reconcile_s
+        self.tagging.reconciled = reconcile_s is not None
         while True:
             timeout = None if next_check is None else max(0.0, next_check - time.monotonic())
             with anyio.move_on_after(timeout):
@@ -186,10 +220,23 @@ class Hub:
                 self._wakeup.set()
 
     async def reconcile(self) -> None:
-        """Compare every channel's version with the store's, in one query per chunk of tasks."""
+        """Compare every channel's version with the store's, in one query per chunk of tasks; then list the
+        watched tags' tasks created since the horizon again, in one query per chunk of tags, and announce
+        those some subscription did not hear of (their state read in one query)."""
         ids = list(self.fanout.channels)
         for start in range(0, len(ids), RECONCILE_CHUNK):
             self.fanout.behind(await self.book.versions(ids[start : start + RECONCILE_CHUNK]))
+        started = self.wall()
+        check = self.tagging.checks()
+        if check is not None and self.tags is not None:
+            tags, since = check
+            for start in range(0, len(tags), RECONCILE_TAGS_CHUNK):
+                rows = await self.tags.tagged_since(tags[start : start + RECONCILE_TAGS_CHUNK], since)
+                missing = self.tagging.unknown(rows)
+                if missing:
+                    resumes = await self.tags.resume_many(dict.fromkeys(missing, NEW))
+                    self._flush_all(self.tagging.found(resume.task for resume in resumes.values()))
+        self.tagging.checked(started)
 
     async def _catch_up(self, read: Read) -> None:
         self.catch_ups += 1
@@ -211,6 +258,13 @@ class Hub:
             self._flush_soon(channel)
 
     # --- fan-out rounds -------------------------------------------------------------------------------
+
+    def _flush_all(self, channels: Iterable[Channel[Connection]]) -> None:
+        """Flush these channels soon, and wake the writers of the connections that got announcements."""
+        for channel in channels:
+            self._flush_soon(channel)
+        for peer in self.tagging.take_woken():
+            peer.handle.signal()
 
     def _flush_soon(self, channel: Channel[Connection]) -> None:
         flush = self._flushes.get(channel.task_id)
@@ -289,6 +343,36 @@ class Hub:
         self.fanout.remove(sub)
         self._forget(sub.task_id)
         sub.peer.let_go(self.monotonic())
+
+    # --- tag subscriptions: subscribe, buffer, read, merge (gateway.live.tagging) ----------------------
+
+    def subscribe_tag(self, peer: Peer[Connection], tag: str) -> TagSub[Connection]:
+        """Step 1: the tag subscription, replacing the connection's earlier one to ``tag``."""
+        tag_sub, replaced = self.tagging.subscribe(peer, tag, self.wall())
+        self._removed(peer, replaced)
+        return tag_sub
+
+    def tag_resumed(
+        self,
+        tag_sub: TagSub[Connection],
+        task_ids: Sequence[str],
+        more: bool,
+        resumes: Mapping[str, Resume],
+        cursors: Mapping[str, int],
+    ) -> None:
+        """Step 5: the tag frame, the resume frames and the announcements of what was created meanwhile."""
+        channels, gone = self.tagging.resumed(tag_sub, task_ids, more, resumes, cursors)
+        self._flush_all(channels)
+        self._removed(tag_sub.peer, gone)
+
+    def drop_tag(self, tag_sub: TagSub[Connection]) -> None:
+        """End a tag subscription and the streams it owns."""
+        self._removed(tag_sub.peer, self.tagging.drop(tag_sub))
+
+    def _removed(self, peer: Peer[Connection], subs: Sequence[Subscription[Connection]]) -> None:
+        for sub in subs:
+            self._forget(sub.task_id)
+        peer.let_go(self.monotonic())
 
     def stats(self) -> dict[str, int]:
         """Queue sizes, so that tests and metrics can see that memory stays bounded."""

@@ -67,6 +67,7 @@ class Tagging(Generic[H]):
         # than the newest it heard of (news of a creation comes once, at once).
         self.reconciled = False
         self.horizon_ms: int | None = None  # the reconcile lists no task created before this again
+        self.woken: dict[Peer[H], None] = {}  # connections that got an announcement: wake their writers
 
     # --- subscribe, buffer, read, merge --------------------------------------------------------------------
 
@@ -198,10 +199,16 @@ class Tagging(Generic[H]):
         snapshot follows if it is newer); so too where the channel handed out entries it does not have."""
         frames = [*carried, *(added_frame(tag_sub.tag, task.id) for tag_sub in tag_subs)]
         channel = self.fanout.resumed(sub, Resume("snapshot", "new", task, ()), frames)
+        self.woken[sub.peer] = None
         newest = sub.pending[-1].task.version if sub.pending else task.version
         if recheck or self.fanout.channels[task.id].version > newest:
             sub.conflated = True
         return channel
+
+    def take_woken(self) -> list[Peer[H]]:
+        """The connections that got announcements since the last call: their writers have work."""
+        woken, self.woken = list(self.woken), {}
+        return woken
 
     def _remember(self, tag_sub: TagSub[H], task_id: str, created_ms: int) -> None:
         known = tag_sub.known
