@@ -154,6 +154,9 @@ async def test_refused_tag_messages_get_an_error_frame_naming_the_tag(sqlite_url
                 watch = TagWatch(TAG)
                 got = await frames(ws, watch, 4)
                 assert got[0] == {"type": "tag", "tag": TAG, "taskIds": ["t4", "t3", "t2"], "more": True}
+                metrics = (await gw.client.get("/metrics")).text.splitlines()
+                assert "gateway_hub_tag_subscriptions 1.0" in metrics
+                assert "gateway_hub_subscriptions 3.0" in metrics  # the tasks it streams
                 for body, code, words, tag in refused:
                     await ws.send(orjson.dumps({"type": "subscribe", **body}).decode())
                     frame = await recv_frame(ws)
