@@ -173,7 +173,10 @@ class MemoryTx:
     ) -> None:
         if task.id in self.data.tasks:
             raise StoreRace(f"task {task.id} exists")
-        self.data.tasks[task.id] = StoredTask(task, ttl_ms, heartbeat_ms)
+        # Its creation time is the row's column, written from ``created_at_ms`` (as in SQL).
+        self.data.tasks[task.id] = StoredTask(
+            replace(task, created_at_ms=created_at_ms), ttl_ms, heartbeat_ms
+        )
         self.data.entries[task.id] = []
         self.undo.append(lambda: (self.data.tasks.pop(task.id), self.data.entries.pop(task.id)))
 
@@ -187,6 +190,9 @@ class MemoryTx:
         key = (task.id, task.state, task.version)
         if transition.notify and key in self.data.outbox_keys:
             raise StoreRace(f"notification {key} exists")
+        if (task.tags, task.created_at_ms) != (before.task.tags, before.task.created_at_ms):
+            # Written once, at insert: no update changes them (as in SQL, where no update sets them).
+            task = replace(task, tags=before.task.tags, created_at_ms=before.task.created_at_ms)
         self.data.tasks[task.id] = replace(before, task=task)
         history = self.data.entries[task.id]
         history.append((entry.version, encoded_event))

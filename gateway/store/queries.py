@@ -36,7 +36,16 @@ from collections.abc import Sequence
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql
 
-from gateway.store.tables import ACTIVE_STATES, LEASED, TASK_COLUMNS, callbacks, entries, outbox, tasks
+from gateway.store.tables import (
+    ACTIVE_STATES,
+    LEASED,
+    TASK_COLUMNS,
+    UPDATED_COLUMNS,
+    callbacks,
+    entries,
+    outbox,
+    tasks,
+)
 
 # ``IN (...)`` lists go in chunks of this size (SQLite's default limit is 32,766 parameters).
 IN_CHUNK = 500
@@ -51,8 +60,9 @@ def _insert(table: str, columns: Sequence[str]) -> str:
 
 # --- tasks ------------------------------------------------------------------------------------------------
 
-# Its rows are ``TASK_COLUMNS`` (``tables.task_from_row``), then ``ttl_ms``, ``heartbeat_ms`` and
-# ``lease_until_ms``.
+# Its rows are ``TASK_COLUMNS`` (``tables.task_from_row``: the tags and the creation time among them, so
+# that every read of a task, a callback's locked read too, has them at no cost), then ``ttl_ms``,
+# ``heartbeat_ms`` and ``lease_until_ms``.
 SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)}, ttl_ms, heartbeat_ms, lease_until_ms FROM tasks"
 TASK = f"{SELECT_TASK} WHERE id = ?"  # + LOCK in a write transaction
 TASKS = f"{SELECT_TASK} WHERE {{ids}} ORDER BY id"  # + LOCK; in id order, so that batches lock in one order
@@ -65,7 +75,12 @@ DUE = (
     f"{SELECT_TASK} WHERE {_LIVE} AND expires_at_ms <= ? "
     f"AND NOT ({LEASED} AND lease_until_ms < expires_at_ms) ORDER BY expires_at_ms LIMIT ?"  # + CLAIM
 )
-INSERT_TASK = _insert("tasks", (*TASK_COLUMNS, "ttl_ms", "created_at_ms", "heartbeat_ms"))
+INSERT_TASK = _insert("tasks", (*UPDATED_COLUMNS, "tags", "ttl_ms", "created_at_ms", "heartbeat_ms"))
+
+# --- tags: fixed at creation, each a row of task_tags (ix_task_tags_tag) beside the task's ``tags`` column -
+
+TAG_COLUMNS = ("tag", "task_id", "created_at_ms")
+INSERT_TASK_TAG = _insert("task_tags", TAG_COLUMNS)  # once per tag (SQLite; PostgreSQL: PG_INSERT_TAGGED)
 
 # --- heartbeat leases (gateway.lease) -----------------------------------------------------------------
 # Both repeat the predicate of the partial index ix_tasks_lease_end: answered in O(rows wanted).
@@ -153,6 +168,7 @@ RELAY_LATER = "UPDATE outbox SET relay_next_at_ms = ? WHERE id = ? AND relayed_a
 # keyed by task id joins by adding its line here (and its part to the in-memory twin's ``_Data.forget``).
 TASK_OWNED = (
     ("entries", "task_id"),
+    ("task_tags", "task_id"),
     ("callbacks", "task_id"),
     ("deliveries", "task_id"),
     ("outbox", "task_id"),
@@ -197,6 +213,12 @@ IN_ARRAY = "{column} = ANY(?)"
 PG_LOCK_TASKS = (
     "SELECT t.* FROM unnest(?::text[]) AS i(id) "
     f"CROSS JOIN LATERAL ({SELECT_TASK} WHERE id = i.id{LOCK}) AS t"
+)
+# A tagged task's row and its tags' rows in one statement (its parameters: ``INSERT_TASK``'s, then the
+# task id, its creation time and the tags as one array).
+PG_INSERT_TAGGED = (
+    f"WITH made AS ({INSERT_TASK}) INSERT INTO task_tags ({', '.join(TAG_COLUMNS)}) "
+    "SELECT g.tag, ?, ? FROM unnest(?::text[]) AS g(tag)"
 )
 # A batch's lease renewals in one statement (SQLite runs ``RENEW_LEASE`` once per row).
 PG_RENEW_LEASES = (

@@ -20,7 +20,7 @@ from typing import Any
 from gateway.machine import Task, Transition
 from gateway.store import queries as q
 from gateway.store.base import DrainBatch, Notification, Outgoing, Receipt, StoredTask
-from gateway.store.tables import TASK_COLUMNS, changed_values, task_from_row, task_values
+from gateway.store.tables import TASK_COLUMNS, changed_values, tags_text, task_from_row, task_values
 
 
 def spans(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, tuple[int, Task]]:
@@ -37,6 +37,11 @@ def spans(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, tuple[i
 def finished(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, int]:
     """When each task these transitions end finished: its notification's time (``tasks.finished_at_ms``)."""
     return {t.task.id: int(at) for t, _, at in items if t.notify}
+
+
+def task_row(task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None) -> tuple[Any, ...]:
+    """The parameters of ``queries.INSERT_TASK``."""
+    return (*task_values(task).values(), tags_text(task.tags), ttl_ms, created_at_ms, heartbeat_ms)
 
 
 def stored_from_row(row: Sequence[Any]) -> StoredTask:
@@ -142,7 +147,9 @@ class SqlTx:
     async def insert_task(
         self, task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None = None
     ) -> None:
-        await self.run(q.INSERT_TASK, (*task_values(task).values(), ttl_ms, created_at_ms, heartbeat_ms))
+        await self.run(q.INSERT_TASK, task_row(task, ttl_ms, created_at_ms, heartbeat_ms))
+        if task.tags:
+            await self.run_many(q.INSERT_TASK_TAG, [(tag, task.id, created_at_ms) for tag in task.tags])
 
     async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
         await self.record_many([(transition, encoded_event, notify_at_ms)])

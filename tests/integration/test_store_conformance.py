@@ -9,6 +9,7 @@ rolled-back change left behind.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,13 @@ async def store(store_url: str) -> AsyncIterator[Store]:
         yield made
 
 
-def queued(task_id: str, *, now: int = 1_000, ttl_ms: int = 60_000) -> tuple:  # type: ignore[type-arg]
-    return create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=3), ttl_ms, now
+def queued(task_id: str, *, now: int = 1_000, ttl_ms: int = 60_000, tags: tuple[str, ...] = ()) -> tuple:  # type: ignore[type-arg]
+    task = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=3)
+    return replace(task, tags=tags, created_at_ms=now), ttl_ms, now
 
 
-async def add(store: Store, task_id: str, **kwargs: int) -> None:
-    task, ttl_ms, now = queued(task_id, **kwargs)
+async def add(store: Store, task_id: str, *, tags: tuple[str, ...] = (), **kwargs: int) -> None:
+    task, ttl_ms, now = queued(task_id, tags=tags, **kwargs)
     async with store.write() as tx:
         await tx.insert_task(task, ttl_ms, now)
 
@@ -84,6 +86,39 @@ async def test_a_task_reads_back_as_written_and_an_id_is_taken_once(store: Store
         await add(store, "t1")
     async with store.read() as tx:
         assert await tx.versions(["t1", "nope"]) == {"t1": 0}
+
+
+TAGS = ("owner:u42", "project:7")
+
+
+async def test_a_tasks_tags_and_creation_time_read_back_through_every_read_and_outlive_its_changes(
+    store: Store,
+) -> None:
+    """Fixed at creation: every read of the task has them (a callback's locked read among them), and no
+    transition, a deadline's or a lease's included, changes them."""
+    await add(store, "tagged", tags=TAGS, now=1_234, ttl_ms=10)
+    await add(store, "plain", now=1_500)
+    async with store.read() as tx:
+        tagged, plain = await tx.task("tagged"), await tx.task("plain")
+        listed = await tx.list_tasks(state=None, after=None, limit=10)
+    assert tagged is not None and (tagged.task.tags, tagged.task.created_at_ms) == (TAGS, 1_234)
+    assert plain is not None and (plain.task.tags, plain.task.created_at_ms) == ((), 1_500)
+    assert listed == [plain.task, tagged.task]
+    async with store.write() as tx:
+        locked = await tx.lock_task("tagged")
+        assert locked == tagged
+        assert (await tx.lock_tasks(["tagged", "plain"])) == {"tagged": tagged, "plain": plain}
+        start = apply_event(tagged.task, Start(1_240, "w1"))
+        await tx.record(start, orjson.dumps(event_to_json(start.entry.event)), 1_240)  # type: ignore[union-attr]
+    async with store.write() as tx:
+        (due,) = await tx.claim_due(2_000, 10)
+        assert (due.tags, due.created_at_ms, due.state) == (TAGS, 1_234, "running")
+        expired = expire_task(due)
+        await tx.record(expired, orjson.dumps(event_to_json(expired.entry.event)), due.expires_at_ms)  # type: ignore[union-attr]
+    async with store.read() as tx:
+        after = await tx.task("tagged")
+    assert after is not None and after.task == replace(expired.task, tags=TAGS, created_at_ms=1_234)
+    assert after.task.state == "expired"
 
 
 async def test_a_transaction_that_raises_leaves_nothing_behind(store: Store) -> None:
@@ -635,9 +670,10 @@ async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
 
 
 async def test_an_update_writes_only_the_columns_that_changed(sql_store: SqlStore) -> None:
-    """A batch of progress callbacks sets progress and version, not the seven columns that stayed."""
+    """A batch of progress callbacks sets progress and version, not the seven columns that stayed (nor the
+    tags and creation time, which no update sets)."""
     for task_id in ("a", "b"):
-        await add(sql_store, task_id)
+        await add(sql_store, task_id, tags=TAGS)
     async with sql_store.write() as tx:
         locked = await tx.lock_tasks(["a", "b"])
         started = {i: apply_event(locked[i].task, Start(2_000, "w1")) for i in ("a", "b")}
@@ -689,6 +725,34 @@ async def test_an_update_writes_only_the_columns_that_changed(sql_store: SqlStor
         a, b = await reading.task("a"), await reading.task("b")
     assert a is not None and (a.task.progress, a.task.version, a.task.state) == (70, 3, "running")
     assert b is not None and (b.task.progress, b.task.version, b.task.attempts) == (40, 2, 1)
+    assert (a.task.tags, a.task.created_at_ms) == (TAGS, 1_000)
+
+
+async def tag_rows(store: SqlStore) -> list[tuple[str, str, int]]:
+    """The rows of ``task_tags``: (tag, task id, created at)."""
+    async with store.db.read() as conn:
+        rows = await conn.execute(sqlalchemy.text("SELECT tag, task_id, created_at_ms FROM task_tags"))
+        return sorted((r[0], r[1], r[2]) for r in rows)
+
+
+async def test_a_tasks_tags_are_rows_of_task_tags_written_once_and_deleted_with_it(
+    sql_store: SqlStore,
+) -> None:
+    """One row per tag, with the task's creation time; a task without tags has none; retention's delete
+    takes a task's rows with it and nobody else's."""
+    await add(sql_store, "a", tags=TAGS, now=1_100)
+    await add(sql_store, "b", tags=("owner:u42",), now=1_200)
+    await add(sql_store, "c", now=1_300)
+    with pytest.raises(StoreRace):  # the id is taken: neither its row nor its tags' rows are written
+        await add(sql_store, "a", tags=("other",), now=1_400)
+    assert await tag_rows(sql_store) == [
+        ("owner:u42", "a", 1_100),
+        ("owner:u42", "b", 1_200),
+        ("project:7", "a", 1_100),
+    ]
+    async with sql_store.write() as tx:
+        assert await tx.forget(["a", "c"]) == 2
+    assert await tag_rows(sql_store) == [("owner:u42", "b", 1_200)]
 
 
 # --- retention: finished tasks deleted with everything they own ----------------------------------------
