@@ -9,7 +9,7 @@
  *     import { GatewayClient, watchBrowser } from "https://gateway.example/static/gateway-client.js";
  *     const client = new GatewayClient("https://gateway.example");
  *     watchBrowser(client);
- *     client.onState((state) => console.log(state));        // connecting, connected, reconnecting, offline
+ *     client.onState((state) => console.log(state));        // connecting, connected, reconnecting, offline, idle
  *     const stop = client.subscribe(taskId, subscribeToken, (frame, task) => render(task));
  *     // Every task carrying a tag (a tag token from POST /v1/tokens): those there are and those to come.
  *     client.subscribeTag("owner:u42", tagToken, (frame, task) => render(task), { onAdded, onTag });
