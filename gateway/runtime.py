@@ -33,6 +33,7 @@ from gateway.secret_file import with_secret
 from gateway.settings import Settings
 from gateway.store import Database
 from gateway.store.sql import SqlStore
+from gateway.tag_reads import TagReads
 from gateway.tokens import Tokens
 
 log = logging.getLogger("gateway")
@@ -67,6 +68,10 @@ class Gateway:
             max_history_versions=settings.max_history_versions,
             listeners=listeners,
             deadline_s=settings.db_deadline_ms / 1000,
+        )
+        # Tags' reads (a tag's tasks, many resumes in one query), beside the book.
+        self.tag_reads = TagReads(
+            self.store, settings.retention_versions, deadline_s=settings.db_deadline_ms / 1000
         )
         self.callback_rate = RateLimiter(settings.callback_rate_per_s)
         self.hub = Hub(self.book)

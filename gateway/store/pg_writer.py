@@ -33,7 +33,7 @@ whose ``COMMIT`` was sent and not answered has an unknown outcome, which is a 50
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -204,6 +204,10 @@ class PgTx(SqlTx):
             return
         row = task_row(task, ttl_ms, created_at_ms, heartbeat_ms)
         await self.run(q.PG_INSERT_TAGGED, (*row, task.id, created_at_ms, list(task.tags)))
+
+    def cursor_rows(self, cursors: Mapping[str, int]) -> tuple[str, list[Any]]:
+        ids = [i for i in cursors if "\x00" not in i]  # no task has one; PostgreSQL text cannot hold it
+        return q.PG_CURSORS, [ids, [cursors[i] for i in ids]]
 
     # Locks and dedup look each key up on its own (queries.PG_LOCK_TASKS says why).
 

@@ -81,6 +81,13 @@ INSERT_TASK = _insert("tasks", (*UPDATED_COLUMNS, "tags", "ttl_ms", "created_at_
 
 TAG_COLUMNS = ("tag", "task_id", "created_at_ms")
 INSERT_TASK_TAG = _insert("task_tags", TAG_COLUMNS)  # once per tag (SQLite; PostgreSQL: PG_INSERT_TAGGED)
+# A tag's tasks, newest first: one range of ix_task_tags_tag, read backwards, LIMIT rows of it.
+TAGGED = "SELECT task_id FROM task_tags WHERE tag = ? ORDER BY created_at_ms DESC, task_id DESC LIMIT ?"
+# The tasks of some tags created since a time: a range of the index per tag ({tags}: ``tag IN``/``= ANY``).
+TAGGED_SINCE = (
+    "SELECT tag, task_id FROM task_tags WHERE {tags} AND created_at_ms >= ? "
+    "ORDER BY tag, created_at_ms, task_id"
+)
 
 # --- heartbeat leases (gateway.lease) -----------------------------------------------------------------
 # Both repeat the predicate of the partial index ix_tasks_lease_end: answered in O(rows wanted).
@@ -108,6 +115,19 @@ def update_task(columns: tuple[str, ...]) -> str:
 
 
 # --- history ----------------------------------------------------------------------------------------------
+
+# Many resumes at once: the tasks named by a map of task id -> cursor ({cursors}: rows ``c(id, after)``,
+# SQLite's ``SQLITE_CURSORS`` or PostgreSQL's ``PG_CURSORS``) joined to their rows by primary key, each with
+# the entries its cursor missed, none when its cursor is more than a retention behind (the parameter after
+# the cursors) or ahead of it: those resume with a snapshot. Rows: ``TASK_COLUMNS``, then the entry's
+# version and event (NULL when none), by task id and version.
+RESUME_ROWS = (
+    f"SELECT {', '.join(f't.{name}' for name in TASK_COLUMNS)}, e.version, e.event FROM {{cursors}} "
+    "JOIN tasks AS t ON t.id = c.id LEFT JOIN entries AS e ON e.task_id = t.id AND e.version > c.after "
+    "AND e.version <= t.version AND c.after >= t.version - ? ORDER BY t.id, e.version"
+)
+# A JSON object of task id -> cursor as rows (one parameter, whatever the map's size).
+SQLITE_CURSORS = "(SELECT key AS id, value AS after FROM json_each(?)) AS c"
 
 ENTRY_COLUMNS = ("task_id", "version", "type", "at_ms", "event")
 ENTRIES = (
@@ -220,6 +240,8 @@ PG_INSERT_TAGGED = (
     f"WITH made AS ({INSERT_TASK}) INSERT INTO task_tags ({', '.join(TAG_COLUMNS)}) "
     "SELECT g.tag, ?, ? FROM unnest(?::text[]) AS g(tag)"
 )
+# Two arrays, task ids and their cursors, as rows (RESUME_ROWS).
+PG_CURSORS = "unnest(?::text[], ?::bigint[]) AS c(id, after)"
 # A batch's lease renewals in one statement (SQLite runs ``RENEW_LEASE`` once per row).
 PG_RENEW_LEASES = (
     "UPDATE tasks AS t SET lease_until_ms = v.until FROM unnest(?::text[], ?::bigint[]) AS v(id, until) "

@@ -14,8 +14,10 @@ database does otherwise (``queries`` says what differs):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from gateway.machine import Task, Transition
 from gateway.store import queries as q
@@ -49,6 +51,21 @@ def stored_from_row(row: Sequence[Any]) -> StoredTask:
     ``lease_until_ms``."""
     ttl_ms, heartbeat_ms, lease_until_ms = row[len(TASK_COLUMNS) : len(TASK_COLUMNS) + 3]
     return StoredTask(task_from_row(row), ttl_ms, heartbeat_ms, lease_until_ms)
+
+
+def resumes_from_rows(rows: Sequence[Sequence[Any]]) -> dict[str, tuple[Task, list[tuple[int, bytes]]]]:
+    """The rows of ``queries.RESUME_ROWS`` (by task, then version) as each task with its entries."""
+    found: dict[str, tuple[Task, list[tuple[int, bytes]]]] = {}
+    width = len(TASK_COLUMNS)
+    for row in rows:
+        task_id = row[0]
+        held = found.get(task_id)
+        if held is None:
+            held = found[task_id] = (task_from_row(row), [])
+        version, event = row[width], row[width + 1]
+        if version is not None:
+            held[1].append((version, event))
+    return found
 
 
 class SqlTx:
@@ -120,6 +137,34 @@ class SqlTx:
         query = q.list_tasks(by_state=state is not None, after=after is not None)
         params = [value for value in (state, after) if value is not None]
         return [task_from_row(r) for r in await self.fetch(query, (*params, limit))]
+
+    # --- tags ---------------------------------------------------------------------------------------------
+
+    async def tagged(self, tag: str, limit: int) -> list[str]:
+        if "\x00" in tag:  # no tag has one (create refuses it), and PostgreSQL text cannot hold it
+            return []
+        return [r[0] for r in await self.fetch(q.TAGGED, (tag, limit))]
+
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        for condition, params in self.in_list("tag", sorted({t for t in tags if "\x00" not in t})):
+            rows = await self.fetch(q.TAGGED_SINCE.format(tags=condition), (*params, since_ms))
+            found += [(r[0], r[1]) for r in rows]
+        return found  # the chunks follow each other in tag order
+
+    async def resume_rows(
+        self, cursors: Mapping[str, int], retention_versions: int
+    ) -> dict[str, tuple[Task, list[tuple[int, bytes]]]]:
+        if not cursors:
+            return {}
+        source, params = self.cursor_rows(cursors)
+        rows = await self.fetch(q.RESUME_ROWS.format(cursors=source), (*params, retention_versions))
+        return resumes_from_rows(rows)
+
+    def cursor_rows(self, cursors: Mapping[str, int]) -> tuple[str, list[Any]]:
+        """A map of task id -> cursor as the rows ``c(id, after)`` of ``queries.RESUME_ROWS``, with its
+        parameters: here one JSON object."""
+        return q.SQLITE_CURSORS, [orjson.dumps(dict(cursors)).decode()]
 
     # --- writes ---------------------------------------------------------------------------------------
 
