@@ -189,7 +189,7 @@ class Book:
         made_now = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=max_attempts)
         task = replace(made_now, created_at_ms=now)
 
-        async def work(tx: WriteTx, _: _Commit) -> tuple[Task, bool]:
+        async def work(tx: WriteTx, commit: _Commit) -> tuple[Task, bool]:
             existing = await tx.task(task_id)
             if existing is not None:
                 made = (existing.ttl_ms, existing.task.max_attempts, existing.heartbeat_ms)
@@ -201,6 +201,7 @@ class Book:
                     )
                 return existing.task, False
             await tx.insert_task(task, ttl_ms, now, heartbeat_ms)
+            await self._announce_created(tx, commit, task)
             return task, True
 
         made, created = await self._write(work)
@@ -430,6 +431,14 @@ class Book:
                 self.listeners.notified()
             return result
         raise AssertionError("unreachable")
+
+    async def _announce_created(self, tx: WriteTx, commit: _Commit, task: Task) -> None:
+        """News of a task created with tags, for the subscribers of its tags in every process: announced in
+        the creating transaction and published after its commit, as an entry is."""
+        if task.tags and self.bus is not None:
+            news = News.creation(task)
+            await self.bus.announce(tx, [news])
+            commit.news.append(news)
 
     async def _record(
         self, tx: WriteTx, commit: _Commit, transition: Transition, *, notify_at_ms: float

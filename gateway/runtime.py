@@ -74,7 +74,8 @@ class Gateway:
             self.store, settings.retention_versions, deadline_s=settings.db_deadline_ms / 1000
         )
         self.callback_rate = RateLimiter(settings.callback_rate_per_s)
-        self.hub = Hub(self.book)
+        # Tag subscriptions compare creation times, stamped by the book's clock, with their own.
+        self.hub = Hub(self.book, tags=self.tag_reads, wall=clock)
         # On PostgreSQL several batches commit at once, each on a connection of the pool.
         self.committer = Committer(self.book, concurrency=1 if self.db.is_sqlite else COMMITS_IN_FLIGHT)
         self.hub.callbacks_waiting = self.committer.busy
