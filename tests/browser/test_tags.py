@@ -23,8 +23,9 @@ TAG = "owner:u42"
 # One client, the tag subscribed; every frame handed over is kept (with its task) for the test to check.
 FOLLOW = """
 async ([tag, token]) => {
-  const { GatewayClient } = await import("/static/gateway-client.js");
+  const { GatewayClient, watchBrowser } = await import("/static/gateway-client.js");
   const client = new GatewayClient(location.origin, { storage: null, backoffBaseMs: 50, backoffCapMs: 200 });
+  watchBrowser(client); // offline: no attempt until the network is back
   window.client = client;
   window.handed = [];
   window.errors = [];
