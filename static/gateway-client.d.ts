@@ -16,9 +16,9 @@ export interface Task {
   progress: number;
   /** How many entries the task's history holds: the cursor a client keeps. */
   version: number;
-  /** The tags it was created with, sorted (maybe none). */
+  /** The task's tags, fixed at creation, sorted (`[]` for none). */
   tags: string[];
-  /** When it was created, on the gateway's clock (epoch milliseconds). */
+  /** When the task was created, by the gateway's clock, in epoch milliseconds. */
   createdAtMs: number;
   resultRef?: string;
   resultHash?: string;

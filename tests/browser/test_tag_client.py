@@ -3,7 +3,7 @@ gateway sends are played to it one by one, so that what no real gateway does on 
 gap, a resume frame that overlaps what was applied, a task made anew) is checked exactly. What it sends
 back (the cursors map after a drop, a resubscription after a gap, an unsubscribe) is read from the socket.
 
-The same subscription against a real gateway, through real drops, is in test_tags.py."""
+The same subscription against a real gateway, through real drops, is in test_tag_following.py."""
 
 from __future__ import annotations
 
