@@ -142,7 +142,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         return wire.JSON(answer, status_code=201 if created else 200)
 
     async def list_tasks(request: Request) -> Response:
-        guard.listing(request)
+        guard.task_list(request)
         query = task_list.parse_task_list_query(request.query_params)
         # One more than the page, to know whether another page follows.
         if query.tag is None:
