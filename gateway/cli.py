@@ -1,6 +1,6 @@
 """The ``gateway`` command: ``gateway serve`` runs the gateway under uvicorn; ``gateway migrate`` brings the
 database's schema to this release's revision (``gateway serve`` does that too, at start); ``gateway watch``
-shows a task live; ``gateway token`` mints a task token for operators.
+shows a task live; ``gateway token`` mints a task token or a tag token for operators.
 
 A configuration the gateway cannot use ends in one line on stderr and a non-zero exit, never a traceback:
 2 for a setting, 3 (serve) or 1 (migrate) for a database that cannot be reached or migrated."""
@@ -55,13 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch.add_argument("--cursor", type=int, default=0, help="the last version already seen")
     token = commands.add_parser(
         "token",
-        help="mint a task token (for operators)",
-        description="Print a subscribe or callback token for a task, signed with the secret the gateway "
-        "uses (GATEWAY_SECRET, or the secret file beside its SQLite database). Only the token is printed; "
-        "a note on stderr says when the database has no such task (yet).",
+        help="mint a task token or a tag token (for operators)",
+        description="Print a subscribe or callback token for a task, or with --tag a tag token (it reads "
+        "every task carrying the tag), signed with the secret the gateway uses (GATEWAY_SECRET, or the "
+        "secret file beside its SQLite database). Only the token is printed; a note on stderr says when "
+        "the database has no such task (yet).",
     )
     token.add_argument("scope", choices=("subscribe", "callback"))
-    token.add_argument("task_id")
+    token.add_argument("task_id", nargs="?", help="the task (or --tag instead)")
+    token.add_argument("--tag", help="a tag token for this tag instead of a task's token (scope subscribe)")
     token.add_argument("--ttl", default="24h", help="valid for: 3600, 90s, 15m, 24h, 7d (default 24h)")
     token.add_argument(
         "--database-url", help="the gateway's database, for its secret file (GATEWAY_DATABASE_URL)"
@@ -221,17 +223,26 @@ _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _token(args: argparse.Namespace) -> int:
-    """Print a token for ``args.task_id`` and ``args.scope``, valid for ``args.ttl``; one line on stderr
-    and 2 when there is no secret to sign with or a setting is wrong."""
+    """Print a token for ``args.task_id`` and ``args.scope``, or for ``args.tag``, valid for ``args.ttl``;
+    one line on stderr and 2 when there is no secret to sign with or an argument or a setting is wrong."""
     from gateway.secret_file import secret_path, with_secret
-    from gateway.tokens import Tokens
+    from gateway.tag_names import tag_problem
+    from gateway.tokens import MAX_TAG_TOKEN_TTL_S, Tokens
 
+    problem = _token_problem(args)
     ttl = _TTL.fullmatch(args.ttl.strip().lower())
-    if ttl is None or int(ttl.group(1)) == 0:
-        message = f"--ttl {args.ttl!r}: use a positive number of seconds, or 90s, 15m, 24h, 7d"
-        print(f"gateway: {message}", file=sys.stderr)
+    if problem is None and (ttl is None or int(ttl.group(1)) == 0):
+        problem = f"--ttl {args.ttl!r}: use a positive number of seconds, or 90s, 15m, 24h, 7d"
+    ttl_s = 0 if ttl is None else int(ttl.group(1)) * _UNIT_S[ttl.group(2)]
+    if problem is None and args.tag is not None:
+        tag = tag_problem(args.tag)
+        if tag is not None:
+            problem = f"--tag {args.tag!r}: {tag}"
+        elif ttl_s > MAX_TAG_TOKEN_TTL_S:
+            problem = f"--ttl {args.ttl!r}: a tag token lasts at most {MAX_TAG_TOKEN_TTL_S} s (365d)"
+    if problem is not None:
+        print(f"gateway: {problem}", file=sys.stderr)
         return 2
-    ttl_s = int(ttl.group(1)) * _UNIT_S[ttl.group(2)]
     try:
         settings = with_secret(
             Settings.from_environ(os.environ, database_url=args.database_url), create=False
@@ -249,9 +260,23 @@ def _token(args: argparse.Namespace) -> int:
         print(f"gateway: no secret to sign with: set GATEWAY_SECRET, {where}", file=sys.stderr)
         return 2
     tokens = Tokens(settings.secret.get_secret_value(), grace_s=0)
+    if args.tag is not None:
+        print(tokens.issue_tag(args.tag, ttl_s)[0])
+        return 0
     print(tokens.issue(args.task_id, args.scope, ttl_s * 1000))
     _say_if_no_such_task(settings.database_url, args.task_id)
     return 0
+
+
+def _token_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with asking for a task token and a tag token at once, or for neither."""
+    if args.tag is not None and args.task_id is not None:
+        return f"give a task id or --tag, not both: {args.task_id!r} and --tag {args.tag!r}"
+    if args.tag is None and args.task_id is None:
+        return "give a task id (a task's token) or --tag TAG (a tag token)"
+    if args.tag is not None and args.scope != "subscribe":
+        return "--tag makes a subscribe token (a tag token only reads): use gateway token subscribe --tag"
+    return None
 
 
 def _say_if_no_such_task(database_url: str, task_id: str) -> None:

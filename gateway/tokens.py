@@ -1,4 +1,8 @@
-"""Task tokens: JWT HS256 with claims ``sub`` (task id), ``scope`` (callback | subscribe) and ``exp``.
+"""Tokens: JWT HS256, signed with ``GATEWAY_SECRET`` (protocol.md, Tokens).
+
+Two kinds, never taken for each other: a **task token** has ``sub`` (the task id), ``scope`` (callback |
+subscribe) and ``exp``; a **tag token** has ``tag``, ``scope: "subscribe"`` and ``exp``, and reads every task
+carrying its tag. A token with both ``sub`` and ``tag``, or neither, is malformed.
 
 A backend holding ``GATEWAY_SECRET`` can mint the same tokens itself. ``exp`` is wall-clock seconds,
 whatever clock the gateway was given for task time.
@@ -9,14 +13,17 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jwt
 
 from gateway.errors import Forbidden, Unauthorized
+from gateway.tag_names import tag_problem
 
 Scope = Literal["callback", "subscribe"]
 ALGORITHM = "HS256"
+# The longest a tag token may last: a year (POST /v1/tokens' ttlS, gateway token --tag's --ttl).
+MAX_TAG_TOKEN_TTL_S = 365 * 86_400
 
 
 # Verified tokens remembered, most recent last: a worker posts many callbacks with one token, and checking
@@ -25,57 +32,96 @@ ALGORITHM = "HS256"
 VERIFIED_CACHE_SIZE = 10_000
 
 
+class Claims(NamedTuple):
+    """What a verified token grants: one task (``task_id``) or the tasks carrying ``tag``, in ``scope``."""
+
+    task_id: str | None
+    tag: str | None
+    scope: str
+
+
 class Tokens:
     def __init__(self, secret: str, *, grace_s: int = 24 * 3600, wall: Callable[[], float] = time.time):
         self._secret = secret
         self._grace_s = grace_s
         self._wall = wall
-        self._verified: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
+        self._verified: OrderedDict[str, tuple[Claims, float]] = OrderedDict()
 
     def issue(self, task_id: str, scope: Scope, ttl_ms: float) -> str:
         exp = int(self._wall() + ttl_ms / 1000 + self._grace_s)
         return jwt.encode({"sub": task_id, "scope": scope, "exp": exp}, self._secret, algorithm=ALGORITHM)
 
-    def claims(self, token: str) -> tuple[str, str]:
-        """``(sub, scope)`` of a well-formed, well-signed, unexpired token, or ``Unauthorized``."""
+    def issue_tag(self, tag: str, ttl_s: int) -> tuple[str, int]:
+        """A tag token valid for ``ttl_s`` seconds from now (no grace: the caller chose its life), and its
+        ``exp`` (epoch seconds)."""
+        exp = int(self._wall() + ttl_s)
+        claims = {"tag": tag, "scope": "subscribe", "exp": exp}
+        return jwt.encode(claims, self._secret, algorithm=ALGORITHM), exp
+
+    def claims(self, token: str) -> Claims:
+        """The claims of a well-formed, well-signed, unexpired token, or ``Unauthorized``."""
         known = self._verified.get(token)
         if known is not None:
-            sub, scope, exp = known
+            claims, exp = known
             if self._wall() < exp:  # PyJWT's rule: expired once now >= exp
                 self._verified.move_to_end(token)
-                return sub, scope
+                return claims
             del self._verified[token]
             raise Unauthorized(EXPIRED)
         try:
-            claims = jwt.decode(
-                token, self._secret, algorithms=[ALGORITHM], options={"require": ["exp", "sub", "scope"]}
+            decoded = jwt.decode(
+                token, self._secret, algorithms=[ALGORITHM], options={"require": ["exp", "scope"]}
             )
         except jwt.InvalidTokenError as exc:
             raise Unauthorized(_what_is_wrong(exc)) from None
-        sub, scope = claims["sub"], claims["scope"]
-        if not isinstance(sub, str) or not isinstance(scope, str):
-            raise Unauthorized("token is malformed: its sub and scope must be strings")
-        exp = claims["exp"]
+        claims = _claims(decoded)
+        exp = decoded["exp"]
         if isinstance(exp, int | float) and not isinstance(exp, bool):
-            self._verified[token] = (sub, scope, float(exp))
+            self._verified[token] = (claims, float(exp))
             if len(self._verified) > VERIFIED_CACHE_SIZE:
                 self._verified.popitem(last=False)
-        return sub, scope
+        return claims
 
-    def check(self, token: str, task_id: str, scope: Scope) -> None:
-        """Pass a valid token for this task and scope; ``Unauthorized`` or ``Forbidden`` otherwise.
+    def check(self, token: str, task_id: str, scope: Scope) -> str | None:
+        """Pass a valid token for this task and scope (``None``); a tag token where a read is asked for
+        (``subscribe``) passes too, returning its tag, which the task must carry (the caller checks it on the
+        task it reads); ``Unauthorized`` or ``Forbidden`` otherwise.
 
         A valid token for another task is ``Forbidden`` whether or not the task exists, so ids cannot be
         probed (authentication is checked before existence).
         """
-        sub, granted = self.claims(token)
+        sub, tag, granted = self.claims(token)
+        if tag is not None:
+            if scope != "subscribe":
+                raise Forbidden(f"a tag token only reads tasks; this needs the task's {scope} token")
+            return tag
         if sub != task_id:
             raise Forbidden("token is for another task")
         if granted != scope:
             raise Forbidden(f"token has the {granted} scope; this needs a {scope} token")
+        return None
 
 
 EXPIRED = "token has expired"
+
+
+def _claims(decoded: dict[str, object]) -> Claims:
+    """A verified token's claims, a task token or a tag token and never both (``Unauthorized`` else)."""
+    sub, tag, scope = decoded.get("sub"), decoded.get("tag"), decoded["scope"]
+    if ("sub" in decoded) == ("tag" in decoded):
+        raise Unauthorized("token is malformed: it must have a sub claim (a task) or a tag claim, not both")
+    if not isinstance(scope, str):
+        raise Unauthorized("token is malformed: its scope must be a string")
+    if "tag" in decoded:
+        if tag_problem(tag) is not None:
+            raise Unauthorized("token is malformed: its tag claim is not a tag")
+        if scope != "subscribe":
+            raise Unauthorized("token is malformed: a tag token's scope must be subscribe")
+        assert isinstance(tag, str)
+        return Claims(None, tag, scope)
+    if not isinstance(sub, str):
+        raise Unauthorized("token is malformed: its sub and scope must be strings")
+    return Claims(sub, None, scope)
 
 
 def _what_is_wrong(exc: jwt.InvalidTokenError) -> str:

@@ -105,6 +105,22 @@ def mint(
     return jwt.encode(payload, secret, algorithm="HS256")
 
 
+def mint_tag(tag: str, *, exp_in_s: int = 3_600, secret: str = SECRET, **claims: Any) -> str:
+    """A tag token as a backend holding ``GATEWAY_SECRET`` would make it (protocol.md, Credentials)."""
+    payload: dict[str, Any] = {"tag": tag, "scope": "subscribe", "exp": int(time.time()) + exp_in_s, **claims}
+    return jwt.encode(payload, secret, algorithm="HS256")
+
+
+async def issue_tag_token(
+    gw_or_client: Running | httpx.AsyncClient, tag: str, *, headers: dict[str, str] | None = None
+) -> str:
+    """A tag token from ``POST /v1/tokens`` (with ``headers``: the API key, where one is configured)."""
+    answer = await _client(gw_or_client).post("/v1/tokens", json={"tag": tag}, headers=headers)
+    assert answer.status_code == 201, answer.text
+    token: str = answer.json()["token"]
+    return token
+
+
 def error(answer: httpx.Response, status: int, code: str) -> str:
     """Check an error answer's status and shape (protocol.md, Errors: a ``not-running`` carries the task
     beside the error); return its message."""

@@ -131,6 +131,14 @@ class Created(_Answer):
     subscribeToken: str = Field(description="for subscribers: reads, WebSocket, SSE")
 
 
+class TagToken(_Answer):
+    token: str = Field(
+        description="a tag token (JWT, claims tag, scope subscribe, exp): reads and lists the tasks carrying "
+        "its tag, and subscribes to the tag on /v1/ws"
+    )
+    expiresAtMs: int = Field(description="when the token expires (its exp), in epoch milliseconds")
+
+
 class ResumeAnswer(_Answer):
     mode: Literal["caught-up", "delta", "snapshot"]
     version: int

@@ -1,4 +1,5 @@
-"""Who may call what: the API key for management routes, task tokens for the rest (protocol.md, Tokens).
+"""Who may call what: the API key for management routes, task tokens for the rest, tag tokens for reading
+the tasks that carry their tag (protocol.md, Tokens).
 
 A credential is read from ``Authorization: Bearer ...`` or, where a browser cannot set headers (sockets,
 SSE, links), from ``?token=``.
@@ -7,13 +8,51 @@ SSE, links), from ``?token=``.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
-from gateway.errors import Forbidden, Unauthorized
+from gateway.errors import Forbidden, Unauthorized, UnknownTask
+from gateway.machine import Task
 from gateway.settings import Settings, is_loopback
 from gateway.tokens import Scope, Tokens
+
+# A tag token on a task without its tag, or on no task at all: one answer for both, so that ids cannot be
+# probed with a tag token either.
+NOT_CARRIED = "the task does not carry this token's tag"
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a credential that passed grants on a task route: the whole task (``tag`` None: its own token,
+    the API key, open mode), or the task only if it carries ``tag`` (a tag token), which can be told only
+    from the task itself: the route checks the task it reads anyway (:meth:`check`), inside
+    :meth:`reading`."""
+
+    tag: str | None = None
+
+    def check(self, task: Task) -> Task:
+        """``task``, if this grant reads it; ``Forbidden`` otherwise."""
+        if self.tag is not None and self.tag not in task.tags:
+            raise Forbidden(NOT_CARRIED)
+        return task
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around the read of the task: for a tag token, no such task is the same ``Forbidden`` as a task
+        without its tag (a tag token learns nothing of the tasks it may not read)."""
+        try:
+            yield
+        except UnknownTask:
+            if self.tag is None:
+                raise
+            raise Forbidden(NOT_CARRIED) from None
+
+
+WHOLE_TASK = Grant()
 
 
 def host_name(host: str) -> str:
@@ -72,19 +111,42 @@ class Guard:
         value = bearer(conn)
         if value is None:
             raise Unauthorized("this route needs the API key (Authorization: Bearer $GATEWAY_API_KEY)")
-        if self._is_api_key(value):
+        self._api_key_or_refuse(value)
+
+    def listing(self, conn: HTTPConnection) -> None:
+        """The task list: the API key (open when none is configured), or a tag token whose tag is among the
+        query's ``tag`` values (it lists only tasks carrying its tag; others may narrow the list)."""
+        if self._api_key is None:
             return
+        value = bearer(conn)
+        if value is None:
+            raise Unauthorized("this route needs the API key (Authorization: Bearer $GATEWAY_API_KEY)")
+        tag = self._api_key_or_refuse(value, tag_token_lists=True)
+        if tag is not None and tag not in conn.query_params.getlist("tag"):
+            raise Forbidden(f"a tag token lists only the tasks carrying its tag: add tag={tag} to the query")
+
+    def _api_key_or_refuse(self, value: str, *, tag_token_lists: bool = False) -> str | None:
+        """Pass the API key (``None``), and a tag token on the task list (its tag, which the query must
+        name); refuse anything else: ``Unauthorized`` for what proves nothing, ``Forbidden`` for a token of
+        the gateway's."""
+        if self._is_api_key(value):
+            return None
         try:
-            self._tokens.claims(value)
+            claims = self._tokens.claims(value)
         except Unauthorized:
             raise Unauthorized("invalid API key") from None
-        raise Forbidden("a task token cannot be used here; this route needs the API key")
+        if claims.tag is None:
+            raise Forbidden("a task token cannot be used here; this route needs the API key")
+        if not tag_token_lists:
+            raise Forbidden("a tag token cannot be used here; this route needs the API key")
+        return claims.tag
 
-    def task(self, conn: HTTPConnection, task_id: str, scope: Scope) -> None:
+    def task(self, conn: HTTPConnection, task_id: str, scope: Scope) -> Grant:
         """A token for this task and scope. Reads (``subscribe``) also take the API key, or none in open
-        mode; callbacks take only the task's callback token."""
+        mode, or a tag token (the task must carry its tag: see :class:`Grant`); callbacks take only the
+        task's callback token."""
         value, from_header = credential(conn)
-        self.task_credential(value, task_id, scope, api_key_allowed=from_header)
+        return self.task_credential(value, task_id, scope, api_key_allowed=from_header)
 
     def task_credential(
         self,
@@ -94,22 +156,44 @@ class Guard:
         *,
         api_key_allowed: bool = False,
         where: str = "a URL",
-    ) -> None:
+    ) -> Grant:
         """``value`` for this task and scope; ``api_key_allowed``: it came in the ``Authorization`` header,
         the one place the API key is taken from (else it authenticates nothing: it came from ``where``)."""
         if scope == "subscribe":
             if self._api_key is None:
                 if value is None:
-                    return
+                    return WHOLE_TASK
                 # Open mode: a token that is sent must still be for this task and scope.
             elif value is not None and api_key_allowed and self._is_api_key(value):
-                return
+                return WHOLE_TASK
         if value is None:
             raise Unauthorized(f"missing {scope} token")
-        if self._is_api_key(value):
-            if scope == "callback" and api_key_allowed:
-                raise Forbidden("callbacks need the task's callback token, not the API key")
-            # As on the management routes, callbacks included: a key in a URL authenticates nothing (URLs
-            # end up in logs).
-            raise Unauthorized(f"the API key is taken only from the Authorization header, never from {where}")
-        self._tokens.check(value, task_id, scope)
+        self._no_api_key_from(value, where, callback=scope == "callback" and api_key_allowed)
+        tag = self._tokens.check(value, task_id, scope)
+        return WHOLE_TASK if tag is None else Grant(tag)
+
+    def tag_credential(self, value: str | None, tag: str, *, where: str) -> None:
+        """``value`` for subscribing to ``tag`` (``where``: the message it came in): a tag token for this
+        tag, or none in open mode. A tag token for another tag or a task token is ``Forbidden``; a malformed
+        or expired token, the API key (never taken from a message) or none (with an API key configured) is
+        ``Unauthorized``."""
+        if value is None:
+            if self._api_key is None:
+                return
+            raise Unauthorized("missing subscribe token (a tag token: POST /v1/tokens)")
+        self._no_api_key_from(value, where)
+        claims = self._tokens.claims(value)
+        if claims.tag is None:
+            raise Forbidden("a task token cannot subscribe to a tag")
+        if claims.tag != tag:
+            raise Forbidden("token is for another tag")
+
+    def _no_api_key_from(self, value: str, where: str, *, callback: bool = False) -> None:
+        """Refuse the API key where it is not taken: on a callback (``Forbidden``), or from ``where``."""
+        if not self._is_api_key(value):
+            return
+        if callback:
+            raise Forbidden("callbacks need the task's callback token, not the API key")
+        # As on the management routes, callbacks included: a key in a URL authenticates nothing (URLs end up
+        # in logs).
+        raise Unauthorized(f"the API key is taken only from the Authorization header, never from {where}")

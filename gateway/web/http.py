@@ -32,6 +32,7 @@ from gateway.store.database import DISK_FULL
 from gateway.web import render, wire
 from gateway.web.auth import Guard
 from gateway.web.openapi import openapi_document
+from gateway.web.tag_tokens import parse_token_body
 from gateway.web.task_ids import task_id_problem
 
 
@@ -141,7 +142,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         return wire.JSON(answer, status_code=201 if created else 200)
 
     async def list_tasks(request: Request) -> Response:
-        guard.management(request)
+        guard.listing(request)
         query = wire.parse_task_list_query(request.query_params)
         # One more than the page, to know whether another page follows.
         found = await book.list_tasks(state=query.state, after=query.after(), limit=query.limit + 1)
@@ -153,14 +154,25 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
 
     async def get_task(request: Request) -> Response:
         task_id = request.path_params["task_id"]
-        guard.task(request, task_id, "subscribe")
-        return wire.JSON(task_to_json(await book.get(task_id)))
+        grant = guard.task(request, task_id, "subscribe")
+        with grant.reading():  # a tag token: the task must carry its tag (checked on the task read)
+            task = grant.check(await book.get(task_id))
+        return wire.JSON(task_to_json(task))
 
     async def events(request: Request) -> Response:
         task_id = request.path_params["task_id"]
-        guard.task(request, task_id, "subscribe")
+        grant = guard.task(request, task_id, "subscribe")
         cursor = wire.query_cursor(request.query_params)
-        return wire.JSON(render.resume_json(await book.resume(task_id, cursor)))
+        with grant.reading():
+            resume = await book.resume(task_id, cursor)
+            grant.check(resume.task)
+        return wire.JSON(render.resume_json(resume))
+
+    async def tag_token(request: Request) -> Response:
+        guard.management(request)
+        asked = parse_token_body(await body(request))
+        token, exp_s = gw.tokens.issue_tag(asked.tag, asked.ttlS)
+        return wire.JSON({"token": token, "expiresAtMs": exp_s * 1000}, status_code=201)
 
     async def callback(request: Request) -> Response:
         with gw.committer.answering():  # fan-out yields from here on (gateway.live.hub)
@@ -274,6 +286,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         Route("/v1/tasks/{task_id}/heartbeat", heartbeat, methods=["POST"]),
         Route("/v1/tasks/{task_id}/deliveries", deliver, methods=["POST"]),
         Route("/v1/notifications/drain", drain, methods=["POST"]),
+        Route("/v1/tokens", tag_token, methods=["POST"]),
         Route("/v1/demo", demo_status, methods=["GET"]),
         Route("/v1/demo/tasks", start_demo, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),

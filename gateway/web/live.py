@@ -35,7 +35,7 @@ from gateway.frames import PONG, Frame, error_frame
 from gateway.live.hub import Feed
 from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
-from gateway.web.auth import Guard, origin_allowed
+from gateway.web.auth import Grant, Guard, origin_allowed
 from gateway.web.extensions import connection, direct_socket
 from gateway.web.wire import cursor_in_range, parse_cursor, query_cursor
 
@@ -73,6 +73,15 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             backlog=settings.subscription_backlog,
             max_subscriptions=settings.max_subscriptions,
         )
+
+    async def subscribe(feed: Feed, grant: Grant, task_id: str, cursor: int) -> None:
+        """Subscribe ``feed`` to the task as ``grant`` allows. A tag token's task is read once first (it
+        must carry the tag: the subscription's resume frame would show it otherwise), and no such task is
+        the same ``Forbidden`` to it as a task without its tag."""
+        with grant.reading():
+            if grant.tag is not None:
+                grant.check(await gw.book.get(task_id))
+            await feed.subscribe(task_id, cursor)
 
     async def refuse(ws: WebSocket, exc: GatewayError, task_id: str | None) -> None:
         await ws.send_text(error_frame(exc.code, exc.message, task_id).text)
@@ -192,8 +201,8 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             cursor_in_range(cursor)
             # A task's subscribe token only: the API key is taken from the Authorization header alone (it has
             # no business in a browser's socket message).
-            guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
-            await feed.subscribe(task_id, cursor)
+            grant = guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
+            await subscribe(feed, grant, task_id, cursor)
             authorized(ws)
             return None
         except GatewayError as exc:
@@ -212,8 +221,8 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             try:
                 if not socket_origin_allowed(ws, settings.allowed_origins):
                     raise Forbidden("origin not allowed")
-                guard.task(ws, task_id, "subscribe")
-                await feed.subscribe(task_id, query_cursor(ws.query_params))
+                grant = guard.task(ws, task_id, "subscribe")
+                await subscribe(feed, grant, task_id, query_cursor(ws.query_params))
                 authorized(ws)
             except GatewayError as exc:
                 await refuse(ws, exc, task_id)
@@ -243,19 +252,21 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
 
     async def stream(request: Request) -> Response:
         task_id = request.path_params["task_id"]
-        guard.task(request, task_id, "subscribe")
+        grant = guard.task(request, task_id, "subscribe")
         last_id = request.headers.get("last-event-id")
         cursor = query_cursor(request.query_params)  # a bad one is refused even where Last-Event-ID wins
         if last_id is not None:
             cursor = parse_cursor(last_id)
-        if last_id is not None:
-            task = await gw.book.get(task_id)
-            if task.terminal and cursor >= task.version:
+        if last_id is not None or grant.tag is not None:
+            with grant.reading():
+                task = grant.check(await gw.book.get(task_id))
+            if last_id is not None and task.terminal and cursor >= task.version:
                 # An EventSource reconnecting after the last frame: 204 tells it to stop reconnecting.
                 return Response(status_code=204)
         feed = new_feed()
         try:
-            await feed.subscribe(task_id, cursor)
+            with grant.reading():  # a task deleted meanwhile is no more than any other to a tag token
+                await feed.subscribe(task_id, cursor)
         except BaseException:
             feed.release()
             raise

@@ -116,10 +116,12 @@ def _responses(op: Operation) -> dict[str, Any]:
 
 def _security(op: Operation, open_mode: bool) -> list[dict[str, list[str]]]:
     """Any one of the schemes will do; none listed is a route anyone may call. In open mode there is no API
-    key: the management routes take no credential, and reads take none or a task's token (which must then
-    be right); a callback still takes its task's callback token."""
+    key: the management routes (the task list included) take no credential, and reads take none or a task's
+    token (which must then be right); a callback still takes its task's callback token."""
     if not open_mode:
         return [{name: []} for name in op.security]
+    if API_KEY in op.security and SUBSCRIBE not in op.security:
+        return []
     schemes = [name for name in op.security if name != API_KEY]
     if not schemes:
         return []

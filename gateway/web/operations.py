@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.web import answers, wire
+from gateway.web import answers, tag_tokens, wire
 
 REF = "#/components/schemas/{model}"
 
@@ -18,6 +18,7 @@ API_KEY = "apiKey"
 SUBSCRIBE = "subscribeToken"
 SUBSCRIBE_QUERY = "subscribeTokenQuery"
 CALLBACK = "callbackToken"
+TAG = "tagToken"
 SECURITY_SCHEMES: dict[str, dict[str, Any]] = {
     API_KEY: {
         "type": "http",
@@ -35,7 +36,16 @@ SECURITY_SCHEMES: dict[str, dict[str, Any]] = {
         "type": "apiKey",
         "in": "query",
         "name": "token",
-        "description": "the task's subscribeToken in the URL, where a browser cannot set headers",
+        "description": "the task's subscribeToken (or a tag token for a tag the task carries) in the URL, "
+        "where a browser cannot set headers",
+    },
+    TAG: {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": "a tag token (POST /v1/tokens; JWT, claims `tag`, scope `subscribe`): reads a task "
+        "only if it carries the token's tag (else 403, whether or not the task exists), and lists tasks only "
+        "with its tag among the `tag` parameters",
     },
     CALLBACK: {
         "type": "http",
@@ -54,7 +64,8 @@ OPEN_SUBSCRIBE = (
 ERRORS: dict[int, str] = {
     400: "`invalid-request`: malformed JSON, a wrong type, an unknown or missing field, a value out of range",
     401: "`unauthorized`: no credential, or a malformed, expired or badly signed one",
-    403: "`forbidden`: a valid credential for another task or scope, or an origin not allowed",
+    403: "`forbidden`: a valid credential for another task or scope, a tag token on a task without its tag "
+    "(or on no task), or an origin not allowed",
     404: "`unknown-task`: no such task (checked after the credential, so ids cannot be probed); "
     "`not-found` for an unknown route",
     405: "`method-not-allowed`",
@@ -133,10 +144,11 @@ OPERATIONS: tuple[Operation, ...] = (
         "List tasks",
         {200: answers.TaskPage},
         {400: "", 401: "", 403: "", 503: ""},
-        security=(API_KEY,),
+        security=(API_KEY, TAG),
         query=wire.TaskListQuery,
         tags=("operator",),
-        description="Every task, a page at a time, in id order; follow `nextCursor` until it is null.",
+        description="Every task, a page at a time, in id order; follow `nextCursor` until it is null. A tag "
+        "token lists only with its own tag among the `tag` parameters (else 403).",
     ),
     Operation(
         "get",
@@ -144,7 +156,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Read a task",
         {200: answers.TaskJson},
         _READ_ERRORS,
-        security=(SUBSCRIBE, SUBSCRIBE_QUERY, API_KEY),
+        security=(SUBSCRIBE, TAG, SUBSCRIBE_QUERY, API_KEY),
         tags=("subscriber",),
     ),
     Operation(
@@ -153,7 +165,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Resume from a cursor",
         {200: answers.ResumeAnswer},
         {400: "", **_READ_ERRORS},
-        security=(SUBSCRIBE, SUBSCRIBE_QUERY, API_KEY),
+        security=(SUBSCRIBE, TAG, SUBSCRIBE_QUERY, API_KEY),
         params=(_CURSOR,),
         tags=("subscriber",),
         description="`caught-up` (nothing missed), `delta` (the missed entries) or `snapshot` (the whole "
@@ -165,7 +177,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Server-sent events",
         {200: None, 204: None},
         {400: "", **_READ_ERRORS},
-        security=(SUBSCRIBE, SUBSCRIBE_QUERY, API_KEY),
+        security=(SUBSCRIBE, TAG, SUBSCRIBE_QUERY, API_KEY),
         params=(
             _CURSOR,
             Param(
@@ -305,6 +317,20 @@ OPERATIONS: tuple[Operation, ...] = (
         "succeeded, failed or expired), listed by task id then time. With an `Idempotency-Key` a backend "
         "retries a drain whose answer it did not get and loses nothing (at least once); without one a "
         "drain is at most once. A batch shorter than `limit` means nothing was left either.",
+    ),
+    Operation(
+        "post",
+        "/v1/tokens",
+        "Issue a tag token",
+        {201: answers.TagToken},
+        {400: "", 401: "", 403: "", 408: "", 413: "", 415: ""},
+        security=(API_KEY,),
+        body=tag_tokens.TokenBody,
+        tags=("backend",),
+        description="A token that reads every task carrying `tag` (`GET /v1/tasks/{task_id}`, `/events`, "
+        "`/stream`, the WebSockets), lists them (`GET /v1/tasks?tag=`) and subscribes to the tag on "
+        "`/v1/ws`, for `ttlS` seconds. Give it to the user the tag names (`owner:u42`); it opens nothing "
+        "else.",
     ),
     Operation(
         "get",

@@ -11,12 +11,14 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
 import anyio
 import httpx
+import jwt
 import orjson
 import pytest
 from websockets.asyncio.client import connect
@@ -340,6 +342,44 @@ async def test_gateway_token_mints_tokens_a_real_server_accepts(sqlite_url: str,
     assert no_secret.returncode == 2 and "no secret to sign with" in one_line(no_secret)
     bad_ttl = run_cli(["token", "subscribe", "ops-1", "--ttl", "soon"], tmp_path, {"GATEWAY_SECRET": SECRET})
     assert bad_ttl.returncode == 2 and "--ttl" in one_line(bad_ttl)
+
+
+@pytest.mark.anyio
+async def test_gateway_token_mints_a_tag_token_a_real_server_takes(sqlite_url: str, tmp_path: Path) -> None:
+    env = {"GATEWAY_SECRET": SECRET}
+    done = await anyio.to_thread.run_sync(
+        lambda: run_cli(["token", "subscribe", "--tag", "owner:u42", "--ttl", "2h"], tmp_path, env)
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert len(done.stdout.splitlines()) == 1  # only the token
+    token = done.stdout.strip()
+    claims = jwt.decode(token, SECRET, algorithms=["HS256"])
+    assert set(claims) == {"tag", "scope", "exp"} and claims["tag"] == "owner:u42"
+    assert claims["scope"] == "subscribe" and 7100 < claims["exp"] - time.time() <= 7200
+    async with running_gateway(sqlite_url, secret=SECRET, api_key="cli-key") as gw:
+        await create_task(gw, "ops-1", headers=bearer("cli-key"))
+        # Signed with the server's secret (not 401): a tag token, which reads only tasks carrying its tag.
+        answer = await gw.client.get("/v1/tasks/ops-1", headers=bearer(token))
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["error"]["message"] == "the task does not carry this token's tag"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["subscribe", "ops-1", "--tag", "owner:u42"], "give a task id or --tag, not both"),
+        (["subscribe"], "give a task id (a task's token) or --tag TAG (a tag token)"),
+        (["callback", "--tag", "owner:u42"], "--tag makes a subscribe token"),
+        (["subscribe", "--tag", "owner u42"], "--tag 'owner u42': only A-Z, a-z, 0-9 and : . _ @ - may be"),
+        (["subscribe", "--tag", "owner:u42", "--ttl", "366d"], "a tag token lasts at most 31536000 s"),
+    ],
+)
+def test_gateway_token_refuses_a_task_and_a_tag_at_once_or_a_bad_tag(
+    tmp_path: Path, args: list[str], words: str
+) -> None:
+    done = run_cli(["token", *args], tmp_path, {"GATEWAY_SECRET": SECRET})
+    assert done.returncode == 2 and done.stdout == ""
+    assert words in one_line(done)
 
 
 @pytest.mark.anyio

@@ -54,7 +54,9 @@ async def test_the_document_lists_exactly_the_apps_routes_and_is_valid(sqlite_ur
                     schema = response["content"]["application/json"]["schema"]
                     assert schema == {"$ref": "#/components/schemas/ErrorAnswer"}, (path, method, status)
     # Who may call what, as the protocol says.
-    assert doc["paths"]["/v1/tasks"]["get"]["security"] == [{"apiKey": []}]
+    assert doc["paths"]["/v1/tasks"]["get"]["security"] == [{"apiKey": []}, {"tagToken": []}]
+    assert doc["paths"]["/v1/tokens"]["post"]["security"] == [{"apiKey": []}]
+    assert {"tagToken": []} in doc["paths"]["/v1/tasks/{task_id}/events"]["get"]["security"]
     assert doc["paths"]["/v1/tasks/{task_id}/callbacks"]["post"]["security"] == [{"callbackToken": []}]
     assert {"subscribeToken": []} in doc["paths"]["/v1/tasks/{task_id}"]["get"]["security"]
     assert doc["paths"]["/healthz"]["get"]["security"] == []
@@ -65,6 +67,7 @@ async def test_the_document_lists_exactly_the_apps_routes_and_is_valid(sqlite_ur
     validate(open_doc)
     assert "apiKey" not in open_doc["components"]["securitySchemes"]
     assert open_doc["paths"]["/v1/tasks"]["get"]["security"] == []
+    assert open_doc["paths"]["/v1/tokens"]["post"]["security"] == []
     read = open_doc["paths"]["/v1/tasks/{task_id}"]["get"]["security"]
     assert {} in read and {"subscribeToken": []} in read
     assert open_doc["paths"]["/v1/tasks/{task_id}/callbacks"]["post"]["security"] == [{"callbackToken": []}]
@@ -160,3 +163,12 @@ async def test_every_answer_of_a_real_server_matches_its_schema(sqlite_url: str,
         check("/readyz", "get")(await c.get("/readyz"), 200)
         check("/v1/demo", "get")(await c.get("/v1/demo"), 200)
         check("/v1/demo/tasks", "post")(await c.post("/v1/demo/tasks"), 404)
+        tokens = "/v1/tokens"
+        issued = await c.post(tokens, json={"tag": "owner:u42", "ttlS": 60}, headers=KEY)
+        check(tokens, "post")(issued, 201)
+        check(tokens, "post")(await c.post(tokens, json={"tag": "owner:u42"}, headers=KEY), 201)
+        check(tokens, "post")(await c.post(tokens, json={"tag": "owner u42"}, headers=KEY), 400)
+        check(tokens, "post")(await c.post(tokens, json={"tag": "owner:u42"}), 401)
+        tag_token = bearer(issued.json()["token"])
+        check(tokens, "post")(await c.post(tokens, json={"tag": "owner:u42"}, headers=tag_token), 403)
+        check(task, "get")(await c.get("/v1/tasks/r-2", headers=tag_token), 403)  # r-2 has no tags

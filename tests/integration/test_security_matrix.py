@@ -3,9 +3,12 @@
 Rows are the app's routes, read from the app itself (a route added without a row fails the test); columns
 are credentials: none, malformed, another scheme, expired, signed with another secret, ``alg: none``, a
 token for another task, a token of the other scope, the API key and a task token, each in the
-``Authorization`` header and in ``?token=``. Each cell is what docs/protocol.md (Errors, Tokens) says:
-``401 unauthorized`` for a credential that proves nothing, ``403 forbidden`` for a valid one that is not
-for this task, scope or route, the route's own answer for the right one; on the single-task socket the
+``Authorization`` header and in ``?token=``; and tag tokens: for a tag the task does not carry, on no such
+task, expired, signed with another secret, in the header and in ``?token=``. Each cell is what
+docs/protocol.md (Errors, Credentials) says: ``401 unauthorized`` for a credential that proves nothing,
+``403 forbidden`` for a valid one that is not for this task, scope or route (a tag token on a task without
+its tag, or on no task at all: no probing), the route's own answer for the right one; on the single-task
+socket the
 matching ``error`` frame and close code (4401, 4403, 4404), on ``/v1/ws`` the ``error`` frame of the
 subscribe. Run with an API key configured, and again in open mode (no API key), where the management
 routes and reads take no credential but a credential that is sent must still hold.
@@ -28,7 +31,17 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.support import SECRET, Running, bearer, create_task, mint, post_callback, running_gateway
+from tests.support import (
+    SECRET,
+    Running,
+    bearer,
+    create_task,
+    issue_tag_token,
+    mint,
+    mint_tag,
+    post_callback,
+    running_gateway,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -38,6 +51,7 @@ STEP_S = 10.0
 MINE = "mine"  # a task that has succeeded: every read ends, a delivery is possible
 THEIRS = "theirs"
 GHOST = "ghost"  # no such task
+OTHER_TAG = "owner:someone-else"  # a tag no task carries
 
 # What each route takes (docs/protocol.md, HTTP routes and WebSocket): the API key, a task's subscribe or
 # callback token, a subscribe token inside a /v1/ws message, or nothing.
@@ -52,6 +66,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/tasks/{task_id}/heartbeat"): "callback",
     ("POST", "/v1/tasks/{task_id}/deliveries"): "api-key",
     ("POST", "/v1/notifications/drain"): "api-key",
+    ("POST", "/v1/tokens"): "api-key",
     ("WS", "/v1/tasks/{task_id}/ws"): "subscribe",
     ("WS", "/v1/ws"): "subscribe-message",
     ("GET", "/v1/demo"): "public",
@@ -106,6 +121,16 @@ COLUMNS = (
     # a valid token for it learns that it does not exist.
     Credential("other task, no such task", lambda scope, t: t[f"{THEIRS}:{_scope(scope)}"], task=GHOST),
     Credential("valid, no such task", lambda scope, t: mint(GHOST, _scope(scope)), task=GHOST),
+    # Tag tokens: a valid one for a tag MINE does not carry (MINE has no tags), the same on no task at all
+    # (the same 403: a tag token cannot probe ids), and ones that prove nothing.
+    Credential("tag token, task without its tag", lambda scope, t: t["tag:other"]),
+    Credential("tag token in URL, task without its tag", lambda scope, t: t["tag:other"], where="query"),
+    Credential("tag token, no such task", lambda scope, t: t["tag:other"], task=GHOST),
+    Credential("tag token, expired", lambda scope, t: mint_tag(OTHER_TAG, exp_in_s=-3600)),
+    Credential("tag token, other secret", lambda scope, t: mint_tag(OTHER_TAG, secret=OTHER_SECRET)),
+    Credential(
+        "tag token with a sub", lambda scope, t: mint_tag(OTHER_TAG, sub=MINE)
+    ),  # both kinds at once: malformed, never read as the task token it also looks like
 )
 
 OK = "ok"
@@ -128,6 +153,12 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "task token in URL": U,  # nothing in the header
         "other task, no such task": F,
         "valid, no such task": F,
+        "tag token, task without its tag": F,  # a tag token, where the API key belongs
+        "tag token, no such task": F,
+        "tag token in URL, task without its tag": U,  # nothing in the header
+        "tag token, expired": U,
+        "tag token, other secret": U,
+        "tag token with a sub": U,
     },
     "subscribe": {
         "none": U,
@@ -144,6 +175,12 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "task token in URL": OK,
         "other task, no such task": F,
         "valid, no such task": NOT_FOUND,
+        "tag token, task without its tag": F,
+        "tag token in URL, task without its tag": F,
+        "tag token, no such task": F,  # not unknown-task: a tag token learns nothing of other tasks
+        "tag token, expired": U,
+        "tag token, other secret": U,
+        "tag token with a sub": U,
     },
     "callback": {
         "none": U,
@@ -160,6 +197,12 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "task token in URL": OK,
         "other task, no such task": F,
         "valid, no such task": NOT_FOUND,
+        "tag token, task without its tag": F,  # a tag token only reads
+        "tag token in URL, task without its tag": F,
+        "tag token, no such task": F,
+        "tag token, expired": U,
+        "tag token, other secret": U,
+        "tag token with a sub": U,
     },
 }
 # On /v1/ws the credential is the subscribe message's token: there is no header, URL or scheme for it. The
@@ -170,6 +213,7 @@ WITH_API_KEY["subscribe-message"] = {
         name: cell
         for name, cell in WITH_API_KEY["subscribe"].items()
         if name not in ("another scheme", "API key in URL", "task token in URL")
+        and name != "tag token in URL, task without its tag"
     },
     "API key": U,
 }
@@ -181,6 +225,7 @@ OPEN_MODE: dict[str, dict[str, str | None]] = {
         **{name: OK for name in WITH_API_KEY["api-key"] if "API key" not in name},
         "other task, no such task": NOT_FOUND,
         "valid, no such task": NOT_FOUND,
+        "tag token, no such task": NOT_FOUND,
     },
     "subscribe": {
         **{n: c for n, c in WITH_API_KEY["subscribe"].items() if "API key" not in n},
@@ -200,6 +245,8 @@ SPECIAL: dict[tuple[bool, str, str, str], str] = {
     # authenticate, ?token= is one more unknown parameter.
     (True, "GET", "/v1/tasks", "task token in URL"): "invalid-request",
     (True, "POST", "/v1/notifications/drain", "task token in URL"): "invalid-request",
+    (True, "GET", "/v1/tasks", "tag token in URL, task without its tag"): "invalid-request",
+    (True, "POST", "/v1/notifications/drain", "tag token in URL, task without its tag"): "invalid-request",
     # The right credential reaches the heartbeat route, which says the task (succeeded) is not running.
     **{
         (open_mode, "POST", "/v1/tasks/{task_id}/heartbeat", column): "not-running"
@@ -224,7 +271,7 @@ def app_routes(gw: Running) -> set[tuple[str, str]]:
 
 
 async def _tokens(gw: Running, headers: dict[str, str] | None) -> dict[str, str]:
-    tokens: dict[str, str] = {}
+    tokens: dict[str, str] = {"tag:other": await issue_tag_token(gw, OTHER_TAG, headers=headers)}
     for task_id in (MINE, THEIRS):
         created = await create_task(gw, task_id, headers=headers)
         tokens[f"{task_id}:subscribe"] = created.subscribe_token
@@ -246,6 +293,8 @@ def _request(method: str, path: str, task_id: str) -> tuple[str, str, dict[str, 
         kwargs["json"] = {"event": {"type": "progress", "progress": 50, "cursor": "c"}}
     elif path.endswith("/heartbeat"):
         kwargs["json"] = {"attempt": 1}
+    elif path == "/v1/tokens":
+        kwargs["json"] = {"tag": "owner:u42"}
     elif path.endswith("/deliveries"):
         kwargs["headers"] = {"Idempotency-Key": uuid.uuid4().hex}  # a key of its own: never reused
     return method, url, kwargs
@@ -339,7 +388,9 @@ async def run_matrix(
                 public_baseline = public_baseline or got
                 want: str | None = public_baseline
             else:
-                if column.name not in expected[kind] or (column.task == GHOST and "{task_id}" not in path):
+                # No such task: on the routes naming a task, in the path or (/v1/ws) in the subscribe.
+                names_a_task = "{task_id}" in path or kind == "subscribe-message"
+                if column.name not in expected[kind] or (column.task == GHOST and not names_a_task):
                     continue
                 want = SPECIAL.get((open_mode, method, path, column.name), expected[kind][column.name])
                 scope = None if kind == "api-key" else ("callback" if kind == "callback" else "subscribe")

@@ -9,7 +9,7 @@ import jwt
 import pytest
 
 from gateway.errors import Forbidden, Unauthorized
-from gateway.tokens import VERIFIED_CACHE_SIZE, Tokens
+from gateway.tokens import VERIFIED_CACHE_SIZE, Claims, Scope, Tokens
 
 SECRET = "unit-secret-0123456789abcdef0123456789"
 
@@ -81,3 +81,66 @@ def test_a_token_for_another_task_or_scope_is_described_in_the_protocols_words()
         Tokens(SECRET).check(token, "t2", "callback")
     with pytest.raises(Forbidden, match=r"^token has the callback scope; this needs a subscribe token$"):
         Tokens(SECRET).check(token, "t1", "subscribe")
+
+
+# --- tag tokens ----------------------------------------------------------------------------------------
+
+
+def mint_claims(exp: float = LATER, secret: str = SECRET, **claims: object) -> str:
+    return jwt.encode({**claims, "exp": int(exp)}, secret, algorithm="HS256")
+
+
+def test_a_tag_token_carries_its_tag_subscribe_and_exp_and_no_sub() -> None:
+    now = 1_800_000_000.5
+    token, exp = Tokens(SECRET, grace_s=86_400, wall=lambda: now).issue_tag("owner:u42", 3600)
+    claims = jwt.decode(token, SECRET, algorithms=["HS256"])
+    assert claims == {"tag": "owner:u42", "scope": "subscribe", "exp": 1_800_003_600}  # no grace added
+    assert exp == 1_800_003_600
+    assert Tokens(SECRET, wall=lambda: now).claims(token) == Claims(None, "owner:u42", "subscribe")
+
+
+def test_a_tag_token_reads_only_and_a_remembered_one_still_expires_on_time() -> None:
+    now = [time.time()]
+    tokens = Tokens(SECRET, wall=lambda: now[0])
+    token, _ = tokens.issue_tag("owner:u42", 60)
+    for _ in range(2):  # verified, then remembered: the same answers
+        assert tokens.check(token, "any-task", "subscribe") == "owner:u42"  # the task must carry it
+        with pytest.raises(Forbidden, match=r"^a tag token only reads tasks; this needs the task's callback"):
+            tokens.check(token, "any-task", "callback")
+    assert token in tokens._verified
+    now[0] += 61
+    with pytest.raises(Unauthorized, match=r"^token has expired$"):
+        tokens.check(token, "any-task", "subscribe")
+
+
+def test_a_task_token_passes_with_no_tag_to_check() -> None:
+    tokens = Tokens(SECRET)
+    assert tokens.check(mint("t1", "subscribe", LATER), "t1", "subscribe") is None
+    assert tokens.claims(mint("t1", "callback", LATER)) == Claims("t1", None, "callback")
+
+
+@pytest.mark.parametrize(
+    ("token", "words"),
+    [
+        # Never taken for each other: a token naming a task and a tag, or neither, is malformed.
+        (mint_claims(sub="t1", tag="owner:u42", scope="subscribe"), "a sub claim (a task) or a tag claim"),
+        (mint_claims(scope="subscribe"), "a sub claim (a task) or a tag claim"),
+        (mint_claims(sub="t1", tag=None, scope="subscribe"), "a sub claim (a task) or a tag claim"),
+        (mint_claims(tag="owner:u42", scope="callback"), "a tag token's scope must be subscribe"),
+        (mint_claims(tag="owner u42", scope="subscribe"), "its tag claim is not a tag"),
+        (mint_claims(tag=42, scope="subscribe"), "its tag claim is not a tag"),
+        (mint_claims(tag="owner:u42", scope=["subscribe"]), "its scope must be a string"),
+        (mint_claims(tag="owner:u42"), "no scope claim"),
+        (jwt.encode({"tag": "owner:u42", "scope": "subscribe"}, SECRET, algorithm="HS256"), "no exp claim"),
+        (mint_claims(tag="owner:u42", scope="subscribe", exp=time.time() - 5), "token has expired"),
+        (mint_claims(tag="owner:u42", scope="subscribe", secret="y" * 40), "signature is invalid"),
+    ],
+)
+def test_a_malformed_or_forged_tag_token_is_refused_in_the_protocols_words(token: str, words: str) -> None:
+    tokens = Tokens(SECRET)
+    scopes: tuple[Scope, ...] = ("subscribe", "callback")
+    for scope in scopes:
+        with pytest.raises(Unauthorized) as refused:
+            tokens.check(token, "t1", scope)
+        assert words in refused.value.message
+    assert tokens._verified == {}  # nothing refused is remembered

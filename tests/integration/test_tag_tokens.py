@@ -1,0 +1,155 @@
+"""Tag tokens through a real server (protocol.md, Credentials and ``POST /v1/tokens``): the API key issues
+them, validated as every body is; they carry ``tag``, ``scope: subscribe`` and ``exp`` and no ``sub``; and a
+tag token on a task that does not carry its tag, or on no task at all, is the same ``403`` on every read
+route and socket (HTTP, SSE, the single-task socket, a ``/v1/ws`` subscribe), so it cannot probe ids.
+
+Authentication is HTTP-layer behaviour, so these run on SQLite only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import jwt
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.integration.test_live_support import closed_with, live_gateway, ws_url
+from tests.support import SECRET, STEP_S, Running, bearer, create_task, error, issue_tag_token
+
+pytestmark = pytest.mark.anyio
+
+API_KEY = "tag-token-api-key"
+KEY = bearer(API_KEY)
+NOT_CARRIED = "the task does not carry this token's tag"
+
+
+async def test_the_api_key_issues_a_tag_token_for_a_tag_and_a_time(sqlite_url: str) -> None:
+    async with live_gateway(sqlite_url, api_key=API_KEY) as gw:
+        before = time.time()
+        answer = await gw.client.post("/v1/tokens", json={"tag": "owner:u42", "ttlS": 120}, headers=KEY)
+        after = time.time()
+        assert answer.status_code == 201, answer.text
+        body = answer.json()
+        assert set(body) == {"token", "expiresAtMs"}
+        claims = jwt.decode(body["token"], SECRET, algorithms=["HS256"])
+        assert set(claims) == {"tag", "scope", "exp"}  # no sub: never taken for a task token
+        assert claims["tag"] == "owner:u42" and claims["scope"] == "subscribe"
+        assert int(before) + 120 <= claims["exp"] <= after + 120  # the wall clock, no grace added
+        assert body["expiresAtMs"] == claims["exp"] * 1000
+
+        # ttlS: an hour when absent; a whole number (60.0 is one) from 1 to a year.
+        for ttl_s, lasts_s in ((None, 3600), (60.0, 60), (31_536_000, 31_536_000)):
+            asked: dict[str, Any] = {"tag": "a.b_c@d-e:f"} if ttl_s is None else {"tag": "x", "ttlS": ttl_s}
+            made = await gw.client.post("/v1/tokens", json=asked, headers=KEY)
+            assert made.status_code == 201, made.text
+            exp = jwt.decode(made.json()["token"], SECRET, algorithms=["HS256"])["exp"]
+            assert int(before) + lasts_s <= exp <= time.time() + lasts_s
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({}, "tag: required field is missing"),
+        ({"tag": ""}, "tag: must not be empty"),
+        ({"tag": "owner u42"}, "tag: only A-Z, a-z, 0-9 and : . _ @ - may be in a tag, not ' '"),
+        ({"tag": "t" * 129}, "tag: at most 128 characters, got 129"),
+        ({"tag": ["owner:u42"]}, "tag: must be a string"),
+        ({"tag": "x", "ttlS": 0}, "ttlS: must be a whole number of seconds from 1 to 31536000 (a year)"),
+        ({"tag": "x", "ttlS": 31_536_001}, "ttlS: must be a whole number of seconds from 1 to 31536000"),
+        ({"tag": "x", "ttlS": 1.5}, "ttlS: must be a whole number of seconds"),
+        ({"tag": "x", "ttlS": True}, "ttlS: must be a whole number of seconds"),
+        ({"tag": "x", "ttlS": "3600"}, "ttlS: must be a whole number of seconds"),
+        ({"tag": "x", "ttl": 60}, "ttl: unknown field"),
+        ({"tags": ["x"]}, "tags: unknown field (did you mean tag?)"),
+    ],
+)
+async def test_a_bad_token_request_is_400_naming_the_field(
+    sqlite_url: str, body: dict[str, Any], message: str
+) -> None:
+    async with live_gateway(sqlite_url, api_key=API_KEY) as gw:
+        answer = await gw.client.post("/v1/tokens", json=body, headers=KEY)
+        assert error(answer, 400, "invalid-request").startswith(message)
+        malformed = await gw.client.post("/v1/tokens", content=b"[", headers=KEY)
+        error(malformed, 400, "invalid-request")
+
+
+async def test_only_the_api_key_issues_tag_tokens(sqlite_url: str) -> None:
+    async with live_gateway(sqlite_url, api_key=API_KEY) as gw:
+        task = await create_task(gw, "t-1", headers=KEY)
+        tag_token = await issue_tag_token(gw, "owner:u42", headers=KEY)
+        asked = {"tag": "owner:u42"}
+        error(await gw.client.post("/v1/tokens", json=asked), 401, "unauthorized")
+        refused = await gw.client.post("/v1/tokens", json=asked, headers=bearer(task.subscribe_token))
+        assert (
+            error(refused, 403, "forbidden")
+            == "a task token cannot be used here; this route needs the API key"
+        )
+        refused = await gw.client.post("/v1/tokens", json=asked, headers=bearer(tag_token))
+        assert (
+            error(refused, 403, "forbidden")
+            == "a tag token cannot be used here; this route needs the API key"
+        )
+    # Open mode: no credential, as every management route.
+    async with live_gateway(sqlite_url) as gw:
+        assert jwt.decode(await issue_tag_token(gw, "owner:u42"), SECRET, algorithms=["HS256"])["tag"]
+
+
+async def socket_refusal(gw: Running, task_id: str, token: str) -> tuple[list[dict[str, Any]], int | None]:
+    """The single-task socket's frames and close code, with ``token``."""
+    async with connect(ws_url(gw, f"/v1/tasks/{task_id}/ws", token=token), open_timeout=STEP_S) as ws:
+        return await closed_with(ws)
+
+
+async def test_a_tag_token_on_a_task_without_its_tag_or_on_no_task_is_one_403_everywhere(
+    sqlite_url: str,
+) -> None:
+    async with live_gateway(sqlite_url, api_key=API_KEY) as gw:
+        await create_task(gw, "untagged", headers=KEY)
+        tag_token = await issue_tag_token(gw, "owner:u42", headers=KEY)
+        for task_id in ("untagged", "ghost"):
+            for path in (
+                f"/v1/tasks/{task_id}",
+                f"/v1/tasks/{task_id}/events",
+                f"/v1/tasks/{task_id}/stream",
+            ):
+                for how in ({"headers": bearer(tag_token)}, {"params": {"token": tag_token}}):
+                    answer = await gw.client.get(path, **how)  # type: ignore[arg-type]
+                    assert error(answer, 403, "forbidden") == NOT_CARRIED, (path, how)
+            # An EventSource reconnecting (Last-Event-ID) is refused the same, before its 204 is decided.
+            answer = await gw.client.get(
+                f"/v1/tasks/{task_id}/stream", headers={**bearer(tag_token), "Last-Event-ID": "0"}
+            )
+            assert error(answer, 403, "forbidden") == NOT_CARRIED
+            frames, close = await socket_refusal(gw, task_id, tag_token)
+            assert frames == [
+                {"type": "error", "code": "forbidden", "message": NOT_CARRIED, "taskId": task_id}
+            ]
+            assert close == 4403
+        # /v1/ws: an error frame per subscribe, and the socket stays open.
+        async with connect(ws_url(gw, "/v1/ws"), open_timeout=STEP_S) as ws:
+            with anyio.fail_after(STEP_S):
+                for task_id in ("untagged", "ghost"):
+                    await ws.send(orjson.dumps({"type": "subscribe", "taskId": task_id, "token": tag_token}))
+                    frame = orjson.loads(await ws.recv())
+                    assert frame == {
+                        "type": "error",
+                        "code": "forbidden",
+                        "message": NOT_CARRIED,
+                        "taskId": task_id,
+                    }
+                await ws.send('{"type": "ping"}')
+                assert orjson.loads(await ws.recv()) == {"type": "pong"}
+        # The same tag token opens no management route, callback or heartbeat.
+        for method, path in (
+            ("POST", "/v1/tasks/untagged/callbacks"),
+            ("POST", "/v1/tasks/untagged/heartbeat"),
+            ("POST", "/v1/tasks/untagged/cancel"),
+            ("POST", "/v1/notifications/drain"),
+            ("GET", "/v1/tasks"),
+        ):
+            answer = await gw.client.request(method, path, headers=bearer(tag_token), json={"attempt": 0})
+            error(answer, 403, "forbidden")
