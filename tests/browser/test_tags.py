@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
-CARDS = "article.task-card"
+CARDS = "#tasks article.task-card"  # the cards in the order shown
 APPEARS_MS = 1_000  # a task created on another process shows within this
 BACK_S = 10.0  # after the link comes back, every card is exact within this
 
@@ -91,7 +91,7 @@ class TagPage:
         try:
             await self.page.wait_for_function(
                 """([id, want]) => {
-                    const el = document.querySelector(`article.task-card[data-task-id="${id}"]`);
+                    const el = document.querySelector(`#tasks article.task-card[data-task-id="${id}"]`);
                     if (!el) return false;
                     const d = el.dataset;
                     return (
@@ -151,6 +151,9 @@ async def test_a_tag_link_shows_its_tasks_live_and_exact_after_a_silent_link(
         # 1. The tag's three tasks, newest first, each exact.
         await page.goto(f"{relay.url}/?{urlencode({'tag': tag, 'token': token})}")
         await page.wait_for_selector("body[data-ready=true]", state="attached")
+        head = page.locator("#tag-head")
+        await tags.expect(head).to_have_attribute("data-state", "live")
+        await tags.expect(head).to_have_attribute("data-tag", tag)
         for task_id in ids[:3]:
             await tags.exact(task_id, STEP_S * 1000)
         assert await tags.order() == ids[2::-1]
@@ -186,6 +189,7 @@ async def test_a_tag_link_shows_its_tasks_live_and_exact_after_a_silent_link(
         exact_s = time.monotonic() - back_at
         assert exact_s <= BACK_S, exact_s
         assert await tags.order() == ids[::-1]
+        await tags.expect(head).to_have_attribute("data-count", "6")
         assert relay.accepted > accepted  # on a new connection: the silent one was noticed and replaced
     print(
         f"\nthe fourth task appeared in {appeared_s * 1000:.0f} ms; "
