@@ -11,16 +11,14 @@ the commit is the entry published to this process's hub, so nothing uncommitted 
 from __future__ import annotations
 
 import asyncio
-import functools
-import math
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
-import anyio
 import orjson
 
 from gateway.bus.base import Bus, News
+from gateway.db_deadline import DB_DEADLINE_S, shielded
 from gateway.drain import DEFAULT_LIMIT, Drained, Encode, drain
 from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.frames import event_frame
@@ -46,36 +44,10 @@ __all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Listeners"
 
 Clock = Callable[[], int]
 
-# The longest a database operation may take before it is abandoned (answered as 503 unavailable), by
-# default (GATEWAY_DB_DEADLINE_MS: ``Book.deadline_s``).
-DB_DEADLINE_S = 10.0
 # Due tasks expired per transaction: a backlog is worked through in bounded batches, each committed.
 EXPIRY_BATCH = 200
 
-
-P = ParamSpec("P")
 R = TypeVar("R")
-
-
-def _shielded(
-    method: Callable[Concatenate[Book, P], Awaitable[R]],
-) -> Callable[Concatenate[Book, P], Coroutine[Any, Any, R]]:
-    """Run a database operation to its end even when its caller is cancelled (a client gone, a shutdown):
-    a transaction is not left half-done, and a connection is never torn down mid-query (which hangs
-    aiosqlite's worker). Bounded by the book's ``deadline_s``, or by the caller's own deadline where that
-    is sooner (the committer's: a batch is answered by its earliest callback's): past it, ``TimeoutError``
-    (a 503). The store ends its transaction by then, commit and rollback included (``pg_writer``)."""
-
-    @functools.wraps(method)
-    async def run(book: Book, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        caller = anyio.current_effective_deadline()  # -inf once the caller is cancelled: not a deadline
-        within_s = (
-            book.deadline_s if caller == -math.inf else min(book.deadline_s, caller - anyio.current_time())
-        )
-        with anyio.fail_after(within_s, shield=True):
-            return await method(book, *args, **kwargs)
-
-    return run
 
 
 # How often a transaction that lost a race on a unique key (a callback id, a task id, an idempotency key
@@ -128,7 +100,7 @@ class Book:
 
     # --- reads ---------------------------------------------------------------------------------------
 
-    @_shielded
+    @shielded
     async def get(self, task_id: str) -> Task:
         async with self.store.read() as tx:
             return await _task(tx, task_id)
@@ -150,7 +122,7 @@ class Book:
             return Resume(mode, reason, task, ())
         return Resume(mode, reason, task, [entry for entry in found if entry[0] > cursor])
 
-    @_shielded
+    @shielded
     async def _read_resume(
         self, task_id: str, read: _SharedResume
     ) -> tuple[Task, Sequence[tuple[int, bytes]]]:
@@ -174,32 +146,32 @@ class Book:
             if self._resuming.get(task_id) is read:
                 del self._resuming[task_id]
 
-    @_shielded
+    @shielded
     async def entries_between(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         """History entries ``after < version <= upto``, in order (to fill a gap in a live stream)."""
         async with self.store.read() as tx:
             return await tx.entries(task_id, after, upto)
 
-    @_shielded
+    @shielded
     async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         """The current version of each of these tasks (those that exist)."""
         async with self.store.read() as tx:
             return await tx.versions(task_ids)
 
-    @_shielded
+    @shielded
     async def next_deadline(self) -> int | None:
         """The earliest deadline of the live tasks (``expiresAtMs``), or ``None`` when none is live."""
         async with self.store.read() as tx:
             return await tx.next_deadline()
 
-    @_shielded
+    @shielded
     async def next_due(self) -> tuple[int | None, int | None]:
         """When the sweeper has work next, of each kind: the earliest deadline of the live tasks and the
         earliest lease end of the running attempts (``gateway.lease``), each ``None`` when there is none."""
         async with self.store.read() as tx:
             return await tx.next_deadline(), await tx.next_lease_end()
 
-    @_shielded
+    @shielded
     async def list_tasks(self, *, state: str | None, after: str | None, limit: int) -> list[Task]:
         """Up to ``limit`` tasks in id order after ``after``, only those in ``state`` if given."""
         async with self.store.read() as tx:
@@ -207,16 +179,17 @@ class Book:
 
     # --- writes --------------------------------------------------------------------------------------
 
-    @_shielded
+    @shielded
     async def create(
         self, task_id: str, ttl_ms: int, max_attempts: Any, heartbeat_ms: int | None = None
     ) -> tuple[Task, bool]:
         """Create a queued task (with a heartbeat lease of ``heartbeat_ms``, if given); the same id with the
         same parameters returns it again (``False``)."""
         now = self.clock()
-        task = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=max_attempts)
+        made_now = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=max_attempts)
+        task = replace(made_now, created_at_ms=now)
 
-        async def work(tx: WriteTx, _: _Commit) -> tuple[Task, bool]:
+        async def work(tx: WriteTx, commit: _Commit) -> tuple[Task, bool]:
             existing = await tx.task(task_id)
             if existing is not None:
                 made = (existing.ttl_ms, existing.task.max_attempts, existing.heartbeat_ms)
@@ -228,6 +201,7 @@ class Book:
                     )
                 return existing.task, False
             await tx.insert_task(task, ttl_ms, now, heartbeat_ms)
+            await self._announce_created(tx, commit, task)
             return task, True
 
         made, created = await self._write(work)
@@ -252,7 +226,7 @@ class Book:
             raise outcome
         return outcome
 
-    @_shielded
+    @shielded
     async def callbacks(self, requests: Sequence[CallbackRequest]) -> list[CallbackOutcome | GatewayError]:
         """Apply worker callbacks in arrival order, in one transaction and one commit (group commit); each
         gets its own outcome, or the error that refused it (a refused callback writes nothing, so it never
@@ -341,7 +315,7 @@ class Book:
             )
         return CallbackOutcome(transition, False), now
 
-    @_shielded
+    @shielded
     async def act(self, task_id: str, decide: Callable[[Task, int], Transition]) -> Transition:
         """Apply one of the gateway's own actions to a task (a cancel: ``gateway.machine.cancel_task``):
         ``decide`` gets the task, locked, and the gateway's time, and its transition is recorded as a
@@ -358,7 +332,7 @@ class Book:
 
         return await self._write(work)
 
-    @_shielded
+    @shielded
     async def expire_due(self, limit: int = EXPIRY_BATCH, *, urgent: bool = True) -> int:
         """Expire up to ``limit`` live tasks whose deadline has come (``clock() >= expiresAtMs``), in one
         transaction; returns how many. Tasks another process is expiring are skipped, not waited for.
@@ -377,7 +351,7 @@ class Book:
             self.listeners.tasks_expired(deadlines)
         return len(deadlines)
 
-    @_shielded
+    @shielded
     async def end_leases(self, limit: int = EXPIRY_BATCH, *, urgent: bool = True) -> int:
         """End up to ``limit`` leases that ran out (``clock() >= lease end``) with the reference's retryable
         fail at each one's end (``gateway.lease``), in one transaction, as :meth:`expire_due` does; returns
@@ -395,7 +369,7 @@ class Book:
             self.listeners.leases_over(ends)
         return len(ends)
 
-    @_shielded
+    @shielded
     async def deliver(self, task_id: str, idempotency_key: str) -> Delivery:
         """``deliverResult``: the same key returns the same receipt; another key delivers again."""
         if is_blank(idempotency_key):
@@ -422,7 +396,7 @@ class Book:
 
         return await self._write(work)
 
-    @_shielded
+    @shielded
     async def drain(
         self, encode: Encode, *, limit: int = DEFAULT_LIMIT, idempotency_key: str | None = None
     ) -> Drained:
@@ -457,6 +431,14 @@ class Book:
                 self.listeners.notified()
             return result
         raise AssertionError("unreachable")
+
+    async def _announce_created(self, tx: WriteTx, commit: _Commit, task: Task) -> None:
+        """News of a task created with tags, for the subscribers of its tags in every process: announced in
+        the creating transaction and published after its commit, as an entry is."""
+        if task.tags and self.bus is not None:
+            news = News.creation(task)
+            await self.bus.announce(tx, [news])
+            commit.news.append(news)
 
     async def _record(
         self, tx: WriteTx, commit: _Commit, transition: Transition, *, notify_at_ms: float

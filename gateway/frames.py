@@ -7,6 +7,7 @@ subscriber of that process and, as the bus message, to every other process, whic
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,11 +53,24 @@ def snapshot_frame(task: Task, reason: str) -> Frame:
     return Frame("snapshot", task.version, orjson.dumps(body).decode())
 
 
-def error_frame(code: str, message: str, task_id: str | None = None) -> Frame:
+def error_frame(code: str, message: str, task_id: str | None = None, *, tag: str | None = None) -> Frame:
     body: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if task_id is not None:
         body["taskId"] = task_id
+    if tag is not None:
+        body["tag"] = tag
     return Frame("error", -1, orjson.dumps(body).decode())
+
+
+def tag_frame(tag: str, task_ids: Sequence[str], more: bool) -> Frame:
+    """The answer to a tag's ``subscribe``: its tasks, newest first; ``more`` when some were left out."""
+    body = {"type": "tag", "tag": tag, "taskIds": list(task_ids), "more": more}
+    return Frame("tag", -1, orjson.dumps(body).decode())
+
+
+def added_frame(tag: str, task_id: str) -> Frame:
+    """A task carrying ``tag`` was created: its ``snapshot`` (``reason: "new"``) follows."""
+    return Frame("added", -1, orjson.dumps({"type": "added", "tag": tag, "taskId": task_id}).decode())
 
 
 PONG = Frame("pong", -1, '{"type":"pong"}')

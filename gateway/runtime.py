@@ -33,6 +33,7 @@ from gateway.secret_file import with_secret
 from gateway.settings import Settings
 from gateway.store import Database
 from gateway.store.sql import SqlStore
+from gateway.tag_reads import TagReads
 from gateway.tokens import Tokens
 
 log = logging.getLogger("gateway")
@@ -68,8 +69,13 @@ class Gateway:
             listeners=listeners,
             deadline_s=settings.db_deadline_ms / 1000,
         )
+        # Tags' reads (a tag's tasks, many resumes in one query), beside the book.
+        self.tag_reads = TagReads(
+            self.store, settings.retention_versions, deadline_s=settings.db_deadline_ms / 1000
+        )
         self.callback_rate = RateLimiter(settings.callback_rate_per_s)
-        self.hub = Hub(self.book)
+        # Tag subscriptions compare creation times, stamped by the book's clock, with their own.
+        self.hub = Hub(self.book, tags=self.tag_reads, wall=clock)
         # On PostgreSQL several batches commit at once, each on a connection of the pool.
         self.committer = Committer(self.book, concurrency=1 if self.db.is_sqlite else COMMITS_IN_FLIGHT)
         self.hub.callbacks_waiting = self.committer.busy

@@ -45,6 +45,7 @@ _ENV = {
     "subscription_backlog": "GATEWAY_SUBSCRIPTION_BACKLOG",
     "write_timeout_ms": "GATEWAY_WRITE_TIMEOUT_MS",
     "max_subscriptions": "GATEWAY_MAX_SUBSCRIPTIONS",
+    "tag_subscription_max": "GATEWAY_TAG_SUBSCRIPTION_MAX",
     "demo": "GATEWAY_DEMO",
     "bus_url": "GATEWAY_BUS_URL",
     "workers": "GATEWAY_WORKERS",
@@ -106,6 +107,9 @@ class Settings(BaseModel):
     # A socket whose write makes no progress for this long is closed with 4008 (slow consumer).
     write_timeout_ms: int = Field(10_000, ge=1)
     max_subscriptions: int = Field(1000, ge=1)
+    # The tasks a /v1/ws tag subscribe lists (newest first; "more" says some were left out), and the
+    # entries its cursors map may have.
+    tag_subscription_max: int = Field(1000, ge=1)
     # The server pings every WebSocket this often and drops one whose pong does not come within as long
     # again: a peer that vanished without a FIN is let go within twice this. 0 turns server pings off.
     ws_ping_interval_ms: int = Field(20_000, ge=0)

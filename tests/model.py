@@ -5,7 +5,8 @@ differences protocol.md states, and it answers every operation as the HTTP API d
 ``(status_code, json_body)`` in the protocol's JSON shapes (camelCase), without tokens:
 
 - ``create``: the same id with the same parameters is idempotent (200, the current task); other parameters
-  are ``409 task-exists`` (the reference silently overwrote).
+  are ``409 task-exists`` (the reference silently overwrote). The task carries the gateway's own two
+  fields: ``createdAtMs`` (``now_ms`` at create) and ``tags`` (none: the model's creates name none).
 - ``events``: the reference's ``resume``, but a cursor ahead of the task is a snapshot (``cursor-ahead``);
   a snapshot carries its ``reason``; a cursor outside 0 to 2**53 - 1 is ``invalid-request`` in the
   protocol's words (``cursor: ...``), not the reference's (``cursorVersion``), whether or not the task
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway import machine as m
@@ -180,6 +181,7 @@ class Model:
             if isinstance(ttl_ms, float) and not ttl_ms.is_integer():
                 raise InvalidRequest("ttlMs must be a whole number of milliseconds")
             task = m.create_task(id=task_id, now_ms=now_ms, ttl_ms=ttl_ms, max_attempts=max_attempts)  # type: ignore[arg-type]
+            task = replace(task, created_at_ms=int(now_ms))
         except InvalidRequest as error:
             return _error(error)
         existing = self.tasks.get(task_id)

@@ -4,7 +4,8 @@ A bus message is news of a commit, not the data's only copy: it names the task a
 carries the entry's ``event`` frame (the task after it included) where it fits, to spare a read. The store
 stays the truth: the hub reads what it missed from the store when it sees a version jump, when a listener
 reconnects, and on a slow periodic check, so a lost or late message delays an entry, never loses or
-reorders one.
+reorders one. A task created with tags is news too (``created``, its frame the ``snapshot`` with ``reason:
+"new"``), for the subscribers of its tags; the periodic check lists the tags again for one that was lost.
 
 The write path calls a bus twice per entry: :meth:`Bus.announce` inside the committing transaction (where
 PostgreSQL's ``NOTIFY`` belongs, so that a message exists exactly when its entry does) and
@@ -21,7 +22,7 @@ from typing import Protocol
 import orjson
 from anyio.abc import TaskStatus
 
-from gateway.frames import Frame
+from gateway.frames import Frame, snapshot_frame
 from gateway.machine import Task, task_from_json
 from gateway.store.base import WriteTx
 
@@ -33,24 +34,36 @@ DEFAULT_CHANNEL = "task_gateway"
 
 @dataclass(frozen=True, slots=True)
 class News:
-    """A committed entry: ``version`` of ``task_id``; ``task`` and ``frame`` unless it is a bare wake-up."""
+    """A committed entry: ``version`` of ``task_id``; ``task`` and ``frame`` unless it is a bare wake-up.
+    Or, ``created``, a task created with tags (no entry): ``task`` as created, ``frame`` its ``snapshot``
+    (``reason: "new"``), unless it did not fit in a message."""
 
     task_id: str
     version: int
     task: Task | None = None
     frame: Frame | None = None
+    created: bool = False
 
     @classmethod
     def of(cls, task: Task, frame: Frame) -> News:
         return cls(task.id, task.version, task, frame)
 
+    @classmethod
+    def creation(cls, task: Task) -> News:
+        """News of a task just created, for the subscribers of its tags."""
+        return cls(task.id, task.version, task, snapshot_frame(task, "new"), created=True)
+
     def encode(self) -> str:
-        """The message text: the event frame itself, or ``{"taskId", "version"}`` where it does not fit."""
+        """The message text: the frame itself, or ``{"taskId", "version"}`` (and ``"created": true``) where it
+        does not fit."""
         if self.frame is not None and len(self.frame.text) <= MAX_PAYLOAD_BYTES // 4:
             return self.frame.text  # fast path: even 4-byte UTF-8 everywhere cannot pass the limit
         if self.frame is not None and len(self.frame.text.encode()) <= MAX_PAYLOAD_BYTES:
             return self.frame.text
-        return orjson.dumps({"taskId": self.task_id, "version": self.version}).decode()
+        bare = {"taskId": self.task_id, "version": self.version}
+        if self.created:
+            bare["created"] = True
+        return orjson.dumps(bare).decode()
 
     @classmethod
     def decode(cls, text: str | bytes) -> News:
@@ -60,11 +73,13 @@ class News:
             task_id, version = body["taskId"], body["version"]
             if not isinstance(task_id, str) or isinstance(version, bool) or not isinstance(version, int):
                 raise TypeError
-            if body.get("type") != "event":
-                return cls(task_id, version)
+            kind = body.get("type")
+            created = kind == "snapshot" and body.get("reason") == "new"  # a task created with tags
+            if kind != "event" and not created:
+                return cls(task_id, version, created=body.get("created") is True)
             task = task_from_json(body["task"])
             frame_text = text if isinstance(text, str) else text.decode()
-            return cls(task_id, version, task, Frame("event", version, frame_text))
+            return cls(task_id, version, task, Frame(kind, version, frame_text), created=created)
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ValueError(f"not a gateway bus message: {exc!r}") from None
 

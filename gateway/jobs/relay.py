@@ -37,7 +37,7 @@ import httpx
 import orjson
 from anyio.abc import TaskGroup
 
-from gateway.book import DB_DEADLINE_S
+from gateway.db_deadline import DB_DEADLINE_S
 from gateway.errors import one_line
 from gateway.metrics import Metrics
 from gateway.settings import Settings

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import anyio
 
-from gateway.book import DB_DEADLINE_S
+from gateway.db_deadline import DB_DEADLINE_S
 from gateway.metrics import Metrics
 from gateway.store.base import Store, WriteTx
 from gateway.store.database import database_unavailable

@@ -23,12 +23,21 @@ in one write, or past its backlog one snapshot: the work per entry shrinks as th
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final, Generic, Protocol, TypeVar
 
-from gateway.errors import InvalidRequest
 from gateway.frames import Frame, event_frame, resume_frame
-from gateway.live.peer import Entries, NeedEntries, NeedTask, Peer, Published, Read, Subscription, replay
+from gateway.live.peer import (
+    Entries,
+    NeedEntries,
+    NeedTask,
+    Peer,
+    Published,
+    Read,
+    Subscription,
+    TagSub,
+    replay,
+)
 from gateway.machine import Resume, Task
 
 __all__ = [
@@ -43,6 +52,7 @@ __all__ = [
     "Read",
     "Round",
     "Subscription",
+    "TagSub",
     "replay",
 ]
 
@@ -56,7 +66,8 @@ H = TypeVar("H")  # what the driver keeps with a connection (its socket, its wri
 
 class Message(Protocol):
     """News of a committed entry (``gateway.bus.base.News`` is one): ``task`` and ``frame`` unless it is a
-    bare wake-up, which says only that ``version`` exists."""
+    bare wake-up, which says only that ``version`` exists. News of a task ``created`` is no entry: it is
+    for the subscriptions of its tags (``gateway.live.tagging``)."""
 
     @property
     def task_id(self) -> str: ...
@@ -66,6 +77,8 @@ class Message(Protocol):
     def task(self) -> Task | None: ...
     @property
     def frame(self) -> Frame | None: ...
+    @property
+    def created(self) -> bool: ...
 
 
 class Round(Generic[H]):
@@ -269,13 +282,18 @@ class Fanout(Generic[H]):
 
     # --- subscriptions ------------------------------------------------------------------------------------
 
-    def subscribe(self, peer: Peer[H], task_id: str) -> Subscription[H]:
+    def subscribe(self, peer: Peer[H], task_id: str, owner: TagSub[H] | None = None) -> Subscription[H]:
         """A subscription collecting live entries from now on, replacing the connection's earlier one to the
-        same task; read its resume state next and give it to :meth:`resumed`."""
+        same task (one socket streams a task once); read its resume state next and give it to
+        :meth:`resumed`. One an ``owner`` (a tag subscription) streams does not count toward the limit."""
+        if owner is None:  # refused, it replaces nothing
+            earlier = peer.subscriptions.get(task_id)
+            peer.make_room(1 if earlier is not None and earlier.owner is None else 0)
         self.unsubscribe(peer, task_id)
-        if len(peer.subscriptions) >= peer.max_subscriptions:
-            raise InvalidRequest(f"at most {peer.max_subscriptions} subscriptions per connection")
-        sub = Subscription(task_id, peer)
+        sub = Subscription(task_id, peer, owner)
+        if owner is not None:
+            owner.streams[task_id] = sub
+            peer.owned += 1
         peer.subscriptions[task_id] = sub
         channel = self.channels.get(task_id)
         if channel is None:
@@ -283,14 +301,14 @@ class Fanout(Generic[H]):
         channel.subscriptions[sub] = None
         return sub
 
-    def resumed(self, sub: Subscription[H], resume: Resume) -> Channel[H] | None:
-        """Its resume state: the resume frame goes first. Returns the channel if that gave it entries to
-        hand out (a round is due)."""
+    def resumed(self, sub: Subscription[H], resume: Resume, first: Sequence[Frame] = ()) -> Channel[H] | None:
+        """Its resume state: the resume frame goes first (after ``first``: a tag's ``added`` frames). Returns
+        the channel if that gave it entries to hand out (a round is due)."""
         if not sub.active:  # unsubscribed or released while the state was being read
             return None
         sub.peer.held()
         sub.last = resume.task
-        sub.put_head((resume_frame(resume),))
+        sub.put_head((*first, resume_frame(resume)))
         # Entries committed while the state was read are already in the resume frame.
         sub.drop_pending_through(resume.task.version)
         sub.peer.wake(sub)
@@ -300,9 +318,13 @@ class Fanout(Generic[H]):
 
     def remove(self, sub: Subscription[H]) -> None:
         sub.active = False
-        peer = sub.peer
+        peer, owner = sub.peer, sub.owner
         if peer.subscriptions.get(sub.task_id) is sub:
             del peer.subscriptions[sub.task_id]
+            if owner is not None:
+                peer.owned -= 1
+        if owner is not None and owner.streams.get(sub.task_id) is sub:
+            del owner.streams[sub.task_id]
         channel = self.channels.get(sub.task_id)
         if channel is not None:
             channel.subscriptions.pop(sub, None)
@@ -324,8 +346,9 @@ class Fanout(Generic[H]):
         """A committed entry heard on the bus (this process's or another's). Returns the channel if it has
         entries to hand out (a round is due); a version jump or a bare wake-up makes it read the store."""
         channel = self.channels.get(message.task_id)
-        if channel is None or message.version <= channel.version:
-            return None  # no subscriber here, or already handed out (the echo of this process's own commit)
+        if channel is None or message.version <= channel.version or message.created:
+            # No subscriber here, already handed out (the echo of this process's own commit), or no entry.
+            return None
         if message.task is not None and message.frame is not None:
             if channel.last is None or message.version == channel.version + 1:
                 channel.hand_out(message.task, message.frame)

@@ -10,22 +10,29 @@ fan-out never holds the event loop for long and yields to callbacks:
   always progresses): fan-out is shed (several entries in one write, or a conflated snapshot), never
   callbacks;
 - a round's bytes go straight to every WebSocket whose buffer has room, as ``websockets``' ``broadcast()``
-  does; only a socket that is full takes its connection's queue and writer task (:class:`Feed`);
+  does; only a socket that is full takes its connection's queue and writer task
+  (``gateway.live.feed.Feed``);
 - :meth:`Hub.run`, one task owned by the lifespan, makes the reads a channel needs after a version jump,
-  a bare wake-up or a reconnect of the bus, one at a time; each :class:`Feed`'s writer makes its own;
+  a bare wake-up or a reconnect of the bus, one at a time; each connection's writer makes its own;
 - :meth:`Hub.watch_writes`, one timer for all sockets, closes a connection stuck in one send (``4008``) and
   one held to having a subscription that has held none for its deadline (``4408``).
 
-The store is reached through :class:`BookReads`, the four reads of ``gateway.book.Book`` this needs, so
-that tests drive the hub with an in-memory book.
+Tag subscriptions (``gateway.live.tagging``) ride on the same: news of a task created with tags comes on the
+bus too (:meth:`Hub.receive`), and :meth:`Hub.reconcile` also lists the watched tags again for a creation
+whose news was lost.
+
+The store is reached through :class:`BookReads`, the four reads of ``gateway.book.Book`` this needs, and
+:class:`TagStore`, the three of ``gateway.tag_reads.TagReads``, so that tests drive the hub with an
+in-memory book.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import anyio
@@ -33,21 +40,20 @@ import anyio
 from gateway.bus.base import News
 from gateway.errors import (
     CLOSE_INTERNAL_ERROR,
-    CLOSE_NO_SUBSCRIPTION,
-    CLOSE_SLOW_CONSUMER,
     GatewayError,
     one_line,
 )
-from gateway.frames import Frame, error_frame
-from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription
+from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription, TagSub
+from gateway.live.tagging import NEW, Tagging
 from gateway.machine import Resume, Task
 
-__all__ = ["BookReads", "DirectWriter", "Feed", "Hub"]
+__all__ = ["BookReads", "Connection", "DirectWriter", "Hub", "TagStore"]
 
 log = logging.getLogger("gateway.hub")
 
-# The task ids of one reconcile query.
+# The task ids of one reconcile query; the tags of one query of the tags' reconcile.
 RECONCILE_CHUNK = 1000
+RECONCILE_TAGS_CHUNK = 500
 # Fan-out holds the event loop for at most this long at a time (then callbacks and the rest run: a callback
 # read or committed meanwhile waits at most this long for its turn; 1 ms costs one more turn of the loop
 # per 100 sockets or so), checking the clock every so many subscriptions.
@@ -71,6 +77,20 @@ class BookReads(Protocol):
     async def versions(self, task_ids: Sequence[str]) -> dict[str, int]: ...
 
 
+class TagStore(Protocol):
+    """The reads of tags the hub and its feeds make (``gateway.tag_reads.TagReads`` has them)."""
+
+    async def resume_many(self, cursors: Mapping[str, int]) -> dict[str, Resume]: ...
+
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> builtins.list[tuple[str, str]]: ...
+
+    async def list(self, tag: str, limit: int) -> tuple[builtins.list[str], bool]: ...
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class DirectWriter(Protocol):
     """A socket that can take already-framed bytes now (``gateway.server.ws_protocol``)."""
 
@@ -79,12 +99,32 @@ class DirectWriter(Protocol):
     def write(self, data: bytes) -> None: ...
 
 
+class Connection(Protocol):
+    """What the hub does with a connection (``gateway.live.feed.Feed``): writes straight to its socket,
+    wakes its writer, closes it."""
+
+    peer: Peer[Connection]
+    # Where its socket takes direct writes now; None for SSE, in tests, and once it is cut.
+    writer: DirectWriter | None
+
+    def signal(self) -> None:
+        """There is work for its writer."""
+
+    def close(self, code: int) -> None: ...
+
+    def stall(self) -> None:
+        """The watchdog cut it (``4008``): cancel its stuck send."""
+
+    def close_idle(self) -> None:
+        """It held no subscription for its deadline: say so and close (``4408``)."""
+
+
 class _Flush:
     """A channel's place in the loop: whether its fan-out is scheduled, and when it last took a slice."""
 
     __slots__ = ("channel", "flushing", "sliced_at")
 
-    def __init__(self, channel: Channel[Feed]) -> None:
+    def __init__(self, channel: Channel[Connection]) -> None:
         self.channel = channel
         self.flushing = False
         self.sliced_at = 0.0
@@ -103,14 +143,21 @@ class Hub:
         max_pause_s: float = FLUSH_MAX_PAUSE_S,
         clock: Callable[[], float] = time.perf_counter,
         monotonic: Callable[[], float] = time.monotonic,
+        tags: TagStore | None = None,
+        wall: Callable[[], int] = wall_clock_ms,
     ) -> None:
         """``clock`` times the flush slices; ``monotonic`` is the connections' clock, the one their deadlines
         are measured on (a send that makes no progress, a socket held to having a subscription): read by
-        the watchdog and by the endpoints that start those deadlines (tests set it to move time by hand)."""
+        the watchdog and by the endpoints that start those deadlines (tests set it to move time by hand).
+        ``tags`` reads tags (none: no tag subscription); ``wall`` is the clock tasks are created by
+        (milliseconds, the book's), that the tags' reconcile compares creation times with."""
         self.book = book
+        self.tags = tags
+        self.wall = wall
         self.monotonic = monotonic
-        self.fanout: Fanout[Feed] = Fanout()
-        self.feeds: set[Feed] = set()
+        self.fanout: Fanout[Connection] = Fanout()
+        self.tagging: Tagging[Connection] = Tagging(self.fanout)
+        self.feeds: set[Connection] = set()
         self.conflations = 0
         self.catch_ups = 0
         self.direct_writes = 0
@@ -130,7 +177,11 @@ class Hub:
     # --- news from the bus, and what it missed ---------------------------------------------------------
 
     def receive(self, news: News) -> None:
-        """A committed entry heard on the bus (this process's or another's). Never waits."""
+        """A committed entry, or a task created with tags, heard on the bus (this process's or another's).
+        Never waits."""
+        if news.created:
+            self._flush_all(self.tagging.created(news))
+            return
         channel = self.fanout.receive(news)
         if channel is not None:
             self._flush_soon(channel)
@@ -146,6 +197,7 @@ class Hub:
         """Make the reads the channels need; ``reconcile_s``: also compare every channel with the store that
         often (a shared bus can lose a message; a lost one is then late by at most this)."""
         next_check = None if reconcile_s is None else time.monotonic() + reconcile_s
+        self.tagging.reconciled = reconcile_s is not None
         while True:
             timeout = None if next_check is None else max(0.0, next_check - time.monotonic())
             with anyio.move_on_after(timeout):
@@ -168,10 +220,23 @@ class Hub:
                 self._wakeup.set()
 
     async def reconcile(self) -> None:
-        """Compare every channel's version with the store's, in one query per chunk of tasks."""
+        """Compare every channel's version with the store's, in one query per chunk of tasks; then list the
+        watched tags' tasks created since the horizon again, in one query per chunk of tags, and announce
+        those some subscription did not hear of (their state read in one query)."""
         ids = list(self.fanout.channels)
         for start in range(0, len(ids), RECONCILE_CHUNK):
             self.fanout.behind(await self.book.versions(ids[start : start + RECONCILE_CHUNK]))
+        started = self.wall()
+        check = self.tagging.checks()
+        if check is not None and self.tags is not None:
+            tags, since = check
+            for start in range(0, len(tags), RECONCILE_TAGS_CHUNK):
+                rows = await self.tags.tagged_since(tags[start : start + RECONCILE_TAGS_CHUNK], since)
+                missing = self.tagging.unknown(rows)
+                if missing:
+                    resumes = await self.tags.resume_many(dict.fromkeys(missing, NEW))
+                    self._flush_all(self.tagging.found(resume.task for resume in resumes.values()))
+        self.tagging.checked(started)
 
     async def _catch_up(self, read: Read) -> None:
         self.catch_ups += 1
@@ -194,7 +259,14 @@ class Hub:
 
     # --- fan-out rounds -------------------------------------------------------------------------------
 
-    def _flush_soon(self, channel: Channel[Feed]) -> None:
+    def _flush_all(self, channels: Iterable[Channel[Connection]]) -> None:
+        """Flush these channels soon, and wake the writers of the connections that got announcements."""
+        for channel in channels:
+            self._flush_soon(channel)
+        for peer in self.tagging.take_woken():
+            peer.handle.signal()
+
+    def _flush_soon(self, channel: Channel[Connection]) -> None:
         flush = self._flushes.get(channel.task_id)
         if flush is None or flush.channel is not channel:
             flush = self._flushes[channel.task_id] = _Flush(channel)
@@ -262,15 +334,45 @@ class Hub:
 
     # --- connections and subscriptions ------------------------------------------------------------------
 
-    def resumed(self, sub: Subscription[Feed], resume: Resume) -> None:
+    def resumed(self, sub: Subscription[Connection], resume: Resume) -> None:
         channel = self.fanout.resumed(sub, resume)
         if channel is not None:
             self._flush_soon(channel)
 
-    def remove(self, sub: Subscription[Feed]) -> None:
+    def remove(self, sub: Subscription[Connection]) -> None:
         self.fanout.remove(sub)
         self._forget(sub.task_id)
         sub.peer.let_go(self.monotonic())
+
+    # --- tag subscriptions: subscribe, buffer, read, merge (gateway.live.tagging) ----------------------
+
+    def subscribe_tag(self, peer: Peer[Connection], tag: str) -> TagSub[Connection]:
+        """Step 1: the tag subscription, replacing the connection's earlier one to ``tag``."""
+        tag_sub, replaced = self.tagging.subscribe(peer, tag, self.wall())
+        self._removed(peer, replaced)
+        return tag_sub
+
+    def tag_resumed(
+        self,
+        tag_sub: TagSub[Connection],
+        task_ids: Sequence[str],
+        more: bool,
+        resumes: Mapping[str, Resume],
+        cursors: Mapping[str, int],
+    ) -> None:
+        """Step 5: the tag frame, the resume frames and the announcements of what was created meanwhile."""
+        channels, gone = self.tagging.resumed(tag_sub, task_ids, more, resumes, cursors)
+        self._flush_all(channels)
+        self._removed(tag_sub.peer, gone)
+
+    def drop_tag(self, tag_sub: TagSub[Connection]) -> None:
+        """End a tag subscription and the streams it owns."""
+        self._removed(tag_sub.peer, self.tagging.drop(tag_sub))
+
+    def _removed(self, peer: Peer[Connection], subs: Sequence[Subscription[Connection]]) -> None:
+        for sub in subs:
+            self._forget(sub.task_id)
+        peer.let_go(self.monotonic())
 
     def stats(self) -> dict[str, int]:
         """Queue sizes, so that tests and metrics can see that memory stays bounded."""
@@ -289,11 +391,11 @@ class Hub:
             "outbox_max": max((len(c.outbox) for c in channels), default=0),
         }
 
-    def attach(self, feed: Feed) -> None:
+    def attach(self, feed: Connection) -> None:
         self.feeds.add(feed)
         self._idle.clear()
 
-    def detach(self, feed: Feed) -> None:
+    def detach(self, feed: Connection) -> None:
         if feed in self.feeds:
             self.feeds.discard(feed)
             self.conflations += feed.peer.conflations
@@ -320,174 +422,3 @@ class Hub:
     def shutdown(self, code: int) -> None:
         for feed in tuple(self.feeds):
             feed.close(code)
-
-
-class Feed:
-    """The frames one connection is to send (its :class:`~gateway.live.peer.Peer`), with the waiting: its
-    writer sleeps until there is work, makes the reads the next frame needs, and a reader that sends faster
-    than it reads its answers waits for room."""
-
-    def __init__(
-        self,
-        hub: Hub,
-        book: BookReads,
-        *,
-        backlog: int = 256,
-        max_subscriptions: int = 1000,
-        max_control: int = 256,
-    ) -> None:
-        self.hub = hub
-        self.book = book
-        self.peer: Peer[Feed] = Peer(
-            self, backlog=backlog, max_subscriptions=max_subscriptions, max_control=max_control
-        )
-        # Where the socket can be written to directly (gateway.server.ws_protocol); None for SSE and in tests.
-        self.writer: DirectWriter | None = None
-        # Called when the watchdog cuts the connection: cancels its stuck send (or aborts an SSE stream).
-        self.on_stall: Callable[[], object] | None = None
-        # Called whenever there is work for the writer (the WebSocket endpoint starts one then).
-        self.on_work: Callable[[], object] | None = None
-        self._waiter: asyncio.Future[None] | None = None  # next() waiting for work
-        self._room: asyncio.Event | None = None  # a reader waiting for room for a control frame (rare)
-        hub.attach(self)
-
-    @property
-    def direct(self) -> DirectWriter | None:
-        return self.writer
-
-    @direct.setter
-    def direct(self, writer: DirectWriter | None) -> None:
-        self.writer = writer
-        self.peer.direct = writer is not None
-
-    @property
-    def subscriptions(self) -> dict[str, Subscription[Feed]]:
-        return self.peer.subscriptions
-
-    @property
-    def close_code(self) -> int | None:
-        return self.peer.close_code
-
-    @property
-    def writing_since(self) -> float | None:
-        """When the send under way began (the hub's ``monotonic``), set by the writer around each send."""
-        return self.peer.writing_since
-
-    @writing_since.setter
-    def writing_since(self, value: float | None) -> None:
-        self.peer.writing_since = value
-
-    async def subscribe(self, task_id: str, cursor: int) -> Subscription[Feed]:
-        """Subscribe (replacing an earlier subscription to the same task) and queue the resume frame.
-
-        Raises ``UnknownTask`` or ``InvalidRequest`` (a bad cursor, too many subscriptions) with nothing
-        left subscribed.
-        """
-        sub = self.hub.fanout.subscribe(self.peer, task_id)  # live entries collect from here on
-        try:
-            resume = await self.book.resume(task_id, cursor)
-        except BaseException:
-            self.hub.remove(sub)
-            raise
-        self.hub.resumed(sub, resume)
-        self.signal()
-        return sub
-
-    def unsubscribe(self, task_id: str) -> None:
-        sub = self.peer.subscriptions.get(task_id)
-        if sub is not None:
-            self.hub.remove(sub)
-
-    def release(self) -> None:
-        for sub in tuple(self.peer.subscriptions.values()):
-            self.hub.remove(sub)
-        self.hub.detach(self)
-
-    def send_control(self, frame: Frame) -> bool:
-        """Queue a pong or an error frame after what is queued; ``False`` when ``max_control`` are queued
-        already (then wait for :meth:`control_room`)."""
-        if not self.peer.send_control(frame):
-            return False
-        self.signal()
-        return True
-
-    async def control_room(self) -> None:
-        """Wait until a control frame can be queued (or the feed is closed). A client that sends faster
-        than it reads its answers is read more slowly; one that stops reading is cut by the watchdog."""
-        while self.peer.control_full() and self.peer.close_code is None and self.peer.closing is None:
-            if self._room is None:
-                self._room = asyncio.Event()
-            self._room.clear()
-            await self._room.wait()
-
-    def close(self, code: int) -> None:
-        self.peer.close(code)
-        self.signal()
-        if self._room is not None:
-            self._room.set()
-
-    def close_after(self, frame: Frame, code: int) -> None:
-        """Close with ``code`` once ``frame`` and what is queued before it are sent."""
-        self.peer.close_after(frame, code)
-        self.signal()
-        if self._room is not None:
-            self._room.set()
-
-    def close_idle(self) -> None:
-        """It held no subscription for its deadline: say so, and close (``4408``)."""
-        deadline = self.peer.deadline_s
-        message = (
-            f"this socket held no subscription for {deadline:g} s (GATEWAY_WS_AUTH_DEADLINE_S); "
-            "subscribe with a task's subscribe token on a new socket"
-        )
-        self.close_after(error_frame("request-timeout", message), CLOSE_NO_SUBSCRIPTION)
-
-    def stall(self) -> None:
-        """The watchdog closed the connection (``4008``): cancel its stuck send."""
-        self.writer = None
-        self.close(CLOSE_SLOW_CONSUMER)  # the peer's decision already; the first code stays
-        if self.on_stall is not None:
-            self.on_stall()
-
-    def signal(self) -> None:
-        """There is work for the writer."""
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        if self.on_work is not None:
-            self.on_work()
-
-    def has_work(self) -> bool:
-        """Whether :meth:`next` would return at once (a frame to send, or the end)."""
-        return self.peer.has_work()
-
-    async def next(self) -> tuple[Subscription[Feed] | None, Frame] | None:
-        """The next frame to send (with its subscription), or ``None`` once the feed is closed."""
-        peer = self.peer
-        while True:
-            step = peer.next()
-            if step is None:
-                if peer.close_code is not None:
-                    return None
-                self._waiter = asyncio.get_running_loop().create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
-            elif isinstance(step, tuple):
-                if step[0] is None and self._room is not None:
-                    self._room.set()  # a control frame left: room for the reader's next answer
-                return step
-            else:
-                await self._read(step)
-
-    async def _read(self, read: Read) -> None:
-        try:
-            if isinstance(read, NeedTask):
-                self.peer.task_read(read, await self.book.get(read.task_id))
-            else:
-                entries = await self.book.entries_between(read.task_id, read.after, read.upto)
-                self.peer.entries_read(read, entries)
-        except BaseException:
-            self.peer.read_failed(read)
-            raise

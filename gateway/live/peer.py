@@ -1,5 +1,6 @@
-"""One connection's side of fan-out: its subscriptions, the order their frames go out in, and the store
-reads that fill them; pure, like ``gateway.live.fanout``, which hands it entries.
+"""One connection's side of fan-out: its subscriptions (of tasks, and of tags: :class:`TagSub`), the order
+their frames go out in, and the store reads that fill them; pure, like ``gateway.live.fanout``, which hands
+it entries (and ``gateway.live.tagging``, which decides what a tag subscription streams).
 
 A subscription collects live entries from the moment it exists, before its resume state is read
 (centrifuge's subscribe, buffer, read, merge); once the state is known, everything at or below it is
@@ -26,7 +27,7 @@ from typing import Generic, TypeAlias, TypeVar
 
 import orjson
 
-from gateway.errors import CLOSE_SLOW_CONSUMER
+from gateway.errors import CLOSE_SLOW_CONSUMER, InvalidRequest
 from gateway.frames import Frame, event_frame, snapshot_frame, text_frame
 from gateway.machine import Task, apply_event, event_from_json
 
@@ -99,11 +100,23 @@ class Published:
 class Subscription(Generic[H]):
     """One task on one connection: the last state sent and what is still to send."""
 
-    __slots__ = ("active", "backlog", "conflated", "head", "last", "peer", "pending", "queued", "task_id")
+    __slots__ = (
+        "active",
+        "backlog",
+        "conflated",
+        "head",
+        "last",
+        "owner",
+        "peer",
+        "pending",
+        "queued",
+        "task_id",
+    )
 
-    def __init__(self, task_id: str, peer: Peer[H]) -> None:
+    def __init__(self, task_id: str, peer: Peer[H], owner: TagSub[H] | None = None) -> None:
         self.task_id = task_id
         self.peer = peer
+        self.owner = owner  # the tag subscription that streams this task; None for a task's own
         self.backlog = peer.backlog
         self.last: Task | None = None  # None while the resume state is being read
         # Made when first needed and dropped when emptied: an idle socket holds no deque (624 bytes each).
@@ -149,6 +162,39 @@ class Subscription(Generic[H]):
         return self.last is not None and self.last.terminal and not self.head
 
 
+class TagSub(Generic[H]):
+    """One tag on one connection: the tasks it has listed or announced (each announced at most once), the
+    subscriptions of the ones it streams, and while its listing is read, the tasks created meanwhile.
+    What it does is ``gateway.live.tagging``'s."""
+
+    __slots__ = (
+        "active",
+        "buffered",
+        "cap",
+        "floor",
+        "known",
+        "listing",
+        "peer",
+        "since_ms",
+        "streams",
+        "tag",
+    )
+
+    def __init__(self, tag: str, peer: Peer[H], since_ms: int) -> None:
+        self.tag = tag
+        self.peer = peer
+        # Tasks created before this (the gateway's clock, less a margin) were there when it listed the tag.
+        self.since_ms = since_ms
+        self.known: dict[str, int] = {}  # listed or announced: task id -> createdAtMs (0 until read)
+        self.cap = 0  # how many ``known`` may hold before the ones past the reconcile's horizon go
+        self.streams: dict[str, Subscription[H]] = {}  # the subscriptions it owns, by task
+        self.listing = True  # its listing and resume reads are under way: news of creations waits
+        self.buffered: dict[str, Task] = {}  # created while it listed, as created, in arrival order
+        # With more tasks than it listed: the oldest listed, (createdAtMs, id); older ones were left out.
+        self.floor: tuple[int, str] | None = None
+        self.active = True
+
+
 Step: TypeAlias = "tuple[Subscription[H] | None, Frame] | Read | None"
 
 
@@ -170,10 +216,12 @@ class Peer(Generic[H]):
         "max_control",
         "max_refusals",
         "max_subscriptions",
+        "owned",
         "preparing",
         "reading",
         "refusals",
         "subscriptions",
+        "tags",
         "writing_since",
     )
 
@@ -185,6 +233,8 @@ class Peer(Generic[H]):
         self.max_subscriptions = max_subscriptions
         self.max_control = max_control
         self.subscriptions: dict[str, Subscription[H]] = {}
+        self.owned = 0  # those of ``subscriptions`` a tag subscription streams: they count as their tag
+        self.tags: dict[str, TagSub[H]] = {}
         self.control: deque[Frame] | None = None  # pongs and errors; made when needed, dropped when emptied
         # Whose turn it is, in order: a subscription with work, or None for the next control frame. A pong or
         # an error answers a message, so it goes after what earlier messages queued (the resume frame of a
@@ -203,6 +253,12 @@ class Peer(Generic[H]):
         self.max_refusals = 0
         self.idle_since: float | None = None
         self.refusals = 0
+
+    def make_room(self, replaced: int) -> None:
+        """Raise ``InvalidRequest`` when it holds ``max_subscriptions`` already, less the ``replaced`` one (if
+        any) that the new one is to replace: tasks subscribed to, and tags (each one, whatever it streams)."""
+        if len(self.subscriptions) - self.owned + len(self.tags) - replaced >= self.max_subscriptions:
+            raise InvalidRequest(f"at most {self.max_subscriptions} subscriptions per connection")
 
     def quiet(self) -> bool:
         """Nothing of this connection is queued, being prepared or being sent: a frame written now directly
@@ -278,8 +334,9 @@ class Peer(Generic[H]):
         self.refusals = 0
 
     def let_go(self, now: float) -> None:
-        """A subscription of it ended: when it was the last, the deadline starts again from ``now``."""
-        if self.deadline_s is not None and self.idle_since is None and not self.subscriptions:
+        """A subscription of it ended: when it was the last (a tag's counts while it lasts), the deadline
+        starts again from ``now``."""
+        if self.deadline_s is not None and self.idle_since is None and not (self.subscriptions or self.tags):
             self.idle_since = now
 
     def refused(self) -> bool:
@@ -296,7 +353,7 @@ class Peer(Generic[H]):
         return (
             self.deadline_s is not None
             and self.idle_since is not None
-            and not self.subscriptions
+            and not (self.subscriptions or self.tags)
             and self.close_code is None
             and self.closing is None
             and now - self.idle_since >= self.deadline_s

@@ -14,7 +14,7 @@ Every implementation passes one conformance suite (``tests/integration/test_stor
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -110,6 +110,23 @@ class ReadTx(Protocol):
         """How many tasks that finished at or before ``cutoff_ms`` nobody has taken the notification of:
         not drained, nor relayed when ``relay`` (a relay sends notifications, and a relayed one counts as
         taken). Retention keeps them."""
+
+    async def tagged(self, tag: str, limit: int) -> list[str]:
+        """The ids of the tasks carrying ``tag``, newest first (``created_at_ms`` descending, then id
+        descending), at most ``limit``: one range of the tag index, read backwards."""
+
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
+        """``(tag, task id)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``, by tag,
+        then ``created_at_ms`` and id ascending; one statement per chunk of tags."""
+
+    async def resume_rows(
+        self, cursors: Mapping[str, int], retention_versions: int
+    ) -> dict[str, tuple[Task, list[tuple[int, bytes]]]]:
+        """For each task among ``cursors``' keys that exists: the task and, in version order, its history
+        entries ``cursor < version <= task.version``; none at all when the cursor is more than
+        ``retention_versions`` behind the task or ahead of it (those resume with a snapshot:
+        ``gateway.machine.resume_mode``). One statement for the whole map, whatever its size (PostgreSQL:
+        two arrays; SQLite: one JSON object), not one per task."""
 
 
 class WriteTx(ReadTx, Protocol):

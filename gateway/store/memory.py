@@ -8,7 +8,7 @@ store; it keeps nothing across restarts.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -161,6 +161,36 @@ class MemoryTx:
             :limit
         ]
 
+    def _tagged(self, tags: Sequence[str]) -> list[tuple[str, int, str]]:
+        """(tag, created at, task id) of the tasks carrying any of ``tags``: the rows of ``task_tags``."""
+        wanted = set(tags)
+        return sorted(
+            (tag, s.task.created_at_ms, s.task.id)
+            for s in self.data.tasks.values()
+            for tag in s.task.tags
+            if tag in wanted
+        )
+
+    async def tagged(self, tag: str, limit: int) -> list[str]:
+        return [task_id for _, _, task_id in reversed(self._tagged([tag]))][:limit]
+
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
+        return [(tag, task_id) for tag, at, task_id in self._tagged(tags) if at >= since_ms]
+
+    async def resume_rows(
+        self, cursors: Mapping[str, int], retention_versions: int
+    ) -> dict[str, tuple[Task, list[tuple[int, bytes]]]]:
+        found: dict[str, tuple[Task, list[tuple[int, bytes]]]] = {}
+        for task_id in sorted(cursors):
+            stored = self.data.tasks.get(task_id)
+            if stored is None:
+                continue
+            task, cursor = stored.task, cursors[task_id]
+            within = task.version - retention_versions <= cursor <= task.version
+            missed = [(v, raw) for v, raw in self.data.entries[task_id] if cursor < v <= task.version]
+            found[task_id] = (task, missed if within else [])
+        return found
+
     async def lock_task(self, task_id: str) -> StoredTask | None:
         return self.data.tasks.get(task_id)
 
@@ -173,7 +203,10 @@ class MemoryTx:
     ) -> None:
         if task.id in self.data.tasks:
             raise StoreRace(f"task {task.id} exists")
-        self.data.tasks[task.id] = StoredTask(task, ttl_ms, heartbeat_ms)
+        # Its creation time is the row's column, written from ``created_at_ms`` (as in SQL).
+        self.data.tasks[task.id] = StoredTask(
+            replace(task, created_at_ms=created_at_ms), ttl_ms, heartbeat_ms
+        )
         self.data.entries[task.id] = []
         self.undo.append(lambda: (self.data.tasks.pop(task.id), self.data.entries.pop(task.id)))
 
@@ -187,6 +220,9 @@ class MemoryTx:
         key = (task.id, task.state, task.version)
         if transition.notify and key in self.data.outbox_keys:
             raise StoreRace(f"notification {key} exists")
+        if (task.tags, task.created_at_ms) != (before.task.tags, before.task.created_at_ms):
+            # Written once, at insert: no update changes them (as in SQL, where no update sets them).
+            task = replace(task, tags=before.task.tags, created_at_ms=before.task.created_at_ms)
         self.data.tasks[task.id] = replace(before, task=task)
         history = self.data.entries[task.id]
         history.append((entry.version, encoded_event))

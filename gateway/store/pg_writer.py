@@ -33,7 +33,7 @@ whose ``COMMIT`` was sent and not answered has an unknown outcome, which is a 50
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -45,7 +45,7 @@ from gateway.machine import Task, Transition
 from gateway.store import queries as q
 from gateway.store.base import StoredTask, StoreRace
 from gateway.store.tables import task_values
-from gateway.store.transaction import SqlTx, finished, spans
+from gateway.store.transaction import SqlTx, finished, spans, task_row
 
 # The longest a rollback may take before its connection is given up (invalidated) instead, within what is
 # left of the transaction's deadline.
@@ -195,6 +195,19 @@ class PgTx(SqlTx):
     def in_list(self, column: str, values: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
         if values:
             yield q.IN_ARRAY.format(column=column), [list(values)]
+
+    async def insert_task(
+        self, task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None = None
+    ) -> None:
+        if not task.tags:
+            await super().insert_task(task, ttl_ms, created_at_ms, heartbeat_ms)
+            return
+        row = task_row(task, ttl_ms, created_at_ms, heartbeat_ms)
+        await self.run(q.PG_INSERT_TAGGED, (*row, task.id, created_at_ms, list(task.tags)))
+
+    def cursor_rows(self, cursors: Mapping[str, int]) -> tuple[str, list[Any]]:
+        ids = [i for i in cursors if "\x00" not in i]  # no task has one; PostgreSQL text cannot hold it
+        return q.PG_CURSORS, [ids, [cursors[i] for i in ids]]
 
     # Locks and dedup look each key up on its own (queries.PG_LOCK_TASKS says why).
 

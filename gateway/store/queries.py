@@ -36,7 +36,16 @@ from collections.abc import Sequence
 from sqlalchemy import Table
 from sqlalchemy.dialects import postgresql
 
-from gateway.store.tables import ACTIVE_STATES, LEASED, TASK_COLUMNS, callbacks, entries, outbox, tasks
+from gateway.store.tables import (
+    ACTIVE_STATES,
+    LEASED,
+    TASK_COLUMNS,
+    UPDATED_COLUMNS,
+    callbacks,
+    entries,
+    outbox,
+    tasks,
+)
 
 # ``IN (...)`` lists go in chunks of this size (SQLite's default limit is 32,766 parameters).
 IN_CHUNK = 500
@@ -51,8 +60,9 @@ def _insert(table: str, columns: Sequence[str]) -> str:
 
 # --- tasks ------------------------------------------------------------------------------------------------
 
-# Its rows are ``TASK_COLUMNS`` (``tables.task_from_row``), then ``ttl_ms``, ``heartbeat_ms`` and
-# ``lease_until_ms``.
+# Its rows are ``TASK_COLUMNS`` (``tables.task_from_row``: the tags and the creation time among them, so
+# that every read of a task, a callback's locked read too, has them at no cost), then ``ttl_ms``,
+# ``heartbeat_ms`` and ``lease_until_ms``.
 SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)}, ttl_ms, heartbeat_ms, lease_until_ms FROM tasks"
 TASK = f"{SELECT_TASK} WHERE id = ?"  # + LOCK in a write transaction
 TASKS = f"{SELECT_TASK} WHERE {{ids}} ORDER BY id"  # + LOCK; in id order, so that batches lock in one order
@@ -65,7 +75,19 @@ DUE = (
     f"{SELECT_TASK} WHERE {_LIVE} AND expires_at_ms <= ? "
     f"AND NOT ({LEASED} AND lease_until_ms < expires_at_ms) ORDER BY expires_at_ms LIMIT ?"  # + CLAIM
 )
-INSERT_TASK = _insert("tasks", (*TASK_COLUMNS, "ttl_ms", "created_at_ms", "heartbeat_ms"))
+INSERT_TASK = _insert("tasks", (*UPDATED_COLUMNS, "tags", "ttl_ms", "created_at_ms", "heartbeat_ms"))
+
+# --- tags: fixed at creation, each a row of task_tags (ix_task_tags_tag) beside the task's ``tags`` column -
+
+TAG_COLUMNS = ("tag", "task_id", "created_at_ms")
+INSERT_TASK_TAG = _insert("task_tags", TAG_COLUMNS)  # once per tag (SQLite; PostgreSQL: PG_INSERT_TAGGED)
+# A tag's tasks, newest first: one range of ix_task_tags_tag, read backwards, LIMIT rows of it.
+TAGGED = "SELECT task_id FROM task_tags WHERE tag = ? ORDER BY created_at_ms DESC, task_id DESC LIMIT ?"
+# The tasks of some tags created since a time: a range of the index per tag ({tags}: ``tag IN``/``= ANY``).
+TAGGED_SINCE = (
+    "SELECT tag, task_id FROM task_tags WHERE {tags} AND created_at_ms >= ? "
+    "ORDER BY tag, created_at_ms, task_id"
+)
 
 # --- heartbeat leases (gateway.lease) -----------------------------------------------------------------
 # Both repeat the predicate of the partial index ix_tasks_lease_end: answered in O(rows wanted).
@@ -93,6 +115,19 @@ def update_task(columns: tuple[str, ...]) -> str:
 
 
 # --- history ----------------------------------------------------------------------------------------------
+
+# Many resumes at once: the tasks named by a map of task id -> cursor ({cursors}: rows ``c(id, after)``,
+# SQLite's ``SQLITE_CURSORS`` or PostgreSQL's ``PG_CURSORS``) joined to their rows by primary key, each with
+# the entries its cursor missed, none when its cursor is more than a retention behind (the parameter after
+# the cursors) or ahead of it: those resume with a snapshot. Rows: ``TASK_COLUMNS``, then the entry's
+# version and event (NULL when none), by task id and version.
+RESUME_ROWS = (
+    f"SELECT {', '.join(f't.{name}' for name in TASK_COLUMNS)}, e.version, e.event FROM {{cursors}} "
+    "JOIN tasks AS t ON t.id = c.id LEFT JOIN entries AS e ON e.task_id = t.id AND e.version > c.after "
+    "AND e.version <= t.version AND c.after >= t.version - ? ORDER BY t.id, e.version"
+)
+# A JSON object of task id -> cursor as rows (one parameter, whatever the map's size).
+SQLITE_CURSORS = "(SELECT key AS id, value AS after FROM json_each(?)) AS c"
 
 ENTRY_COLUMNS = ("task_id", "version", "type", "at_ms", "event")
 ENTRIES = (
@@ -153,6 +188,7 @@ RELAY_LATER = "UPDATE outbox SET relay_next_at_ms = ? WHERE id = ? AND relayed_a
 # keyed by task id joins by adding its line here (and its part to the in-memory twin's ``_Data.forget``).
 TASK_OWNED = (
     ("entries", "task_id"),
+    ("task_tags", "task_id"),
     ("callbacks", "task_id"),
     ("deliveries", "task_id"),
     ("outbox", "task_id"),
@@ -198,6 +234,14 @@ PG_LOCK_TASKS = (
     "SELECT t.* FROM unnest(?::text[]) AS i(id) "
     f"CROSS JOIN LATERAL ({SELECT_TASK} WHERE id = i.id{LOCK}) AS t"
 )
+# A tagged task's row and its tags' rows in one statement (its parameters: ``INSERT_TASK``'s, then the
+# task id, its creation time and the tags as one array).
+PG_INSERT_TAGGED = (
+    f"WITH made AS ({INSERT_TASK}) INSERT INTO task_tags ({', '.join(TAG_COLUMNS)}) "
+    "SELECT g.tag, ?, ? FROM unnest(?::text[]) AS g(tag)"
+)
+# Two arrays, task ids and their cursors, as rows (RESUME_ROWS).
+PG_CURSORS = "unnest(?::text[], ?::bigint[]) AS c(id, after)"
 # A batch's lease renewals in one statement (SQLite runs ``RENEW_LEASE`` once per row).
 PG_RENEW_LEASES = (
     "UPDATE tasks AS t SET lease_until_ms = v.until FROM unnest(?::text[], ?::bigint[]) AS v(id, until) "

@@ -18,20 +18,33 @@ ACTIVE_STATES = ("queued", "running")
 # The rows of running attempts that hold a lease: the predicate of the partial index ix_tasks_lease_end.
 LEASED = "state = 'running' AND lease_until_ms IS NOT NULL"
 # The columns of a ``tasks`` row that hold the machine's task: named and ordered as its fields, so that a
-# row that starts with them is the task's arguments in order (``task_from_row``).
-# The machine's fields that are columns of ``tasks`` (tags live in their own table; created_at_ms is
-# written once, at insert). BASE18 PLACEHOLDER: the tags helper makes these real.
-TASK_COLUMNS = tuple(field.name for field in fields(Task) if field.name not in ("tags", "created_at_ms"))
+# row that starts with them is the task's arguments in order (``task_from_row``). The last two are written
+# once, at insert, and never updated: a task's tags (sorted, joined by one space, ``''`` for none; a tag has
+# no whitespace) and its creation time.
+TASK_COLUMNS = tuple(field.name for field in fields(Task))
+INSERT_ONLY = ("tags", "created_at_ms")
+assert TASK_COLUMNS[-len(INSERT_ONLY) :] == INSERT_ONLY, "task_from_row reads them last"
+# The columns a task's life changes: what an update may set.
+UPDATED_COLUMNS = TASK_COLUMNS[: -len(INSERT_ONLY)]
+_TAGS = len(UPDATED_COLUMNS)
 
 
 def task_from_row(row: Sequence[Any]) -> Task:
     """The task in a row that starts with ``TASK_COLUMNS``: the one way a row becomes a task (by position,
     which costs less than by name on every driver's rows)."""
-    return Task(*row[: len(TASK_COLUMNS)])
+    tags = row[_TAGS]
+    values: Sequence[Any] = (*row[:_TAGS], tuple(tags.split(" ")) if tags else (), row[_TAGS + 1])
+    return Task(*values)
+
+
+def tags_text(tags: Sequence[str]) -> str:
+    """A task's tags as its row's ``tags`` column holds them."""
+    return " ".join(tags)
 
 
 def task_values(task: Task) -> dict[str, Any]:
-    """The machine's task as the values of its ``tasks`` row, by column (``TASK_COLUMNS`` order)."""
+    """The machine's task as the values of its ``tasks`` row that its life changes, by column
+    (``UPDATED_COLUMNS`` order)."""
     return {
         "id": task.id,
         "state": task.state,
@@ -48,7 +61,8 @@ def task_values(task: Task) -> dict[str, Any]:
 
 def changed_values(before: Task | None, task: Task) -> dict[str, Any]:
     """The columns of ``task``'s row that differ from ``before`` (all but the id when the row was not read):
-    what an update writes. A progress callback changes two, progress and version."""
+    what an update writes. A progress callback changes two, progress and version; none ever changes the
+    tags or the creation time."""
     values = task_values(task)
     del values["id"]
     if before is None:
@@ -94,9 +108,12 @@ class TaskRow(SQLModel, table=True):
     result_ref: str | None = Field(default=None, sa_column=Column(Text))
     result_hash: str | None = Field(default=None, sa_column=Column(Text))
     error: str | None = Field(default=None, sa_column=Column(Text))
+    # Fixed at creation (``INSERT_ONLY``): its tags, sorted, joined by one space (``''``: none), each also a
+    # row of ``task_tags``; and when it was created, by the gateway's clock.
+    tags: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    created_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
     # What the task was created with, so that a repeated create can be told apart from a conflicting one.
     ttl_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
-    created_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
     # When the task became terminal, by the gateway's clock (its terminal entry's time, the notification's
     # atMs), written with that transition; NULL while it lives. Retention counts from it.
     finished_at_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
@@ -117,6 +134,19 @@ class EntryRow(SQLModel, table=True):
     type: str = Field(sa_column=Column(String(16), nullable=False))
     at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
     event: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class TaskTagRow(SQLModel, table=True):
+    """One tag of a task, with the task's creation time: a tag's tasks are one range of ``ix_task_tags_tag``,
+    newest first when read backwards. Written with the task, deleted with it (retention), never updated."""
+
+    __tablename__ = "task_tags"
+    # The primary key, led by the task id, finds a task's rows when retention deletes it.
+    __table_args__ = (Index("ix_task_tags_tag", "tag", "created_at_ms", "task_id"),)
+
+    task_id: str = Field(sa_column=Column(String(128), primary_key=True))
+    tag: str = Field(sa_column=Column(String(128), primary_key=True))
+    created_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
 
 
 class CallbackRow(SQLModel, table=True):
@@ -212,6 +242,7 @@ class DrainBatchRow(SQLModel, table=True):
 
 tasks = TaskRow.__table__  # type: ignore[attr-defined]
 entries = EntryRow.__table__  # type: ignore[attr-defined]
+task_tags = TaskTagRow.__table__  # type: ignore[attr-defined]
 callbacks = CallbackRow.__table__  # type: ignore[attr-defined]
 outbox = OutboxRow.__table__  # type: ignore[attr-defined]
 deliveries = DeliveryRow.__table__  # type: ignore[attr-defined]

@@ -14,13 +14,15 @@ database does otherwise (``queries`` says what differs):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from gateway.machine import Task, Transition
 from gateway.store import queries as q
 from gateway.store.base import DrainBatch, Notification, Outgoing, Receipt, StoredTask
-from gateway.store.tables import TASK_COLUMNS, changed_values, task_from_row, task_values
+from gateway.store.tables import TASK_COLUMNS, changed_values, tags_text, task_from_row, task_values
 
 
 def spans(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, tuple[int, Task]]:
@@ -39,11 +41,31 @@ def finished(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, int]
     return {t.task.id: int(at) for t, _, at in items if t.notify}
 
 
+def task_row(task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None) -> tuple[Any, ...]:
+    """The parameters of ``queries.INSERT_TASK``."""
+    return (*task_values(task).values(), tags_text(task.tags), ttl_ms, created_at_ms, heartbeat_ms)
+
+
 def stored_from_row(row: Sequence[Any]) -> StoredTask:
     """A row of ``queries.SELECT_TASK``: the task's columns, then ``ttl_ms``, ``heartbeat_ms``,
     ``lease_until_ms``."""
     ttl_ms, heartbeat_ms, lease_until_ms = row[len(TASK_COLUMNS) : len(TASK_COLUMNS) + 3]
     return StoredTask(task_from_row(row), ttl_ms, heartbeat_ms, lease_until_ms)
+
+
+def resumes_from_rows(rows: Sequence[Sequence[Any]]) -> dict[str, tuple[Task, list[tuple[int, bytes]]]]:
+    """The rows of ``queries.RESUME_ROWS`` (by task, then version) as each task with its entries."""
+    found: dict[str, tuple[Task, list[tuple[int, bytes]]]] = {}
+    width = len(TASK_COLUMNS)
+    for row in rows:
+        task_id = row[0]
+        held = found.get(task_id)
+        if held is None:
+            held = found[task_id] = (task_from_row(row), [])
+        version, event = row[width], row[width + 1]
+        if version is not None:
+            held[1].append((version, event))
+    return found
 
 
 class SqlTx:
@@ -116,6 +138,34 @@ class SqlTx:
         params = [value for value in (state, after) if value is not None]
         return [task_from_row(r) for r in await self.fetch(query, (*params, limit))]
 
+    # --- tags ---------------------------------------------------------------------------------------------
+
+    async def tagged(self, tag: str, limit: int) -> list[str]:
+        if "\x00" in tag:  # no tag has one (create refuses it), and PostgreSQL text cannot hold it
+            return []
+        return [r[0] for r in await self.fetch(q.TAGGED, (tag, limit))]
+
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        for condition, params in self.in_list("tag", sorted({t for t in tags if "\x00" not in t})):
+            rows = await self.fetch(q.TAGGED_SINCE.format(tags=condition), (*params, since_ms))
+            found += [(r[0], r[1]) for r in rows]
+        return found  # the chunks follow each other in tag order
+
+    async def resume_rows(
+        self, cursors: Mapping[str, int], retention_versions: int
+    ) -> dict[str, tuple[Task, list[tuple[int, bytes]]]]:
+        if not cursors:
+            return {}
+        source, params = self.cursor_rows(cursors)
+        rows = await self.fetch(q.RESUME_ROWS.format(cursors=source), (*params, retention_versions))
+        return resumes_from_rows(rows)
+
+    def cursor_rows(self, cursors: Mapping[str, int]) -> tuple[str, list[Any]]:
+        """A map of task id -> cursor as the rows ``c(id, after)`` of ``queries.RESUME_ROWS``, with its
+        parameters: here one JSON object."""
+        return q.SQLITE_CURSORS, [orjson.dumps(dict(cursors)).decode()]
+
     # --- writes ---------------------------------------------------------------------------------------
 
     async def lock_task(self, task_id: str) -> StoredTask | None:
@@ -142,7 +192,9 @@ class SqlTx:
     async def insert_task(
         self, task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None = None
     ) -> None:
-        await self.run(q.INSERT_TASK, (*task_values(task).values(), ttl_ms, created_at_ms, heartbeat_ms))
+        await self.run(q.INSERT_TASK, task_row(task, ttl_ms, created_at_ms, heartbeat_ms))
+        if task.tags:
+            await self.run_many(q.INSERT_TASK_TAG, [(tag, task.id, created_at_ms) for tag in task.tags])
 
     async def record(self, transition: Transition, encoded_event: bytes, notify_at_ms: float) -> None:
         await self.record_many([(transition, encoded_event, notify_at_ms)])

@@ -78,6 +78,8 @@ class TaskJson(_Answer):
     maxAttempts: int
     progress: int = Field(ge=0, le=100)
     version: int = Field(ge=0, description="how many entries the task's history holds")
+    tags: list[str] = Field(description="the task's tags, fixed at creation, sorted; [] for none")
+    createdAtMs: int = Field(description="when the task was created, by the gateway's clock, in epoch ms")
     resultRef: str | Absent = ABSENT
     resultHash: str | Absent = ABSENT
     error: str | Absent = ABSENT

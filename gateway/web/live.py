@@ -32,11 +32,12 @@ from gateway.errors import (
     Unavailable,
 )
 from gateway.frames import PONG, Frame, error_frame
-from gateway.live.hub import Feed
+from gateway.live.feed import Feed
 from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
 from gateway.web.auth import Grant, Guard, origin_allowed
 from gateway.web.extensions import connection, direct_socket
+from gateway.web.tag_messages import TagMessage, tag_message, tag_of
 from gateway.web.wire import cursor_in_range, parse_cursor, query_cursor
 
 log = logging.getLogger("gateway")
@@ -178,6 +179,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
 
     async def handle_multi(ws: WebSocket, feed: Feed, raw: str | bytes) -> Frame | None:
         task_id: str | None = None
+        tag: str | None = None
         try:
             message = _message(raw)
             kind = message.get("type")
@@ -185,6 +187,10 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
                 return PONG
             if kind not in ("subscribe", "unsubscribe"):
                 raise InvalidRequest(f"type: must be subscribe, unsubscribe or ping, got {_show(kind)}")
+            if "tag" in message:
+                tag = tag_of(message)
+                await handle_tag(ws, feed, tag_message(kind, message, settings.tag_subscription_max))
+                return None
             task_id = message.get("taskId")
             if not isinstance(task_id, str):
                 task_id = None
@@ -206,11 +212,22 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             authorized(ws)
             return None
         except GatewayError as exc:
-            return error_frame(exc.code, exc.message, task_id)
+            return error_frame(exc.code, exc.message, task_id, tag=tag)
         except Exception as exc:
             if not database_unavailable(exc):
                 raise
-            return error_frame("unavailable", UNAVAILABLE, task_id)
+            return error_frame("unavailable", UNAVAILABLE, task_id, tag=tag)
+
+    async def handle_tag(ws: WebSocket, feed: Feed, message: TagMessage) -> None:
+        """A tag's subscribe (its tasks listed, each resumed from the client's cursor, then the ones created
+        later announced) or unsubscribe (its tasks' streams end too)."""
+        if message.kind == "unsubscribe":
+            feed.unsubscribe_tag(message.tag)
+            return
+        # A tag token for this tag (or none in open mode); never the API key, as for a task's subscribe.
+        guard.tag_credential(message.token, message.tag, where="a subscribe message")
+        await feed.subscribe_tag(message.tag, message.cursors, settings.tag_subscription_max)
+        authorized(ws)
 
     async def task_socket(ws: WebSocket) -> None:
         await ws.accept()

@@ -78,6 +78,9 @@ class Handle:
             "maxAttempts": max_attempts,
             "progress": 0,
             "version": 0,
+            # The gateway's own fields: no tags asked for, created by the gateway's clock now.
+            "tags": [],
+            "createdAtMs": gw.gateway.clock(),
         }
         assert made.task == handle.expected
         return handle

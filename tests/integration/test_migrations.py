@@ -148,7 +148,7 @@ async def test_on_postgresql_autovacuum_reuses_the_churning_tables_space_early(p
                 await conn.execute(text("SELECT relname, reloptions FROM pg_class WHERE relkind = 'r'"))
             ).all()
     options = {name: set(opts or ()) for name, opts in rows}
-    for table in ("tasks", "entries", "callbacks", "outbox", "deliveries", "drain_batches"):
+    for table in ("tasks", "entries", "callbacks", "outbox", "deliveries", "drain_batches", "task_tags"):
         assert "autovacuum_vacuum_scale_factor=0.02" in options[table], (table, options[table])
 
 
@@ -189,6 +189,9 @@ TASK_JSON = {
     "maxAttempts": 2,
     "progress": 100,
     "version": 2,
+    # Revision 0007: a task stored before tags has none, and its creation time is the one it was stored with.
+    "tags": [],
+    "createdAtMs": CREATED,
     "resultRef": RESULT_REF,
     "resultHash": RESULT_HASH,
 }
@@ -353,7 +356,7 @@ async def test_tasks_finished_before_the_upgrade_are_retained_from_when_they_fin
             "the task of 0.1.0 deleted by retention",
         )
     async with engine_for(database_url) as engine, engine.connect() as conn:
-        for table in ("tasks", "entries", "callbacks", "outbox", "deliveries"):
+        for table in ("tasks", "entries", "callbacks", "outbox", "deliveries", "task_tags"):
             rows = await conn.execute(text(f"SELECT count(*) FROM {table}"))
             assert rows.scalar() == 0, table
 

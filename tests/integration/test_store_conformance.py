@@ -9,6 +9,7 @@ rolled-back change left behind.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from gateway.store.base import DrainBatch, Receipt, Store, StoreRace, WriteTx
 from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
 from gateway.store.transaction import SqlTx
+from gateway.tag_reads import TagReads
 from gateway.web.render import notifications_body
 from tests.support import FakeClock, opened, postgres_database
 
@@ -62,12 +64,13 @@ async def store(store_url: str) -> AsyncIterator[Store]:
         yield made
 
 
-def queued(task_id: str, *, now: int = 1_000, ttl_ms: int = 60_000) -> tuple:  # type: ignore[type-arg]
-    return create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=3), ttl_ms, now
+def queued(task_id: str, *, now: int = 1_000, ttl_ms: int = 60_000, tags: tuple[str, ...] = ()) -> tuple:  # type: ignore[type-arg]
+    task = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=3)
+    return replace(task, tags=tags, created_at_ms=now), ttl_ms, now
 
 
-async def add(store: Store, task_id: str, **kwargs: int) -> None:
-    task, ttl_ms, now = queued(task_id, **kwargs)
+async def add(store: Store, task_id: str, *, tags: tuple[str, ...] = (), **kwargs: int) -> None:
+    task, ttl_ms, now = queued(task_id, tags=tags, **kwargs)
     async with store.write() as tx:
         await tx.insert_task(task, ttl_ms, now)
 
@@ -84,6 +87,39 @@ async def test_a_task_reads_back_as_written_and_an_id_is_taken_once(store: Store
         await add(store, "t1")
     async with store.read() as tx:
         assert await tx.versions(["t1", "nope"]) == {"t1": 0}
+
+
+TAGS = ("owner:u42", "project:7")
+
+
+async def test_a_tasks_tags_and_creation_time_read_back_through_every_read_and_outlive_its_changes(
+    store: Store,
+) -> None:
+    """Fixed at creation: every read of the task has them (a callback's locked read among them), and no
+    transition, a deadline's or a lease's included, changes them."""
+    await add(store, "tagged", tags=TAGS, now=1_234, ttl_ms=10)
+    await add(store, "plain", now=1_500)
+    async with store.read() as tx:
+        tagged, plain = await tx.task("tagged"), await tx.task("plain")
+        listed = await tx.list_tasks(state=None, after=None, limit=10)
+    assert tagged is not None and (tagged.task.tags, tagged.task.created_at_ms) == (TAGS, 1_234)
+    assert plain is not None and (plain.task.tags, plain.task.created_at_ms) == ((), 1_500)
+    assert listed == [plain.task, tagged.task]
+    async with store.write() as tx:
+        locked = await tx.lock_task("tagged")
+        assert locked == tagged
+        assert (await tx.lock_tasks(["tagged", "plain"])) == {"tagged": tagged, "plain": plain}
+        start = apply_event(tagged.task, Start(1_240, "w1"))
+        await tx.record(start, orjson.dumps(event_to_json(start.entry.event)), 1_240)  # type: ignore[union-attr]
+    async with store.write() as tx:
+        (due,) = await tx.claim_due(2_000, 10)
+        assert (due.tags, due.created_at_ms, due.state) == (TAGS, 1_234, "running")
+        expired = expire_task(due)
+        await tx.record(expired, orjson.dumps(event_to_json(expired.entry.event)), due.expires_at_ms)  # type: ignore[union-attr]
+    async with store.read() as tx:
+        after = await tx.task("tagged")
+    assert after is not None and after.task == replace(expired.task, tags=TAGS, created_at_ms=1_234)
+    assert after.task.state == "expired"
 
 
 async def test_a_transaction_that_raises_leaves_nothing_behind(store: Store) -> None:
@@ -635,9 +671,10 @@ async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
 
 
 async def test_an_update_writes_only_the_columns_that_changed(sql_store: SqlStore) -> None:
-    """A batch of progress callbacks sets progress and version, not the seven columns that stayed."""
+    """A batch of progress callbacks sets progress and version, not the seven columns that stayed (nor the
+    tags and creation time, which no update sets)."""
     for task_id in ("a", "b"):
-        await add(sql_store, task_id)
+        await add(sql_store, task_id, tags=TAGS)
     async with sql_store.write() as tx:
         locked = await tx.lock_tasks(["a", "b"])
         started = {i: apply_event(locked[i].task, Start(2_000, "w1")) for i in ("a", "b")}
@@ -689,6 +726,34 @@ async def test_an_update_writes_only_the_columns_that_changed(sql_store: SqlStor
         a, b = await reading.task("a"), await reading.task("b")
     assert a is not None and (a.task.progress, a.task.version, a.task.state) == (70, 3, "running")
     assert b is not None and (b.task.progress, b.task.version, b.task.attempts) == (40, 2, 1)
+    assert (a.task.tags, a.task.created_at_ms) == (TAGS, 1_000)
+
+
+async def tag_rows(store: SqlStore) -> list[tuple[str, str, int]]:
+    """The rows of ``task_tags``: (tag, task id, created at)."""
+    async with store.db.read() as conn:
+        rows = await conn.execute(sqlalchemy.text("SELECT tag, task_id, created_at_ms FROM task_tags"))
+        return sorted((r[0], r[1], r[2]) for r in rows)
+
+
+async def test_a_tasks_tags_are_rows_of_task_tags_written_once_and_deleted_with_it(
+    sql_store: SqlStore,
+) -> None:
+    """One row per tag, with the task's creation time; a task without tags has none; retention's delete
+    takes a task's rows with it and nobody else's."""
+    await add(sql_store, "a", tags=TAGS, now=1_100)
+    await add(sql_store, "b", tags=("owner:u42",), now=1_200)
+    await add(sql_store, "c", now=1_300)
+    with pytest.raises(StoreRace):  # the id is taken: neither its row nor its tags' rows are written
+        await add(sql_store, "a", tags=("other",), now=1_400)
+    assert await tag_rows(sql_store) == [
+        ("owner:u42", "a", 1_100),
+        ("owner:u42", "b", 1_200),
+        ("project:7", "a", 1_100),
+    ]
+    async with sql_store.write() as tx:
+        assert await tx.forget(["a", "c"]) == 2
+    assert await tag_rows(sql_store) == [("owner:u42", "b", 1_200)]
 
 
 # --- retention: finished tasks deleted with everything they own ----------------------------------------
@@ -967,3 +1032,129 @@ async def test_concurrent_lease_claims_end_each_lease_once(store: Store) -> None
                 "error": "heartbeat-timeout",
                 "retryable": True,
             }
+
+
+# --- tags: a tag's tasks, those created since a time, many resumes at once ---------------------------------
+
+
+async def test_a_tags_tasks_are_listed_newest_first_and_since_a_time(store: Store) -> None:
+    await add(store, "a", tags=TAGS, now=1_000)
+    await add(store, "b", tags=("owner:u42",), now=2_000)
+    await add(store, "c", tags=("owner:u42",), now=2_000)  # created with b: the greater id first
+    await add(store, "d", tags=("project:7",), now=3_000)
+    await add(store, "e", now=4_000)
+    await add(store, "f", tags=("owner:u420",), now=5_000)  # another tag, however alike
+    async with store.read() as tx:
+        assert await tx.tagged("owner:u42", 10) == ["c", "b", "a"]
+        assert await tx.tagged("owner:u42", 2) == ["c", "b"]
+        assert await tx.tagged("project:7", 10) == ["d", "a"]
+        assert await tx.tagged("nobody", 10) == []
+        assert await tx.tagged("nul\x00tag", 10) == []
+        assert await tx.tagged_since(["project:7", "owner:u42", "nobody"], 2_000) == [
+            ("owner:u42", "b"),
+            ("owner:u42", "c"),
+            ("project:7", "d"),
+        ]
+        assert await tx.tagged_since(["owner:u42"], 0) == [("owner:u42", t) for t in ("a", "b", "c")]
+        assert await tx.tagged_since(["owner:u42"], 2_001) == []
+        assert await tx.tagged_since([], 0) == []
+    async with store.write() as tx:
+        assert await tx.forget(["a", "c"]) == 2
+    async with store.read() as tx:
+        assert await tx.tagged("owner:u42", 10) == ["b"]
+        assert await tx.tagged_since(["project:7", "owner:u42"], 0) == [
+            ("owner:u42", "b"),
+            ("project:7", "d"),
+        ]
+
+
+async def progressed(store: Store, task_id: str, entries: int, *, tags: tuple[str, ...] = ()) -> None:
+    """A task started and moved on ``entries`` - 1 times: at version ``entries``."""
+    await add(store, task_id, tags=tags)
+    for n in range(entries):
+        async with store.write() as tx:
+            stored = await tx.lock_task(task_id)
+            assert stored is not None
+            event = Start(2_000, "w1") if n == 0 else Progress(2_000 + n, n, f"c{n}")
+            moved = apply_event(stored.task, event)
+            await tx.record(moved, orjson.dumps(event_to_json(event)), 2_000 + n)
+
+
+async def test_resume_rows_give_each_task_the_entries_its_cursor_missed(store: Store) -> None:
+    """Within the retention: the entries after the cursor; level with the task, more than a retention
+    behind, or ahead: none (those are caught-up or snapshots); a task that does not exist: left out."""
+    for task_id in ("behind", "level", "far", "ahead", "edge"):
+        await progressed(store, task_id, 5)
+    await add(store, "fresh")
+    cursors = {"behind": 4, "edge": 2, "far": 1, "level": 5, "ahead": 9, "fresh": 0, "gone": 0, "nul\x00": 0}
+    async with store.read() as tx:
+        rows = await tx.resume_rows(cursors, 3)
+        whole = {task_id: await tx.entries(task_id, 0, 5) for task_id in ("behind", "edge")}
+        tasks = {task_id: await tx.task(task_id) for task_id in cursors}
+        assert await tx.resume_rows({}, 3) == {}
+    assert sorted(rows) == ["ahead", "behind", "edge", "far", "fresh", "level"]
+    for task_id, (task, _) in rows.items():
+        assert task == tasks[task_id].task  # type: ignore[union-attr]
+    assert {task_id: [v for v, _ in found] for task_id, (_, found) in rows.items()} == {
+        "behind": [5],
+        "edge": [3, 4, 5],  # 5 - 2 = 3: just within a retention of 3
+        "far": [],  # 5 - 1 = 4: more than a retention behind
+        "level": [],
+        "ahead": [],
+        "fresh": [],
+    }
+    assert rows["behind"][1] == whole["behind"][4:]
+    assert rows["edge"][1] == whole["edge"][2:]
+
+
+async def test_many_resumes_answer_as_the_books_resume_of_each_task(store: Store) -> None:
+    """``TagReads.resume_many``: for every cursor, the mode, reason, task and entries ``Book.resume``
+    gives, in one read."""
+    for task_id, entries in (("a", 0), ("b", 1), ("c", 6)):
+        await progressed(store, task_id, entries)
+    book = Book(store, FakeClock(10_000), retention_versions=3)
+    reads = TagReads(store, 3)
+    for cursor in range(9):
+        cursors = {"a": cursor, "b": cursor, "c": cursor, "gone": cursor}
+        many = await reads.resume_many(cursors)
+        assert sorted(many) == ["a", "b", "c"]
+        for task_id, resume in many.items():
+            assert resume == await book.resume(task_id, cursor), (task_id, cursor)
+    assert await reads.resume_many({}) == {}
+    assert await reads.list("owner:u42", 5) == ([], False)
+
+
+async def test_a_tags_list_says_whether_more_carry_it(store: Store) -> None:
+    for n in range(5):
+        await add(store, f"t{n}", tags=("owner:u42",), now=1_000 + n)
+    reads = TagReads(store, 8)
+    assert await reads.list("owner:u42", 3) == (["t4", "t3", "t2"], True)
+    assert await reads.list("owner:u42", 5) == (["t4", "t3", "t2", "t1", "t0"], False)
+    assert await reads.tagged_since(["owner:u42"], 1_003) == [("owner:u42", "t3"), ("owner:u42", "t4")]
+
+
+async def test_resuming_many_tasks_is_one_statement_not_one_per_task(
+    sql_store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tag subscription over 200 tasks reads the tag's list in one statement and all 200 resumes in one
+    more, not one per task."""
+    async with sql_store.write() as tx:
+        for n in range(1, 200):
+            task, ttl_ms, now = queued(f"t{n:03d}", tags=("owner:u42",))
+            await tx.insert_task(task, ttl_ms, now)
+    await progressed(sql_store, "t000", 3, tags=("owner:u42",))
+    statements: list[str] = []
+    async with sql_store.read() as reading:
+        assert isinstance(reading, SqlTx)
+        real = type(reading).fetch
+
+        async def fetch(self: SqlTx, sql: str, params: Any = ()) -> Any:
+            statements.append(sql)
+            return await real(self, sql, params)
+
+        monkeypatch.setattr(type(reading), "fetch", fetch)
+        ids = await reading.tagged("owner:u42", 1_000)
+        rows = await reading.resume_rows(dict.fromkeys(ids, 1), 8)
+    assert len(ids) == 200 and sorted(rows) == sorted(ids)
+    assert [v for v, _ in rows["t000"][1]] == [2, 3]
+    assert len(statements) == 2, statements  # the list, then every resume at once

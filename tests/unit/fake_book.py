@@ -10,20 +10,28 @@ it is a ``gateway.live.hub.BookReads`` (mypy checks that it fits, with no ignore
 - ``resume(task_id, cursor)``: a :class:`gateway.machine.Resume`, mode chosen by ``machine.resume_mode``
   (retention 8 by default), a delta's entries bounded by the version of the task as read;
 - ``entries_between(task_id, after, upto)``: the entries ``after < version <= upto``, in order;
-- ``versions(task_ids)``: the current version of each task that exists.
+- ``versions(task_ids)``: the current version of each task that exists;
+
+and the reads of tags (``gateway.live.hub.TagStore``, as ``gateway.tag_reads.TagReads`` answers them):
+
+- ``list(tag, limit)``: the ids of the tasks carrying ``tag``, newest first (createdAtMs, then id,
+  descending), at most ``limit``, and whether more were left out;
+- ``resume_many(cursors)``: ``resume`` of each task of the map that exists, in one read;
+- ``tagged_since(tags, since_ms)``: ``(tag, task id)`` of the tasks carrying one of ``tags`` created at
+  ``since_ms`` or later.
 
 The pure tests call the same reads synchronously (``resume_now``, ``entries_now``); the driver tests await
 them. Each awaited read passes through named *points* a test can hook (``hooks[name]`` is awaited there):
 ``"resume"`` before the task is read, ``"resume:task-read"`` after the task is read and before its entries
-are, ``"get"``, ``"entries"`` and ``"versions"`` before those reads. Without a hook a point is one
-checkpoint.
+are, ``"get"``, ``"entries"``, ``"versions"``, ``"list"``, ``"resume_many"`` and ``"tagged_since"`` before
+those reads. Without a hook a point is one checkpoint.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import anyio
 import anyio.lowlevel
@@ -74,8 +82,20 @@ class FakeBook:
 
     # --- writes (synchronous: a commit) --------------------------------------------------------------
 
-    def create(self, task_id: str, *, ttl_ms: float = 10**12, max_attempts: int = 10**6) -> Task:
+    def create(
+        self,
+        task_id: str,
+        *,
+        ttl_ms: float = 10**12,
+        max_attempts: int = 10**6,
+        tags: Sequence[str] = (),
+        created_at_ms: int | None = None,
+    ) -> Task:
+        """A task at version 0, with ``tags`` (stored sorted), created now (``clock``) or at
+        ``created_at_ms``."""
         task = create_task(id=task_id, now_ms=self.clock, ttl_ms=ttl_ms, max_attempts=max_attempts)
+        at = self.clock if created_at_ms is None else created_at_ms
+        task = replace(task, tags=tuple(sorted(set(tags))), created_at_ms=at)
         self.states[task_id] = [task]
         self.entries[task_id] = []
         self.events[task_id] = []
@@ -136,6 +156,30 @@ class FakeBook:
         self.calls.append(("get", task_id, task.version, task.version))
         return task
 
+    def list_now(self, tag: str, limit: int) -> tuple[list[str], bool]:
+        tagged = [states[0] for states in self.states.values() if tag in states[0].tags]
+        tagged.sort(key=lambda task: (task.created_at_ms, task.id), reverse=True)
+        self.calls.append(("list", tag, limit, len(tagged)))
+        return [task.id for task in tagged[:limit]], len(tagged) > limit
+
+    def resume_many_now(self, cursors: Mapping[str, int]) -> dict[str, Resume]:
+        self.calls.append(("resume_many", ",".join(cursors), len(cursors), 0))
+        out = {}
+        for task_id, cursor in cursors.items():
+            if task_id in self.states:
+                out[task_id] = self.resume_now(task_id, cursor)
+                self.calls.pop()  # one read for all of them
+        return out
+
+    def tagged_since_now(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
+        self.calls.append(("tagged_since", ",".join(tags), since_ms, 0))
+        return [
+            (tag, states[0].id)
+            for tag in tags
+            for states in self.states.values()
+            if tag in states[0].tags and states[0].created_at_ms >= since_ms
+        ]
+
     # --- the reads of Book, awaited (the driver tests) ------------------------------------------------
 
     async def _point(self, name: str) -> None:
@@ -163,6 +207,19 @@ class FakeBook:
     async def entries_between(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         await self._point("entries")
         return self.entries_now(task_id, after, upto)
+
+    async def resume_many(self, cursors: Mapping[str, int]) -> dict[str, Resume]:
+        await self._point("resume_many")
+        return self.resume_many_now(cursors)
+
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
+        await self._point("tagged_since")
+        return self.tagged_since_now(tags, since_ms)
+
+    # Last: a method named ``list`` hides the builtin in the annotations of the class's later methods.
+    async def list(self, tag: str, limit: int) -> tuple[list[str], bool]:
+        await self._point("list")
+        return self.list_now(tag, limit)
 
 
 def next_event(task: Task, at_ms: int, rng: random.Random | None = None) -> Event:

@@ -7,6 +7,11 @@ writes the bytes a round gives to a socket that has room (and says ``full`` for 
 a connection's writer and answers the reads the core asks for from the book. Every frame a client receives,
 by either way, lands in ``got[subscription]``, where :func:`check_stream` holds it to protocol.md.
 
+Tag subscriptions too (``gateway.live.tagging``): :meth:`Play.create` makes a task and hands the news of
+its creation to the core as the bus would, :meth:`Play.subscribe_tag` plays a tag's subscribe (subscribe,
+list, subscribe the listed tasks, read, merge) at once, and :class:`Client` checks every frame one
+connection receives, tasks and tags alike.
+
 Also the checks themselves: :func:`parse` (a frame against protocol.md's table of server frames),
 :func:`check_resume`, :func:`check_event`, :func:`check_stream`, and :func:`unframe` (WebSocket bytes back
 to frames, as a client reads them).
@@ -14,15 +19,17 @@ to frames, as a client reads them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from gateway.bus.base import News
 from gateway.frames import Frame, event_frame
-from gateway.live.fanout import Channel, Fanout, NeedTask, Peer, Read, Subscription
-from gateway.machine import Event, event_to_json, resume_mode, task_to_json
+from gateway.live.fanout import Channel, Fanout, NeedTask, Peer, Read, Subscription, TagSub
+from gateway.live.tagging import NEW, Tagging
+from gateway.machine import Event, Task, event_to_json, resume_mode, task_to_json
 from tests.unit.fake_book import RETENTION, Committed, FakeBook
 
 BACKLOG = 4
@@ -42,7 +49,8 @@ class Play:
     def __init__(self, book: FakeBook | None = None) -> None:
         self.book = book if book is not None else FakeBook()
         self.fan: Fanout[str] = Fanout()
-        self.got: dict[Subscription[str], list[Frame]] = {}
+        self.tagging: Tagging[str] = Tagging(self.fan)
+        self.got: defaultdict[Subscription[str], list[Frame]] = defaultdict(list)
         self.room: dict[Peer[str], bool] = {}  # a direct socket's: whether it takes a write now
         self.writes: dict[Peer[str], list[bytes]] = {}  # what was written straight to each socket
         self.direct_writes = 0
@@ -74,8 +82,56 @@ class Play:
         except Exception:
             self.fan.remove(sub)
             raise
-        self.got.setdefault(sub, [])
         self.flush(self.fan.resumed(sub, resume))
+
+    # --- tags ------------------------------------------------------------------------------------------
+
+    def create(self, task_id: str, tags: Sequence[str] = (), *, publish: bool = True) -> Task:
+        """A task created now (the book's clock, moved on by 1 ms), and the news of it (or none: lost)."""
+        self.book.clock += 1
+        task = self.book.create(task_id, tags=tags)
+        if publish:
+            self.announce(task)
+        return task
+
+    def announce(self, task: Task) -> None:
+        """The bus brings the news of ``task``'s creation."""
+        for channel in self.tagging.created(News.creation(task)):
+            self.flush(channel)
+
+    def subscribe_tag(
+        self, peer: Peer[str], tag: str, cursors: Mapping[str, int] | None = None, limit: int = 1000
+    ) -> TagSub[str]:
+        """A tag's subscribe played at once: subscribe, list, subscribe the listed tasks, read, merge."""
+        tag_sub, _ = self.tagging.subscribe(peer, tag, self.book.clock)
+        task_ids, more = self.book.list_now(tag, limit)
+        self.tagging.listed(tag_sub, task_ids)
+        self.tag_resumed(tag_sub, task_ids, more, cursors or {})
+        return tag_sub
+
+    def tag_resumed(
+        self, tag_sub: TagSub[str], task_ids: Sequence[str], more: bool, cursors: Mapping[str, int]
+    ) -> list[Subscription[str]]:
+        """The read of the listed tasks (step 4, now) and the merge; returns the subscriptions removed."""
+        wanted = {task_id: cursors.get(task_id, NEW) for task_id in task_ids}
+        resumes = self.book.resume_many_now(wanted) if wanted else {}
+        channels, gone = self.tagging.resumed(tag_sub, task_ids, more, resumes, cursors)
+        for channel in channels:
+            self.flush(channel)
+        return gone
+
+    def reconcile(self) -> None:
+        """The periodic check of the tags, its reads answered at once."""
+        started = self.book.clock
+        check = self.tagging.checks()
+        if check is not None:
+            rows = self.book.tagged_since_now(*check)
+            missing = self.tagging.unknown(rows)
+            if missing:
+                resumes = self.book.resume_many_now(dict.fromkeys(missing, NEW))
+                for channel in self.tagging.found(resume.task for resume in resumes.values()):
+                    self.flush(channel)
+        self.tagging.checked(started)
 
     # --- the bus ----------------------------------------------------------------------------------------
 
@@ -270,3 +326,65 @@ def check_stream(
             check_event(book, task_id, frame, last + 1)
             last += 1
     return last
+
+
+class Client:
+    """What the client of one connection holds, fed every frame it receives in order, each checked against
+    protocol.md: per task, its resume frame first (a task's subscribe, or a ``tag`` frame listing it: from
+    the client's cursor, or ``snapshot`` ``new`` for a task not in its map), or after an ``added`` frame its
+    ``snapshot`` ``new``; then ``event`` frames with no gap, no repeat, each the exact entry and the task
+    after it, a ``conflated`` snapshot the only jump. ``cursors`` is the map it holds (and would send on a
+    reconnect), kept up to date."""
+
+    def __init__(self, book: FakeBook, cursors: Mapping[str, int] | None = None) -> None:
+        self.book = book
+        self.cursors: dict[str, int] = dict(cursors or {})
+        self.held: dict[str, int] = {}  # the version held of each task streamed on this connection
+        self.expect: dict[str, str] = {}  # the next frame of a task: "resume" (listed) or "new" (added)
+        self.listed: dict[str, list[str]] = {}  # the last tag frame of each tag
+        self.more: dict[str, bool] = {}
+        self.added: list[tuple[str, str]] = []
+        self.bodies: list[dict[str, Any]] = []
+
+    def subscribing(self, task_id: str) -> None:
+        """The client sent a task's subscribe (with ``cursors[task_id]``, or 0): its resume frame is next."""
+        self.cursors.setdefault(task_id, 0)
+        self.expect[task_id] = "resume"
+
+    def feed(self, frames: Sequence[Frame]) -> list[dict[str, Any]]:
+        return [self.feed_one(frame) for frame in frames]
+
+    def feed_one(self, frame: Frame) -> dict[str, Any]:
+        body: dict[str, Any] = orjson.loads(frame.text)
+        self.bodies.append(body)
+        kind = body["type"]
+        if kind == "tag":
+            assert set(body) == {"type", "tag", "taskIds", "more"}, body
+            self.listed[body["tag"]], self.more[body["tag"]] = body["taskIds"], body["more"]
+            for task_id in body["taskIds"]:
+                self.expect[task_id] = "resume"
+            return body
+        if kind == "added":
+            assert set(body) == {"type", "tag", "taskId"}, body
+            assert frame.type == "added"
+            self.added.append((body["tag"], body["taskId"]))
+            self.expect[body["taskId"]] = "new"
+            return body
+        if kind in ("pong", "error"):
+            return body
+        body = parse(frame)
+        task_id, version = body["taskId"], body["version"]
+        assert body["task"] == task_to_json(self.book.state_at(task_id, version)), body
+        expect = self.expect.pop(task_id, None)
+        if expect == "new" or (expect == "resume" and task_id not in self.cursors):
+            assert (kind, body["reason"]) == ("snapshot", "new"), (expect, body)
+        elif expect == "resume":
+            check_resume(self.book, task_id, frame, self.cursors[task_id])
+        elif kind == "snapshot":
+            assert task_id in self.held, body
+            assert body["reason"] == "conflated" and version > self.held[task_id], (self.held, body)
+        else:
+            assert task_id in self.held, body
+            check_event(self.book, task_id, frame, self.held[task_id] + 1)
+        self.held[task_id] = self.cursors[task_id] = version
+        return body

@@ -23,7 +23,8 @@ import pytest
 from gateway.bus.base import News
 from gateway.errors import CLOSE_INTERNAL_ERROR, CLOSE_SLOW_CONSUMER, InvalidRequest, UnknownTask
 from gateway.frames import PONG, Frame, error_frame
-from gateway.live.hub import Feed, Hub
+from gateway.live.feed import Feed
+from gateway.live.hub import Connection, Hub
 from gateway.live.peer import Subscription
 from gateway.machine import Succeed
 from tests.unit.fake_book import Committed, FakeBook
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.anyio
 
 DEADLINE_S = 5.0
 
-Item = tuple[Subscription[Feed] | None, Frame]
+Item = tuple[Subscription[Connection] | None, Frame]
 
 
 class Writes:

@@ -32,6 +32,7 @@ from gateway.machine import (
     expire_task,
     is_blank,
     resume_mode,
+    task_from_json,
     task_to_json,
 )
 
@@ -585,6 +586,9 @@ def test_task_to_json_omits_absent_optional_fields() -> None:
         "maxAttempts": 3,
         "progress": 0,
         "version": 0,
+        # The gateway's own fields, always there: none and 0 until the book sets them (create_task does not).
+        "tags": [],
+        "createdAtMs": 0,
     }
     assert "resultRef" not in data and "resultHash" not in data and "error" not in data
 
@@ -598,11 +602,23 @@ def test_task_to_json_includes_present_optional_fields() -> None:
         "maxAttempts": 3,
         "progress": 100,
         "version": 2,
+        "tags": [],
+        "createdAtMs": 0,
         "resultRef": "ref-1",
         "resultHash": "hash-1",
     }
     assert task_to_json(failed())["error"] == "boom"
     assert "resultRef" not in task_to_json(failed())
+
+
+def test_a_tasks_tags_and_creation_time_travel_in_its_json_and_outlive_its_transitions() -> None:
+    tagged = replace(queued(), tags=("owner:u42", "project:7"), created_at_ms=NOW)
+    data = task_to_json(tagged)
+    assert (data["tags"], data["createdAtMs"]) == (["owner:u42", "project:7"], NOW)
+    assert task_from_json(data) == tagged
+    done = step(step(tagged, Start(NOW + 10, "w1")), Succeed(NOW + 20, "r", "h"))
+    assert (done.tags, done.created_at_ms) == (tagged.tags, NOW)
+    assert task_from_json(task_to_json(done)) == done
 
 
 def test_task_to_json_keeps_an_empty_error_string() -> None:

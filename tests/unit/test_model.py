@@ -47,11 +47,13 @@ def test_create_and_get(model: Model) -> None:
         "maxAttempts": 2,
         "progress": 0,
         "version": 0,
+        "tags": [],
+        "createdAtMs": 1_000,
     }
     assert model.get("t1") == (200, task)
     assert model.create("t2", 0, 5, 1) == (
         201,
-        {"task": {**task, "id": "t2", "expiresAtMs": 5, "maxAttempts": 1}},
+        {"task": {**task, "id": "t2", "expiresAtMs": 5, "maxAttempts": 1, "createdAtMs": 0}},
     )
 
 
@@ -262,6 +264,8 @@ def test_cancel_ends_a_running_task_with_one_entry_and_one_notification(model: M
         "maxAttempts": 2,
         "progress": 40,
         "version": 3,
+        "tags": [],
+        "createdAtMs": 1_000,
         "error": "cancelled",
     }
     assert model.history("t1")[-1] == {
@@ -512,7 +516,8 @@ def test_model_invariants_under_random_operations(operations: list[tuple[Any, ..
     for task_id, task in book.tasks.items():
         assert notified.get(task_id, 0) == (1 if task.terminal else 0)
         replayed = create_task(id=task_id, now_ms=0, ttl_ms=1, max_attempts=task.max_attempts)
-        replayed = replace(replayed, expires_at_ms=task.expires_at_ms)
+        # Its deadline and creation time are the create's, which the history does not replay.
+        replayed = replace(replayed, expires_at_ms=task.expires_at_ms, created_at_ms=task.created_at_ms)
         for entry in book.history(task_id):
             replayed = apply_event(replayed, event_from_json(entry["event"])).task
         assert replayed == task

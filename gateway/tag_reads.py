@@ -1,0 +1,55 @@
+"""The reads of tags (issue 18), over the store: a tag's tasks newest first, the tasks of some tags created
+since a time, and the resumes of many tasks at once, each as :meth:`gateway.book.Book.resume` answers it.
+
+Beside the book, not in it: each is one read transaction whose statements (``gateway.store.queries``) do
+the work set-based, so that resuming the 200 tasks of a tag costs one query, not 200. Every method runs
+within the database deadline, whatever cancels its caller (``gateway.db_deadline``).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+
+from gateway.db_deadline import DB_DEADLINE_S, shielded
+from gateway.machine import Resume, resume_mode
+from gateway.store.base import Store
+
+
+class TagReads:
+    def __init__(self, store: Store, retention_versions: int, *, deadline_s: float = DB_DEADLINE_S) -> None:
+        self.store = store
+        # The entries a delta may carry (GATEWAY_RETENTION_VERSIONS), as the book's resume.
+        self.retention_versions = retention_versions
+        self.deadline_s = deadline_s
+
+    @shielded
+    async def list(self, tag: str, limit: int) -> tuple[builtins.list[str], bool]:
+        """The ids of the tasks carrying ``tag``, newest first (``createdAtMs`` descending, then id
+        descending), at most ``limit``; and whether more carry it."""
+        async with self.store.read() as tx:
+            ids = await tx.tagged(tag, limit + 1)
+        return ids[:limit], len(ids) > limit
+
+    @shielded
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> builtins.list[tuple[str, str]]:
+        """``(tag, task id)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``, by tag,
+        then oldest first."""
+        async with self.store.read() as tx:
+            return await tx.tagged_since(tags, since_ms)
+
+    @shielded
+    async def resume_many(self, cursors: Mapping[str, int]) -> dict[str, Resume]:
+        """What a subscriber at each cursor (task id -> cursor, each an integer >= 0) missed, as
+        :meth:`Book.resume <gateway.book.Book.resume>` would answer for each task: ``caught-up``, ``delta``
+        (the entries after the cursor) or ``snapshot`` (``retention``, ``cursor-ahead``). Tasks that do not
+        exist are left out. One read transaction, one statement for the whole map."""
+        if not cursors:
+            return {}
+        async with self.store.read() as tx:
+            rows = await tx.resume_rows(cursors, self.retention_versions)
+        found: dict[str, Resume] = {}
+        for task_id, (task, entries) in rows.items():
+            mode, reason = resume_mode(task.version, cursors[task_id], self.retention_versions)
+            found[task_id] = Resume(mode, reason, task, entries if mode == "delta" else ())
+        return found

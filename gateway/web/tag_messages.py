@@ -1,0 +1,53 @@
+"""A ``/v1/ws`` message about a tag (protocol.md, Live: tags), validated: ``{"type": "subscribe", "tag",
+"token", "cursors"}`` or ``{"type": "unsubscribe", "tag"}``. Each refusal is ``invalid-request`` in words
+that name the field at fault."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import InvalidRequest
+from gateway.tag_names import MAX_TAG_LENGTH, check_tag
+from gateway.web.wire import MAX_CURSOR
+
+
+@dataclass(frozen=True, slots=True)
+class TagMessage:
+    kind: str  # subscribe | unsubscribe
+    tag: str
+    token: str | None = None
+    # Task id -> the last version the client saw of it (every task it knows).
+    cursors: dict[str, int] = field(default_factory=dict)
+
+
+def tag_of(message: dict[str, Any]) -> str | None:
+    """The tag a message is about, once it is known to be one (for the error frame that answers it)."""
+    tag = message.get("tag")
+    return tag if isinstance(tag, str) and len(tag) <= MAX_TAG_LENGTH else None
+
+
+def tag_message(kind: str, message: dict[str, Any], max_cursors: int) -> TagMessage:
+    """A ``subscribe`` or ``unsubscribe`` message that names a ``tag``; at most ``max_cursors`` cursors
+    (GATEWAY_TAG_SUBSCRIPTION_MAX)."""
+    if "taskId" in message:
+        raise InvalidRequest("a message names a taskId or a tag, not both")
+    tag = check_tag(message.get("tag"))
+    if kind == "unsubscribe":
+        return TagMessage(kind, tag)
+    token = message.get("token")
+    if token is not None and not isinstance(token, str):
+        raise InvalidRequest("token: must be a string")
+    cursors = message.get("cursors", {})
+    if not isinstance(cursors, dict):
+        raise InvalidRequest("cursors: must be an object of task id -> the last version seen of it")
+    if len(cursors) > max_cursors:
+        raise InvalidRequest(
+            f"cursors: at most {max_cursors} tasks (GATEWAY_TAG_SUBSCRIPTION_MAX), got {len(cursors)}"
+        )
+    for task_id, cursor in cursors.items():
+        if isinstance(cursor, bool) or not isinstance(cursor, int) or not 0 <= cursor <= MAX_CURSOR:
+            raise InvalidRequest(
+                f"cursors[{task_id[:40]!r}]: must be an integer from 0 to {MAX_CURSOR}, got {cursor!r:.40}"
+            )
+    return TagMessage(kind, tag, token, cursors)
