@@ -181,23 +181,34 @@ class Book:
 
     @shielded
     async def create(
-        self, task_id: str, ttl_ms: int, max_attempts: Any, heartbeat_ms: int | None = None
+        self,
+        task_id: str,
+        ttl_ms: int,
+        max_attempts: Any,
+        heartbeat_ms: int | None = None,
+        tags: Sequence[str] = (),
     ) -> tuple[Task, bool]:
-        """Create a queued task (with a heartbeat lease of ``heartbeat_ms``, if given); the same id with the
-        same parameters returns it again (``False``)."""
+        """Create a queued task (with a heartbeat lease of ``heartbeat_ms``, if given, and ``tags``, kept
+        sorted); the same id with the same parameters and tags (in any order) returns it again (``False``)."""
         now = self.clock()
         made_now = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=max_attempts)
-        task = replace(made_now, created_at_ms=now)
+        task = replace(made_now, tags=tuple(sorted(tags)), created_at_ms=now)
 
         async def work(tx: WriteTx, commit: _Commit) -> tuple[Task, bool]:
             existing = await tx.task(task_id)
             if existing is not None:
-                made = (existing.ttl_ms, existing.task.max_attempts, existing.heartbeat_ms)
-                if made != (ttl_ms, task.max_attempts, heartbeat_ms):
+                made = (
+                    existing.ttl_ms,
+                    existing.task.max_attempts,
+                    existing.heartbeat_ms,
+                    existing.task.tags,
+                )
+                if made != (ttl_ms, task.max_attempts, heartbeat_ms, task.tags):
                     raise Conflict(
                         "task-exists",
                         f"task {task_id} exists with other parameters (ttlMs {made[0]}, maxAttempts "
-                        f"{made[1]}, heartbeatMs {'none' if made[2] is None else made[2]})",
+                        f"{made[1]}, heartbeatMs {'none' if made[2] is None else made[2]}, tags "
+                        f"{orjson.dumps(made[3]).decode()})",
                     )
                 return existing.task, False
             await tx.insert_task(task, ttl_ms, now, heartbeat_ms)

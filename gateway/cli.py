@@ -237,7 +237,7 @@ def _token(args: argparse.Namespace) -> int:
     if problem is None and args.tag is not None:
         tag = tag_problem(args.tag)
         if tag is not None:
-            problem = f"--tag {args.tag!r}: {tag}"
+            problem = f"--tag: {tag}"
         elif ttl_s > MAX_TAG_TOKEN_TTL_S:
             problem = f"--ttl {args.ttl!r}: a tag token lasts at most {MAX_TAG_TOKEN_TTL_S} s (365d)"
     if problem is not None:

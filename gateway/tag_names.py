@@ -1,9 +1,11 @@
-"""What a tag may be (protocol.md, Tags), in the protocol's words: pure, one place for every check.
+"""What a tag may be (protocol.md, Tags), in the protocol's words: pure, the one place the rule is written.
 
-A tag names a group of tasks (``owner:u42``, ``project:7``): 1 to 128 characters of ``[A-Za-z0-9:._@-]``, so
-that it travels unescaped in a query string, a JWT claim and a log line. A task carries at most
-:data:`MAX_TAGS`, fixed at creation, none twice. The create body, the task list's ``tag=`` query, a tag token
-(``POST /v1/tokens``, ``gateway token --tag``) and a ``/v1/ws`` tag subscribe all check a tag here.
+A tag names a group of tasks (``owner:u42``, ``project:7``): 1 to 128 characters of ``A-Z a-z 0-9 : . _ @ -``:
+no space, so that a task's tags are stored joined by one (``gateway.store.tables``), and nothing a URL, a
+JWT claim or a log line would need to escape. A task carries at most :data:`MAX_TAGS`, each once, fixed at
+creation and kept sorted. Every place that takes a tag checks it here: a create's ``tags`` and the task
+list's ``tag=`` (through the wire types of ``gateway.web.tags``), a tag token (``POST /v1/tokens``,
+``gateway token --tag``, the token's own claim) and a ``/v1/ws`` tag subscribe.
 """
 
 from __future__ import annotations
@@ -16,33 +18,27 @@ from gateway.errors import InvalidRequest
 
 MAX_TAG_LENGTH = 128
 MAX_TAGS = 16
-TAG_ALPHABET = "A-Za-z0-9:._@-"
-# The rule as a JSON Schema pattern (ECMA-262, which Python's re reads alike).
-TAG_PATTERN = f"^[{TAG_ALPHABET}]{{1,{MAX_TAG_LENGTH}}}$"
-_TAG = re.compile(f"[{TAG_ALPHABET}]{{1,{MAX_TAG_LENGTH}}}")
-_NOT_IN_ALPHABET = re.compile(f"[^{TAG_ALPHABET}]")
+# The rule as a JSON Schema pattern (ECMA-262, which Python's re reads alike); _TAG is it, matched whole.
+TAG_PATTERN = f"^[A-Za-z0-9:._@-]{{1,{MAX_TAG_LENGTH}}}$"
+_TAG = re.compile(f"[A-Za-z0-9:._@-]{{1,{MAX_TAG_LENGTH}}}")
+RULE = f"1 to {MAX_TAG_LENGTH} characters of A-Z, a-z, 0-9 and : . _ @ -"
 JSON_SCHEMA: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
     "maxLength": MAX_TAG_LENGTH,
     "pattern": TAG_PATTERN,
-    "description": f"1 to {MAX_TAG_LENGTH} characters of A-Z, a-z, 0-9 and : . _ @ -",
+    "description": f"a tag: {RULE}",
 }
 
 
 def tag_problem(value: object) -> str | None:
     """Why ``value`` is not a tag, or ``None`` for a tag (a field's words, without the field's name)."""
     if not isinstance(value, str):
-        return "must be a string"
-    if _TAG.fullmatch(value):
-        return None
-    if value == "":
-        return "must not be empty"
-    if len(value) > MAX_TAG_LENGTH:
-        return f"at most {MAX_TAG_LENGTH} characters, got {len(value)}"
-    bad = _NOT_IN_ALPHABET.search(value)
-    assert bad is not None
-    return f"only A-Z, a-z, 0-9 and : . _ @ - may be in a tag, not {bad.group()!r}"
+        return "a tag must be a string"
+    if _TAG.fullmatch(value) is None:
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        return f"{shown!r} is not a tag: a tag is {RULE}"
+    return None
 
 
 def check_tag(value: object, field: str = "tag") -> str:
@@ -54,15 +50,26 @@ def check_tag(value: object, field: str = "tag") -> str:
     return value
 
 
-def check_tags(values: Sequence[object], field: str = "tags") -> tuple[str, ...]:
-    """The tags of one task: at most :data:`MAX_TAGS`, each a tag, none twice; sorted (as they are stored),
-    else ``InvalidRequest`` naming ``field`` (and the position of a bad tag in it)."""
+def tags_problem(values: Sequence[object]) -> str | None:
+    """Why ``values`` are not the tags of one task (at most :data:`MAX_TAGS`, each a tag, each once), or
+    ``None``."""
     if len(values) > MAX_TAGS:
-        raise InvalidRequest(f"{field}: at most {MAX_TAGS} tags, got {len(values)}")
-    tags = [check_tag(value, f"{field}[{i}]") for i, value in enumerate(values)]
+        return f"at most {MAX_TAGS} tags per task, got {len(values)}"
     seen: set[str] = set()
-    for i, tag in enumerate(tags):
-        if tag in seen:
-            raise InvalidRequest(f"{field}[{i}]: {tag!r} is given more than once")
-        seen.add(tag)
-    return tuple(sorted(tags))
+    for value in values:
+        problem = tag_problem(value)
+        if problem is not None:
+            return problem
+        assert isinstance(value, str)
+        if value in seen:
+            return f"{value!r} is given more than once (each tag once)"
+        seen.add(value)
+    return None
+
+
+def check_tags(values: Sequence[object], field: str = "tags") -> tuple[str, ...]:
+    """The tags of one task, sorted (as they are stored), else ``InvalidRequest`` naming ``field``."""
+    problem = tags_problem(values)
+    if problem is not None:
+        raise InvalidRequest(f"{field}: {problem}")
+    return tuple(sorted(str(value) for value in values))

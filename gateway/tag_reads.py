@@ -12,7 +12,7 @@ import builtins
 from collections.abc import Mapping, Sequence
 
 from gateway.db_deadline import DB_DEADLINE_S, shielded
-from gateway.machine import Resume, resume_mode
+from gateway.machine import Resume, Task, resume_mode
 from gateway.store.base import Store
 
 
@@ -30,6 +30,16 @@ class TagReads:
         async with self.store.read() as tx:
             ids = await tx.tagged(tag, limit + 1)
         return ids[:limit], len(ids) > limit
+
+    @shielded
+    async def list_tasks(
+        self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
+    ) -> builtins.list[Task]:
+        """Up to ``limit`` tasks carrying every one of ``tags``, newest first, after ``before`` (a
+        ``(createdAtMs, id)``) if given, only those in ``state`` if given: a page of
+        ``GET /v1/tasks?tag=``."""
+        async with self.store.read() as tx:
+            return await tx.tagged_tasks(tags, state=state, before=before, limit=limit)
 
     @shielded
     async def tagged_since(self, tags: Sequence[str], since_ms: int) -> builtins.list[tuple[str, str]]:

@@ -16,6 +16,10 @@ export interface Task {
   progress: number;
   /** How many entries the task's history holds: the cursor a client keeps. */
   version: number;
+  /** The task's tags, fixed at creation, sorted (`[]` for none). */
+  tags: string[];
+  /** When the task was created, by the gateway's clock, in epoch milliseconds. */
+  createdAtMs: number;
   resultRef?: string;
   resultHash?: string;
   /** Why a failed task failed (a worker's error), or `"cancelled"` for a task cancelled on request. */

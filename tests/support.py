@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
@@ -237,6 +237,7 @@ async def create_task(
     *,
     ttl_ms: int = ...,
     max_attempts: int = ...,
+    tags: Sequence[str] | None = ...,
     headers: dict[str, str] | None = ...,
     expect: int = ...,
 ) -> Created: ...
@@ -249,6 +250,7 @@ async def create_task(
     *,
     ttl_ms: int = ...,
     max_attempts: int = ...,
+    tags: Sequence[str] | None = ...,
     headers: dict[str, str] | None = ...,
     expect: None,
 ) -> httpx.Response: ...
@@ -260,15 +262,18 @@ async def create_task(
     *,
     ttl_ms: int = 600_000,
     max_attempts: int = 3,
+    tags: Sequence[str] | None = None,
     headers: dict[str, str] | None = None,
     expect: int | None = 201,
 ) -> Created | httpx.Response:
-    """``POST /v1/tasks`` (``task_id`` None: the gateway names the task). Checks that the status is
-    ``expect`` (201: created; 200: the same task again) and returns the answer; ``expect=None`` returns the
-    response as it came, unchecked."""
+    """``POST /v1/tasks`` (``task_id`` None: the gateway names the task; ``tags`` None: none). Checks that
+    the status is ``expect`` (201: created; 200: the same task again) and returns the answer;
+    ``expect=None`` returns the response as it came, unchecked."""
     body: dict[str, Any] = {"ttlMs": ttl_ms, "maxAttempts": max_attempts}
     if task_id is not None:
         body = {"id": task_id, **body}
+    if tags is not None:
+        body["tags"] = list(tags)
     answer = await _client(gw_or_client).post("/v1/tasks", json=body, headers=headers)
     if expect is None:
         return answer

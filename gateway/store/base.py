@@ -115,6 +115,14 @@ class ReadTx(Protocol):
         """The ids of the tasks carrying ``tag``, newest first (``created_at_ms`` descending, then id
         descending), at most ``limit``: one range of the tag index, read backwards."""
 
+    async def tagged_tasks(
+        self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
+    ) -> list[Task]:
+        """One page of the task list by tags: up to ``limit`` tasks carrying every one of ``tags`` (at least
+        one), newest first (``created_at_ms`` descending, then id descending), only those that come after
+        ``before`` (a ``(created_at_ms, id)``) in that order when it is given, only those in ``state`` when
+        it is given. The first tag's index range drives it; the others are probed by task."""
+
     async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
         """``(tag, task id)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``, by tag,
         then ``created_at_ms`` and id ascending; one statement per chunk of tags."""

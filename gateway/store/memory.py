@@ -174,6 +174,20 @@ class MemoryTx:
     async def tagged(self, tag: str, limit: int) -> list[str]:
         return [task_id for _, _, task_id in reversed(self._tagged([tag]))][:limit]
 
+    async def tagged_tasks(
+        self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
+    ) -> list[Task]:
+        found = sorted(
+            (s.task for s in self.data.tasks.values() if set(tags) <= set(s.task.tags)),
+            key=lambda t: (t.created_at_ms, t.id),
+            reverse=True,
+        )
+        return [
+            t
+            for t in found
+            if (state is None or t.state == state) and (before is None or (t.created_at_ms, t.id) < before)
+        ][:limit]
+
     async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
         return [(tag, task_id) for tag, at, task_id in self._tagged(tags) if at >= since_ms]
 

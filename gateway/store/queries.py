@@ -83,6 +83,27 @@ TAG_COLUMNS = ("tag", "task_id", "created_at_ms")
 INSERT_TASK_TAG = _insert("task_tags", TAG_COLUMNS)  # once per tag (SQLite; PostgreSQL: PG_INSERT_TAGGED)
 # A tag's tasks, newest first: one range of ix_task_tags_tag, read backwards, LIMIT rows of it.
 TAGGED = "SELECT task_id FROM task_tags WHERE tag = ? ORDER BY created_at_ms DESC, task_id DESC LIMIT ?"
+
+
+@functools.cache
+def tagged_tasks(*, others: int, by_state: bool, before: bool) -> str:
+    """One page of the task list by tags, newest first: the first tag's range of ix_task_tags_tag read
+    backwards from ``(created_at_ms, task_id) < (?, ?)`` where asked, each of ``others`` more tags probed
+    by the task's primary key in task_tags, ``state = ?`` where asked; its parameters in that order, then
+    the limit. Keyset pagination: each page is one index range, however deep it is."""
+    where = ["g.tag = ?"]
+    if before:
+        where.append("(g.created_at_ms, g.task_id) < (?, ?)")
+    where += ["EXISTS (SELECT 1 FROM task_tags AS o WHERE o.task_id = g.task_id AND o.tag = ?)"] * others
+    if by_state:
+        where.append("t.state = ?")
+    return (
+        f"SELECT {', '.join(f't.{name}' for name in TASK_COLUMNS)} FROM task_tags AS g "
+        f"JOIN tasks AS t ON t.id = g.task_id WHERE {' AND '.join(where)} "
+        "ORDER BY g.created_at_ms DESC, g.task_id DESC LIMIT ?"
+    )
+
+
 # The tasks of some tags created since a time: a range of the index per tag ({tags}: ``tag IN``/``= ANY``).
 TAGGED_SINCE = (
     "SELECT tag, task_id FROM task_tags WHERE {tags} AND created_at_ms >= ? "

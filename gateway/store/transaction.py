@@ -145,6 +145,16 @@ class SqlTx:
             return []
         return [r[0] for r in await self.fetch(q.TAGGED, (tag, limit))]
 
+    async def tagged_tasks(
+        self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
+    ) -> list[Task]:
+        first, *others = tags
+        if any("\x00" in tag for tag in tags):  # no tag has one, and PostgreSQL text cannot hold it
+            return []
+        query = q.tagged_tasks(others=len(others), by_state=state is not None, before=before is not None)
+        params = [first, *(before or ()), *others, *((state,) if state is not None else ()), limit]
+        return [task_from_row(r) for r in await self.fetch(query, params)]
+
     async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
         for condition, params in self.in_list("tag", sorted({t for t in tags if "\x00" not in t})):

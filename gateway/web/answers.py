@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 
+from gateway.web.tags import JSON_SCHEMA as TAG_SCHEMA
 from gateway.web.wire import FailBody, ProgressBody, StartBody, State, SucceedBody, _Body
 
 Absent = SkipJsonSchema[None]  # a field that is left out of the JSON rather than sent as null
@@ -68,6 +69,9 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Tag = Annotated[str, WithJsonSchema(TAG_SCHEMA)]
+
+
 class TaskJson(_Answer):
     """A task, without its history."""
 
@@ -78,7 +82,7 @@ class TaskJson(_Answer):
     maxAttempts: int
     progress: int = Field(ge=0, le=100)
     version: int = Field(ge=0, description="how many entries the task's history holds")
-    tags: list[str] = Field(description="the task's tags, fixed at creation, sorted; [] for none")
+    tags: list[Tag] = Field(description="the task's tags, fixed at creation, sorted; [] for none")
     createdAtMs: int = Field(description="when the task was created, by the gateway's clock, in epoch ms")
     resultRef: str | Absent = ABSENT
     resultHash: str | Absent = ABSENT

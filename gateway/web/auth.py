@@ -113,9 +113,10 @@ class Guard:
             raise Unauthorized("this route needs the API key (Authorization: Bearer $GATEWAY_API_KEY)")
         self._api_key_or_refuse(value)
 
-    def listing(self, conn: HTTPConnection) -> None:
-        """The task list: the API key (open when none is configured), or a tag token whose tag is among the
-        query's ``tag`` values (it lists only tasks carrying its tag; others may narrow the list)."""
+    def task_list(self, conn: HTTPConnection) -> None:
+        """The task list (``GET /v1/tasks``, with or without ``tag=``): the API key (open when none is
+        configured), or a tag token whose tag is among the query's ``tag`` values (it lists only tasks
+        carrying its tag; others may narrow the list). Every credential the list takes is decided here."""
         if self._api_key is None:
             return
         value = bearer(conn)

@@ -29,7 +29,7 @@ from gateway.jobs.demo import DEMO_MAX_ATTEMPTS, DEMO_TTL_MS
 from gateway.machine import cancel_task, is_blank, task_to_json
 from gateway.runtime import Gateway
 from gateway.store.database import DISK_FULL
-from gateway.web import render, wire
+from gateway.web import render, task_list, wire
 from gateway.web.auth import Guard
 from gateway.web.openapi import openapi_document
 from gateway.web.tag_tokens import parse_token_body
@@ -130,7 +130,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         if created_body.ttlMs > wire.MAX_TTL_MS:
             raise InvalidRequest(f"ttlMs: at most {wire.MAX_TTL_MS} (2**52, about 142,800 years)")
         task, created = await book.create(
-            task_id, created_body.ttlMs, created_body.maxAttempts, created_body.heartbeatMs
+            task_id, created_body.ttlMs, created_body.maxAttempts, created_body.heartbeatMs, created_body.tags
         )
         if created:
             metrics.tasks_created.inc()
@@ -142,11 +142,16 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         return wire.JSON(answer, status_code=201 if created else 200)
 
     async def list_tasks(request: Request) -> Response:
-        guard.listing(request)
-        query = wire.parse_task_list_query(request.query_params)
+        guard.task_list(request)
+        query = task_list.parse_task_list_query(request.query_params)
         # One more than the page, to know whether another page follows.
-        found = await book.list_tasks(state=query.state, after=query.after(), limit=query.limit + 1)
-        return wire.JSON(wire.task_page_json(found, query.limit))
+        if query.tag is None:
+            found = await book.list_tasks(state=query.state, after=query.after(), limit=query.limit + 1)
+            return wire.JSON(task_list.task_page_json(found, query.limit))
+        found = await gw.tag_reads.list_tasks(
+            query.tag, state=query.state, before=query.before(), limit=query.limit + 1
+        )
+        return wire.JSON(task_list.task_page_json(found, query.limit, newest_first=True))
 
     async def tasks(request: Request) -> Response:
         # One route for both methods, so that another method is answered 405 with both in Allow.

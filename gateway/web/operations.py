@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.web import answers, tag_tokens, wire
+from gateway.web import answers, tag_tokens, task_list, wire
 
 REF = "#/components/schemas/{model}"
 
@@ -127,7 +127,7 @@ OPERATIONS: tuple[Operation, ...] = (
             401: "",
             403: "",
             408: "",
-            409: "`task-exists`: this id exists with other parameters",
+            409: "`task-exists`: this id exists with other parameters (tags compared as a set)",
             413: "",
             415: "",
             503: "",
@@ -136,7 +136,8 @@ OPERATIONS: tuple[Operation, ...] = (
         body=wire.CreateBody,
         tags=("backend",),
         description="A queued task at version 0 and its two tokens. The same id with the same parameters "
-        "again answers 200 with the same task and fresh tokens; without `id` the gateway names the task.",
+        "(and the same tags, in any order) again answers 200 with the same task and fresh tokens; without "
+        "`id` the gateway names the task.",
     ),
     Operation(
         "get",
@@ -145,10 +146,11 @@ OPERATIONS: tuple[Operation, ...] = (
         {200: answers.TaskPage},
         {400: "", 401: "", 403: "", 503: ""},
         security=(API_KEY, TAG),
-        query=wire.TaskListQuery,
+        query=task_list.TaskListQuery,
         tags=("operator",),
-        description="Every task, a page at a time, in id order; follow `nextCursor` until it is null. A tag "
-        "token lists only with its own tag among the `tag` parameters (else 403).",
+        description="Every task, a page at a time, in id order; follow `nextCursor` until it is null. "
+        "With `tag` (repeatable: every one must match), the tasks carrying it, newest first. A tag token "
+        "lists only with its own tag among the `tag` parameters (else 403).",
     ),
     Operation(
         "get",

@@ -1,5 +1,5 @@
-"""``POST /v1/tokens``: its body, validated as the other wire models are (``gateway.web.wire``), and the
-``Tag`` type of every wire model that takes a tag (its rule is ``gateway.tag_names``)."""
+"""``POST /v1/tokens``: its body, validated as the other wire models are (``gateway.web.wire``; its tag as
+every tag, ``gateway.web.tags``)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,11 @@ from typing import Annotated, Any
 from pydantic import Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from gateway import tag_names
 from gateway.tokens import MAX_TAG_TOKEN_TTL_S
+from gateway.web.tags import Tag
 from gateway.web.wire import _Body, _validate, parse_json
 
 DEFAULT_TTL_S = 3600
-
-
-def _tag(value: Any) -> str:
-    problem = tag_names.tag_problem(value)
-    if problem is not None:
-        raise PydanticCustomError("tag", problem)
-    assert isinstance(value, str)
-    return value
-
-
-Tag = Annotated[str, PlainValidator(_tag), WithJsonSchema(tag_names.JSON_SCHEMA)]
 
 
 def _ttl_s(value: Any) -> int:

@@ -9,11 +9,9 @@ JSON number here so that the machine decides, as the reference does.
 
 from __future__ import annotations
 
-import base64
 import difflib
 import hashlib
 import re
-from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -36,8 +34,9 @@ from gateway.drain import DEFAULT_LIMIT as DRAIN_DEFAULT_LIMIT
 from gateway.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
 from gateway.errors import InvalidRequest
 from gateway.lease import MIN_HEARTBEAT_MS
-from gateway.machine import Event, Fail, Progress, Start, Succeed, Task, task_to_json
+from gateway.machine import Event, Fail, Progress, Start, Succeed
 from gateway.web import task_ids
+from gateway.web.tags import TaskTags
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -166,6 +165,11 @@ class CreateBody(_Body):
         description="a heartbeat lease: a running attempt that shows no sign of life (a callback or a "
         "heartbeat) for this long is failed with heartbeat-timeout (retryable)",
     )
+    tags: TaskTags = Field(
+        default=(),
+        description="the task's tags (owner:u42, project:7), at most 16, each once, fixed at creation "
+        "(answered sorted): what GET /v1/tasks?tag= finds it by",
+    )
 
 
 class StartBody(_Body):
@@ -265,59 +269,9 @@ class HeartbeatBody(_Body):
     )
 
 
-# --- the operators' task list (GET /v1/tasks) ---------------------------------------------------------
+# --- queries --------------------------------------------------------------------------------------------
 
 State = Literal["queued", "running", "succeeded", "failed", "expired"]
-MAX_PAGE = 500
-_PAGE_CURSOR_PREFIX = "1:"
-# The shape of every cursor page_cursor makes: base64url (unpadded) of "1:" and an id, whose first three
-# characters are always "MT" and one of o-r. The schema states it, and every string of this shape is taken:
-# it is a place in id order, wherever it came from.
-PAGE_CURSOR_PATTERN = "^MT[o-r][A-Za-z0-9_-]*$"
-_PAGE_CURSOR = re.compile(PAGE_CURSOR_PATTERN)
-
-
-def page_cursor(last_id: str) -> str:
-    """An opaque cursor for the page after the task ``last_id`` (clients must not build or read it)."""
-    return base64.urlsafe_b64encode((_PAGE_CURSOR_PREFIX + last_id).encode()).decode().rstrip("=")
-
-
-def _after_id(cursor: str) -> str:
-    """The id a page starts after. A cursor of the right shape that page_cursor did not make (forged or
-    mangled) is still a place in id order: its bytes are read as UTF-8 with U+FFFD for what is not, NUL
-    included (which no database text holds), and a dangling last character (no whole byte) is dropped."""
-    if not _PAGE_CURSOR.fullmatch(cursor):
-        raise PydanticCustomError("page_cursor", "not a cursor from this list; pass nextCursor as it came")
-    body = cursor[: len(cursor) - 1] if len(cursor) % 4 == 1 else cursor
-    raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-    return raw[len(_PAGE_CURSOR_PREFIX) :].decode(errors="replace").replace("\x00", "\ufffd")
-
-
-class TaskListQuery(BaseModel):
-    """The query of ``GET /v1/tasks``: query strings are text, so numbers are read from their digits."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    state: State | None = Field(default=None, description="only tasks in this state")
-    cursor: (
-        Annotated[str, Field(max_length=1024, json_schema_extra={"pattern": PAGE_CURSOR_PATTERN})] | None
-    ) = Field(
-        default=None, description="the nextCursor of the page before (opaque); absent for the first page"
-    )
-    limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = Field(default=50, description="tasks per page")
-
-    def after(self) -> str | None:
-        """The id the page starts after, from the cursor."""
-        return None if self.cursor is None else _after_id(self.cursor)
-
-
-def parse_task_list_query(params: Mapping[str, str]) -> TaskListQuery:
-    query = _validate(TaskListQuery, dict(params))
-    try:
-        query.after()
-    except PydanticCustomError as exc:
-        raise InvalidRequest(f"cursor: {exc.message()}") from None
-    return query
 
 
 class DrainQuery(BaseModel):
@@ -337,16 +291,6 @@ def parse_drain_query(params: QueryParams) -> DrainQuery:
     if repeated:
         raise InvalidRequest(f"{repeated[0]}: given more than once")
     return _validate(DrainQuery, dict(params))
-
-
-def task_page_json(tasks: list[Task], limit: int) -> dict[str, Any]:
-    """A page of at most ``limit`` tasks from ``tasks`` (fetched with one more, to know if more follow)."""
-    page = tasks[:limit]
-    more = len(tasks) > limit
-    return {
-        "tasks": [task_to_json(t) for t in page],
-        "nextCursor": page_cursor(page[-1].id) if more and page else None,
-    }
 
 
 def parse_json(raw: bytes) -> Any:

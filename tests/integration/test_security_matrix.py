@@ -3,8 +3,9 @@
 Rows are the app's routes, read from the app itself (a route added without a row fails the test); columns
 are credentials: none, malformed, another scheme, expired, signed with another secret, ``alg: none``, a
 token for another task, a token of the other scope, the API key and a task token, each in the
-``Authorization`` header and in ``?token=``; and tag tokens: for a tag the task does not carry, on no such
-task, expired, signed with another secret, in the header and in ``?token=``. Each cell is what
+``Authorization`` header and in ``?token=``; and tag tokens: for a tag the task carries, for another tag,
+on a task without tags, on no such task (each in the header, the first two in ``?token=`` too), expired,
+signed with another secret, naming a task as well. Each cell is what
 docs/protocol.md (Errors, Credentials) says: ``401 unauthorized`` for a credential that proves nothing,
 ``403 forbidden`` for a valid one that is not for this task, scope or route (a tag token on a task without
 its tag, or on no task at all: no probing), the route's own answer for the right one; on the single-task
@@ -50,8 +51,10 @@ OTHER_SECRET = "another-secret-0123456789abcdef0123456789"
 STEP_S = 10.0
 MINE = "mine"  # a task that has succeeded: every read ends, a delivery is possible
 THEIRS = "theirs"
+BARE = "bare"  # a task that has succeeded too, created without tags
 GHOST = "ghost"  # no such task
-OTHER_TAG = "owner:someone-else"  # a tag no task carries
+MY_TAG = "owner:mine"  # MINE carries it (and the task list's query names it)
+THEIR_TAG = "owner:theirs"  # THEIRS carries it
 
 # What each route takes (docs/protocol.md, HTTP routes and WebSocket): the API key, a task's subscribe or
 # callback token, a subscribe token inside a /v1/ws message, or nothing.
@@ -121,16 +124,19 @@ COLUMNS = (
     # a valid token for it learns that it does not exist.
     Credential("other task, no such task", lambda scope, t: t[f"{THEIRS}:{_scope(scope)}"], task=GHOST),
     Credential("valid, no such task", lambda scope, t: mint(GHOST, _scope(scope)), task=GHOST),
-    # Tag tokens: a valid one for a tag MINE does not carry (MINE has no tags), the same on no task at all
-    # (the same 403: a tag token cannot probe ids), and ones that prove nothing.
-    Credential("tag token, task without its tag", lambda scope, t: t["tag:other"]),
-    Credential("tag token in URL, task without its tag", lambda scope, t: t["tag:other"], where="query"),
-    Credential("tag token, no such task", lambda scope, t: t["tag:other"], task=GHOST),
-    Credential("tag token, expired", lambda scope, t: mint_tag(OTHER_TAG, exp_in_s=-3600)),
-    Credential("tag token, other secret", lambda scope, t: mint_tag(OTHER_TAG, secret=OTHER_SECRET)),
-    Credential(
-        "tag token with a sub", lambda scope, t: mint_tag(OTHER_TAG, sub=MINE)
-    ),  # both kinds at once: malformed, never read as the task token it also looks like
+    # Tag tokens: for MINE's tag (it reads MINE as MINE's subscribe token does, and lists with its tag among
+    # tag=), for THEIRS's tag (MINE does not carry it), on a task without tags, on no task at all (the same
+    # 403: a tag token cannot probe ids), and ones that prove nothing.
+    Credential("tag token", lambda scope, t: t[f"tag:{MY_TAG}"]),
+    Credential("tag token in URL", lambda scope, t: t[f"tag:{MY_TAG}"], where="query"),
+    Credential("tag token, task of another tag", lambda scope, t: t[f"tag:{THEIR_TAG}"]),
+    Credential("tag token in URL, another tag", lambda scope, t: t[f"tag:{THEIR_TAG}"], where="query"),
+    Credential("tag token, task without tags", lambda scope, t: t[f"tag:{MY_TAG}"], task=BARE),
+    Credential("tag token, no such task", lambda scope, t: t[f"tag:{MY_TAG}"], task=GHOST),
+    Credential("tag token, expired", lambda scope, t: mint_tag(MY_TAG, exp_in_s=-3600)),
+    Credential("tag token, other secret", lambda scope, t: mint_tag(MY_TAG, secret=OTHER_SECRET)),
+    # Both kinds at once: malformed, never read as the task token (or the tag token) it also looks like.
+    Credential("tag token with a sub", lambda scope, t: mint_tag(MY_TAG, sub=MINE)),
 )
 
 OK = "ok"
@@ -153,9 +159,13 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "task token in URL": U,  # nothing in the header
         "other task, no such task": F,
         "valid, no such task": F,
-        "tag token, task without its tag": F,  # a tag token, where the API key belongs
+        # A tag token, where the API key belongs (GET /v1/tasks?tag=owner:mine: SPECIAL, below).
+        "tag token": F,
+        "tag token in URL": U,  # nothing in the header
+        "tag token, task of another tag": F,
+        "tag token in URL, another tag": U,
+        "tag token, task without tags": F,
         "tag token, no such task": F,
-        "tag token in URL, task without its tag": U,  # nothing in the header
         "tag token, expired": U,
         "tag token, other secret": U,
         "tag token with a sub": U,
@@ -175,8 +185,11 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "task token in URL": OK,
         "other task, no such task": F,
         "valid, no such task": NOT_FOUND,
-        "tag token, task without its tag": F,
-        "tag token in URL, task without its tag": F,
+        "tag token": OK,  # MINE carries its tag
+        "tag token in URL": OK,
+        "tag token, task of another tag": F,
+        "tag token in URL, another tag": F,
+        "tag token, task without tags": F,
         "tag token, no such task": F,  # not unknown-task: a tag token learns nothing of other tasks
         "tag token, expired": U,
         "tag token, other secret": U,
@@ -197,8 +210,11 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "task token in URL": OK,
         "other task, no such task": F,
         "valid, no such task": NOT_FOUND,
-        "tag token, task without its tag": F,  # a tag token only reads
-        "tag token in URL, task without its tag": F,
+        "tag token": F,  # a tag token only reads
+        "tag token in URL": F,
+        "tag token, task of another tag": F,
+        "tag token in URL, another tag": F,
+        "tag token, task without tags": F,
         "tag token, no such task": F,
         "tag token, expired": U,
         "tag token, other secret": U,
@@ -213,7 +229,7 @@ WITH_API_KEY["subscribe-message"] = {
         name: cell
         for name, cell in WITH_API_KEY["subscribe"].items()
         if name not in ("another scheme", "API key in URL", "task token in URL")
-        and name != "tag token in URL, task without its tag"
+        and not name.startswith("tag token in URL")
     },
     "API key": U,
 }
@@ -245,8 +261,13 @@ SPECIAL: dict[tuple[bool, str, str, str], str] = {
     # authenticate, ?token= is one more unknown parameter.
     (True, "GET", "/v1/tasks", "task token in URL"): "invalid-request",
     (True, "POST", "/v1/notifications/drain", "task token in URL"): "invalid-request",
-    (True, "GET", "/v1/tasks", "tag token in URL, task without its tag"): "invalid-request",
-    (True, "POST", "/v1/notifications/drain", "tag token in URL, task without its tag"): "invalid-request",
+    **{
+        (True, method, path, column): "invalid-request"
+        for method, path in (("GET", "/v1/tasks"), ("POST", "/v1/notifications/drain"))
+        for column in ("tag token in URL", "tag token in URL, another tag")
+    },
+    # The task list's query names MINE's tag: its tag token lists (and only it, of the tag tokens).
+    (False, "GET", "/v1/tasks", "tag token"): OK,
     # The right credential reaches the heartbeat route, which says the task (succeeded) is not running.
     **{
         (open_mode, "POST", "/v1/tasks/{task_id}/heartbeat", column): "not-running"
@@ -271,14 +292,15 @@ def app_routes(gw: Running) -> set[tuple[str, str]]:
 
 
 async def _tokens(gw: Running, headers: dict[str, str] | None) -> dict[str, str]:
-    tokens: dict[str, str] = {"tag:other": await issue_tag_token(gw, OTHER_TAG, headers=headers)}
-    for task_id in (MINE, THEIRS):
-        created = await create_task(gw, task_id, headers=headers)
+    tokens = {f"tag:{tag}": await issue_tag_token(gw, tag, headers=headers) for tag in (MY_TAG, THEIR_TAG)}
+    for task_id, tags in ((MINE, [MY_TAG, "project:7"]), (THEIRS, [THEIR_TAG]), (BARE, None)):
+        created = await create_task(gw, task_id, tags=tags, headers=headers)
         tokens[f"{task_id}:subscribe"] = created.subscribe_token
         tokens[f"{task_id}:callback"] = created.callback_token
-    await post_callback(gw, MINE, tokens[f"{MINE}:callback"], {"type": "start", "worker": "w"})
-    done = {"type": "succeed", "resultRef": "r", "resultHash": "h"}
-    await post_callback(gw, MINE, tokens[f"{MINE}:callback"], done)
+    for task_id in (MINE, BARE):
+        await post_callback(gw, task_id, tokens[f"{task_id}:callback"], {"type": "start", "worker": "w"})
+        done = {"type": "succeed", "resultRef": "r", "resultHash": "h"}
+        await post_callback(gw, task_id, tokens[f"{task_id}:callback"], done)
     return tokens
 
 
@@ -287,7 +309,9 @@ def _request(method: str, path: str, task_id: str) -> tuple[str, str, dict[str, 
     if path == "/static":
         url = "/static/gateway-client.js"
     kwargs: dict[str, Any] = {}
-    if path == "/v1/tasks" and method == "POST":
+    if path == "/v1/tasks" and method == "GET":
+        kwargs["params"] = {"tag": MY_TAG}
+    elif path == "/v1/tasks" and method == "POST":
         kwargs["json"] = {"ttlMs": 60_000, "maxAttempts": 1}
     elif path.endswith("/callbacks"):
         kwargs["json"] = {"event": {"type": "progress", "progress": 50, "cursor": "c"}}
@@ -304,7 +328,7 @@ async def http_cell(gw: Running, method: str, path: str, column: Credential, val
     """What the route answered: ``ok`` (2xx), the error code (with its status checked), or ``status N``."""
     method, url, kwargs = _request(method, path, column.task)
     headers = dict(kwargs.pop("headers", {}))
-    params: dict[str, str] = {}
+    params: dict[str, str] = dict(kwargs.pop("params", {}))
     if value is not None:
         if column.where == "query":
             params["token"] = value
@@ -388,9 +412,10 @@ async def run_matrix(
                 public_baseline = public_baseline or got
                 want: str | None = public_baseline
             else:
-                # No such task: on the routes naming a task, in the path or (/v1/ws) in the subscribe.
+                # A column on another task than MINE (none, or one without tags): on the routes naming a
+                # task, in the path or (/v1/ws) in the subscribe.
                 names_a_task = "{task_id}" in path or kind == "subscribe-message"
-                if column.name not in expected[kind] or (column.task == GHOST and not names_a_task):
+                if column.name not in expected[kind] or (column.task != MINE and not names_a_task):
                     continue
                 want = SPECIAL.get((open_mode, method, path, column.name), expected[kind][column.name])
                 scope = None if kind == "api-key" else ("callback" if kind == "callback" else "subscribe")

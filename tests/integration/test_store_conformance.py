@@ -1158,3 +1158,34 @@ async def test_resuming_many_tasks_is_one_statement_not_one_per_task(
     assert len(ids) == 200 and sorted(rows) == sorted(ids)
     assert [v for v, _ in rows["t000"][1]] == [2, 3]
     assert len(statements) == 2, statements  # the list, then every resume at once
+
+
+async def test_a_page_by_tags_is_newest_first_after_its_place_every_tag_matching(store: Store) -> None:
+    await add(store, "a", tags=TAGS, now=1_000)
+    await add(store, "b", tags=("owner:u42",), now=2_000)
+    await add(store, "c", tags=TAGS, now=2_000)
+    await add(store, "d", tags=TAGS, now=3_000)
+    await add(store, "e", tags=("project:7",), now=4_000)
+    start = apply_event(queued("c", now=2_000, tags=TAGS)[0], Start(2_500, "w1"))
+    async with store.write() as tx:
+        await tx.record(start, orjson.dumps(event_to_json(start.entry.event)), 2_500)  # type: ignore[union-attr]
+
+    async def page(tags: tuple[str, ...], **kwargs: Any) -> list[str]:
+        async with store.read() as reading:
+            query = {"state": None, "before": None, "limit": 10, **kwargs}
+            return [t.id for t in await reading.tagged_tasks(tags, **query)]
+
+    assert await page(("owner:u42",)) == ["d", "c", "b", "a"]
+    assert await page(("owner:u42",), limit=2) == ["d", "c"]
+    assert await page(("owner:u42",), before=(2_000, "c")) == ["b", "a"]  # after c: b, at its time, then a
+    assert await page(("owner:u42",), before=(2_000, "b")) == ["a"]
+    assert await page(("owner:u42",), before=(-1, "")) == []
+    assert await page(("owner:u42", "project:7")) == ["d", "c", "a"]
+    assert await page(("project:7", "owner:u42"), before=(3_000, "d"), limit=1) == ["c"]
+    assert await page(("owner:u42",), state="running") == ["c"]
+    assert await page(("owner:u42", "project:7"), state="queued", before=(2_000, "c")) == ["a"]
+    assert await page(("owner:u42", "nobody")) == []
+    assert await page(("nul\x00",)) == []
+    async with store.read() as reading:
+        (whole,) = await reading.tagged_tasks(("project:7",), state="running", before=None, limit=10)
+    assert whole == start.task  # the whole task, as stored

@@ -1,7 +1,8 @@
 """Tag tokens through a real server (protocol.md, Credentials and ``POST /v1/tokens``): the API key issues
-them, validated as every body is; they carry ``tag``, ``scope: subscribe`` and ``exp`` and no ``sub``; and a
-tag token on a task that does not carry its tag, or on no task at all, is the same ``403`` on every read
-route and socket (HTTP, SSE, the single-task socket, a ``/v1/ws`` subscribe), so it cannot probe ids.
+them, validated as every body is; they carry ``tag``, ``scope: subscribe`` and ``exp`` and no ``sub``; a tag
+token reads and follows every task carrying its tag (HTTP, SSE, the single-task socket, a ``/v1/ws``
+subscribe) and lists them with its tag among ``tag=``; on a task that does not carry its tag, or on no task
+at all, it is the same ``403`` everywhere, so it cannot probe ids.
 
 Authentication is HTTP-layer behaviour, so these run on SQLite only.
 """
@@ -17,8 +18,25 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.integration.test_live_support import closed_with, live_gateway, ws_url
-from tests.support import SECRET, STEP_S, Running, bearer, create_task, error, issue_tag_token
+from tests.integration.test_live_support import (
+    StreamCheck,
+    closed_with,
+    get_task,
+    live_gateway,
+    recv_frame,
+    sse_frames,
+    ws_url,
+)
+from tests.support import (
+    SECRET,
+    STEP_S,
+    Running,
+    bearer,
+    create_task,
+    error,
+    issue_tag_token,
+    post_callback,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -54,10 +72,10 @@ async def test_the_api_key_issues_a_tag_token_for_a_tag_and_a_time(sqlite_url: s
     ("body", "message"),
     [
         ({}, "tag: required field is missing"),
-        ({"tag": ""}, "tag: must not be empty"),
-        ({"tag": "owner u42"}, "tag: only A-Z, a-z, 0-9 and : . _ @ - may be in a tag, not ' '"),
-        ({"tag": "t" * 129}, "tag: at most 128 characters, got 129"),
-        ({"tag": ["owner:u42"]}, "tag: must be a string"),
+        ({"tag": ""}, "tag: '' is not a tag: a tag is 1 to 128 characters of A-Z, a-z, 0-9 and : . _ @ -"),
+        ({"tag": "owner u42"}, "tag: 'owner u42' is not a tag: a tag is 1 to 128 characters"),
+        ({"tag": "t" * 129}, "tag: 'tttttttttt"),
+        ({"tag": ["owner:u42"]}, "tag: a tag must be a string"),
         ({"tag": "x", "ttlS": 0}, "ttlS: must be a whole number of seconds from 1 to 31536000 (a year)"),
         ({"tag": "x", "ttlS": 31_536_001}, "ttlS: must be a whole number of seconds from 1 to 31536000"),
         ({"tag": "x", "ttlS": 1.5}, "ttlS: must be a whole number of seconds"),
@@ -153,3 +171,68 @@ async def test_a_tag_token_on_a_task_without_its_tag_or_on_no_task_is_one_403_ev
         ):
             answer = await gw.client.request(method, path, headers=bearer(tag_token), json={"attempt": 0})
             error(answer, 403, "forbidden")
+
+
+async def test_a_tag_token_reads_and_follows_every_task_carrying_its_tag(sqlite_url: str) -> None:
+    async with live_gateway(sqlite_url, api_key=API_KEY) as gw:
+        mine = await create_task(gw, "mine", tags=["project:7", "owner:u42"], headers=KEY)
+        await create_task(gw, "also-mine", tags=["owner:u42"], headers=KEY)
+        await create_task(gw, "theirs", tags=["owner:u7"], headers=KEY)
+        owner = await issue_tag_token(gw, "owner:u42", headers=KEY)
+        project = await issue_tag_token(gw, "project:7", headers=KEY)  # any tag of the task will do
+
+        for token in (owner, project):
+            for how in ({"headers": bearer(token)}, {"params": {"token": token}}):
+                answer = await gw.client.get("/v1/tasks/mine", **how)  # type: ignore[arg-type]
+                assert answer.status_code == 200 and answer.json() == mine.task, answer.text
+                answer = await gw.client.get("/v1/tasks/mine/events", **how)  # type: ignore[arg-type]
+                assert answer.status_code == 200 and answer.json()["mode"] == "caught-up", answer.text
+        answer = await gw.client.get("/v1/tasks/theirs", headers=bearer(owner))
+        assert error(answer, 403, "forbidden") == NOT_CARRIED
+        answer = await gw.client.get("/v1/tasks/also-mine", headers=bearer(project))
+        assert error(answer, 403, "forbidden") == NOT_CARRIED
+
+        # Live, on the three channels at once, from version 0 to the terminal frame.
+        single_url = ws_url(gw, "/v1/tasks/mine/ws", token=owner)
+        async with (
+            connect(single_url, open_timeout=STEP_S) as single,
+            connect(ws_url(gw, "/v1/ws"), open_timeout=STEP_S) as multi,
+            gw.client.stream("GET", "/v1/tasks/mine/stream", params={"token": owner}) as sse,
+        ):
+            assert sse.status_code == 200
+            sse_events = sse_frames(sse)
+            await multi.send(orjson.dumps({"type": "subscribe", "taskId": "mine", "token": owner}).decode())
+            checks = [StreamCheck("mine", 0) for _ in range(3)]
+            with anyio.fail_after(STEP_S):
+
+                async def next_frames() -> None:
+                    checks[0].feed(await recv_frame(single))
+                    checks[1].feed(await recv_frame(multi))
+                    checks[2].feed((await anext(sse_events))[2])
+
+                await next_frames()  # the resume frames
+                worker = mine.callback_token
+                await post_callback(gw, "mine", worker, {"type": "start", "worker": "w"})
+                await next_frames()
+                done = {"type": "succeed", "resultRef": "r", "resultHash": "h"}
+                await post_callback(gw, "mine", worker, done)
+                await next_frames()
+                assert await closed_with(single) == ([], 1000)  # the single-task stream is complete
+            final = await get_task(gw, "mine", owner)
+            for check in checks:
+                assert check.resume is not None and check.resume["type"] == "caught-up"
+                assert check.event_versions == [1, 2]
+                check.assert_final(final)
+
+        # The list: with its tag among tag= (others narrow it), and only so.
+        listed = await gw.client.get("/v1/tasks", params={"tag": "owner:u42"}, headers=bearer(owner))
+        assert listed.status_code == 200, listed.text
+        assert {task["id"] for task in listed.json()["tasks"]} == {"mine", "also-mine"}
+        narrowed = {"tag": ["project:7", "owner:u42"]}
+        listed = await gw.client.get("/v1/tasks", params=narrowed, headers=bearer(owner))
+        assert [task["id"] for task in listed.json()["tasks"]] == ["mine"]
+        for params in ({"tag": "owner:u7"}, {}, {"state": "succeeded"}):
+            refused = await gw.client.get("/v1/tasks", params=params, headers=bearer(owner))
+            assert "lists only the tasks carrying its tag: add tag=owner:u42" in error(
+                refused, 403, "forbidden"
+            )

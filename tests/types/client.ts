@@ -24,6 +24,11 @@ function render(task: Task): string {
   return `${task.id}: ${task.state} ${task.progress}% (attempt ${task.attempts} of ${task.maxAttempts}), ${left} ms ${done}`;
 }
 
+function labels(task: Task): string {
+  const age = Date.now() - task.createdAtMs;
+  return `${task.tags.join(", ") || "untagged"}, made ${age} ms ago`;
+}
+
 function describe(frame: Frame): string {
   switch (frame.type) {
     case "caught-up":
@@ -48,7 +53,7 @@ const stop = client.subscribe(
   "report-42",
   "eyJ...",
   (frame, task) => {
-    console.log(describe(frame), render(task));
+    console.log(describe(frame), render(task), labels(task));
   },
   { cursor: 3, onError: (error: SubscriptionError) => console.error(error.code, error.message) },
 );

@@ -101,18 +101,18 @@ def test_subscribing_to_a_tag_without_a_token_passes_in_open_mode_only() -> None
 
 def test_a_tag_token_lists_only_with_its_own_tag_among_the_tag_parameters() -> None:
     keyed = guard()
-    keyed.listing(request("tag=owner:u42", TAG_TOKEN))
-    keyed.listing(request("tag=project:7&tag=owner:u42&state=queued", TAG_TOKEN))  # others narrow it
+    keyed.task_list(request("tag=owner:u42", TAG_TOKEN))
+    keyed.task_list(request("tag=project:7&tag=owner:u42&state=queued", TAG_TOKEN))  # others narrow it
     for query in ("", "tag=owner:u7", "tag=owner:u420", "state=queued"):
         with pytest.raises(Forbidden, match=r"lists only the tasks carrying its tag: add tag=owner:u42"):
-            keyed.listing(request(query, TAG_TOKEN))
+            keyed.task_list(request(query, TAG_TOKEN))
     with pytest.raises(Forbidden, match="a task token cannot be used here"):
-        keyed.listing(request("tag=owner:u42", TASK_TOKEN))
+        keyed.task_list(request("tag=owner:u42", TASK_TOKEN))
     with pytest.raises(Unauthorized, match="invalid API key"):
-        keyed.listing(request("tag=owner:u42", EXPIRED_TAG_TOKEN))
+        keyed.task_list(request("tag=owner:u42", EXPIRED_TAG_TOKEN))
     with pytest.raises(Unauthorized, match="needs the API key"):
-        keyed.listing(request("tag=owner:u42"))
-    keyed.listing(request("", API_KEY))
+        keyed.task_list(request("tag=owner:u42"))
+    keyed.task_list(request("", API_KEY))
 
 
 def test_a_tag_token_opens_no_management_route() -> None:

@@ -26,17 +26,20 @@ def test_the_check_and_the_documented_pattern_agree(value: str) -> None:
     assert (tag_problem(value) is None) == (re.fullmatch(TAG_PATTERN, value) is not None)
 
 
+RULE = "a tag is 1 to 128 characters of A-Z, a-z, 0-9 and : . _ @ -"
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("", "tag: must not be empty"),
-        ("a" * 129, "tag: at most 128 characters, got 129"),
-        ("owner u42", "tag: only A-Z, a-z, 0-9 and : . _ @ - may be in a tag, not ' '"),
-        ("owner:u42\n", "tag: only A-Z, a-z, 0-9 and : . _ @ - may be in a tag, not '\\n'"),
-        ("café", "tag: only A-Z, a-z, 0-9 and : . _ @ - may be in a tag, not 'é'"),
-        ("a/b", "tag: only A-Z, a-z, 0-9 and : . _ @ - may be in a tag, not '/'"),
-        (42, "tag: must be a string"),
-        (None, "tag: must be a string"),
+        ("", f"tag: '' is not a tag: {RULE}"),
+        ("a" * 129, f"tag: '{'a' * 40}...' is not a tag: {RULE}"),
+        ("owner u42", f"tag: 'owner u42' is not a tag: {RULE}"),
+        ("owner:u42\n", f"tag: 'owner:u42\\n' is not a tag: {RULE}"),
+        ("café", f"tag: 'café' is not a tag: {RULE}"),
+        ("a/b", f"tag: 'a/b' is not a tag: {RULE}"),
+        (42, "tag: a tag must be a string"),
+        (None, "tag: a tag must be a string"),
     ],
 )
 def test_a_bad_tag_is_refused_naming_the_field(value: object, message: str) -> None:
@@ -44,15 +47,20 @@ def test_a_bad_tag_is_refused_naming_the_field(value: object, message: str) -> N
         check_tag(value)
     assert refused.value.message == message
     assert refused.value.code == "invalid-request"
+    assert check_tag("owner:u42", "tags[0]") == "owner:u42"
+    with pytest.raises(InvalidRequest, match=r"^tags\[3\]: "):
+        check_tag(value, "tags[3]")
 
 
 def test_a_tasks_tags_are_sorted_at_most_16_none_twice() -> None:
     assert check_tags(["project:7", "owner:u42"]) == ("owner:u42", "project:7")
     assert check_tags([]) == ()
     assert len(check_tags([f"t{i:02}" for i in range(MAX_TAGS)])) == MAX_TAGS
-    with pytest.raises(InvalidRequest, match=r"^tags: at most 16 tags, got 17$"):
+    with pytest.raises(InvalidRequest, match=r"^tags: at most 16 tags per task, got 17$"):
         check_tags([f"t{i:02}" for i in range(MAX_TAGS + 1)])
-    with pytest.raises(InvalidRequest, match=r"^tags\[2\]: 'a' is given more than once$"):
+    with pytest.raises(InvalidRequest, match=r"^tags: 'a' is given more than once \(each tag once\)$"):
         check_tags(["a", "b", "a"])
-    with pytest.raises(InvalidRequest, match=r"^tags\[1\]: must not be empty$"):
+    with pytest.raises(InvalidRequest, match=r"^tags: '' is not a tag"):
         check_tags(["a", ""])
+    with pytest.raises(InvalidRequest, match=r"^tags: a tag must be a string$"):
+        check_tags(["a", 7])
