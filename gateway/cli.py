@@ -1,6 +1,7 @@
 """The ``gateway`` command: ``gateway serve`` runs the gateway under uvicorn; ``gateway migrate`` brings the
 database's schema to this release's revision (``gateway serve`` does that too, at start); ``gateway watch``
-shows a task live; ``gateway token`` mints a task token or a tag token for operators.
+shows a task (or with ``--tag`` every task of a tag) live; ``gateway token`` mints a task token or a tag
+token for operators.
 
 A configuration the gateway cannot use ends in one line on stderr and a non-zero exit, never a traceback:
 2 for a setting, 3 (serve) or 1 (migrate) for a database that cannot be reached or migrated."""
@@ -46,13 +47,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     migrate.add_argument("--database-url", help="sqlite:///file.db or postgresql://user@host/db")
     watch = commands.add_parser(
         "watch",
-        help="watch a task live in the terminal",
-        description="Show a task live until it ends; exit 0 succeeded, 1 failed, 3 expired, 4 error.",
+        help="watch a task, or every task of a tag, live in the terminal",
+        description="Show a task live until it ends; exit 0 succeeded, 1 failed, 3 expired, 4 error. With "
+        "--tag instead of a task id: every task carrying the tag and those created with it later, until "
+        "Ctrl-C.",
     )
-    watch.add_argument("task_id")
+    watch.add_argument("task_id", nargs="?")
+    watch.add_argument("--tag", help="watch every task carrying this tag (with a tag token)")
     watch.add_argument("--url", default=os.environ.get("GATEWAY_URL", "http://127.0.0.1:8000"))
-    watch.add_argument("--token", default=os.environ.get("GATEWAY_TOKEN"), help="the task's subscribe token")
-    watch.add_argument("--cursor", type=int, default=0, help="the last version already seen")
+    watch.add_argument(
+        "--token",
+        default=os.environ.get("GATEWAY_TOKEN"),
+        help="the task's subscribe token, or with --tag a tag token",
+    )
+    watch.add_argument("--cursor", type=int, help="the last version already seen (default 0)")
     token = commands.add_parser(
         "token",
         help="mint a task token or a tag token (for operators)",
@@ -77,15 +85,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "token":
         return _token(args)
     if args.command == "watch":
-        import anyio
-
-        from gateway.client.terminal import watch_in_terminal
-
-        try:
-            return anyio.run(watch_in_terminal, args.url, args.task_id, args.token, args.cursor)
-        except KeyboardInterrupt:
-            return 130
+        if (args.task_id is None) == (args.tag is None):
+            watch.error("give a task id or --tag TAG (one of them)")
+        if args.tag is not None and args.cursor is not None:
+            watch.error("--cursor is for one task; with --tag each task resumes from where it is")
+        return _watch(args)
     return 2  # pragma: no cover  (argparse requires a command)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    import anyio
+
+    from gateway.client.terminal import watch_in_terminal, watch_tag_in_terminal
+
+    try:
+        if args.tag is not None:
+            return anyio.run(watch_tag_in_terminal, args.url, args.tag, args.token)
+        return anyio.run(watch_in_terminal, args.url, args.task_id, args.token, args.cursor or 0)
+    except KeyboardInterrupt:
+        return 130
 
 
 def package_version() -> str:

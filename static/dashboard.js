@@ -4,7 +4,8 @@
  * Tasks come from the link (`/?task=ID&token=T`, repeatable), the form (folded: it is for developers; a
  * person without their link is told to open it), or the demo button, and are kept in sessionStorage so
  * that a reloaded page watches them again (the client keeps their cursors there too, so it resumes with
- * `caught-up` or `delta`, not from 0).
+ * `caught-up` or `delta`, not from 0). Opened on a tag (`/?tag=T&token=TAG_TOKEN`), the page shows that
+ * tag's tasks instead, newest first, new ones coming in at the top (tag-page.js); no form, no demo.
  *
  * While the link is down (the client is reconnecting or offline), every card still in progress is marked
  * stale: its bar and numbers faded, a note saying when its data dates from, and a banner under the header
@@ -27,6 +28,7 @@
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
 import { managementOpen } from "./management.js";
 import { STATE_WORDS, isCancelled, isRetrying, stateWord } from "./state-words.js";
+import { followTag } from "./tag-page.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "expired"]);
 const RESUME = new Set(["caught-up", "delta", "snapshot"]);
@@ -53,12 +55,15 @@ const linkedIds = [];
 let staleSince = null;
 // Whether this page may use the management API (open mode): then a live task's card offers Cancel.
 let canManage = false;
+// Opened on a tag: whether the tag is followed (new tasks may come, even while none is live).
+let followingTag = () => false;
 
 
 // --- cards ----------------------------------------------------------------------------------------------
 
 class Card {
-  constructor(id, token) {
+  /** `follow: false`: the card is fed by a tag subscription (tag-page.js), not one of its own. */
+  constructor(id, token, { follow = true } = {}) {
     this.id = id;
     this.token = token || null;
     this.task = null;
@@ -78,6 +83,7 @@ class Card {
     remove.setAttribute("aria-label", `Stop watching ${id}`);
     remove.title = `Stop watching ${id}`;
     remove.addEventListener("click", () => removeTask(id));
+    remove.hidden = !follow; // a tag's page shows every task of the tag
     const copy = el.querySelector(".copy");
     copy.addEventListener("click", () => this.copyResult());
     this.cancelOpen = false; // the "Cancel this task?" question is shown
@@ -90,9 +96,11 @@ class Card {
     });
     this.el = el;
     this.startCursor = client.cursor(id) ?? 0;
-    this.stop = client.subscribe(id, this.token, (frame, task) => this.onFrame(frame, task), {
-      onError: (error) => this.onError(error),
-    });
+    this.stop = follow
+      ? client.subscribe(id, this.token, (frame, task) => this.onFrame(frame, task), {
+          onError: (error) => this.onError(error),
+        })
+      : () => {};
     this.render();
   }
 
@@ -531,9 +539,10 @@ const banner = $("#link-banner");
 
 function updateConnection() {
   const live = [...cards.values()].filter((c) => c.live).length;
+  const watching = live > 0 || followingTag();
   let state = client.state;
   // With nothing to watch the client opens nothing: do not claim to be (re)connecting.
-  if (live === 0 && (state === "connecting" || state === "reconnecting")) state = "idle";
+  if (!watching && (state === "connecting" || state === "reconnecting")) state = "idle";
   connection.dataset.state = state;
   connection.dataset.transport = client.transport;
   connection.dataset.live = String(live);
@@ -543,7 +552,7 @@ function updateConnection() {
   connection.title = `${live} live task${live === 1 ? "" : "s"}; transport: ${transport}`;
 
   // The link is down while there is something live to show: the cards' data may be stale.
-  const down = live > 0 && (state === "reconnecting" || state === "offline");
+  const down = watching && (state === "reconnecting" || state === "offline");
   if (down && staleSince === null) staleSince = client.lastHeardAt ?? Date.now();
   if (!down) staleSince = null;
   document.body.dataset.stale = String(down);
@@ -618,7 +627,38 @@ setInterval(() => {
 
 // --- start ----------------------------------------------------------------------------------------------
 
+/** `/?tag=T&token=TAG_TOKEN`: the tag's tasks, and nothing else to do on the page. */
+function startTag(tag, token) {
+  document.body.dataset.tag = tag;
+  $("#controls").hidden = true;
+  $("#demo").hidden = true;
+  followingTag = followTag({
+    client,
+    tag,
+    token,
+    cards,
+    newCard: (id) => new Card(id, token, { follow: false }),
+    changed: () => {
+      updateEmpty();
+      updateConnection();
+    },
+  });
+  updateEmpty();
+  updateConnection();
+  managementOpen().then((open) => {
+    canManage = open;
+    document.body.dataset.manage = open ? "open" : "closed";
+    for (const card of cards.values()) card.render();
+  });
+  document.body.dataset.ready = "true";
+}
+
 function start() {
+  const tag = new URLSearchParams(location.search).get("tag");
+  if (tag && tag.trim()) {
+    startTag(tag.trim(), new URLSearchParams(location.search).get("token") || null);
+    return;
+  }
   // The link's tasks (`?task=A&token=TA&task=B&token=TB`) and those this tab watched before a reload,
   // in the order they were added; a token from the link wins.
   const params = new URLSearchParams(location.search);

@@ -63,10 +63,13 @@ export interface DeltaFrame extends FrameBase {
   events: Entry[];
 }
 
-/** The whole state instead of entries: the cursor was too old, ahead of the task, or the client was slow. */
+/**
+ * The whole state instead of entries: the cursor was too old, ahead of the task, or the client was slow;
+ * `new`: a task of a tag subscription the client had no cursor for (one created while it was away, say).
+ */
 export interface SnapshotFrame extends FrameBase {
   type: "snapshot";
-  reason: "retention" | "cursor-ahead" | "conflated";
+  reason: "retention" | "cursor-ahead" | "conflated" | "new";
 }
 
 /** One new entry, at version last + 1, with the task after it. */
@@ -80,7 +83,8 @@ export type Frame = CaughtUpFrame | DeltaFrame | SnapshotFrame | EventFrame;
 
 export type FrameListener = (frame: Frame, task: Task) => void;
 
-export type ConnectionState = "connecting" | "connected" | "reconnecting" | "offline";
+/** `idle`: nothing to watch (every task finished, nothing subscribed), so no socket is open. */
+export type ConnectionState = "idle" | "connecting" | "connected" | "reconnecting" | "offline";
 
 /** Why a subscription ended without its task finishing (it is not retried). */
 export interface SubscriptionError {
@@ -92,6 +96,39 @@ export interface SubscribeOptions {
   /** Start from this version instead of the one kept in storage (default: kept, else 0). */
   cursor?: number;
   onError?: (error: SubscriptionError) => void;
+}
+
+/** A tag subscription's list of the tag's tasks, newest first, sent at each (re)subscription. */
+export interface TagFrame {
+  type: "tag";
+  tag: string;
+  taskIds: string[];
+  /** Some tasks were left out (the gateway lists at most GATEWAY_TAG_SUBSCRIPTION_MAX, the newest). */
+  more: boolean;
+}
+
+/** A task created with the tag while subscribed; its `snapshot` (`reason: "new"`) and events follow. */
+export interface AddedFrame {
+  type: "added";
+  tag: string;
+  taskId: string;
+}
+
+/** Why a tag subscription ended (it is not retried). `websocket-required`: the client fell back to
+ * server-sent events, which have no tag stream. */
+export interface TagSubscriptionError {
+  code: "unauthorized" | "forbidden" | "invalid-request" | "websocket-required";
+  message: string;
+}
+
+export interface TagSubscribeOptions {
+  /** The versions already seen, task id -> cursor (default: those kept in storage, else none). */
+  cursors?: Record<string, number>;
+  /** The tag's tasks, newest first, at each (re)subscription; tasks no longer listed are forgotten. */
+  onTag?: (frame: TagFrame) => void;
+  /** A task created with the tag while subscribed (announced once); its frames follow. */
+  onAdded?: (frame: AddedFrame) => void;
+  onError?: (error: TagSubscriptionError) => void;
 }
 
 /** The part of `Storage` the client uses to keep cursors across reloads. */
@@ -144,6 +181,19 @@ export class GatewayClient {
   unsubscribe(taskId: string): void;
   /** The last version applied for a task, or null. */
   cursor(taskId: string): number | null;
+  /**
+   * Watch every task carrying `tag`, those it has and those created later: `onFrame` gets every frame of
+   * each, per task in order with no gap, with the task after the frame. Resumes every task from its cursor
+   * after a drop. A second subscription to the same tag replaces the first.
+   * @param token a tag token for `tag` (`POST /v1/tokens`; null where the gateway runs open)
+   * @returns a function that stops watching
+   */
+  subscribeTag(tag: string, token: string | null, onFrame: FrameListener, options?: TagSubscribeOptions): () => void;
+  unsubscribeTag(tag: string): void;
+  /** A tag subscription's cursors map (task id -> last version applied, finished tasks too), or null. */
+  tagCursors(tag: string): Record<string, number> | null;
+  /** A tag subscription's tasks as they are now, newest first (createdAtMs, then id, descending). */
+  tagTasks(tag: string): Task[];
   /** Be told of connection state changes; returns a function that stops telling. */
   onState(listener: (state: ConnectionState) => void): () => void;
   /** Whether the network is up (watchBrowser calls this from `online`/`offline`). */

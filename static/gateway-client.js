@@ -9,13 +9,16 @@
  *     import { GatewayClient, watchBrowser } from "https://gateway.example/static/gateway-client.js";
  *     const client = new GatewayClient("https://gateway.example");
  *     watchBrowser(client);
- *     client.onState((state) => console.log(state));        // connecting, connected, reconnecting, offline
+ *     client.onState((state) => console.log(state));        // connecting, connected, reconnecting, offline, idle
  *     const stop = client.subscribe(taskId, subscribeToken, (frame, task) => render(task));
+ *     // Every task carrying a tag (a tag token from POST /v1/tokens): those there are and those to come.
+ *     client.subscribeTag("owner:u42", tagToken, (frame, task) => render(task), { onAdded, onTag });
  *
  * Every frame handed to a listener is exactly what the gateway sent, in order: the resume frame
  * (`caught-up`, `delta` or `snapshot`) then `event` frames at version last + 1. The client checks that,
  * resubscribes from its cursor on a gap, and keeps each cursor in `sessionStorage` so a reloaded page
- * resumes where it was.
+ * resumes where it was. A tag subscription does the same for each of the tag's tasks, with one cursor per
+ * task (the cursors map it sends when it subscribes again after a drop).
  *
  * @module gateway-client
  */
@@ -24,13 +27,18 @@ const TERMINAL = new Set(["succeeded", "failed", "expired"]);
 const RESUME = new Set(["caught-up", "delta", "snapshot"]);
 const FATAL = new Set(["unauthorized", "forbidden", "unknown-task", "invalid-request"]);
 const STORAGE_PREFIX = "task-gateway:cursor:";
+const TAG_STORAGE_PREFIX = "task-gateway:tag:"; // the ids of a tag's tasks (their cursors as above)
+const TAG_FATAL = new Set(["unauthorized", "forbidden", "invalid-request"]);
 
 /**
  * @typedef {object} Task  The gateway's task: id, state, expiresAtMs, attempts, maxAttempts, progress,
- *   version, resultRef?, resultHash?, error?
+ *   version, tags, createdAtMs, resultRef?, resultHash?, error?
  * @typedef {object} Frame  A server frame: {type, taskId, version, task, event?, events?, reason?}
  * @typedef {(frame: Frame, task: Task) => void} FrameListener
- * @typedef {"connecting"|"connected"|"reconnecting"|"offline"} ConnectionState
+ * @typedef {object} TagFrame  {type: "tag", tag, taskIds (newest first), more}
+ * @typedef {object} AddedFrame  {type: "added", tag, taskId}
+ * @typedef {"idle"|"connecting"|"connected"|"reconnecting"|"offline"} ConnectionState  `idle`: nothing to
+ *   watch, no socket (the gateway closes a socket that holds no subscription)
  */
 
 /**
@@ -71,6 +79,7 @@ export class GatewayClient {
     this.state = "connecting";
     this.online = true;
     this._subs = new Map();
+    this._tags = new Map();
     this._stateListeners = new Set();
     this._ws = null;
     this._failures = 0;
@@ -135,6 +144,93 @@ export class GatewayClient {
   }
 
   /**
+   * Watch every task carrying `tag`: those it has (newest first) and those created with it later, each
+   * until it ends; finished ones stay known. `onFrame` gets every frame of every such task, per task in
+   * order with no gap (a resume frame or an `event`; a `snapshot` replaces the task), with the task after
+   * it. The client keeps a cursor per task (in `sessionStorage` too) and, after a drop, subscribes again
+   * with them all, so each task resumes where it was and tasks created meanwhile come as `snapshot`s
+   * (`reason: "new"`). A second subscription to the same tag replaces the first.
+   * @param {string} tag
+   * @param {string | null} token  a tag token for `tag` (`POST /v1/tokens`; null where the gateway runs open)
+   * @param {FrameListener} onFrame
+   * @param {{cursors?: Record<string, number>, onTag?: (frame: TagFrame) => void,
+   *   onAdded?: (frame: AddedFrame) => void,
+   *   onError?: (error: {code: string, message: string}) => void}} [options]  `cursors`: the versions
+   *   already seen (default: those kept in storage); `onTag`: the tag's tasks at each (re)subscription;
+   *   `onAdded`: a task created with the tag while subscribed (its frames follow)
+   * @returns {() => void}  stops watching
+   */
+  subscribeTag(tag, token, onFrame, options = {}) {
+    const previous = this._tags.get(tag);
+    if (previous) this._endTag(previous);
+    const sub = {
+      tag,
+      token,
+      onFrame,
+      onTag: options.onTag ?? null,
+      onAdded: options.onAdded ?? null,
+      onError: options.onError ?? null,
+      tasks: new Map(), // task id -> {cursor: number|null, task: Task|null, awaiting: boolean}
+      awaiting: false, // a subscribe sent, its `tag` frame not come yet
+      done: false,
+      listed: 0, // how many tasks the last `tag` frame listed
+      cap: Infinity, // the most cursors to send (the server's limit, once learnt)
+      sent: 0, // how many cursors the last subscribe sent
+      retry: null,
+    };
+    const cursors = options.cursors ?? this._loadTagCursors(tag);
+    for (const [taskId, cursor] of Object.entries(cursors)) {
+      if (Number.isInteger(cursor) && cursor >= 0) sub.tasks.set(taskId, { cursor, task: null, awaiting: true });
+    }
+    this._tags.set(tag, sub);
+    if (this.transport === "sse") {
+      // Server-sent events have no tag stream: a tag needs the WebSocket this network did not let through.
+      this._tagError(sub, {
+        code: "websocket-required",
+        message: "following a tag needs a WebSocket, and none could connect (server-sent events have no tag stream)",
+      });
+    } else if (this._ws && this._ws.readyState === 1) {
+      this._sendTagSubscribe(sub);
+    } else {
+      this._connect();
+    }
+    return () => this.unsubscribeTag(tag);
+  }
+
+  /** @param {string} tag */
+  unsubscribeTag(tag) {
+    const sub = this._tags.get(tag);
+    if (!sub) return;
+    this._tags.delete(tag);
+    this._endTag(sub);
+  }
+
+  /**
+   * The cursors map of a tag subscription: task id -> last version applied, for every task of the tag
+   * the client knows (finished ones too); null when the tag is not subscribed. @param {string} tag
+   * @returns {Record<string, number> | null}
+   */
+  tagCursors(tag) {
+    const sub = this._tags.get(tag);
+    if (!sub) return null;
+    const cursors = {};
+    for (const [taskId, known] of sub.tasks) if (known.cursor !== null) cursors[taskId] = known.cursor;
+    return cursors;
+  }
+
+  /**
+   * The tasks of a tag subscription as they are now, newest first (createdAtMs descending, then id
+   * descending); those whose first frame has not come yet are left out. @param {string} tag
+   * @returns {Task[]}
+   */
+  tagTasks(tag) {
+    const sub = this._tags.get(tag);
+    if (!sub) return [];
+    const tasks = [...sub.tasks.values()].map((known) => known.task).filter((task) => task !== null);
+    return tasks.sort(newestFirst);
+  }
+
+  /**
    * Be told of connection state changes. @param {(state: ConnectionState) => void} listener
    * @returns {() => void}
    */
@@ -182,6 +278,7 @@ export class GatewayClient {
     this._heartbeat = null;
     if (this._ws) this._ws.close(1000);
     for (const sub of this._subs.values()) if (sub.source) sub.source.close();
+    for (const sub of this._tags.values()) clearTimeout(sub.retry);
   }
 
   // --- WebSocket ------------------------------------------------------------------------------------
@@ -190,13 +287,21 @@ export class GatewayClient {
     return this.baseUrl.replace(/^http/, "ws") + "/v1/ws";
   }
 
+  /** Whether anything needs the socket: a task not finished, or a tag. */
+  _wanted() {
+    return [...this._subs.values()].some((s) => !s.done) || [...this._tags.values()].some((s) => !s.done);
+  }
+
   _connect() {
     if (this._closed || !this.online) return;
     clearTimeout(this._timer);
     this._timer = null;
     if (this._ws && this._ws.readyState <= 1) return; // connecting or open
-    if (![...this._subs.values()].some((s) => !s.done)) return;
-    this._setState(this._everOpened ? "reconnecting" : "connecting");
+    if (!this._wanted()) {
+      this._setState("idle"); // nothing to watch: no socket, nothing to reconnect
+      return;
+    }
+    this._setState(this._everOpened && this.state !== "idle" ? "reconnecting" : "connecting");
     let ws;
     try {
       ws = new this.WebSocket(this._wsUrl());
@@ -215,6 +320,8 @@ export class GatewayClient {
       this._everOpened = true;
       this._heard();
       this._setState("connected");
+      // Tags first: a task also watched on its own is then streamed to its own subscription (the last).
+      for (const sub of this._tags.values()) if (!sub.done) this._sendTagSubscribe(sub);
       for (const sub of this._subs.values()) if (!sub.done) this._sendSubscribe(sub);
     };
     ws.onmessage = (message) => {
@@ -228,7 +335,12 @@ export class GatewayClient {
       } catch {
         return;
       }
+      if (frame.type === "tag" || frame.type === "added" || (frame.type === "error" && frame.tag !== undefined)) {
+        this._onTagFrame(frame);
+        return;
+      }
       this._onFrame(frame, (sub) => this._sendSubscribe(sub));
+      if (frame.taskId !== undefined) for (const sub of this._tags.values()) this._onTagTaskFrame(sub, frame);
     };
     ws.onclose = () => {
       if (this._ws !== ws) return;
@@ -310,8 +422,19 @@ export class GatewayClient {
 
   _dropped(opened) {
     if (this._closed) return;
+    for (const sub of this._tags.values()) {
+      clearTimeout(sub.retry);
+      sub.retry = null;
+    }
+    if (!this._wanted()) {
+      // Nothing to watch (every task finished, the gateway let the socket go): no socket until the next
+      // subscription.
+      this._setState("idle");
+      return;
+    }
     this._failures = opened ? 0 : this._failures + 1;
-    if (!this._everOpened && this._failures >= this.sseAfterFailures && this.EventSource) {
+    const tags = [...this._tags.values()].some((s) => !s.done); // a tag needs the WebSocket: no fallback
+    if (!this._everOpened && this._failures >= this.sseAfterFailures && this.EventSource && !tags) {
       this._fallBackToSse(); // the WebSocket never got through: a network that blocks it
       return;
     }
@@ -413,6 +536,146 @@ export class GatewayClient {
     sub.onFrame(frame, frame.task);
   }
 
+  // --- tag subscriptions ---------------------------------------------------------------------------
+
+  _sendTagSubscribe(sub) {
+    clearTimeout(sub.retry);
+    sub.retry = null;
+    sub.awaiting = true;
+    for (const known of sub.tasks.values()) known.awaiting = true;
+    const cursors = this._cursorsToSend(sub);
+    sub.sent = Object.keys(cursors).length;
+    const message = { type: "subscribe", tag: sub.tag, cursors };
+    if (sub.token) message.token = sub.token;
+    this._ws.send(JSON.stringify(message));
+  }
+
+  /** Every cursor known, or the newest `cap` of them once the gateway has said it lists no more. */
+  _cursorsToSend(sub) {
+    let known = [...sub.tasks].filter(([, k]) => k.cursor !== null);
+    if (known.length > sub.cap) {
+      const order = (a, b) => newestFirst(a[1].task ?? { id: a[0] }, b[1].task ?? { id: b[0] });
+      known = known.sort(order).slice(0, sub.cap);
+    }
+    return Object.fromEntries(known.map(([taskId, k]) => [taskId, k.cursor]));
+  }
+
+  _endTag(sub) {
+    const live = !sub.done;
+    sub.done = true;
+    clearTimeout(sub.retry);
+    if (live && this._ws && this._ws.readyState === 1) {
+      this._ws.send(JSON.stringify({ type: "unsubscribe", tag: sub.tag }));
+    }
+  }
+
+  _tagError(sub, error) {
+    sub.done = true;
+    if (sub.onError) sub.onError(error);
+  }
+
+  /** A frame about a tag subscription itself: `tag`, `added`, or an `error` with `tag`. */
+  _onTagFrame(frame) {
+    const sub = this._tags.get(frame.tag);
+    if (!sub || sub.done) return;
+    if (frame.type === "error") {
+      if (frame.code === "invalid-request" && sub.sent > sub.listed && sub.cap > sub.listed) {
+        // More cursors than the gateway takes (tasks were added since it listed them): send the newest.
+        sub.cap = sub.listed;
+        if (this._ws && this._ws.readyState === 1) this._sendTagSubscribe(sub);
+      } else if (TAG_FATAL.has(frame.code)) {
+        this._tagError(sub, { code: frame.code, message: frame.message });
+      } else {
+        // Not the subscription's fault (the database out of reach, say): ask again a little later.
+        const wait = Math.min(this.backoffCapMs, this.backoffBaseMs * 2 ** 3) * this.random();
+        clearTimeout(sub.retry);
+        sub.retry = setTimeout(() => {
+          sub.retry = null;
+          if (!sub.done && this._tags.get(sub.tag) === sub && this._ws && this._ws.readyState === 1) {
+            this._sendTagSubscribe(sub);
+          }
+        }, wait);
+      }
+      return;
+    }
+    if (frame.type === "tag") {
+      sub.awaiting = false;
+      sub.listed = frame.taskIds.length;
+      if (frame.more) sub.cap = Math.min(sub.cap, frame.taskIds.length);
+      this._failures = 0;
+      // The tag's tasks now: those no longer listed (deleted by retention, or past the gateway's limit) are
+      // forgotten; new ones wait for their first frame.
+      const listed = new Set(frame.taskIds);
+      for (const taskId of sub.tasks.keys()) if (!listed.has(taskId)) sub.tasks.delete(taskId);
+      for (const taskId of frame.taskIds) {
+        if (!sub.tasks.has(taskId)) sub.tasks.set(taskId, { cursor: null, task: null, awaiting: true });
+      }
+      this._saveTagIds(sub);
+      if (sub.onTag) sub.onTag(frame);
+    } else if (frame.type === "added") {
+      if (sub.tasks.has(frame.taskId)) return; // announced once; a listed task is never added
+      sub.tasks.set(frame.taskId, { cursor: null, task: null, awaiting: true });
+      this._saveTagIds(sub);
+      if (sub.onAdded) sub.onAdded(frame);
+    }
+  }
+
+  /** A task's frame, for a tag subscription that knows the task: applied in order, per task, no gap. */
+  _onTagTaskFrame(sub, frame) {
+    if (sub.done || !frame.task) return;
+    const known = sub.tasks.get(frame.taskId);
+    if (!known) return;
+    let shown = frame;
+    if (RESUME.has(frame.type)) {
+      // A snapshot replaces whatever was known (even an older version: the task was made anew). A
+      // caught-up or delta behind what was applied is stale; a delta's entries already applied are cut.
+      if (frame.type !== "snapshot" && known.cursor !== null && frame.version < known.cursor) return;
+      if (frame.type === "delta" && known.cursor !== null && frame.events.some((e) => e.version <= known.cursor)) {
+        shown = { ...frame, events: frame.events.filter((e) => e.version > known.cursor) };
+      }
+      known.awaiting = false;
+    } else if (frame.type === "event") {
+      if (known.cursor === null || frame.version <= known.cursor) return; // before its first frame, or seen
+      if (frame.version !== known.cursor + 1) {
+        // A gap: subscribe again with every cursor (unless that is under way); the resume frames cover it.
+        if (!known.awaiting && !sub.awaiting && this._ws && this._ws.readyState === 1) this._sendTagSubscribe(sub);
+        return;
+      }
+    } else {
+      return;
+    }
+    known.cursor = frame.version;
+    known.task = frame.task;
+    this._saveCursor(frame.taskId, known.cursor);
+    sub.onFrame(shown, frame.task);
+  }
+
+  _loadTagCursors(tag) {
+    if (!this.storage) return {};
+    let ids;
+    try {
+      ids = JSON.parse(this.storage.getItem(TAG_STORAGE_PREFIX + tag) ?? "[]");
+    } catch {
+      return {};
+    }
+    const cursors = {};
+    if (!Array.isArray(ids)) return cursors;
+    for (const taskId of ids) {
+      const cursor = typeof taskId === "string" ? this._loadCursor(taskId) : null;
+      if (cursor !== null) cursors[taskId] = cursor;
+    }
+    return cursors;
+  }
+
+  _saveTagIds(sub) {
+    if (!this.storage) return;
+    try {
+      this.storage.setItem(TAG_STORAGE_PREFIX + sub.tag, JSON.stringify([...sub.tasks.keys()]));
+    } catch {
+      // storage full or denied: the cursors still live in memory
+    }
+  }
+
   _setState(state) {
     if (this.state === state) return;
     this.state = state;
@@ -464,6 +727,12 @@ export function watchBrowser(client, win = globalThis) {
     win.removeEventListener("offline", offline);
     if (doc) doc.removeEventListener("visibilitychange", visible);
   };
+}
+
+/** Newest first: createdAtMs descending, then id descending (the order of a tag's tasks). */
+function newestFirst(a, b) {
+  const at = (b.createdAtMs ?? 0) - (a.createdAtMs ?? 0);
+  return at !== 0 ? at : a.id < b.id ? 1 : a.id > b.id ? -1 : 0;
 }
 
 function safeSessionStorage() {

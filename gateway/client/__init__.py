@@ -1,4 +1,5 @@
-"""Python clients of the gateway: ``watch`` for subscribers, ``Worker`` for the jobs that report.
+"""Python clients of the gateway: ``watch`` and ``watch_tag`` for subscribers, ``Worker`` for the jobs that
+report.
 
 They import nothing of the server (no Starlette, SQLAlchemy, uvicorn, ...): ``from gateway.client import
 watch`` loads httpx/websockets and these modules only.
@@ -13,7 +14,7 @@ from gateway.client.errors import (
     TaskCancelled,
     WorkerError,
 )
-from gateway.client.watch import WatchError, watch
+from gateway.client.watch import WatchError, watch, watch_tag
 from gateway.client.worker import Worker
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "Worker",
     "WorkerError",
     "watch",
+    "watch_tag",
 ]

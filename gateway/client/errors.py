@@ -2,7 +2,8 @@
 import)::
 
     ClientError
-    ├── WatchError            watch(): what retrying will not cure (bad token, unknown task, not a gateway)
+    ├── WatchError            watch(), watch_tag(): what retrying will not cure (bad token, unknown task,
+    │                         not a gateway)
     └── WorkerError           a Worker's callback did not do what it asked (reason, task_id, task)
         ├── CallbackError     the gateway refused it with a 4xx (stale-attempt, unauthorized, ...)
         │   └── AttemptOver   the gateway says the worker's attempt is over (stale-attempt, not-running)
@@ -19,6 +20,21 @@ from typing import Any
 
 class ClientError(Exception):
     """Root of every error the Python clients raise on purpose."""
+
+
+class WatchError(ClientError):
+    """What retrying will not cure: ``code`` is the gateway's error code (``unauthorized``, ``forbidden``,
+    ``unknown-task``, ``invalid-request``) or the client's (``not-a-gateway``, ``disconnected``, ...);
+    ``task_id`` or ``tag`` names the subscription it concerns, when it concerns one."""
+
+    def __init__(
+        self, code: str, message: str, task_id: str | None = None, *, tag: str | None = None
+    ) -> None:
+        about = f" (task {task_id})" if task_id else f" (tag {tag})" if tag else ""
+        super().__init__(f"{code}: {message}{about}")
+        self.code = code
+        self.task_id = task_id
+        self.tag = tag
 
 
 class WorkerError(ClientError):

@@ -1,4 +1,6 @@
-"""``gateway watch``: a terminal view of one task (state, a live progress bar, each entry as it comes).
+"""``gateway watch``: a terminal view of one task (state, a live progress bar, each entry as it comes), or
+with ``--tag`` of every task carrying a tag (a line per change, each task's id first, new tasks as they are
+created, until Ctrl-C).
 
 What goes wrong with the link (once per distinct failure) and why it gave up go to stderr; while the bar is
 live on a terminal, rich shows what is written to stderr above it."""
@@ -11,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
-from gateway.client.watch import LinkStatus, WatchError, watch
+from gateway.client.watch import LinkStatus, WatchError, watch, watch_tag
 
 EXIT_CODES = {"succeeded": 0, "failed": 1, "expired": 3}
 EXIT_ERROR = 4
@@ -42,12 +44,8 @@ async def watch_in_terminal(
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task(task_id, total=100)
 
-        def on_status(status: LinkStatus) -> None:
-            # Once per change of the link or distinct failure, never once per attempt.
-            print(status.message, file=sys.stderr, flush=True)
-
         try:
-            frames = watch(base_url, {task_id: token}, cursors={task_id: cursor}, on_status=on_status)
+            frames = watch(base_url, {task_id: token}, cursors={task_id: cursor}, on_status=_say_status)
             async for frame in frames:
                 task = frame["task"]
                 state = task["state"]
@@ -69,3 +67,54 @@ async def watch_in_terminal(
             return EXIT_ERROR
     console.print(f"{task_id}: {state}")
     return EXIT_CODES.get(state, EXIT_ERROR)
+
+
+def _say_status(status: LinkStatus) -> None:
+    # Once per change of the link or distinct failure, never once per attempt.
+    print(status.message, file=sys.stderr, flush=True)
+
+
+def _summary(task: dict[str, Any]) -> str:
+    return f"{task['state']} {task['progress']}%, attempt {task['attempts']}/{task['maxAttempts']}"
+
+
+async def watch_tag_in_terminal(base_url: str, tag: str, token: str | None) -> int:
+    """Print the tasks carrying ``tag`` and each change of each, as ``gateway watch`` prints one task's,
+    each line starting with the task's id, until interrupted; returns 4 when the gateway refuses (a bad
+    token, a token for another tag) or cannot be a gateway."""
+    shown: set[str] = set()  # the tasks whose state was printed once
+    ended: set[str] = set()  # the tasks whose end was printed
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        async for frame in watch_tag(base_url, tag, token, on_status=_say_status):
+            kind = frame["type"]
+            if kind == "tag":
+                more = " (the newest; older ones are not listed)" if frame["more"] else ""
+                count = len(frame["taskIds"])
+                out(f"{tag}: {count} task{'' if count == 1 else 's'}{more}")
+                continue
+            if kind == "added":
+                out(f"{frame['taskId']}  added")
+                continue
+            task_id, task, version = frame["taskId"], frame["task"], frame["version"]
+            if kind == "event":
+                out(f"{task_id}  v{version}  {describe(frame['event'])}")
+            elif task_id not in shown:
+                out(f"{task_id}  v{version}  {_summary(task)}")
+            elif kind == "snapshot":
+                out(f"{task_id}  v{version}  resumed: snapshot ({frame['reason']})  {_summary(task)}")
+            else:
+                for entry in frame.get("events", ()):
+                    out(f"{task_id}  v{entry['version']}  {describe(entry['event'])}")
+            if task["state"] in EXIT_CODES and task_id not in ended:
+                if task_id in shown:
+                    out(f"{task_id}: {task['state']}")
+                ended.add(task_id)
+            shown.add(task_id)
+    except WatchError as exc:
+        print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    return EXIT_ERROR  # pragma: no cover  (watch_tag ends only by an error or an interrupt)

@@ -8,6 +8,8 @@ import {
   type ConnectionState,
   type Frame,
   type SubscriptionError,
+  type TagFrame,
+  type TagSubscriptionError,
   type Task,
 } from "../../static/gateway-client.js";
 
@@ -21,7 +23,8 @@ const stopStates = client.onState((state) => states.push(state));
 function render(task: Task): string {
   const left = task.expiresAtMs - Date.now();
   const done = task.state === "succeeded" ? `result ${task.resultRef ?? "?"}` : task.error ?? "";
-  return `${task.id}: ${task.state} ${task.progress}% (attempt ${task.attempts} of ${task.maxAttempts}), ${left} ms ${done}`;
+  const tags = task.tags.length > 0 ? ` [${task.tags.join(", ")}] since ${new Date(task.createdAtMs).toISOString()}` : "";
+  return `${task.id}: ${task.state} ${task.progress}% (attempt ${task.attempts} of ${task.maxAttempts}), ${left} ms ${done}${tags}`;
 }
 
 function labels(task: Task): string {
@@ -58,6 +61,32 @@ const stop = client.subscribe(
   { cursor: 3, onError: (error: SubscriptionError) => console.error(error.code, error.message) },
 );
 client.subscribe("open-task", null, (frame) => console.log(frame.taskId, frame.version));
+
+// Every task of a tag: the list at each (re)subscription, the tasks added later, each task's frames.
+const byId = new Map<string, Task>();
+const stopTag = client.subscribeTag(
+  "owner:u42",
+  "eyJ...",
+  (frame, task) => {
+    byId.set(frame.taskId, task);
+    if (frame.type === "snapshot" && frame.reason === "new") console.log(`new task ${task.id}`);
+  },
+  {
+    cursors: { "report-42": 3 },
+    onTag: (frame: TagFrame) => {
+      for (const id of byId.keys()) if (!frame.taskIds.includes(id)) byId.delete(id);
+      console.log(frame.tag, frame.more ? "and more" : "all");
+    },
+    onAdded: (frame) => console.log(`${frame.taskId} added to ${frame.tag}`),
+    onError: (error: TagSubscriptionError) => console.error(error.code, error.message),
+  },
+);
+client.subscribeTag("project:7", null, (frame, task) => console.log(frame.type, task.state));
+const cursors: Record<string, number> | null = client.tagCursors("owner:u42");
+const newest: Task[] = client.tagTasks("owner:u42");
+console.log(cursors, newest.map((task) => task.id));
+stopTag();
+client.unsubscribeTag("project:7");
 const cursor: number | null = client.cursor("report-42");
 console.log(cursor, client.state, client.transport);
 client.reconnectNow();
@@ -76,13 +105,15 @@ client.subscribe("t", 42, () => {});
 client.subscribe("t", null, (frame: string) => frame);
 // @ts-expect-error a state that does not exist
 const wrong: ConnectionState = "closed";
+const idle: ConnectionState = "idle";
+console.log(idle);
 // @ts-expect-error options are checked
 new GatewayClient("https://gateway.example", { backoffCapMs: "10s" });
 client.subscribe("t", null, (frame) => {
   // @ts-expect-error only a delta carries events
   console.log(frame.events);
   if (frame.type === "snapshot") {
-    // @ts-expect-error a snapshot's reason is one of three
+    // @ts-expect-error a snapshot's reason is one of four
     const reason: "other" = frame.reason;
     console.log(reason);
   }
@@ -95,6 +126,19 @@ client.subscribe("t", null, (frame) => {
     console.log(why, frame.event.error);
   }
 });
+// @ts-expect-error a tag subscription's token is a string or null
+client.subscribeTag("owner:u42", 42, () => {});
+client.subscribeTag("owner:u42", null, () => {}, {
+  // @ts-expect-error a tag frame lists ids, not tasks
+  onTag: (frame) => frame.taskIds.map((task: Task) => task.state),
+  // @ts-expect-error an added frame names the task; its state comes in the frames that follow
+  onAdded: (frame) => console.log(frame.task),
+});
+// @ts-expect-error cursors are numbers
+client.subscribeTag("owner:u42", null, () => {}, { cursors: { "report-42": "3" } });
+// @ts-expect-error tags are strings
+const tag: number = ({} as Task).tags[0];
+console.log(tag);
 // @ts-expect-error progress is a number
 const progress: string = ({} as Task).progress;
 console.log(wrong, progress);
