@@ -16,6 +16,9 @@ every socket has the resume frame of each of its tasks (``t``: the monotonic tim
 prints ``{"state": "done", "stats": {...}}`` once every task of every socket is at its final version (or on
 "stop"); closes every socket on "stop" and exits.
 
+A connection that failed is retried after a backoff, as a client would, and so is a subscription refused
+with "try again" (an ``unavailable`` error frame), up to ``RETRIES`` times; the retries are counted.
+
 Per task it checks what bench/subscribers.py checks per subscriber: the resume frame first, then ``event``
 frames at last + 1 (a ``conflated`` snapshot may jump ahead); gaps, reorders and what is missing at the end
 are counted. In ``tag`` mode the socket's first frame must be the ``tag`` listing naming exactly its
@@ -46,6 +49,7 @@ class Socket:
     """One socket's subscriptions and what came of them."""
 
     __slots__ = (
+        "again",
         "close_code",
         "complete",
         "conflated",
@@ -72,6 +76,7 @@ class Socket:
         self.deliveries = self.gaps = self.missing = self.reorders = self.conflated = self.unexpected = 0
         self.resume_mismatch = 0
         self.retries = 0
+        self.again: list[str] = []  # subscriptions refused with "try again" (unavailable), to send again
         self.error: str | None = None
         self.close_code: int | None = None
         self.ready = False
@@ -84,6 +89,11 @@ class Socket:
                 self.resume_mismatch += 1
             return
         if kind == "error":
+            if frame.get("code") == "unavailable" and (
+                task_id in self.cursors or frame.get("tag") == self.tag
+            ):
+                self.again.append(task_id if task_id in self.cursors else self.tag)
+                return
             self.error = f"error frame: {frame.get('code')}: {frame.get('message')}"[:200]
             return
         if task_id not in self.cursors:
@@ -126,13 +136,15 @@ def tokens_for(spec: dict[str, Any], sockets: list[Socket]) -> dict[str, str]:
     return {key: jwt.encode(value, secret, algorithm="HS256") for key, value in claims.items()}
 
 
-def messages(mode: str, sock: Socket, tokens: dict[str, str]) -> list[str]:
+def messages(mode: str, sock: Socket, tokens: dict[str, str], only: list[str] | None = None) -> list[str]:
+    """The socket's subscribe messages (``only``: for these tasks alone, in ``tasks`` mode)."""
     if mode == "tag":
         message = {"type": "subscribe", "tag": sock.tag, "token": tokens[sock.tag], "cursors": sock.cursors}
         return [orjson.dumps(message).decode()]
     return [
         orjson.dumps({"type": "subscribe", "taskId": t, "cursor": c, "token": tokens[t]}).decode()
         for t, c in sock.cursors.items()
+        if only is None or t in only
     ]
 
 
@@ -189,6 +201,17 @@ async def main(spec: dict[str, Any], commands: asyncio.StreamReader) -> None:
             sock.feed(orjson.loads(await ws.recv()))
             if sock.error is not None and sock.error.startswith("error frame"):
                 return
+            if sock.again:  # refused with "try again": again after a backoff, as a client would
+                if sock.retries == RETRIES:
+                    sock.error = f"still unavailable after {RETRIES} retries"
+                    return
+                await asyncio.sleep(min(2.0, 0.1 * 2**sock.retries) * random.uniform(0.5, 1.0))
+                sock.retries += 1
+                if mode == "tag":
+                    sock.last.clear()  # the tag is listed and resumed again, whole
+                for message in messages(mode, sock, tokens, sock.again):
+                    await ws.send(message)
+                sock.again.clear()
         sock.ready = True
         count("ready", all_ready)
         if not stream:

