@@ -115,7 +115,8 @@ class Metrics:
         """Export the hub's queue sizes, read when /metrics is scraped."""
         for name, help_text in (
             ("connections", "Open live connections (WebSocket and SSE)"),
-            ("subscriptions", "Live subscriptions"),
+            ("subscriptions", "Live subscriptions of tasks (those a tag subscription streams included)"),
+            ("tag_subscriptions", "Live subscriptions of tags (/v1/ws)"),
             ("pending_total", "Entries queued for subscribers, all together"),
             ("pending_max", "The longest backlog of one subscription"),
             ("conflations", "Backlogs collapsed into a conflated snapshot since start"),

@@ -286,11 +286,16 @@ class Fanout(Generic[H]):
         """A subscription collecting live entries from now on, replacing the connection's earlier one to the
         same task (one socket streams a task once); read its resume state next and give it to
         :meth:`resumed`. One an ``owner`` (a tag subscription) streams does not count toward the limit."""
+        earlier = peer.subscriptions.get(task_id)
         if owner is None:  # refused, it replaces nothing
-            earlier = peer.subscriptions.get(task_id)
             peer.make_room(1 if earlier is not None and earlier.owner is None else 0)
         self.unsubscribe(peer, task_id)
         sub = Subscription(task_id, peer, owner)
+        if earlier is not None and earlier.head:
+            # A tag's announcement of the task the earlier one had not sent: its ``added`` frames still go,
+            # ahead of this one's resume frame (a tag's tasks are never hidden by a replacement).
+            carried = [frame for frame in earlier.head if frame.type == "added"]
+            sub.head = deque(carried) if carried else None
         if owner is not None:
             owner.streams[task_id] = sub
             peer.owned += 1
@@ -308,7 +313,8 @@ class Fanout(Generic[H]):
             return None
         sub.peer.held()
         sub.last = resume.task
-        sub.put_head((*first, resume_frame(resume)))
+        carried, sub.head = sub.head or (), None
+        sub.put_head((*carried, *first, resume_frame(resume)))
         # Entries committed while the state was read are already in the resume frame.
         sub.drop_pending_through(resume.task.version)
         sub.peer.wake(sub)

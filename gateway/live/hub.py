@@ -381,6 +381,7 @@ class Hub:
         return {
             "connections": len(self.feeds),
             "subscriptions": len(subscriptions),
+            "tag_subscriptions": sum(len(subs) for subs in self.tagging.watched.values()),
             "pending_total": sum(len(s.pending or ()) for s in subscriptions),
             "pending_max": max((len(s.pending or ()) for s in subscriptions), default=0),
             "control_max": max((len(f.peer.control or ()) for f in self.feeds), default=0),

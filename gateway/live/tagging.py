@@ -6,7 +6,9 @@ are ordinary subscriptions of the fan-out core, each marked with the tag subscri
 every order rule of a task's stream holds for them (no gap, no repeat, conflation, the terminal frame ending
 that task's stream); they do not count toward the connection's limit, the tag counts as one. One socket
 streams each task once: a later subscribe to a task (by its id, or by a tag that lists it or announces it)
-replaces the subscription that streamed it.
+replaces the subscription that streamed it (``added`` frames it had not sent still go). Unsubscribing a tag
+ends the streams it owns, but those of tasks another tag of the connection listed or announced, which that
+one streams on.
 
 A subscribe is subscribe, buffer, read, merge, as a task's is:
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Generic, TypeVar
 
-from gateway.frames import Frame, added_frame, tag_frame
+from gateway.frames import added_frame, tag_frame
 from gateway.live.fanout import Channel, Fanout, Message
 from gateway.live.peer import Peer, Subscription, TagSub
 from gateway.machine import Resume, Task
@@ -127,8 +129,10 @@ class Tagging(Generic[H]):
             tag_sub.known[task_id] = resume.task.created_at_ms
             if task_id not in cursors:
                 resume = Resume("snapshot", "new", resume.task, ())
-            if sub is not None:  # else another of the connection's tags announced it since: it streams it
+            if sub is not None:
                 channels.append(self.fanout.resumed(sub, resume))
+            else:  # another of the connection's tags announced it since: this one subscribed last
+                channels.append(self._take_back(tag_sub, resume))
         if more and found:
             oldest = resumes[found[-1]].task
             tag_sub.floor = (oldest.created_at_ms, oldest.id)
@@ -172,32 +176,30 @@ class Tagging(Generic[H]):
 
     def _take_over(self, tag_subs: Sequence[TagSub[H]], task: Task, *, recheck: bool) -> Channel[H] | None:
         """Announce ``task`` to ``tag_subs`` (of one connection) on a subscription of the last of them that
-        replaces the connection's stream of the task, if any; the ``added`` frames that one had not sent yet
-        (another tag's announcement of it) go first."""
+        replaces the connection's stream of the task, if any (the ``added`` frames that one had not sent yet,
+        another tag's announcement of it, go first)."""
         owner = tag_subs[-1]
-        earlier = owner.peer.subscriptions.get(task.id)
-        carried = (
-            [frame for frame in earlier.head if frame.type == "added"]
-            if earlier is not None and earlier.head
-            else []
-        )
         sub = self.fanout.subscribe(owner.peer, task.id, owner)
-        return self._announce(tag_subs, sub, task, recheck=recheck, carried=carried)
+        return self._announce(tag_subs, sub, task, recheck=recheck)
+
+    def _take_back(self, tag_sub: TagSub[H], resume: Resume) -> Channel[H] | None:
+        """A listed task that another tag of the connection announced during the listing: streamed from its
+        resume state after all (that announcement's ``added`` frames first, if unsent), on a new subscription
+        that did not collect what came since the read, so its writer reads the task again."""
+        sub = self.fanout.subscribe(tag_sub.peer, resume.task.id, tag_sub)
+        channel = self.fanout.resumed(sub, resume)
+        sub.conflated = True
+        self.woken[sub.peer] = None
+        return channel
 
     def _announce(
-        self,
-        tag_subs: Sequence[TagSub[H]],
-        sub: Subscription[H],
-        task: Task,
-        *,
-        recheck: bool,
-        carried: Sequence[Frame] = (),
+        self, tag_subs: Sequence[TagSub[H]], sub: Subscription[H], task: Task, *, recheck: bool
     ) -> Channel[H] | None:
         """``added`` for each of ``tag_subs`` (of one connection), then the task's ``snapshot`` (reason
         ``new``) at ``task``, then its entries, streamed by ``sub``. ``recheck``: ``sub`` did not collect
         the entries committed since ``task`` was read, so its writer reads the task again (a ``conflated``
         snapshot follows if it is newer); so too where the channel handed out entries it does not have."""
-        frames = [*carried, *(added_frame(tag_sub.tag, task.id) for tag_sub in tag_subs)]
+        frames = [added_frame(tag_sub.tag, task.id) for tag_sub in tag_subs]
         channel = self.fanout.resumed(sub, Resume("snapshot", "new", task, ()), frames)
         self.woken[sub.peer] = None
         newest = sub.pending[-1].task.version if sub.pending else task.version
@@ -228,22 +230,31 @@ class Tagging(Generic[H]):
         return [] if tag_sub is None else self.drop(tag_sub)
 
     def drop(self, tag_sub: TagSub[H]) -> list[Subscription[H]]:
-        """End a tag subscription (unsubscribed, replaced, or its subscribe failed) and the streams it owns;
-        returns those, removed."""
+        """End a tag subscription (unsubscribed, replaced, or its subscribe failed) and the streams it owns,
+        but those of tasks another tag of the connection has listed or announced: that one streams them on
+        (frames already queued included). Returns the streams removed."""
         if not tag_sub.active:
             return []
         tag_sub.active = False
-        del tag_sub.peer.tags[tag_sub.tag]
+        peer = tag_sub.peer
+        del peer.tags[tag_sub.tag]
         watchers = self.watched[tag_sub.tag]
         del watchers[tag_sub]
         if not watchers:
             del self.watched[tag_sub.tag]
-        streams = list(tag_sub.streams.values())
-        for sub in streams:
-            self.fanout.remove(sub)
+        ended: list[Subscription[H]] = []
+        for task_id, sub in tuple(tag_sub.streams.items()):
+            heirs = [other for other in peer.tags.values() if not other.listing and task_id in other.known]
+            if not heirs:
+                self.fanout.remove(sub)
+                ended.append(sub)
+                continue
+            del tag_sub.streams[task_id]
+            sub.owner = heirs[-1]
+            heirs[-1].streams[task_id] = sub
         tag_sub.buffered = {}
         tag_sub.known = {}
-        return streams
+        return ended
 
     def release(self, peer: Peer[H]) -> list[Subscription[H]]:
         """Every tag subscription of a connection that ends; returns their streams, removed."""

@@ -205,8 +205,8 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             if isinstance(cursor, bool) or not isinstance(cursor, int):
                 raise InvalidRequest("cursor: must be an integer")
             cursor_in_range(cursor)
-            # A task's subscribe token only: the API key is taken from the Authorization header alone (it has
-            # no business in a browser's socket message).
+            # A task's subscribe token, or a tag token for a tag of the task: the API key is taken from the
+            # Authorization header alone (it has no business in a browser's socket message).
             grant = guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
             await subscribe(feed, grant, task_id, cursor)
             authorized(ws)

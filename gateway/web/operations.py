@@ -385,6 +385,9 @@ WEBSOCKETS: tuple[dict[str, str], ...] = (
     },
     {
         "path": "/v1/ws",
-        "summary": "Many tasks on one socket: subscribe, unsubscribe and ping messages",
+        "summary": (
+            "Many tasks on one socket: subscribe, unsubscribe and ping messages; a task's (taskId, cursor) "
+            "or a tag's (tag, cursors: every task of it, new ones announced with an added frame)"
+        ),
     },
 )

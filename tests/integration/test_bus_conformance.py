@@ -5,12 +5,15 @@ Two gateways (each a whole app under its own uvicorn server, its own pool and it
 one PostgreSQL database, as two processes would. What a subscriber of one must see when callbacks are
 posted to the other: every entry, in order, with no gap, however the bus behaves: a frame too big for a
 message, a listener whose connection is cut, a message that is lost. The local bus, which links nothing,
-is checked for the one thing it promises: this process's subscribers.
+is checked for the one thing it promises: this process's subscribers. A task created with a tag is news on
+the bus too: a subscriber of the tag on the other gateway hears of it, or, its news lost, the periodic check
+finds it.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
@@ -27,6 +30,7 @@ from gateway.jobs.sweeper import sweep_once
 from gateway.store.base import WriteTx
 from tests.integration.test_live_support import (
     StreamCheck,
+    TagWatch,
     create_task,
     get_task,
     live_gateway,
@@ -34,6 +38,7 @@ from tests.integration.test_live_support import (
     read_to_close,
     recv_frame,
     socket,
+    tag_subscribe,
     ws_url,
 )
 from tests.support import FakeClock, Running, postgres_database, wait_until
@@ -284,3 +289,34 @@ async def test_tasks_expired_in_one_batch_reach_the_other_process(pg_url: str) -
             assert check.types == ["caught-up", "event"]
             check.assert_final(await get_task(second, check.task_id))
             assert check.task is not None and check.task["state"] == "expired"
+
+
+async def test_a_lost_creation_is_found_by_the_tags_reconcile(pair: tuple[Running, Running]) -> None:
+    """The messages of a task's creation are lost: no entry of it reaches a subscriber of its tag on the
+    second gateway (it streams no such task), so only that gateway's periodic check, listing the watched
+    tags again, can find it: then it is announced, and its entries follow."""
+    first, second = pair
+    bus = first.gateway.bus
+    tag = f"run:{uuid.uuid4().hex[:12]}"  # a Redis channel is shared by every gateway on that Redis
+    watch = TagWatch(tag)
+    async with socket(ws_url(second, "/v1/ws")) as ws:
+        await ws.send(tag_subscribe(tag))
+        watch.feed(await recv_frame(ws))
+        dropped: list[News] = []
+
+        async def drop_announce(tx: WriteTx, news: Sequence[News]) -> None:
+            dropped.extend(news)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(bus, "publish", dropped.append)
+            patch.setattr(bus, "announce", drop_announce)
+            created = await create_task(first, "lost-creation", tags=[tag])
+        assert [n.created for n in dropped] == [True, True]  # its announcement and its publish
+        with anyio.fail_after(WITHIN_S):
+            watch.feed(await recv_frame(ws, WITHIN_S))
+            watch.feed(await recv_frame(ws, WITHIN_S))
+        assert watch.added == ["lost-creation"]
+        token = created.callback_token
+        await post_event(first, "lost-creation", token, {"type": "start", "worker": "w1"})
+        watch.feed(await recv_frame(ws))
+    watch.checks["lost-creation"].assert_final(await get_task(second, "lost-creation"))

@@ -148,6 +148,81 @@ class StreamCheck:
         assert self.version == task["version"]
 
 
+class TagWatch:
+    """Checks one socket's frames of one tag subscription (protocol.md, Live: tags), as they arrive: the
+    ``tag`` frame first, then each listed task's resume frame in the listing's order (from the cursor sent
+    for it, ``snapshot`` ``new`` for a task not in the map), an ``added`` frame (at most once a task) then
+    the task's ``snapshot`` ``new``; from then on, each task's frames as :class:`StreamCheck` checks them.
+    ``cursors`` is the map the client sent, ``tasks`` the task (JSON) it held at each cursor."""
+
+    def __init__(
+        self, tag: str, cursors: dict[str, int] | None = None, tasks: dict[str, dict[str, Any]] | None = None
+    ) -> None:
+        self.tag = tag
+        self.sent = dict(cursors or {})
+        self.held = dict(tasks or {})
+        self.listed: list[str] | None = None
+        self.more: bool | None = None
+        self.added: list[str] = []
+        self.checks: dict[str, StreamCheck] = {}
+        self.awaited: list[str] = []  # listed tasks whose resume frame has not come yet, in order
+        self.new: set[str] = set()  # added tasks whose snapshot has not come yet
+
+    def feed(self, frame: dict[str, Any]) -> None:
+        kind = frame["type"]
+        if kind == "tag":
+            assert self.listed is None, f"a second tag frame: {frame}"
+            assert set(frame) == {"type", "tag", "taskIds", "more"} and frame["tag"] == self.tag, frame
+            self.listed, self.more = frame["taskIds"], frame["more"]
+            self.awaited = list(frame["taskIds"])
+            return
+        assert self.listed is not None, f"before the tag frame: {frame}"
+        if kind == "added":
+            assert set(frame) == {"type", "tag", "taskId"} and frame["tag"] == self.tag, frame
+            task_id = frame["taskId"]
+            assert task_id not in self.added and task_id not in self.listed, f"announced twice: {frame}"
+            self.added.append(task_id)
+            self.new.add(task_id)
+            return
+        task_id = frame["taskId"]
+        if task_id in self.awaited:
+            assert self.awaited[0] == task_id, f"resume frames out of the listing's order: {frame}"
+            self.awaited.pop(0)
+            if task_id in self.sent:
+                check = StreamCheck(task_id, self.sent[task_id], base=self.held.get(task_id), retention=8)
+                check.feed(frame)
+                self.checks[task_id] = check
+                return
+        elif task_id in self.new:
+            self.new.discard(task_id)
+        else:
+            self.checks[task_id].feed(frame)
+            return
+        assert (kind, frame.get("reason")) == ("snapshot", "new"), frame
+        check = StreamCheck(task_id, frame["version"])
+        check.resume, check.task, check.types = frame, frame["task"], ["snapshot"]
+        self.checks[task_id] = check
+
+    @property
+    def cursors(self) -> dict[str, int]:
+        """The map to send on a reconnect: the last version seen of every task."""
+        return {task_id: check.version for task_id, check in self.checks.items()}
+
+    @property
+    def tasks(self) -> dict[str, dict[str, Any]]:
+        return {task_id: check.task for task_id, check in self.checks.items() if check.task is not None}
+
+
+def tag_subscribe(tag: str, token: str | None = None, cursors: dict[str, int] | None = None) -> str:
+    """A ``/v1/ws`` subscribe message for a tag."""
+    message: dict[str, Any] = {"type": "subscribe", "tag": tag}
+    if token is not None:
+        message["token"] = token
+    if cursors is not None:
+        message["cursors"] = cursors
+    return orjson.dumps(message).decode()
+
+
 def loads(raw: str | bytes) -> dict[str, Any]:
     frame = orjson.loads(raw)
     assert isinstance(frame, dict), frame

@@ -334,7 +334,11 @@ class Client:
     the client's cursor, or ``snapshot`` ``new`` for a task not in its map), or after an ``added`` frame its
     ``snapshot`` ``new``; then ``event`` frames with no gap, no repeat, each the exact entry and the task
     after it, a ``conflated`` snapshot the only jump. ``cursors`` is the map it holds (and would send on a
-    reconnect), kept up to date."""
+    reconnect), kept up to date; a listed task's resume frame is checked against the map sent with the
+    tag's subscribe (:meth:`subscribing_tag`; else ``cursors`` as it was made), unless the client
+    subscribed to the task by its id since. An ``added`` frame for a task whose resume frame is awaited
+    (another subscription of the connection took the task over) is followed by that resume frame or by
+    the announcement's snapshot."""
 
     def __init__(self, book: FakeBook, cursors: Mapping[str, int] | None = None) -> None:
         self.book = book
@@ -345,11 +349,26 @@ class Client:
         self.more: dict[str, bool] = {}
         self.added: list[tuple[str, str]] = []
         self.bodies: list[dict[str, Any]] = []
+        self.sent: dict[str, list[tuple[int, dict[str, int]]]] = {}  # per tag, the maps sent, in order
+        self.resume_from: dict[str, int | None] = {}  # a listed task's cursor as sent (None: not sent)
+        self.messages = 0  # subscribes sent
+        self.subscribed_at: dict[str, int] = {}  # the last subscribe of each task by its id
 
     def subscribing(self, task_id: str) -> None:
         """The client sent a task's subscribe (with ``cursors[task_id]``, or 0): its resume frame is next."""
         self.cursors.setdefault(task_id, 0)
         self.expect[task_id] = "resume"
+        self.resume_from[task_id] = self.cursors[task_id]
+        self.messages += 1
+        self.subscribed_at[task_id] = self.messages
+
+    def subscribing_tag(self, tag: str) -> dict[str, int]:
+        """The client sends a tag's subscribe with its map as it is now (returned): its tag frame will list
+        the tasks whose resume frames follow, from that map."""
+        sent = dict(self.cursors)
+        self.messages += 1
+        self.sent.setdefault(tag, []).append((self.messages, sent))
+        return sent
 
     def feed(self, frames: Sequence[Frame]) -> list[dict[str, Any]]:
         return [self.feed_one(frame) for frame in frames]
@@ -361,14 +380,18 @@ class Client:
         if kind == "tag":
             assert set(body) == {"type", "tag", "taskIds", "more"}, body
             self.listed[body["tag"]], self.more[body["tag"]] = body["taskIds"], body["more"]
+            at, sent = self.sent[body["tag"]].pop(0) if self.sent.get(body["tag"]) else (0, self.cursors)
             for task_id in body["taskIds"]:
+                if self.subscribed_at.get(task_id, -1) > at:
+                    continue  # subscribed to by its id since: that resume frame is the one to come
                 self.expect[task_id] = "resume"
+                self.resume_from[task_id] = sent.get(task_id)
             return body
         if kind == "added":
             assert set(body) == {"type", "tag", "taskId"}, body
             assert frame.type == "added"
             self.added.append((body["tag"], body["taskId"]))
-            self.expect[body["taskId"]] = "new"
+            self.expect[body["taskId"]] = "either" if self.expect.get(body["taskId"]) else "new"
             return body
         if kind in ("pong", "error"):
             return body
@@ -376,10 +399,14 @@ class Client:
         task_id, version = body["taskId"], body["version"]
         assert body["task"] == task_to_json(self.book.state_at(task_id, version)), body
         expect = self.expect.pop(task_id, None)
-        if expect == "new" or (expect == "resume" and task_id not in self.cursors):
-            assert (kind, body["reason"]) == ("snapshot", "new"), (expect, body)
-        elif expect == "resume":
-            check_resume(self.book, task_id, frame, self.cursors[task_id])
+        cursor = self.resume_from.pop(task_id, None) if expect in ("resume", "either") else None
+        if expect == "either" and body.get("reason") == "new":
+            expect = "new"
+        if expect == "new" or (expect in ("resume", "either") and cursor is None):
+            assert (kind, body.get("reason")) == ("snapshot", "new"), (expect, body)
+        elif expect in ("resume", "either"):
+            assert cursor is not None
+            check_resume(self.book, task_id, frame, cursor, self.book.retention_versions)
         elif kind == "snapshot":
             assert task_id in self.held, body
             assert body["reason"] == "conflated" and version > self.held[task_id], (self.held, body)

@@ -503,6 +503,7 @@ async def test_release_and_idle(book: FakeBook, hub: Hub) -> None:
     assert set(stats) == {
         "connections",
         "subscriptions",
+        "tag_subscriptions",
         "pending_total",
         "pending_max",
         "control_max",

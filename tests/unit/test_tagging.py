@@ -260,7 +260,7 @@ def test_one_socket_streams_each_task_once_whichever_subscribed_last(play: Play)
     assert peer.subscriptions["a"].owner is None
     assert kinds(client.feed(play.frames(peer))) == [("caught-up", "a", None)]
     # A second tag listing b takes b over.
-    play.subscribe_tag(peer, OTHER, client.cursors)
+    play.subscribe_tag(peer, OTHER, client.subscribing_tag(OTHER))
     assert kinds(client.feed(play.frames(peer))) == [("tag", OTHER, None), ("caught-up", "b", None)]
     assert peer.subscriptions["b"].owner is peer.tags[OTHER]
     assert (peer.owned, len(peer.tags)) == (1, 2)
@@ -274,7 +274,7 @@ def test_one_socket_streams_each_task_once_whichever_subscribed_last(play: Play)
     play.commit("b")
     assert play.take(peer) == []
     # A tag's subscribe takes over the task's own subscription of a task it lists.
-    play.subscribe_tag(peer, TAG, client.cursors)
+    play.subscribe_tag(peer, TAG, client.subscribing_tag(TAG))
     assert kinds(client.feed(play.frames(peer))) == [
         ("tag", TAG, None),
         ("delta", "b", None),
@@ -442,6 +442,33 @@ def test_a_task_created_with_two_watched_tags_gets_an_added_frame_per_tag_and_on
     ]
     assert client.added == [(TAG, "both"), (OTHER, "both")]
     assert peer.subscriptions["both"].owner is peer.tags[OTHER]  # the last of them streams it
+
+
+def test_a_tag_unsubscribed_leaves_streaming_the_tasks_another_tag_of_the_connection_has(play: Play) -> None:
+    """Its tasks' streams end, but those of tasks another tag of the connection listed or announced: that
+    one streams them on, what was queued for them included."""
+    peer = play.connect()
+    play.subscribe_tag(peer, TAG)
+    play.subscribe_tag(peer, OTHER)
+    client = Client(play.book)
+    client.feed(play.frames(peer))
+    play.create("both", [OTHER, TAG])
+    play.create("mine", [OTHER])
+    assert peer.subscriptions["both"].owner is peer.tags[OTHER]
+    (ended,) = play.tagging.unsubscribe(peer, OTHER)
+    assert ended.task_id == "mine" and not ended.active
+    assert peer.subscriptions["both"].owner is peer.tags[TAG]
+    assert peer.tags[TAG].streams == {"both": peer.subscriptions["both"]} and peer.owned == 1
+    play.commit("both")
+    play.commit("mine")
+    assert kinds(client.feed(play.frames(peer))) == [
+        ("added", TAG, "both"),
+        ("added", OTHER, "both"),
+        ("snapshot", "both", "new"),
+        ("event", "both", None),
+    ]
+    play.tagging.unsubscribe(peer, TAG)
+    assert (peer.subscriptions, peer.owned) == ({}, 0)
 
 
 def test_a_task_announced_while_another_tag_of_the_connection_lists_is_announced_by_both(play: Play) -> None:
