@@ -29,6 +29,12 @@ const FATAL = new Set(["unauthorized", "forbidden", "unknown-task", "invalid-req
 const STORAGE_PREFIX = "task-gateway:cursor:";
 const TAG_STORAGE_PREFIX = "task-gateway:tag:"; // the ids of a tag's tasks (their cursors as above)
 const TAG_FATAL = new Set(["unauthorized", "forbidden", "invalid-request"]);
+// The gateway's bounds on a message (its defaults): before the socket holds an authorized subscription
+// (GATEWAY_WS_MAX_MESSAGE_BYTES_BEFORE_AUTH), and after (GATEWAY_WS_MAX_MESSAGE_BYTES). A tag's subscribe
+// sends the cursors of its newest tasks that fit; one left out costs a snapshot, never a loss.
+const MESSAGE_BYTES_BEFORE_AUTH = 4096;
+const MESSAGE_BYTES = 65536;
+const CLOSE_TOO_BIG = 1009;
 
 /**
  * @typedef {object} Task  The gateway's task: id, state, expiresAtMs, attempts, maxAttempts, progress,
@@ -80,6 +86,8 @@ export class GatewayClient {
     this.online = true;
     this._subs = new Map();
     this._tags = new Map();
+    this._authorized = false; // the socket has answered a subscription (its limit on messages is higher)
+    this._messageBytes = [MESSAGE_BYTES_BEFORE_AUTH, MESSAGE_BYTES]; // halved on a close 1009
     this._stateListeners = new Set();
     this._ws = null;
     this._failures = 0;
@@ -149,7 +157,8 @@ export class GatewayClient {
    * order with no gap (a resume frame or an `event`; a `snapshot` replaces the task), with the task after
    * it. The client keeps a cursor per task (in `sessionStorage` too) and, after a drop, subscribes again
    * with them all, so each task resumes where it was and tasks created meanwhile come as `snapshot`s
-   * (`reason: "new"`). A second subscription to the same tag replaces the first.
+   * (`reason: "new"`); when more are known than fit the gateway's limit on a message, those of the newest
+   * tasks (one left out comes as a `snapshot`). A second subscription to the same tag replaces the first.
    * @param {string} tag
    * @param {string | null} token  a tag token for `tag` (`POST /v1/tokens`; null where the gateway runs open)
    * @param {FrameListener} onFrame
@@ -310,6 +319,7 @@ export class GatewayClient {
       return;
     }
     this._ws = ws;
+    this._authorized = false;
     let opened = false;
     this._lastHeard = Date.now();
     this._pingDeadline = this._lastHeard + 2 * this.deadlineMs; // the handshake's deadline
@@ -335,6 +345,7 @@ export class GatewayClient {
       } catch {
         return;
       }
+      if (frame.type === "tag" || RESUME.has(frame.type)) this._authorized = true;
       if (frame.type === "tag" || frame.type === "added" || (frame.type === "error" && frame.tag !== undefined)) {
         this._onTagFrame(frame);
         return;
@@ -342,8 +353,12 @@ export class GatewayClient {
       this._onFrame(frame, (sub) => this._sendSubscribe(sub));
       if (frame.taskId !== undefined) for (const sub of this._tags.values()) this._onTagTaskFrame(sub, frame);
     };
-    ws.onclose = () => {
+    ws.onclose = (event) => {
       if (this._ws !== ws) return;
+      if (event && event.code === CLOSE_TOO_BIG) {
+        // A message over the gateway's limit (a lower one than its default): send smaller ones.
+        this._messageBytes = this._messageBytes.map((bytes) => Math.max(512, Math.floor(bytes / 2)));
+      }
       this._ws = null;
       this._stopHeartbeat();
       this._dropped(opened);
@@ -543,21 +558,31 @@ export class GatewayClient {
     sub.retry = null;
     sub.awaiting = true;
     for (const known of sub.tasks.values()) known.awaiting = true;
-    const cursors = this._cursorsToSend(sub);
-    sub.sent = Object.keys(cursors).length;
-    const message = { type: "subscribe", tag: sub.tag, cursors };
+    const message = { type: "subscribe", tag: sub.tag, cursors: {} };
     if (sub.token) message.token = sub.token;
+    const room = this._messageBytes[this._authorized ? 1 : 0] - utf8Length(JSON.stringify(message));
+    message.cursors = this._cursorsToSend(sub, room);
+    sub.sent = Object.keys(message.cursors).length;
     this._ws.send(JSON.stringify(message));
   }
 
-  /** Every cursor known, or the newest `cap` of them once the gateway has said it lists no more. */
-  _cursorsToSend(sub) {
-    let known = [...sub.tasks].filter(([, k]) => k.cursor !== null);
-    if (known.length > sub.cap) {
-      const order = (a, b) => newestFirst(a[1].task ?? { id: a[0] }, b[1].task ?? { id: b[0] });
-      known = known.sort(order).slice(0, sub.cap);
+  /**
+   * The cursors of the newest tasks known, as many as fit in `room` bytes (and no more than `cap`, once the
+   * gateway has said it lists no more): a task left out gets a snapshot, never a loss.
+   */
+  _cursorsToSend(sub, room) {
+    const order = (a, b) => newestFirst(a[1].task ?? { id: a[0] }, b[1].task ?? { id: b[0] });
+    const known = [...sub.tasks].filter(([, k]) => k.cursor !== null).sort(order);
+    const cursors = {};
+    let count = 0;
+    for (const [taskId, k] of known) {
+      const bytes = utf8Length(JSON.stringify(taskId)) + String(k.cursor).length + 2; // "id":N,
+      if (count >= sub.cap || bytes > room) break;
+      cursors[taskId] = k.cursor;
+      room -= bytes;
+      count += 1;
     }
-    return Object.fromEntries(known.map(([taskId, k]) => [taskId, k.cursor]));
+    return cursors;
   }
 
   _endTag(sub) {
@@ -727,6 +752,16 @@ export function watchBrowser(client, win = globalThis) {
     win.removeEventListener("offline", offline);
     if (doc) doc.removeEventListener("visibilitychange", visible);
   };
+}
+
+/** The bytes `text` takes in UTF-8 (what the gateway counts), with no TextEncoder (React Native). */
+function utf8Length(text) {
+  let bytes = 0;
+  for (const char of text) {
+    const code = char.codePointAt(0);
+    bytes += code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
+  }
+  return bytes;
 }
 
 /** Newest first: createdAtMs descending, then id descending (the order of a tag's tasks). */

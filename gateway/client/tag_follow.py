@@ -9,6 +9,11 @@ last + 1 moves the task on; a ``snapshot`` replaces it whatever its version (a t
 answer cover what was missed; a ``delta`` that overlaps what was applied (frames of the earlier
 subscription still on their way) is cut to its new entries. A ``tag`` frame lists the tag's tasks: one no
 longer listed (deleted by retention) is forgotten, so the map does not grow for ever.
+
+A subscribe message must fit the gateway's limit on messages: 4 KiB on a socket that holds no authorized
+subscription yet (GATEWAY_WS_MAX_MESSAGE_BYTES_BEFORE_AUTH), 64 KiB after (GATEWAY_WS_MAX_MESSAGE_BYTES).
+It carries the cursors of the newest tasks that fit; a task left out gets a snapshot, never a loss. A
+gateway that closes a socket with ``1009`` has a lower limit: the messages are made half as big.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from gateway.client.errors import WatchError
 RESUME_TYPES = frozenset({"caught-up", "delta", "snapshot"})
 # Error codes about a tag subscription that retrying cannot cure.
 FATAL = frozenset({"unauthorized", "forbidden", "invalid-request"})
+# The gateway's limits on a message (its defaults), before and after the socket's first authorized
+# subscription.
+MESSAGE_BYTES_BEFORE_AUTH = 4096
+MESSAGE_BYTES = 65536
 
 
 class Then(enum.Enum):
@@ -53,20 +62,33 @@ class TagFollower:
         self._listed = 0  # how many tasks the last tag frame listed
         self._cap: int | None = None  # the most cursors to send, once the gateway has shown its limit
         self._sent = 0  # how many cursors the last subscribe sent
+        self._bytes = (MESSAGE_BYTES_BEFORE_AUTH, MESSAGE_BYTES)  # the room for a message, before/after auth
 
-    def subscribe_message(self) -> str:
-        """The subscribe message with every cursor (the newest ``cap`` once the gateway showed its limit)."""
+    def subscribe_message(self, *, authorized: bool = False) -> str:
+        """The subscribe message with the cursors of the newest tasks that fit the gateway's limit on a
+        message (higher once the socket is ``authorized``: it has answered a subscription), and no more than
+        ``cap`` of them once the gateway showed its limit on a listing."""
         self._subscribing = True
         self._awaiting = set(self._known)
-        cursors = dict(self.cursors)
-        if self._cap is not None and len(cursors) > self._cap:
-            newest = sorted(cursors, key=self._age, reverse=True)[: self._cap]
-            cursors = {task_id: cursors[task_id] for task_id in newest}
-        self._sent = len(cursors)
-        message: dict[str, Any] = {"type": "subscribe", "tag": self.tag, "cursors": cursors}
+        message: dict[str, Any] = {"type": "subscribe", "tag": self.tag, "cursors": {}}
         if self.token is not None:
             message["token"] = self.token
+        room = self._bytes[authorized] - len(orjson.dumps(message))
+        cursors: dict[str, int] = {}
+        for task_id in sorted(self.cursors, key=self._age, reverse=True):
+            size = len(orjson.dumps(task_id)) + len(str(self.cursors[task_id])) + 2  # "id":N,
+            if (self._cap is not None and len(cursors) >= self._cap) or size > room:
+                break
+            cursors[task_id] = self.cursors[task_id]
+            room -= size
+        self._sent = len(cursors)
+        message["cursors"] = cursors
         return orjson.dumps(message).decode()
+
+    def too_big(self) -> None:
+        """The gateway closed the socket with ``1009``: its limit is lower than its default, so the next
+        messages are half as big."""
+        self._bytes = (max(512, self._bytes[0] // 2), max(512, self._bytes[1] // 2))
 
     def take(self, frame: dict[str, Any]) -> tuple[dict[str, Any] | None, Then]:
         """The frame to hand on (``None``: nothing new in it, or not this tag's) and what to do next. Raises

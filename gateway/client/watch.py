@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import orjson
 from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from gateway.client.backoff import Backoff
 from gateway.client.errors import WatchError
@@ -29,6 +30,7 @@ TERMINAL = frozenset({"succeeded", "failed", "expired"})
 RESUME_TYPES = frozenset({"caught-up", "delta", "snapshot"})
 # Error codes that retrying cannot cure.
 FATAL = frozenset({"unauthorized", "forbidden", "unknown-task", "invalid-request"})
+CLOSE_TOO_BIG = 1009  # a message over the gateway's limit
 
 
 async def watch(
@@ -128,18 +130,25 @@ async def watch_tag(
     backoff = backoff or Backoff()
 
     async def session(ws: ClientConnection) -> AsyncIterator[dict[str, Any]]:
+        authorized = False  # the socket answered the subscription: it takes bigger messages
         await ws.send(follower.subscribe_message())
-        async for raw in ws:
-            shown, then = follower.take(orjson.loads(raw))
-            if then is Then.SUBSCRIBE:
-                await ws.send(follower.subscribe_message())
-            elif then is Then.RETRY_LATER:
-                await anyio.sleep(backoff.next_delay())
-                await ws.send(follower.subscribe_message())
-            if shown is not None:
-                if shown["type"] == "tag":
-                    backoff.reset()
-                yield shown
+        try:
+            async for raw in ws:
+                shown, then = follower.take(orjson.loads(raw))
+                if then is Then.SUBSCRIBE:
+                    await ws.send(follower.subscribe_message(authorized=authorized))
+                elif then is Then.RETRY_LATER:
+                    await anyio.sleep(backoff.next_delay())
+                    await ws.send(follower.subscribe_message(authorized=authorized))
+                if shown is not None:
+                    if shown["type"] == "tag":
+                        authorized = True
+                        backoff.reset()
+                    yield shown
+        except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == CLOSE_TOO_BIG:
+                follower.too_big()
+            raise
 
     async for frame in linked(
         base_url,

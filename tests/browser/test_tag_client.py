@@ -3,7 +3,7 @@ gateway sends are played to it one by one, so that what no real gateway does on 
 gap, a resume frame that overlaps what was applied, a task made anew) is checked exactly. What it sends
 back (the cursors map after a drop, a resubscription after a gap, an unsubscribe) is read from the socket.
 
-The same subscription against a real gateway, through real drops, is in test_tags.py."""
+The same subscription against a real gateway, through real drops, is in test_tag_following.py."""
 
 from __future__ import annotations
 
@@ -330,3 +330,44 @@ async def test_idle_after_the_last_task_ends_and_the_gateway_closes(scripted: Sc
     assert await scripted.run("window.client.state") == "idle"
     assert await scripted.sockets() == 1
     assert await scripted.run("window.states") == ["connected", "idle"]
+
+
+async def test_the_cursors_sent_fit_the_gateways_limit_on_a_message(scripted: Scripted) -> None:
+    """300 tasks known, 42-character ids: a new socket's subscribe fits in 4 KiB (the limit before a
+    subscription is authorized) with the newest tasks' cursors; once the socket answered, a resubscribe (a
+    gap) takes 64 KiB; a gateway that closes with 1009 (a lower limit) gets messages half as big."""
+    ids = [f"nightly-export-of-the-ledger-{n:05d}-eu-west" for n in range(300)]
+    assert all(len(i) == 42 for i in ids)
+    created = {task_id: n for n, task_id in enumerate(ids)}
+    await scripted.follow(TAG, dict.fromkeys(ids, 7))
+
+    async def sent_bytes() -> tuple[int, list[str]]:
+        last = "(() => { const s = window.socket().sent.at(-1);"
+        last += " return [JSON.stringify(s), Object.keys(s.cursors)]; })()"
+        raw = await scripted.run(last)
+        return len(raw[0].encode()), raw[1]
+
+    await scripted.open()
+    size, first = await sent_bytes()
+    assert 3_500 < size <= 4_096 and 50 < len(first) < 300, (size, len(first))
+    # Known only by their cursors (no task yet): the order is by id, the newest kept.
+    assert first == sorted(ids, reverse=True)[: len(first)]
+    frames = [listing(*reversed(ids))]
+    for task_id in reversed(ids):
+        made = task(task_id, 7, created=created[task_id])
+        frames.append({"type": "caught-up", "taskId": task_id, "version": 7, "task": made})
+    await scripted.deliver(*frames)
+    lost = {"type": "progress", "atMs": 1, "progress": 90, "cursor": ""}
+    await scripted.deliver(
+        {"type": "event", "taskId": ids[0], "version": 9, "event": lost, "task": task(ids[0], 9)}
+    )
+    size, again = await sent_bytes()
+    assert len(again) == 300 and size <= 65_536, size  # all of them: the socket is authorized
+
+    await scripted.drop(1009)
+    await scripted.reconnected(2)
+    await scripted.open()
+    size, halved = await sent_bytes()
+    assert size <= 2_048 and 0 < len(halved) < len(first), (size, len(halved))
+    # The newest by creation now that the tasks are known.
+    assert halved == [ids[n] for n in range(299, 299 - len(halved), -1)]

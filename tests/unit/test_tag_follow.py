@@ -179,6 +179,26 @@ def test_a_listing_cut_short_bounds_the_cursors_sent() -> None:
     assert sent(follower)["cursors"] == {"c": 0, "b": 1}
 
 
+def test_the_cursors_sent_fit_the_gateways_limit_on_a_message_newest_first() -> None:
+    """300 tasks of 42-character ids: 4 KiB on a new socket (the newest that fit), 64 KiB once it answered
+    (all of them), half as much after a close 1009 (a gateway with a lower limit)."""
+    ids = [f"nightly-export-of-the-ledger-{n:05d}-eu-west" for n in range(300)]
+    follower = TagFollower(TAG, "t" * 200, dict.fromkeys(ids, 7))
+    first = follower.subscribe_message()
+    assert 3_500 < len(first.encode()) <= 4_096
+    sent = list(orjson.loads(first)["cursors"])
+    assert 50 < len(sent) < 300 and sent == sorted(ids, reverse=True)[: len(sent)]  # by id, no task known yet
+    later = follower.subscribe_message(authorized=True)
+    assert len(orjson.loads(later)["cursors"]) == 300 and len(later.encode()) <= 65_536
+    # Once the tasks are known, the newest by creation (ids[0] the newest here).
+    play(follower, listing(*ids), *({**caught_up(i, 7), "task": task(i, 7, -n)} for n, i in enumerate(ids)))
+    follower.too_big()
+    halved = follower.subscribe_message()
+    assert len(halved.encode()) <= 2_048
+    kept = list(orjson.loads(halved)["cursors"])
+    assert kept == ids[: len(kept)] and 20 < len(kept) < len(sent)
+
+
 @pytest.mark.parametrize("code", ["unauthorized", "forbidden", "invalid-request"])
 def test_a_refusal_retrying_cannot_cure_raises(code: str) -> None:
     follower = TagFollower(TAG, "bad")
