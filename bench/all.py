@@ -1,6 +1,6 @@
 """Every benchmark workload in one command: one table of figures beside their floors, and docs/benchmarks.md.
 
-    python bench/all.py [--procs 4] [--pg-admin-url URL] [--only 1,2,3,4,5,6]
+    python bench/all.py [--procs 4] [--pg-admin-url URL] [--only 1,2,3,4,5,6,7]
     python bench/all.py --smoke
 
 Each figure is printed beside its floor measured in the same run (the same machine, the same noise) and
@@ -38,6 +38,7 @@ import callbacks
 import fanout
 import harness
 import retention
+import tags
 from harness import Clients, rss_bytes
 from report import DOCS, WORKLOADS, Report, Row, frames_summary, machine, table, write_docs
 
@@ -58,6 +59,7 @@ class Config:
     retention_tasks: int
     retention_slices: int
     retention_growth: bool  # check the sizes (a smoke run's are too small to compare)
+    tags: tags.Sizes
     procs: int
     step_timeout_s: float
     total_timeout_s: float
@@ -76,6 +78,7 @@ FULL = Config(
     retention_tasks=30_000,
     retention_slices=retention.SLICES,
     retention_growth=True,
+    tags=tags.FULL,
     procs=4,
     step_timeout_s=180.0,
     total_timeout_s=1800.0,
@@ -93,6 +96,7 @@ SMOKE = Config(
     retention_tasks=600,
     retention_slices=retention.SMOKE_SLICES,
     retention_growth=False,
+    tags=tags.SMOKE,
     procs=2,
     step_timeout_s=30.0,
     total_timeout_s=120.0,
@@ -147,6 +151,7 @@ def server_factories(admin_url: str) -> dict[str, ServerFactory]:
         "handler without database": lambda: callbacks.floor("none", ""),
         "handler on SQLite": sqlite_handler,
         "handler on PostgreSQL": lambda: pg_handler(admin_url),
+        "gateway counting its queries": tags.gateway,
     }
 
 
@@ -164,6 +169,7 @@ SMOKE_SERVERS = {
     4: ("gateway",),
     5: ("gateway", "floor"),
     6: (),
+    7: ("gateway counting its queries",),
 }
 
 
@@ -649,6 +655,16 @@ async def workload_retention(cfg: Config, servers: Servers, report: Report) -> N
         )
 
 
+# --- 7. tags -----------------------------------------------------------------------------------------
+
+
+async def workload_tags(cfg: Config, servers: Servers, report: Report) -> None:
+    """bench/tags.py: tag subscriptions beside task subscriptions (fan-out, subscribe, reconnect storm)."""
+    need_fds(cfg.tags.tags)
+    async with servers.use("gateway counting its queries") as server:
+        await tags.workload(server, cfg.tags, cfg.procs, cfg.step_timeout_s, report)
+
+
 # --- the run -----------------------------------------------------------------------------------------
 
 Workload = Callable[[Config, Servers, Report], Coroutine[Any, Any, None]]
@@ -659,6 +675,7 @@ RUNNERS: dict[int, Workload] = {
     4: workload_latency,
     5: workload_storm,
     6: workload_retention,
+    7: workload_tags,
 }
 
 
@@ -678,7 +695,7 @@ async def run(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGTERM, terminate)
     # Children inherit the limit: raise it before any gateway, floor or client process starts.
     harness.raise_nofile(
-        max(cfg.memory_n, cfg.storm_n, *cfg.latency_n, *(n for n, _, _ in cfg.fanout)) + 1024
+        max(cfg.memory_n, cfg.storm_n, cfg.tags.tags, *cfg.latency_n, *(n for n, _, _ in cfg.fanout)) + 1024
     )
     report = Report()
     started = time.monotonic()
@@ -753,7 +770,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
     parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
-    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-6)")
+    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-7)")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     args = parser.parse_args()
     status = 1

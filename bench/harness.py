@@ -328,9 +328,11 @@ def gateway_env(bus: str | None = None, extra: dict[str, str] | None = None) -> 
     return env
 
 
-def gateway_command(port: int, database_url: str) -> list[str]:
-    """``gateway serve`` as a user runs it (this interpreter's, so that the venv's gateway runs)."""
-    return [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--database-url", database_url]
+def gateway_command(port: int, database_url: str, *, counted: bool = False) -> list[str]:
+    """``gateway serve`` as a user runs it (this interpreter's, so that the venv's gateway runs); ``counted``:
+    through bench/counted.py, which counts the store's queries on /metrics and changes nothing else."""
+    program = [str(BENCH_DIR / "counted.py")] if counted else ["-m", "gateway.cli"]
+    return [sys.executable, *program, "serve", "--port", str(port), "--database-url", database_url]
 
 
 async def wait_port(
@@ -374,16 +376,23 @@ GATEWAY_LOGS: list[dict[str, Any]] = []
 
 @contextlib.asynccontextmanager
 async def gateway(
-    database_url: str | None = None, *, bus: str | None = None, env: dict[str, str] | None = None
+    database_url: str | None = None,
+    *,
+    bus: str | None = None,
+    env: dict[str, str] | None = None,
+    counted: bool = False,
 ) -> AsyncIterator[Server]:
-    """``gateway serve`` on a free loopback port, on ``database_url`` or a SQLite file of its own. Its log
-    goes to a file; what it logged is summed up in :data:`GATEWAY_LOGS` and on stderr once it stopped."""
+    """``gateway serve`` on a free loopback port, on ``database_url`` or a SQLite file of its own
+    (``counted``: see :func:`gateway_command`). Its log goes to a file; what it logged is summed up in
+    :data:`GATEWAY_LOGS` and on stderr once it stopped."""
     with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
         port = free_port()
         url = database_url or f"sqlite:///{tmp}/bench.db"
         log_path = Path(tmp) / "gateway.log"
         with log_path.open("wb") as log:
-            process = await spawn(gateway_command(port, url), env=gateway_env(bus, env), stderr=log)
+            process = await spawn(
+                gateway_command(port, url, counted=counted), env=gateway_env(bus, env), stderr=log
+            )
         try:
             await wait_http(f"http://127.0.0.1:{port}", process=process)
             yield Server(port, process)

@@ -86,6 +86,24 @@ WORKLOADS = {
         "task costs. "
         "Checked besides: no row of a task past the retention is left, tasks nobody drained are kept.",
     ),
+    7: (
+        "tags",
+        "tag subscriptions on `/v1/ws` (bench/tags.py), on one gateway process run through "
+        "bench/counted.py (which counts its store's queries on /metrics; its sweeper off, as no task "
+        "reaches its deadline; a socket's first message allowed 64 KiB, as a 200-task cursors map needs), "
+        "on a SQLite file. Fan-out: 1,000 tags of 20 tasks (20,000 tasks), one socket per tag holding its "
+        "tag subscription, callbacks at 50/s on tasks picked at random (one frame each): the server's CPU "
+        "per delivered frame, beside the same tasks followed by one socket per tag holding 20 task "
+        "subscriptions (the floor); the same callbacks with no subscriber, before and after, are in the "
+        "details (a callback costs far more than the one frame it makes). Subscribe: one tag of 200 tasks, "
+        "each a version behind the client's cursor: the store's queries per subscribe and the time to the "
+        "last resume frame, beside 200 task subscriptions sent together on one `/v1/ws` (medians of 20, "
+        "each on a socket of its own). Reconnect storm: the 1,000 tag subscribers connecting at once with "
+        "their cursors maps (every other task a version behind): the time until every one has the resume "
+        "frames of its 20 tasks, beside the same subscribers resuming task by task (20 subscribe messages, "
+        "each with the task's token). Every subscription's frames are checked per task by its client "
+        "process (the listing, one resume frame per task, then versions 1 by 1).",
+    ),
 }
 
 

@@ -1,0 +1,199 @@
+"""The dashboard on a tag link, in headless Chromium: issue 18's browser acceptance test.
+
+Two ``gateway serve`` processes on one PostgreSQL database (tests/processes.py). The page is opened on
+``/?tag=T&token=K`` (``K`` a tag token from ``POST /v1/tokens``) through a relay to the first process
+(``TcpProxy``, which can make the link die silently); every task is created and driven through the second.
+What a user of the link sees:
+
+- the tag's tasks, one card each, newest first;
+- a task created afterwards, on the other process, appears within a second and follows its progress live;
+- after the link went silent (no FIN, nothing through, the gateway out of reach) while two more tasks were
+  created and the others moved on, within 10 s of the link coming back the page shows all six, each exactly
+  as the store has it (state, progress, version).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+import httpx
+import pytest
+
+from gateway.client import Worker
+from tests.processes import GatewayProcess, gateway_processes
+from tests.support import STEP_S, TcpProxy, postgres_database
+
+if TYPE_CHECKING:
+    from tests.browser.conftest import Console
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+CARDS = "#tasks article.task-card"  # the cards in the order shown
+APPEARS_MS = 1_000  # a task created on another process shows within this
+BACK_S = 10.0  # after the link comes back, every card is exact within this
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+async def gateways(browser: Any, pg_url: str, tmp_path: Path) -> AsyncIterator[list[GatewayProcess]]:
+    """Two gateway processes on one database (set up after the browser, so stopped before it)."""
+    async with gateway_processes(2, pg_url, tmp_path) as gws:
+        yield gws
+
+
+@pytest.fixture
+async def page(gateways: list[GatewayProcess], context: Any, console: Console) -> Any:
+    page = await context.new_page()
+    page.on("console", lambda m: console.errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.page_errors.append(str(e)))
+    return page
+
+
+class TagPage:
+    """The dashboard opened on a tag link, in terms of its cards and the store behind them."""
+
+    def __init__(self, page: Any, client: httpx.AsyncClient, store_url: str) -> None:
+        from playwright.async_api import expect
+
+        self.page = page
+        self.client = client
+        self.store_url = store_url
+        self.expect = expect
+
+    def card(self, task_id: str) -> Any:
+        return self.page.locator(f'{CARDS}[data-task-id="{task_id}"]')
+
+    async def order(self) -> list[str]:
+        ids: list[str] = await self.page.eval_on_selector_all(CARDS, "els => els.map(e => e.dataset.taskId)")
+        return ids
+
+    async def stored(self, task_id: str) -> dict[str, Any]:
+        answer = await self.client.get(f"{self.store_url}/v1/tasks/{task_id}")
+        assert answer.status_code == 200, answer.text
+        task: dict[str, Any] = answer.json()
+        return task
+
+    async def exact(self, task_id: str, timeout_ms: float) -> None:
+        """Wait until the card shows the task as the store has it now (state, progress, version)."""
+        task = await self.stored(task_id)
+        want = {"state": task["state"], "progress": str(task["progress"]), "version": str(task["version"])}
+        try:
+            await self.page.wait_for_function(
+                """([id, want]) => {
+                    const el = document.querySelector(`#tasks article.task-card[data-task-id="${id}"]`);
+                    if (!el) return false;
+                    const d = el.dataset;
+                    return (
+                        d.state === want.state && d.progress === want.progress && d.version === want.version
+                    );
+                }""",
+                arg=[task_id, want],
+                timeout=max(1.0, timeout_ms),
+                polling="raf",
+            )
+        except Exception:
+            shown = await self.card(task_id).evaluate_all("els => els.map(e => ({...e.dataset}))")
+            raise AssertionError(f"{task_id}: the card shows {shown}, the store {want}") from None
+        await self.expect(self.card(task_id).get_by_role("progressbar")).to_have_attribute(
+            "aria-valuenow", want["progress"]
+        )
+
+
+async def tag_token(client: httpx.AsyncClient, url: str, tag: str) -> str:
+    answer = await client.post(f"{url}/v1/tokens", json={"tag": tag, "ttlS": 3600})
+    assert answer.status_code == 201, answer.text
+    token: str = answer.json()["token"]
+    return token
+
+
+async def create(client: httpx.AsyncClient, url: str, task_id: str, tag: str) -> dict[str, Any]:
+    body = {"id": task_id, "ttlMs": 600_000, "maxAttempts": 2, "tags": [tag]}
+    answer = await client.post(f"{url}/v1/tasks", json=body)
+    assert answer.status_code == 201, answer.text
+    made: dict[str, Any] = answer.json()
+    return made
+
+
+async def test_a_tag_link_shows_its_tasks_live_and_exact_after_a_silent_link(
+    gateways: list[GatewayProcess], page: Any, console: Console
+) -> None:
+    near, far = gateways  # the page's process (through the relay), and the one everything is done on
+    run = uuid.uuid4().hex[:8]
+    tag = f"owner:u{run}"
+    ids = [f"tagged-{run}-{i}" for i in range(6)]
+    async with httpx.AsyncClient(timeout=STEP_S) as client, AsyncExitStack() as stack:
+        tags = TagPage(page, client, far.url)
+        workers: dict[str, Worker] = {}
+
+        async def make(i: int) -> None:
+            made = await create(client, far.url, ids[i], tag)
+            workers[ids[i]] = await stack.enter_async_context(Worker(far.url, ids[i], made["callbackToken"]))
+
+        for i in range(3):
+            await make(i)
+        await workers[ids[0]].start("w0")
+        await workers[ids[0]].progress(40, "p40")
+        await workers[ids[1]].start("w1")
+        token = await tag_token(client, near.url, tag)
+        relay = await stack.enter_async_context(TcpProxy(near.port))
+
+        # 1. The tag's three tasks, newest first, each exact.
+        await page.goto(f"{relay.url}/?{urlencode({'tag': tag, 'token': token})}")
+        await page.wait_for_selector("body[data-ready=true]", state="attached")
+        head = page.locator("#tag-head")
+        await tags.expect(head).to_have_attribute("data-state", "live")
+        await tags.expect(head).to_have_attribute("data-tag", tag)
+        for task_id in ids[:3]:
+            await tags.exact(task_id, STEP_S * 1000)
+        assert await tags.order() == ids[2::-1]
+
+        # 2. A fourth, created on the other process, appears within a second and follows its progress.
+        await make(3)
+        created_at = time.monotonic()
+        await tags.expect(tags.card(ids[3])).to_be_visible(timeout=APPEARS_MS)
+        appeared_s = time.monotonic() - created_at
+        assert await tags.order() == ids[3::-1]
+        await workers[ids[3]].start("w3")
+        await tags.exact(ids[3], APPEARS_MS)
+        for progress in (20, 50):
+            await workers[ids[3]].progress(progress, f"p{progress}")
+            await tags.exact(ids[3], APPEARS_MS)
+
+        # 3. The link goes silent (nothing through, nothing closed, the gateway out of reach) while two more
+        #    tasks are created and the others move on; then it comes back.
+        accepted = relay.accepted
+        relay.refuse = True
+        relay.stall()
+        await make(4)
+        await make(5)
+        await workers[ids[0]].succeed(f"s3://results/{ids[0]}", "sha256:00")
+        await workers[ids[1]].progress(10, "p10")
+        await workers[ids[2]].start("w2")
+        await workers[ids[3]].progress(80, "p80")
+        await workers[ids[5]].start("w5")
+        relay.refuse = False
+        back_at = time.monotonic()
+        for task_id in ids:
+            await tags.exact(task_id, (back_at + BACK_S - time.monotonic()) * 1000)
+        exact_s = time.monotonic() - back_at
+        assert exact_s <= BACK_S, exact_s
+        assert await tags.order() == ids[::-1]
+        await tags.expect(head).to_have_attribute("data-count", "6")
+        assert relay.accepted > accepted  # on a new connection: the silent one was noticed and replaced
+    print(
+        f"\nthe fourth task appeared in {appeared_s * 1000:.0f} ms; "
+        f"all six exact {exact_s:.1f} s after the link came back"
+    )
+    console.errors[:] = [e for e in console.errors if not e.startswith("WebSocket connection to")]
+    console.assert_clean()
