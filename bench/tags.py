@@ -54,8 +54,8 @@ CLIENT = harness.BENCH_DIR / "tag_subscribers.py"
 RESUMES = ("caught-up", "delta", "snapshot")
 # The sweeper off (see the module's docstring). And a socket's first message may be as long as any later one
 # (64 KiB): a tag subscribe carries the client's whole cursors map, 200 tasks here (about 4.5 KB), and the
-# default limit before a subscription is authorized, 4 KiB, closes it with 1009 (the xfail test of
-# tests/integration/test_tag_resume.py). Every other setting as a user runs it.
+# default limit before a subscription is authorized, 4 KiB, closes it with 1009 (protocol.md, Reconnecting:
+# the clients send the newest cursors that fit). Every other setting as a user runs it.
 GATEWAY_ENV = {"GATEWAY_SWEEP_INTERVAL_MS": "0", "GATEWAY_WS_MAX_MESSAGE_BYTES_BEFORE_AUTH": "65536"}
 CREATE_CONCURRENCY = 32
 
