@@ -10,8 +10,6 @@ written.
 
 from __future__ import annotations
 
-from typing import Any
-
 import anyio
 import httpx
 import pytest
@@ -31,9 +29,9 @@ from tests.receiver import Receiver, serving_receiver
 from tests.support import (
     STEP_S,
     FakeClock,
-    Running,
     bearer,
     create_task,
+    drain_all,
     error,
     post_callback,
     running_gateway,
@@ -48,20 +46,6 @@ async def cancel(
     client: httpx.AsyncClient, task_id: str, body: bytes | None = None, headers: dict[str, str] | None = None
 ) -> httpx.Response:
     return await client.post(f"/v1/tasks/{task_id}/cancel", content=body, headers=headers)
-
-
-async def drain_all(gw: Running) -> list[dict[str, Any]]:
-    """Drain as the protocol says a backend does: again at once while ``Drain-More`` is true. A batch can
-    come back short while the relay's bookkeeping holds a notification's row for a moment (PostgreSQL: the
-    drain skips a row another transaction holds); ``Drain-More`` says so."""
-    drained: list[dict[str, Any]] = []
-    with anyio.fail_after(STEP_S):
-        while True:
-            answer = await gw.client.post("/v1/notifications/drain")
-            assert answer.status_code == 200, answer.text
-            drained += answer.json()
-            if answer.headers["Drain-More"] != "true":
-                return drained
 
 
 async def test_a_running_task_cancelled_is_seen_by_every_subscriber_relayed_once_and_fences_its_worker(
