@@ -179,6 +179,9 @@ class Tagging(Generic[H]):
         replaces the connection's stream of the task, if any (the ``added`` frames that one had not sent yet,
         another tag's announcement of it, go first)."""
         owner = tag_subs[-1]
+        earlier = owner.peer.subscriptions.get(task.id)
+        if earlier is not None and earlier.last is not None and earlier.last.version > task.version:
+            task = earlier.last  # the connection has it further on already: its snapshot never steps back
         sub = self.fanout.subscribe(owner.peer, task.id, owner)
         return self._announce(tag_subs, sub, task, recheck=recheck)
 

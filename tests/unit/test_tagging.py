@@ -531,6 +531,36 @@ def test_a_task_announced_while_another_tag_of_the_connection_lists_is_announced
     assert peer.subscriptions["both"].owner is listing
 
 
+def test_a_task_another_tag_already_streams_is_announced_from_where_the_connection_is_never_back(
+    play: Play,
+) -> None:
+    """A task created with two tags the socket follows, the second one still listing: the first streams it
+    (its snapshot and events sent), the second announces it when its listing is merged. Its ``added`` frame
+    comes with the task as the connection already has it, not as it was created: the client's task never
+    steps back to an older version."""
+    peer = play.connect()
+    play.subscribe_tag(peer, TAG)
+    client = Client(play.book)
+    client.feed(play.frames(peer))
+    listing, _ = play.tagging.subscribe(peer, OTHER, play.book.clock)
+    task_ids, more = play.book.list_now(OTHER, 10)
+    play.tagging.listed(listing, task_ids)
+    play.create("both", [OTHER, TAG])  # TAG announces it; OTHER buffers it as created
+    play.commit_many("both", 2)
+    assert [(b["type"], b["version"]) for b in client.feed(play.frames(peer))[1:]] == [
+        ("snapshot", 0),
+        ("event", 1),
+        ("event", 2),
+    ]
+    play.tag_resumed(listing, task_ids, more, {})
+    bodies = client.feed(play.frames(peer))
+    assert kinds(bodies) == [("tag", OTHER, None), ("added", OTHER, "both"), ("snapshot", "both", "new")]
+    assert bodies[2]["version"] == 2
+    assert peer.subscriptions["both"].owner is listing
+    play.commit("both")
+    assert [b["version"] for b in client.feed(play.frames(peer))] == [3]
+
+
 def test_a_listed_task_taken_over_by_another_tags_announcement_gets_no_second_resume(play: Play) -> None:
     """The news of a task comes late: a newer tag of the connection lists it, then the older tag (which
     never heard of it) announces it, streaming it; if it is deleted before the listing's read, nothing is
