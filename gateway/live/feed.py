@@ -122,6 +122,11 @@ class Feed:
         if sub is not None:
             self.hub.remove(sub)
 
+    def unsubscribe_task(self, task_id: str) -> None:
+        """The client's ``unsubscribe`` of a task: its own subscription ends, but a task one of its tags
+        lists or announced goes on streaming there (:meth:`unsubscribe` ends whatever streams the task)."""
+        self.hub.unsubscribe_task(self.peer, task_id)
+
     def unsubscribe_tag(self, tag: str) -> None:
         """End the subscription to ``tag`` and the streams it owns, if there is one."""
         tag_sub = self.peer.tags.get(tag)

@@ -365,6 +365,12 @@ class Hub:
         self._flush_all(channels)
         self._removed(tag_sub.peer, gone)
 
+    def unsubscribe_task(self, peer: Peer[Connection], task_id: str) -> None:
+        """A client's unsubscribe of a task by its id; a tag of the connection that lists it streams it on."""
+        sub = self.tagging.unsubscribe_task(peer, task_id)
+        if sub is not None:
+            self._removed(peer, [sub])
+
     def drop_tag(self, tag_sub: TagSub[Connection]) -> None:
         """End a tag subscription and the streams it owns."""
         self._removed(tag_sub.peer, self.tagging.drop(tag_sub))

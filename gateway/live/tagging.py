@@ -179,6 +179,9 @@ class Tagging(Generic[H]):
         replaces the connection's stream of the task, if any (the ``added`` frames that one had not sent yet,
         another tag's announcement of it, go first)."""
         owner = tag_subs[-1]
+        earlier = owner.peer.subscriptions.get(task.id)
+        if earlier is not None and earlier.last is not None and earlier.last.version > task.version:
+            task = earlier.last  # the connection has it further on already: its snapshot never steps back
         sub = self.fanout.subscribe(owner.peer, task.id, owner)
         return self._announce(tag_subs, sub, task, recheck=recheck)
 
@@ -255,6 +258,25 @@ class Tagging(Generic[H]):
         tag_sub.buffered = {}
         tag_sub.known = {}
         return ended
+
+    def unsubscribe_task(self, peer: Peer[H], task_id: str) -> Subscription[H] | None:
+        """A client's ``unsubscribe`` of a task by its id: the task's own subscription ends (returned,
+        removed), but where a tag subscription of the connection listed or announced the task, that one
+        streams it on (the same stream: no gap, no repeat), as when another of its tags is unsubscribed.
+        A stream a tag subscription owns is that tag's, not a task's subscription: it goes on."""
+        sub = peer.subscriptions.get(task_id)
+        if sub is None or sub.owner is not None:
+            return None
+        heirs = [
+            tag_sub for tag_sub in peer.tags.values() if not tag_sub.listing and task_id in tag_sub.known
+        ]
+        if not heirs:
+            self.fanout.remove(sub)
+            return sub
+        sub.owner = heirs[-1]
+        heirs[-1].streams[task_id] = sub
+        peer.owned += 1
+        return None
 
     def release(self, peer: Peer[H]) -> list[Subscription[H]]:
         """Every tag subscription of a connection that ends; returns their streams, removed."""

@@ -196,7 +196,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
                 task_id = None
                 raise InvalidRequest("taskId: must be a string")
             if kind == "unsubscribe":
-                feed.unsubscribe(task_id)
+                feed.unsubscribe_task(task_id)  # a tag of the socket listing the task streams it on
                 return None
             token = message.get("token")
             if token is not None and not isinstance(token, str):

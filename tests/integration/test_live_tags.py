@@ -181,6 +181,41 @@ async def test_refused_tag_messages_get_an_error_frame_naming_the_tag(sqlite_url
                 assert ws.close_code is None
 
 
+async def test_a_task_unsubscribed_by_its_id_goes_on_streaming_in_the_tag_that_lists_it(
+    sqlite_url: str,
+) -> None:
+    """A page follows a tag and, on the same socket, one of its tasks by its id (a detail view, as
+    gateway-client.js shares one socket): closing the view unsubscribes the task, which ends the task's own
+    subscription, not the tag's stream of it. An unsubscribe of a task the tag streams leaves it streaming
+    too: the tag follows every task it lists."""
+    async with live_gateway(sqlite_url, api_key=API_KEY) as gw:
+        made = {name: await create_task(gw, name, tags=[TAG], headers=key()) for name in ("t1", "t2")}
+        token = await issue_tag_token(gw, TAG, headers=key())
+        with anyio.fail_after(30):
+            async with socket(ws_url(gw, "/v1/ws")) as ws:
+                await ws.send(tag_subscribe(TAG, token))
+                got = [await recv_frame(ws) for _ in range(3)]
+                assert [(f["type"], f.get("taskId")) for f in got] == [
+                    ("tag", None),
+                    ("snapshot", "t2"),
+                    ("snapshot", "t1"),
+                ]
+                detail = {"type": "subscribe", "taskId": "t1", "token": made["t1"].subscribe_token}
+                await ws.send(orjson.dumps(detail).decode())
+                assert (await recv_frame(ws))["type"] == "caught-up"
+                for name in ("t1", "t2"):
+                    await ws.send(orjson.dumps({"type": "unsubscribe", "taskId": name}).decode())
+                await pong(ws)
+                for name in ("t1", "t2"):
+                    await post_event(gw, name, made[name].callback_token, {"type": "start", "worker": "w"})
+                got = [await recv_frame(ws) for _ in range(2)]
+                assert sorted((f["type"], f["taskId"], f["version"]) for f in got) == [
+                    ("event", "t1", 1),
+                    ("event", "t2", 1),
+                ]
+                await pong(ws)
+
+
 async def test_a_subscribe_to_a_tag_of_200_tasks_makes_two_store_queries(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -284,6 +284,38 @@ def test_one_socket_streams_each_task_once_whichever_subscribed_last(play: Play)
     assert peer.owned == 2
 
 
+def test_a_task_unsubscribed_by_its_id_streams_on_in_a_tag_that_lists_it(play: Play) -> None:
+    """A client's unsubscribe of a task ends the task's own subscription; a tag of the connection that
+    listed or announced the task streams it on, on the same stream. A stream a tag owns is not the task's
+    subscription: an unsubscribe by its id leaves it."""
+    play.create("a", [TAG])
+    play.create("b", [TAG])
+    play.create("lone")
+    peer = play.connect()
+    client = Client(play.book)
+    play.subscribe_tag(peer, TAG)
+    client.feed(play.frames(peer))
+    for task_id in ("a", "lone"):
+        client.subscribing(task_id)
+        play.subscribe(peer, task_id, client.cursors.get(task_id, 0))
+    client.feed(play.frames(peer))
+    listing, _ = play.tagging.subscribe(peer, OTHER, play.book.clock)  # a tag still listing inherits nothing
+    assert play.tagging.unsubscribe_task(peer, "a") is None
+    assert (
+        peer.subscriptions["a"].owner is peer.tags[TAG]
+        and peer.tags[TAG].streams["a"] is peer.subscriptions["a"]
+    )
+    assert play.tagging.unsubscribe_task(peer, "b") is None  # the tag's own stream
+    assert play.tagging.unsubscribe_task(peer, "gone") is None
+    lone = play.tagging.unsubscribe_task(peer, "lone")  # no tag knows it: its subscription ends
+    assert lone is not None and not lone.active and "lone" not in peer.subscriptions
+    assert (set(peer.subscriptions), peer.owned) == ({"a", "b"}, 2)
+    play.tagging.drop(listing)
+    for task_id in ("a", "b", "lone"):
+        play.commit(task_id)
+    assert kinds(client.feed(play.frames(peer))) == [("event", "a", None), ("event", "b", None)]
+
+
 def test_subscribing_to_a_tag_again_replaces_the_earlier_subscription_and_its_streams(play: Play) -> None:
     play.create("a", [TAG])
     peer = play.connect()
@@ -497,6 +529,36 @@ def test_a_task_announced_while_another_tag_of_the_connection_lists_is_announced
     assert [b["version"] for b in bodies if b["type"] == "snapshot"] == [0, 1]
     assert play.reads("get") == [("get", "both", 1, 1)]
     assert peer.subscriptions["both"].owner is listing
+
+
+def test_a_task_another_tag_already_streams_is_announced_from_where_the_connection_is_never_back(
+    play: Play,
+) -> None:
+    """A task created with two tags the socket follows, the second one still listing: the first streams it
+    (its snapshot and events sent), the second announces it when its listing is merged. Its ``added`` frame
+    comes with the task as the connection already has it, not as it was created: the client's task never
+    steps back to an older version."""
+    peer = play.connect()
+    play.subscribe_tag(peer, TAG)
+    client = Client(play.book)
+    client.feed(play.frames(peer))
+    listing, _ = play.tagging.subscribe(peer, OTHER, play.book.clock)
+    task_ids, more = play.book.list_now(OTHER, 10)
+    play.tagging.listed(listing, task_ids)
+    play.create("both", [OTHER, TAG])  # TAG announces it; OTHER buffers it as created
+    play.commit_many("both", 2)
+    assert [(b["type"], b["version"]) for b in client.feed(play.frames(peer))[1:]] == [
+        ("snapshot", 0),
+        ("event", 1),
+        ("event", 2),
+    ]
+    play.tag_resumed(listing, task_ids, more, {})
+    bodies = client.feed(play.frames(peer))
+    assert kinds(bodies) == [("tag", OTHER, None), ("added", OTHER, "both"), ("snapshot", "both", "new")]
+    assert bodies[2]["version"] == 2
+    assert peer.subscriptions["both"].owner is listing
+    play.commit("both")
+    assert [b["version"] for b in client.feed(play.frames(peer))] == [3]
 
 
 def test_a_listed_task_taken_over_by_another_tags_announcement_gets_no_second_resume(play: Play) -> None:

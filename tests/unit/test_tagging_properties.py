@@ -5,9 +5,9 @@ One :class:`TaggingMachine` run is a store (the fake book) where tasks are creat
 of two tags (or none), and move on by entries; a bus that delivers the news of creations and entries at
 once, late (in any order), as bare wake-ups or never; connections that subscribe to a tag (its five steps
 spread out: subscribe, list, subscribe the listed tasks, read the resume states, merge; with anything in
-between), unsubscribe, subscribe to one task by its id; writers that take a few frames at a time, an
-endpoint that ends a task's stream after its terminal frame; and the periodic reconcile (the versions of
-the channels, and the tags listed again).
+between), unsubscribe, subscribe to one task by its id and unsubscribe it; writers that take a few frames
+at a time, an endpoint that ends a task's stream after its terminal frame; and the periodic reconcile (the
+versions of the channels, and the tags listed again).
 
 After every step, each connection's frames so far are checked (:class:`tests.unit.fanout_play.Client`):
 the ``tag`` frame, each listed task's resume frame, ``added`` then ``snapshot`` ``new`` for a task created
@@ -221,6 +221,14 @@ class TaggingMachine(RuleBasedStateMachine):
         sub = self.fan.subscribe(conn.peer, task_id)
         self.fan.resumed(sub, self.book.resume_now(task_id, conn.client.cursors[task_id]))
         self.flush()
+
+    @rule(pick=PICK, which=PICK)
+    def unsubscribe_task(self, pick: int, which: int) -> None:
+        """A client's unsubscribe of a task by its id: a tag of the connection that knows it streams it on."""
+        conn = self.conn(pick)
+        if conn.op is not None or not self.created:
+            return
+        self.tagging.unsubscribe_task(conn.peer, self.created[which % len(self.created)])
 
     @rule(pick=PICK, n=st.integers(1, 5))
     def drain(self, pick: int, n: int) -> None:
