@@ -36,9 +36,11 @@ import random
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
+from harness import COUNTS
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
@@ -235,22 +237,11 @@ async def main(spec: dict[str, Any]) -> None:
     started = time.monotonic()
     tasks = [asyncio.create_task(one(url, sub)) for url, sub in zip(urls, subs, strict=True)]
     watch = asyncio.create_task(stop.wait())
-    await asyncio.wait(
-        [asyncio.create_task(all_ready.wait()), watch],
-        timeout=max(0.0, deadline - time.monotonic()),
-        return_when=asyncio.FIRST_COMPLETED,
-    )
+    await until(all_ready, watch, deadline)
     write({"state": "ready", "t": last_ready or time.monotonic(), "t_go": started})
-    await asyncio.wait(
-        [asyncio.create_task(all_done.wait()), watch],
-        timeout=max(0.0, deadline - time.monotonic()),
-        return_when=asyncio.FIRST_COMPLETED,
-    )
+    await until(all_done, watch, deadline)
     if not all_done.is_set():  # stopped or timed out: what has not arrived by now is missing
-        for task, sub in zip(tasks, subs, strict=True):
-            if not sub.complete:
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_incomplete(tasks, subs)
     stats = report(subs, final if final_known.is_set() else None, expect_close)
     write({"state": "done", "stats": stats})
     with contextlib.suppress(TimeoutError):
@@ -261,27 +252,29 @@ async def main(spec: dict[str, Any]) -> None:
     listener.cancel()
 
 
+async def until(event: asyncio.Event, watch: asyncio.Task[Any], deadline: float) -> None:
+    """Wait for ``event`` until ``deadline`` (``time.monotonic()``), or until ``watch`` (the stop) ends."""
+    await asyncio.wait(
+        [asyncio.create_task(event.wait()), watch],
+        timeout=max(0.0, deadline - time.monotonic()),
+        return_when=asyncio.FIRST_COMPLETED,
+    )
+
+
+async def cancel_incomplete(tasks: Sequence[asyncio.Task[Any]], subs: Sequence[Any]) -> None:
+    """Stopped or timed out: cancel each subscriber's task whose stream is not complete (what has not arrived
+    by now is missing)."""
+    for task, sub in zip(tasks, subs, strict=True):
+        if not sub.complete:
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def report(subs: list[Sub], final: int | None, expect_close: int | None) -> dict[str, Any]:
     resume: dict[str, int] = {}
     errors: list[str] = []
-    stats = {
-        "subscribers": len(subs),
-        "connected": 0,
-        "failed": 0,
-        "resume_mismatch": 0,
-        "deliveries": 0,
-        "gaps": 0,
-        "missing": 0,
-        "reorders": 0,
-        "conflated": 0,
-        "unexpected": 0,
-        "incomplete": 0,
-        "tail_missing": 0,
-        "cut": 0,
-        "cut_missing": 0,
-        "bad_close": 0,
-        "retries": 0,
-    }
+    stats = dict.fromkeys(COUNTS, 0)
+    stats["subscribers"] = len(subs)
     closes: dict[str, int] = {}
     for sub in subs:
         stats["retries"] += sub.retries

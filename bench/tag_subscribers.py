@@ -38,7 +38,8 @@ from typing import Any
 
 import jwt
 import orjson
-from subscribers import RETRIES, step_aside, write
+from harness import COUNTS
+from subscribers import RETRIES, cancel_incomplete, step_aside, until, write
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
@@ -279,22 +280,11 @@ async def main(spec: dict[str, Any], commands: asyncio.StreamReader) -> None:
     started = time.monotonic()
     tasks = [asyncio.create_task(one(sock)) for sock in sockets]
     watch = asyncio.create_task(stop.wait())
-    await asyncio.wait(
-        [asyncio.create_task(all_ready.wait()), watch],
-        timeout=max(0.0, deadline - time.monotonic()),
-        return_when=asyncio.FIRST_COMPLETED,
-    )
+    await until(all_ready, watch, deadline)
     write({"state": "ready", "t": last_ready or time.monotonic(), "t_go": started})
-    await asyncio.wait(
-        [asyncio.create_task(all_done.wait()), watch],
-        timeout=max(0.0, deadline - time.monotonic()),
-        return_when=asyncio.FIRST_COMPLETED,
-    )
+    await until(all_done, watch, deadline)
     if not all_done.is_set():  # stopped or timed out: what has not arrived by now is missing
-        for task, sock in zip(tasks, sockets, strict=True):
-            if not sock.complete:
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_incomplete(tasks, sockets)
     write({"state": "done", "stats": report(sockets, final)})
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), max(0.0, deadline - time.monotonic()) + 5)
@@ -306,27 +296,7 @@ async def main(spec: dict[str, Any], commands: asyncio.StreamReader) -> None:
 
 def report(sockets: list[Socket], final: dict[str, int] | None) -> dict[str, Any]:
     """bench/harness.py's counts (``merge_stats``), over sockets; ``resume`` counts resume frames by type."""
-    stats: dict[str, Any] = {
-        key: 0
-        for key in (
-            "subscribers",
-            "connected",
-            "failed",
-            "resume_mismatch",
-            "deliveries",
-            "gaps",
-            "missing",
-            "reorders",
-            "conflated",
-            "unexpected",
-            "incomplete",
-            "tail_missing",
-            "cut",
-            "cut_missing",
-            "bad_close",
-            "retries",
-        )
-    }
+    stats: dict[str, Any] = dict.fromkeys(COUNTS, 0)
     stats.update(subscribers=len(sockets), resume={}, closes={}, errors=[])
     for sock in sockets:
         stats["retries"] += sock.retries
