@@ -65,11 +65,3 @@ def tags_problem(values: Sequence[object]) -> str | None:
             return f"{value!r} is given more than once (each tag once)"
         seen.add(value)
     return None
-
-
-def check_tags(values: Sequence[object], field: str = "tags") -> tuple[str, ...]:
-    """The tags of one task, sorted (as they are stored), else ``InvalidRequest`` naming ``field``."""
-    problem = tags_problem(values)
-    if problem is not None:
-        raise InvalidRequest(f"{field}: {problem}")
-    return tuple(sorted(str(value) for value in values))
