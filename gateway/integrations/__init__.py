@@ -1,0 +1,3 @@
+"""The queue integrations: Celery (``gateway.integrations.celery``), RQ (``.rq``) and arq (``.arq``) report
+their jobs' lives to the gateway through the Python clients (``gateway.client``), never the server's code.
+"""
