@@ -77,7 +77,7 @@ async def redis_space(db: int) -> AsyncIterator[RedisSpace]:
             keys = [k async for k in client.scan_iter(match=f"*{token}*", count=500)]
             if keys:
                 await client.delete(*keys)
-            for shared in (b"arq:abort", b"rq:workers"):
+            for shared in (b"arq:abort", b"rq:workers", b"rq:queues"):
                 kind = await client.type(shared)
                 members = (
                     await client.zrange(shared, 0, -1)
@@ -187,8 +187,9 @@ async def start_worker(name: str, argv: Sequence[str], env: dict[str, str], dire
 @dataclass(frozen=True)
 class Expected:
     """How the queue ends a job, as its gateway task must show it: ``state``, ``attempts``, the ``error``
-    (a prefix; None: none), ``result_ref`` (None: not succeeded), and per attempt the last progress value
-    the job reported (None: none, or not necessarily sent: the run was killed or stopped)."""
+    (a prefix; None: none; a task that succeeded after a failed attempt keeps that attempt's error),
+    ``result_ref`` (None: not checked), and per attempt the last progress value the job reported (None:
+    not checked); ``cancelled``: its history ends with the gateway's ``cancel`` entry."""
 
     state: str
     attempts: int
@@ -225,11 +226,15 @@ class Followed:
             await subscriber.ready.wait()
 
     async def until(self, task_id: str, what: str, accept: Any, within_s: float = 60.0) -> dict[str, Any]:
-        task: dict[str, Any] = await eventually(lambda: self.task(task_id), accept, f"{task_id}: {what}", within_s)
+        task: dict[str, Any] = await eventually(
+            lambda: self.task(task_id), accept, f"{task_id}: {what}", within_s
+        )
         return task
 
     async def cancel(self, task_id: str) -> None:
-        answer = await self.client.post(f"/v1/tasks/{quote(task_id, safe='')}/cancel", json={"reason": "test"})
+        answer = await self.client.post(
+            f"/v1/tasks/{quote(task_id, safe='')}/cancel", json={"reason": "test"}
+        )
         self.history.cancel(task_id, answer.status_code, answer.json() if answer.status_code == 200 else None)
         assert answer.status_code == 200, answer.text
 
@@ -238,7 +243,9 @@ class Followed:
         problems: list[str] = []
         for task_id, want in expected.items():
             task = await self.task(task_id)
-            answer = await self.client.get(f"/v1/tasks/{quote(task_id, safe='')}/events", params={"cursor": 0})
+            answer = await self.client.get(
+                f"/v1/tasks/{quote(task_id, safe='')}/events", params={"cursor": 0}
+            )
             assert answer.status_code == 200, answer.text
             self.history.final(task_id, answer.json())
             problems += _differences(task_id, task, answer.json()["events"], want)
@@ -252,7 +259,9 @@ class Followed:
         assert not problems, "\n  ".join(["tasks not as the queue ended them:", *problems])
 
 
-def _differences(task_id: str, task: dict[str, Any], entries: list[dict[str, Any]], want: Expected) -> list[str]:
+def _differences(
+    task_id: str, task: dict[str, Any], entries: list[dict[str, Any]], want: Expected
+) -> list[str]:
     where = f"{task_id} ({want})"
     problems = []
     if task["state"] not in TERMINAL:
@@ -260,7 +269,9 @@ def _differences(task_id: str, task: dict[str, Any], entries: list[dict[str, Any
     if task["state"] != want.state or task["attempts"] != want.attempts:
         problems.append(f"{where}: {task['state']} after {task['attempts']} attempts: {task}")
     error = task.get("error")
-    if want.error is None and error is not None or want.error is not None and not str(error).startswith(want.error):
+    if (error is None) != (want.error is None) or (
+        want.error is not None and not str(error).startswith(want.error)
+    ):
         problems.append(f"{where}: error {error!r}")
     if want.result_ref is not None and task.get("resultRef") != want.result_ref:
         problems.append(f"{where}: resultRef {task.get('resultRef')!r}")

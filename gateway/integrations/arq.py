@@ -56,10 +56,9 @@ from gateway.integrations.report import (
     Reporter,
     Run,
     Ticket,
+    activate,
     aprogress,
-    bind,
     current_run,
-    unbind,
 )
 
 __all__ = ["configure", "current_run", "enqueue_job", "install", "progress"]
@@ -167,7 +166,7 @@ def _wrapped(function: Any) -> Function:
             reporter.begin, ctx["job_id"], worker=worker, ticket=Ticket.from_header(header), scheme=SCHEME
         )
         ctx[_RUN] = run
-        token = bind(run)
+        activate(run)  # in this try's own asyncio task: its context is its own
         try:
             result = await coroutine(ctx, *args, **kwargs)
         except BaseException as exc:
@@ -177,7 +176,7 @@ def _wrapped(function: Any) -> Function:
             ctx[_OUTCOME] = _Returned(result)
             return result
         finally:
-            unbind(token)
+            activate(None)
 
     return Function(f.name, reported, f.timeout_s, f.keep_result_s, f.keep_result_forever, f.max_tries)
 

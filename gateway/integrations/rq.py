@@ -7,7 +7,7 @@ task before the job is pushed; the worker runs jobs as :class:`GatewayJob`
 (``rq worker --job-class gateway.integrations.rq.GatewayJob``)::
 
     install(url="http://127.0.0.1:8000", api_key=KEY)
-    enqueue(queue, build_report, rows, retry=Retry(max=2), gateway={"tags": ["owner:u42"], "heartbeatMs": 5000})
+    enqueue(queue, build_report, rows, retry=Retry(max=2), gateway={"tags": ["owner:u42"]})
 
     def build_report(rows):
         ...; progress(40, cursor="row-400"); ...
@@ -35,6 +35,7 @@ failure callbacks are the user's to set; :meth:`GatewayJob.perform` wraps the on
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -45,16 +46,14 @@ from rq.job import Job, Retry
 from rq.queue import Queue
 from rq.utils import import_attribute
 
-from gateway.client.backend import Backend
 from gateway.integrations.report import (
     GatewayConfig,
     Reporter,
     Run,
     Ticket,
-    bind,
+    activate,
     current_run,
     progress,
-    unbind,
 )
 
 __all__ = ["GatewayJob", "current_run", "enqueue", "install", "on_stopped", "progress"]
@@ -141,9 +140,7 @@ def enqueue(
         meta[USER_ON_STOPPED] = (
             user_stopped if isinstance(user_stopped, Callback) else Callback(user_stopped)
         ).name
-    return queue.enqueue(
-        f, *args, job_id=job_id, meta=meta, on_stopped=Callback(on_stopped), **kwargs
-    )
+    return queue.enqueue(f, *args, job_id=job_id, meta=meta, on_stopped=Callback(on_stopped), **kwargs)
 
 
 class GatewayJob(Job):
@@ -155,12 +152,15 @@ class GatewayJob(Job):
         # Resolving the function imports its module first: an install() there has run by now.
         self.func  # noqa: B018
         if _reporter is None:
-            logger.debug("gateway.integrations.rq: not installed in this process; job %s not reported", self.id)
+            logger.debug(
+                "gateway.integrations.rq: not installed in this process; job %s not reported", self.id
+            )
             return super().perform()
-        ticket = Ticket.from_header(self.meta.get(META)) if isinstance(self.meta.get(META), dict) else None
-        worker = self.worker_name or f"{socket.gethostname()}:rq"
-        run = _reporter.begin(self.id, worker=worker, ticket=ticket, scheme=SCHEME)
-        token = bind(run)
+        worker = self.worker_name or f"rq@{socket.gethostname()}:{os.getpid()}"
+        run = _reporter.begin(
+            self.id, worker=worker, ticket=Ticket.from_header(self.meta.get(META)), scheme=SCHEME
+        )
+        activate(run)
         try:
             result = super().perform()
         except BaseException as exc:
@@ -170,7 +170,7 @@ class GatewayJob(Job):
             _report_result(self, run, result)
             return result
         finally:
-            unbind(token)
+            activate(None)
             run.finish()
 
 
@@ -188,21 +188,14 @@ def on_stopped(job: Job, connection: Any) -> None:
     it, so its gateway task is cancelled. Runs in the worker's main process, not the killed horse."""
     try:
         job.func  # noqa: B018  (imports the job's module: its install() call)
-    except Exception:  # noqa: BLE001  (a missing function must not hide the stop)
+    except Exception:  # a missing function must not hide the stop
         logger.debug("gateway.integrations.rq: could not import %s", job.func_name)
     if _reporter is None:
-        logger.warning("gateway.integrations.rq: job %s stopped, but the gateway is not installed here", job.id)
+        logger.warning(
+            "gateway.integrations.rq: job %s stopped, but the gateway is not installed here", job.id
+        )
     else:
-        _cancel(_reporter.config, job.id)
+        _reporter.cancel(job.id, "stopped")  # within its timeout; a WARNING when the gateway is away
     user = job.meta.get(USER_ON_STOPPED)
     if isinstance(user, str):
         import_attribute(user)(job, connection)
-
-
-def _cancel(config: GatewayConfig, task_id: str) -> None:
-    try:
-        with Backend(config.url, config.api_key, timeout_s=config.timeout_s, retries=2) as backend:
-            backend.cancel(task_id, "stopped")
-    except Exception as exc:  # noqa: BLE001  (the worker goes on; the task's TTL ends it)
-        logger.warning("task-gateway: could not cancel task %s (RQ stopped it): %s", task_id, exc)
-
