@@ -24,7 +24,8 @@ The mapping is Celery's (docs/integrations.md), moment by moment:
   starts the next attempt), final otherwise; a returned ``Retry`` likewise;
 - ``send_stop_job_command`` cancels the task (the job's ``on_stopped`` callback, in the worker's main
   process, which :func:`enqueue` attaches; a user's own ``on_stopped`` is called after it);
-- a gateway cancel makes the job's next ``progress()`` raise ``TaskCancelled``;
+- a gateway cancel makes the job's next ``progress()`` raise ``TaskCancelled``, and RQ does not retry a
+  job that raised it;
 - a killed work horse sends nothing: RQ fails the job (and retries it when it has retries left); the task's
   heartbeat lease requeues the attempt, and the next run starts a new attempt once it has.
 
@@ -37,15 +38,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import uuid4
 
 from rq.callbacks import Callback
 from rq.job import Job, Retry
 from rq.queue import Queue
+from rq.types import FunctionReferenceType
 from rq.utils import import_attribute
 
+from gateway.client.errors import TaskCancelled
 from gateway.integrations.report import (
     GatewayConfig,
     Reporter,
@@ -104,7 +107,7 @@ def _installed() -> Reporter:
 
 def enqueue(
     queue: Queue,
-    f: Callable[..., Any] | str,
+    f: FunctionReferenceType,
     *args: Any,
     gateway: Mapping[str, Any] | None = None,
     **kwargs: Any,
@@ -164,6 +167,8 @@ class GatewayJob(Job):
         try:
             result = super().perform()
         except BaseException as exc:
+            if isinstance(exc, TaskCancelled):
+                self.retries_left = 0  # the work is no longer wanted: RQ must not run it again
             run.fail(exc, retryable=self.should_retry)
             raise
         else:
