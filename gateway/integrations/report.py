@@ -56,6 +56,11 @@ class Reporter:
         self._sender: Sender | None = None
         self._client: httpx.Client | None = None
         self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        # A lock held by another thread at a fork stays held in the child: the child starts with a new one.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()
 
     def _here(self) -> tuple[Sender, httpx.Client]:
         """This process's sender thread and client, made on first use (a forked child makes its own: the
