@@ -21,10 +21,12 @@ import threading
 import time
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
+from gateway.client.backend_wire import Call, Wire
+from gateway.client.errors import BackendError
 from gateway.integrations.run import Run
 from gateway.integrations.sender import Sender
 from gateway.integrations.ticket import DEFAULT_TTL_MS, GatewayConfig, Ticket
@@ -43,6 +45,8 @@ __all__ = [
 
 log = logging.getLogger("gateway.integrations")
 
+T = TypeVar("T")
+
 _current: ContextVar[Run | None] = ContextVar("gateway_run", default=None)
 
 
@@ -55,7 +59,12 @@ class Reporter:
         self._pid = 0
         self._sender: Sender | None = None
         self._client: httpx.Client | None = None
-        self._headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._wire = Wire(config.url, config.api_key)
+        # A lock held by another thread at a fork stays held in the child: the child starts with a new one.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()
 
     def _here(self) -> tuple[Sender, httpx.Client]:
         """This process's sender thread and client, made on first use (a forked child makes its own: the
@@ -81,50 +90,44 @@ class Reporter:
         """Create the gateway task of a job being published, within ``timeout_s`` (a repeated create with
         the same parameters is the gateway's ``200``, so a try whose answer was lost is tried again). The
         ticket the job's message carries, or ``None`` (logged) when the task could not be created."""
-        body: dict[str, Any] = {
-            "id": task_id,
-            "ttlMs": ttl_ms,
-            "maxAttempts": max_attempts,
-            "tags": list(tags),
-        }
-        if heartbeat_ms is not None:
-            body["heartbeatMs"] = heartbeat_ms
-        ticket = Ticket(None, ttl_ms, max_attempts, heartbeat_ms, tuple(tags))
-        answer = self._request(f"create task {task_id}", "/v1/tasks", body)
-        if answer is None:
+        call = self._wire.create(
+            task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
+        )
+        created = self._within(f"create task {task_id}", call)
+        if created is None:
             return None
-        return Ticket(str(answer["callbackToken"]), ticket.ttl_ms, max_attempts, heartbeat_ms, ticket.tags)
+        return Ticket(created.callback_token, ttl_ms, max_attempts, heartbeat_ms, tuple(tags))
 
     def cancel(self, task_id: str, reason: str | None = None) -> dict[str, Any] | None:
         """Cancel the gateway task of a job the queue revoked, within ``timeout_s``; the answer, or ``None``
         (logged) when the gateway could not be told."""
-        body = {"reason": reason} if reason else {}
-        return self._request(f"cancel task {task_id}", f"/v1/tasks/{task_id}/cancel", body)
+        return self._within(f"cancel task {task_id}", self._wire.cancel(task_id, reason))
 
-    def _request(self, what: str, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """POST with the API key, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed."""
+    def _within(self, what: str, call: Call[T]) -> T | None:
+        """``call``'s answer, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed, each
+        try bounded by what is left; ``None``, with a WARNING saying what could not be done and why, when
+        there is no answer by then or the gateway refused (a 4xx)."""
         _, client = self._here()
         deadline = time.monotonic() + self.config.timeout_s
-        why = "no answer"
-        delay = 0.05
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+        why, delay = "no answer", 0.05
+        while (left := deadline - time.monotonic()) > 0:
+            request = call.request(client)
+            request.extensions["timeout"] = httpx.Timeout(left).as_dict()
             try:
-                response = client.post(path, json=body, headers=self._headers, timeout=left)
+                response = client.send(request)
             except httpx.HTTPError as exc:
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:
-                if response.status_code < 300:
-                    answer: dict[str, Any] = response.json()
-                    return answer
-                why = _error(response)
                 if response.status_code < 500 and response.status_code != 429:
-                    break
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                    try:
+                        return call.answer(response)
+                    except BackendError as exc:
+                        why = str(exc)
+                        break
+                why = f"HTTP {response.status_code}"
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # the backoff itself
             delay = min(delay * 2, 0.5)
-        log.warning("task-gateway: could not %s: %s (within %ss)", what, why, self.config.timeout_s)
+        log.warning("task-gateway: could not %s: %s (timeout %ss)", what, why, self.config.timeout_s)
         return None
 
     def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Run:
@@ -144,14 +147,6 @@ class Reporter:
         sender.add(run)
         run.started.wait(self.config.timeout_s)
         return run
-
-
-def _error(response: httpx.Response) -> str:
-    try:
-        error = response.json()["error"]
-        return f"{response.status_code} {error['code']}: {error['message']}"
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code}"
 
 
 def current_run() -> Run | None:
