@@ -32,29 +32,9 @@ C = TypeVar("C", httpx.Client, httpx.AsyncClient)
 
 
 class _Sender(Generic[C]):
-    """What both classes hold: the calls' builder, the client that sends them, the retries."""
-
-    def __init__(self, base_url: str, api_key: str | None, client: C, *, owns_client: bool, retries: int):
-        self.wire = Wire(base_url, api_key)
-        self.retries = retries
-        self._client: C = client
-        self._owns_client = owns_client
-
-    def _tries(self, call: Call[Any]) -> Steps:
-        return tries(
-            call.request(self._client), retries=self.retries, backoff=Backoff(base_s=0.05, cap_s=2.0)
-        )
-
-
-def _limits() -> httpx.Limits:
-    # As the Worker's: a pooled connection is not reused once idle for long, well before the gateway
-    # closes it (GATEWAY_IDLE_TIMEOUT_MS), so a request is never sent on a connection being closed.
-    return httpx.Limits(keepalive_expiry=KEEPALIVE_S)
-
-
-class AsyncBackend(_Sender[httpx.AsyncClient]):
-    """The management API from async code. ``api_key`` ``None``: a gateway in open mode. ``client``: an
-    ``httpx.AsyncClient`` of the caller's (not closed by :meth:`aclose`)."""
+    """What both classes hold: the calls' builder, the client that sends them, the retries. ``api_key``
+    ``None``: a gateway in open mode. ``client``: one of the caller's, which closing the backend leaves
+    open; by default the backend makes its own."""
 
     def __init__(
         self,
@@ -63,10 +43,32 @@ class AsyncBackend(_Sender[httpx.AsyncClient]):
         *,
         timeout_s: float = 10.0,
         retries: int = 8,
-        client: httpx.AsyncClient | None = None,
+        client: C | None = None,
     ) -> None:
-        made = client or httpx.AsyncClient(timeout=timeout_s, limits=_limits())
-        super().__init__(base_url, api_key, made, owns_client=client is None, retries=retries)
+        self.wire = Wire(base_url, api_key)
+        self.retries = retries
+        self._client: C = client if client is not None else self._new_client(timeout_s)
+        self._owns_client = client is None
+
+    def _new_client(self, timeout_s: float) -> C:
+        raise NotImplementedError
+
+    def _tries(self, call: Call[Any]) -> Steps:
+        backoff = Backoff(base_s=0.05, cap_s=2.0)
+        return tries(call.request(self._client), retries=self.retries, backoff=backoff)
+
+
+# As the Worker's: a pooled connection is not reused once idle for long, well before the gateway closes it
+# (GATEWAY_IDLE_TIMEOUT_MS), so a request is never sent on a connection being closed.
+LIMITS = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+
+
+class AsyncBackend(_Sender[httpx.AsyncClient]):
+    """The management API from async code: ``AsyncBackend(base_url, api_key=None, *, timeout_s=10.0,
+    retries=8, client=None)``, ``client`` an ``httpx.AsyncClient`` (not closed by :meth:`aclose`)."""
+
+    def _new_client(self, timeout_s: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout_s, limits=LIMITS)
 
     async def __aenter__(self) -> AsyncBackend:
         return self
@@ -137,20 +139,12 @@ class AsyncBackend(_Sender[httpx.AsyncClient]):
 
 
 class Backend(_Sender[httpx.Client]):
-    """The management API from sync code: :class:`AsyncBackend`'s methods, blocking. ``client``: an
-    ``httpx.Client`` of the caller's (not closed by :meth:`close`)."""
+    """The management API from sync code, :class:`AsyncBackend`'s methods blocking: ``Backend(base_url,
+    api_key=None, *, timeout_s=10.0, retries=8, client=None)``, ``client`` an ``httpx.Client`` (not closed
+    by :meth:`close`)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None = None,
-        *,
-        timeout_s: float = 10.0,
-        retries: int = 8,
-        client: httpx.Client | None = None,
-    ) -> None:
-        made = client or httpx.Client(timeout=timeout_s, limits=_limits())
-        super().__init__(base_url, api_key, made, owns_client=client is None, retries=retries)
+    def _new_client(self, timeout_s: float) -> httpx.Client:
+        return httpx.Client(timeout=timeout_s, limits=LIMITS)
 
     def __enter__(self) -> Backend:
         return self
