@@ -3,14 +3,14 @@ tasks, issue tag tokens, cancel, read and list tasks, take deliveries, drain not
 
 Each method is one :class:`~gateway.client.backend_wire.Call` (built and read in ``backend_wire``), sent
 through :mod:`gateway.client.exchange` as the ``Worker``'s callbacks are: transport failures, 5xx and 429
-are retried with backoff and the same request. Every call here is safe to repeat: a repeated create with
-the same parameters is answered ``200`` with the task (``Created.created`` is then false, also when it was
-this create's first, lost answer that made it); a retried cancel whose first answer was lost is answered
-``terminal-conflict`` on the cancelled task; deliveries and drains carry an ``Idempotency-Key``, which a
-drain makes itself when not given one (so its retries take the same batch: at least once). A 4xx raises
-:class:`~gateway.client.errors.BackendError` (``TaskExists``, ``UnknownTask``); a 5xx or 429 still
-answered after ``retries`` retries raises ``httpx.HTTPStatusError``, and a transport failure the last
-``httpx.TransportError``, as ``Worker`` does.
+are retried with backoff and the same request. Every call here is safe to repeat: a create without an id
+is given one here (a UUID), and a repeated create with the same parameters is answered ``200`` with the
+task (``Created.created`` is then false, also when it was this create's first, lost answer that made it);
+a retried cancel whose first answer was lost is answered ``terminal-conflict`` on the cancelled task;
+deliveries and drains carry an ``Idempotency-Key``, which a drain makes itself when not given one (so its
+retries take the same batch: at least once). A 4xx raises :class:`~gateway.client.errors.BackendError`
+(``TaskExists``, ``UnknownTask``); a 5xx or 429 still answered after ``retries`` retries raises
+``httpx.HTTPStatusError``, and a transport failure the last ``httpx.TransportError``, as ``Worker`` does.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ class AsyncBackend(_Sender[httpx.AsyncClient]):
         heartbeat_ms: int | None = None,
         tags: Sequence[str] = (),
     ) -> Created:
-        """``POST /v1/tasks``; ``task_id`` ``None``: the gateway names it (a UUID)."""
+        """``POST /v1/tasks``; ``task_id`` ``None``: a fresh UUID (named here, so that a retry cannot
+        make a second task)."""
         call = self.wire.create(
             task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
         )
@@ -168,7 +169,8 @@ class Backend(_Sender[httpx.Client]):
         heartbeat_ms: int | None = None,
         tags: Sequence[str] = (),
     ) -> Created:
-        """``POST /v1/tasks``; ``task_id`` ``None``: the gateway names it (a UUID)."""
+        """``POST /v1/tasks``; ``task_id`` ``None``: a fresh UUID (named here, so that a retry cannot
+        make a second task)."""
         call = self.wire.create(
             task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
         )

@@ -5,6 +5,7 @@ batch back)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,7 +55,7 @@ async def test_the_async_backend_creates_lists_cancels_delivers_and_drains(sqlit
         assert not again.created and again.task == made.task  # the same parameters: the task, 200
         assert await backend.get("rep-1") == made.task
         named = await backend.create(ttl_ms=60_000, tags=["owner:u2"])
-        assert named.created and named.task["id"]  # the gateway named it
+        assert named.created and str(uuid.UUID(named.task["id"])) == named.task["id"]  # a UUID, named here
 
         # The tokens are the task's: the worker's and the subscriber's.
         async with Worker(gw.url, "rep-1", made.callback_token) as worker:

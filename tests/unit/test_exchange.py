@@ -5,6 +5,7 @@ built and read without a socket."""
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -118,7 +119,10 @@ def test_the_requests_carry_the_key_a_quoted_id_and_only_the_parameters_given(cl
         None, ttl_ms=1, max_attempts=1, heartbeat_ms=None, tags=()
     )
     assert "authorization" not in open_mode.request(client).headers
-    assert open_mode.body == {"ttlMs": 1, "maxAttempts": 1}
+    assert open_mode.body is not None and set(open_mode.body) == {"id", "ttlMs", "maxAttempts"}
+    # Named here, so its retries (the same request) name the same task; each create another one.
+    again = Wire("http://gw.example", None).create(None, ttl_ms=1, max_attempts=1, heartbeat_ms=None, tags=())
+    assert again.body is not None and str(uuid.UUID(again.body["id"])) != open_mode.body["id"]
 
 
 def test_a_drain_always_carries_a_key_its_retries_reuse(client: httpx.Client) -> None:
