@@ -97,8 +97,8 @@ class WorkerSettings:
 if os.environ.get("TG_TEST_GATEWAY_URL"):
     gateway_arq.install(
         WorkerSettings,
-        os.environ["TG_TEST_GATEWAY_URL"],
-        os.environ["TG_TEST_GATEWAY_KEY"],
-        min_interval_s=0.05,
-        timeout_s=5.0,
+        url=os.environ["TG_TEST_GATEWAY_URL"],
+        api_key=os.environ["TG_TEST_GATEWAY_KEY"],
+        min_interval=0.05,
+        timeout=5.0,
     )

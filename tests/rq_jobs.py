@@ -33,10 +33,10 @@ POLL_S = 0.05
 
 if os.environ.get("TG_TEST_GATEWAY_URL"):
     gateway_rq.install(
-        os.environ["TG_TEST_GATEWAY_URL"],
-        os.environ["TG_TEST_GATEWAY_KEY"],
-        min_interval_s=0.05,
-        timeout_s=5.0,
+        url=os.environ["TG_TEST_GATEWAY_URL"],
+        api_key=os.environ["TG_TEST_GATEWAY_KEY"],
+        min_interval=0.05,
+        timeout=5.0,
     )
 
 

@@ -7,13 +7,13 @@ installed once, where they are defined::
     class WorkerSettings:
         functions = [build_report]
         allow_abort_jobs = True          # so that Job.abort() cancels the gateway task
-    install(WorkerSettings, url="http://127.0.0.1:8000", api_key=KEY)
+    install(WorkerSettings, url="http://127.0.0.1:8000", api_key=KEY, heartbeat=5)
 
     async def build_report(ctx, rows):
         ...; await progress(40, cursor="row-400"); ...
         return "s3://reports/42.pdf"
 
-    configure(url="http://127.0.0.1:8000", api_key=KEY)                    # the producer
+    configure(url="http://127.0.0.1:8000", api_key=KEY)             # the producer
     await enqueue_job(redis, "build_report", rows, _gateway={"tags": ["owner:u42"], "maxAttempts": 3})
 
 The mapping is Celery's (docs/integrations.md), moment by moment:
@@ -43,7 +43,8 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from arq.connections import ArqRedis
@@ -52,7 +53,6 @@ from arq.jobs import Job
 from arq.worker import Function, func
 
 from gateway.integrations.report import (
-    GatewayConfig,
     Reporter,
     Run,
     Ticket,
@@ -60,6 +60,7 @@ from gateway.integrations.report import (
     aprogress,
     current_run,
 )
+from gateway.integrations.ticket import gateway_config
 
 __all__ = ["configure", "current_run", "enqueue_job", "install", "progress"]
 
@@ -80,14 +81,34 @@ _reporter: Reporter | None = None
 Hook = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
-def configure(url: str, api_key: str | None = None, **options: Any) -> Reporter:
-    """Report this process's arq jobs to the gateway at ``url`` (``options``: the other fields of
-    :class:`GatewayConfig`, e.g. ``heartbeat_ms``, ``timeout_s``, ``tags``). The producer calls it;
-    :func:`install` calls it for a worker. Returns the reporter (one per process)."""
+def configure(
+    *,
+    url: str,
+    api_key: str | None = None,
+    ttl: float | timedelta | None = None,
+    timeout: float = 2.0,
+    min_interval: float = 0.25,
+    heartbeat: float | None = None,
+    tags: Sequence[str] = (),
+) -> Reporter:
+    """Report this process's arq jobs to the gateway at ``url``; the producer calls it, :func:`install`
+    calls it for a worker. The options are Celery's ``install()``'s, in seconds: ``ttl`` (a task's
+    deadline, a day by default), ``timeout`` (the bound on the producer's create and on any wait of a job
+    for the gateway, off the event loop), ``min_interval`` (between two progress callbacks), ``heartbeat``
+    (every task's lease, unless its ``_gateway`` option says), ``tags``. Returns the reporter (one per
+    process)."""
     global _reporter
-    if "tags" in options:
-        options["tags"] = tuple(options["tags"])
-    _reporter = Reporter(GatewayConfig(url=url, api_key=api_key, **options))
+    _reporter = Reporter(
+        gateway_config(
+            url=url,
+            api_key=api_key,
+            ttl=ttl,
+            timeout=timeout,
+            min_interval=min_interval,
+            heartbeat=heartbeat,
+            tags=tags,
+        )
+    )
     return _reporter
 
 
@@ -97,11 +118,11 @@ def _installed() -> Reporter:
     return _reporter
 
 
-def install(settings: Any, url: str, api_key: str | None = None, **options: Any) -> Reporter:
+def install(settings: Any, **options: Any) -> Reporter:
     """Make a worker's settings (the ``WorkerSettings`` class, or a dict of ``Worker`` keyword arguments)
     report its jobs: every function is wrapped and an ``after_job_end`` hook is chained after the user's
-    own. Call it once, where the settings are defined."""
-    reporter = configure(url, api_key, **options)
+    own. ``options``: :func:`configure`'s. Call it once, where the settings are defined."""
+    reporter = configure(**options)
 
     def get(name: str) -> Any:
         return settings.get(name) if isinstance(settings, dict) else getattr(settings, name, None)

@@ -6,7 +6,7 @@ is started with, ``rq worker -c``). The producer enqueues with :func:`enqueue`, 
 task before the job is pushed; the worker runs jobs as :class:`GatewayJob`
 (``rq worker --job-class gateway.integrations.rq.GatewayJob``)::
 
-    install(url="http://127.0.0.1:8000", api_key=KEY)
+    install(url="http://127.0.0.1:8000", api_key=KEY, heartbeat=5)
     enqueue(queue, build_report, rows, retry=Retry(max=2), gateway={"tags": ["owner:u42"]})
 
     def build_report(rows):
@@ -39,6 +39,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -50,7 +51,6 @@ from rq.utils import import_attribute
 
 from gateway.client.errors import TaskCancelled
 from gateway.integrations.report import (
-    GatewayConfig,
     Reporter,
     Run,
     Ticket,
@@ -58,6 +58,7 @@ from gateway.integrations.report import (
     current_run,
     progress,
 )
+from gateway.integrations.ticket import gateway_config
 
 __all__ = ["GatewayJob", "current_run", "enqueue", "install", "on_stopped", "progress"]
 
@@ -73,29 +74,33 @@ _reporter: Reporter | None = None
 
 
 def install(
+    *,
     url: str,
     api_key: str | None = None,
-    *,
-    ttl_ms: int = GatewayConfig.ttl_ms,
-    heartbeat_ms: int | None = None,
-    min_interval_s: float = GatewayConfig.min_interval_s,
-    timeout_s: float = GatewayConfig.timeout_s,
+    ttl: float | timedelta | None = None,
+    timeout: float = 2.0,
+    min_interval: float = 0.25,
+    heartbeat: float | None = None,
     tags: Sequence[str] = (),
 ) -> Reporter:
     """Report this process's RQ jobs to the gateway at ``url``: call it where the producer starts and where
-    the worker's jobs are defined (or in the worker's ``-c`` settings module). Returns the reporter (one per
-    process; a second install replaces it)."""
+    the worker's jobs are defined (or in the worker's ``-c`` settings module). The options are Celery's
+    ``install()``'s, in seconds: ``ttl`` (a task's deadline, a day by default), ``timeout`` (the bound on
+    the producer's create and on any wait of a job for the gateway), ``min_interval`` (between two progress
+    callbacks), ``heartbeat`` (every task's lease, unless its ``gateway`` option says), ``tags``. Returns
+    the reporter (one per process; a second install replaces it)."""
     global _reporter
-    config = GatewayConfig(
-        url=url,
-        api_key=api_key,
-        ttl_ms=ttl_ms,
-        heartbeat_ms=heartbeat_ms,
-        min_interval_s=min_interval_s,
-        timeout_s=timeout_s,
-        tags=tuple(tags),
+    _reporter = Reporter(
+        gateway_config(
+            url=url,
+            api_key=api_key,
+            ttl=ttl,
+            timeout=timeout,
+            min_interval=min_interval,
+            heartbeat=heartbeat,
+            tags=tags,
+        )
     )
-    _reporter = Reporter(config)
     return _reporter
 
 

@@ -83,7 +83,7 @@ async def test_arq_jobs_end_on_the_gateway_as_arq_ended_them(tmp_path: Path, sql
         redis_space(ARQ_DB) as space,
         httpx.AsyncClient(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
     ):
-        gateway_arq.configure(gw.url, API_KEY, timeout_s=5.0)
+        gateway_arq.configure(url=gw.url, api_key=API_KEY, timeout=5.0)
         redis = await create_pool(RedisSettings(host="127.0.0.1", port=6379, database=ARQ_DB))
         try:
             await _run_jobs(tmp_path, gw.url, client, space, redis)

@@ -113,7 +113,7 @@ async def test_rq_jobs_end_on_the_gateway_as_rq_ended_them(tmp_path: Path, sqlit
         redis_space(RQ_DB) as space,
         httpx.AsyncClient(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
     ):
-        gateway_rq.install(gw.url, API_KEY, timeout_s=5.0)
+        gateway_rq.install(url=gw.url, api_key=API_KEY, timeout=5.0)
         redis = Redis.from_url(space.url)
         queue = Queue(space.token, connection=redis)
         jobs: dict[str, tuple[str, Expected, str]] = {}
