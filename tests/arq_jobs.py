@@ -11,7 +11,7 @@ environment (tests/queue_runs.py) and are installed with the integration at impo
 - ``fail``: progress 10 and raises ``ValueError``;
 - ``kill``: first try progress 20 and waits for its worker to be killed; the second progress 80 and
   returns;
-- ``abort``: progress 10, then waits for ``Job.abort()``;
+- ``abort``: progress 10, then waits for ``Job.abort()``; ``slow``: the same, for arq's time limit;
 - ``cancel``: progress that rises until the gateway's cancel makes ``progress()`` raise.
 """
 
@@ -69,9 +69,9 @@ async def work(ctx: dict[str, Any], plan: str) -> Any:
             await _waiting("killed")
         await progress(80)
         return f"s3://results/{job_id}"
-    if plan == "abort":
+    if plan in ("abort", "slow"):
         await progress(10)
-        await _waiting("aborted")
+        await _waiting("aborted" if plan == "abort" else "timed out")
     if plan == "cancel":
         value = 0
         for _ in range(int(WAIT_S / POLL_S)):

@@ -10,7 +10,8 @@ job can behave differently on its second run:
 - ``fail``: progress 10 and raises ``ValueError``, every run;
 - ``kill``: first run writes its pid (``<token>:pid:<job id>``), progress 20 and waits to be killed; the
   second progress 80 and returns;
-- ``stop``: progress 10, then waits to be stopped (``send_stop_job_command``);
+- ``stop``: progress 10, then waits to be stopped (``send_stop_job_command``); ``slow``: the same, for
+  the job's time limit;
 - ``cancel``: progress that rises until the gateway's cancel makes ``progress()`` raise.
 
 A waiting job gives up after ``WAIT_S`` (it fails, and so does its test).
@@ -73,9 +74,9 @@ def work(plan: str) -> Any:
             _waiting("killed")
         progress(80)
         return f"s3://results/{job.id}"
-    if plan == "stop":
+    if plan in ("stop", "slow"):
         progress(10)
-        _waiting("stopped")
+        _waiting("stopped" if plan == "stop" else "timed out")
     if plan == "cancel":
         deadline = time.monotonic() + WAIT_S
         value = 0
