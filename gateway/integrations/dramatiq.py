@@ -22,8 +22,8 @@ The mapping is Celery's (docs/integrations.md), moment by moment:
 - a run starts an attempt (``worker``: ``dramatiq@<host>:<pid>``) before the actor is called;
 - ``progress()`` reports (coalesced, never blocking);
 - a return value succeeds (``resultRef``: a returned string, else ``dramatiq://<id>``);
-- an exception fails: retryable when ``Retries`` enqueued the message again, final when it gave up (or
-  the exception is one the actor ``throws``);
+- an exception fails: retryable when ``Retries`` will enqueue the message again, final when it gives up
+  (``max_retries``, ``retry_when``, or an exception the actor ``throws``);
 - a gateway cancel makes the actor's next ``progress()`` raise ``TaskCancelled`` (add it to the actor's
   ``throws`` so that ``Retries`` does not run it again);
 - a killed worker sends nothing: the Redis broker requeues its messages once its heartbeat is
@@ -102,8 +102,7 @@ class GatewayMiddleware(Middleware):
             if exception is None:
                 run.succeed(result)
             else:
-                # Retries (before this middleware) failed the message when it gave up on it.
-                run.fail(exception, retryable=not message.failed)
+                run.fail(exception, retryable=_will_retry(broker, message, exception))
         finally:
             run.finish()
 
@@ -117,6 +116,28 @@ class GatewayMiddleware(Middleware):
         activate(None)
         with self._lock:
             return self._runs.pop(message.message_id, None)
+
+
+def _will_retry(broker: Broker, message: Any, exception: BaseException) -> bool:
+    """Whether ``Retries`` will enqueue the failed message again: its decision, made as it makes it
+    (``throws``, ``retry_when``, ``max_retries``). Asked here, not read from ``message.failed``: Dramatiq
+    calls the ``after_*`` hooks in reverse order, so this middleware (added after ``Retries``) reports
+    before ``Retries`` has decided, and so before the retry it enqueues can start."""
+    retries = next((m for m in broker.middleware if isinstance(m, Retries)), None)
+    if retries is None:
+        return False
+    options = message.options
+    actor = broker.actors.get(message.actor_name)
+    actor_options = actor.options if actor is not None else {}
+    throws = options.get("throws") or actor_options.get("throws")
+    if throws and isinstance(exception, throws):
+        return False
+    tried = options.get("retries", 0)  # the retries before this run's
+    retry_when = actor_options.get("retry_when", retries.retry_when)
+    if retry_when is not None:
+        return bool(retry_when(tried, exception))
+    max_retries = options.get("max_retries", actor_options.get("max_retries", retries.max_retries))
+    return max_retries is None or tried < max_retries
 
 
 def _max_retries(broker: Broker, message: Any) -> int:
