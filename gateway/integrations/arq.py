@@ -25,7 +25,8 @@ The mapping is Celery's (docs/integrations.md), moment by moment:
 - ``await progress()`` reports (coalesced, never blocking the loop);
 - a return value succeeds (``resultRef``: a returned string, else ``arq://<id>``);
 - ``raise Retry`` fails retryable (the next try starts the next attempt), as does a try cancelled by a
-  worker's shutdown that arq runs again; any other exception fails for good;
+  worker's shutdown that arq runs again, except on the function's last try (``max_tries``: arq will not
+  run it again); any other exception fails for good;
 - ``Job.abort()`` cancels the task (a job aborted before its first try starts runs no hook, so its task
   stays queued until its deadline); arq's time limit (``timeout``) fails the task for good, with
   ``TimeoutError`` (both cancel the try: arq's stored result tells them apart, so a worker with
@@ -77,9 +78,10 @@ SCHEME = "arq"
 TICKET_KWARG = "_gateway_ticket"
 # arq's own default (``Worker(max_tries=5)``): a task's maxAttempts when the producer says none.
 ARQ_MAX_TRIES = 5
-# What a job's ctx holds for the after_job_end hook: its run, and how the function ended.
+# What a job's ctx holds for the after_job_end hook: its run, how the function ended, and its max_tries.
 _RUN = "gateway_run"
 _OUTCOME = "gateway_outcome"
+_MAX_TRIES = "gateway_max_tries"
 # Marks settings install() has wrapped.
 _INSTALLED = "gateway_installed"
 
@@ -142,7 +144,8 @@ def install(settings: Any, **options: Any) -> Reporter:
             setattr(settings, name, value)
 
     if not get(_INSTALLED):  # installed once: a second install() only configures again
-        put("functions", [_wrapped(f) for f in get("functions") or ()])
+        max_tries = get("max_tries") or ARQ_MAX_TRIES  # the worker's, for functions without their own
+        put("functions", [_wrapped(f, max_tries) for f in get("functions") or ()])
         put("after_job_end", _after_job_end(get("after_job_end")))
         put(_INSTALLED, True)
     return reporter
@@ -181,18 +184,27 @@ async def enqueue_job(
     return job
 
 
-def _wrapped(function: Any) -> Function:
-    """An arq function (a coroutine function or ``arq.func(...)``) whose every try is a run."""
+def _wrapped(function: Any, worker_max_tries: int) -> Function:
+    """An arq function (a coroutine function or ``arq.func(...)``) whose every try is a run
+    (``worker_max_tries``: the worker's ``max_tries``, which a function without its own has)."""
     f: Function = function if isinstance(function, Function) else func(function)
     coroutine = f.coroutine
+    max_tries = f.max_tries if f.max_tries is not None else worker_max_tries
 
     @functools.wraps(coroutine)
     async def reported(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         header = kwargs.pop(TICKET_KWARG, None)
         reporter = _installed()
+        config = reporter.config
+        # A job enqueued without enqueue_job() carries no ticket: its task is made with the function's
+        # max_tries as its attempts (not 1, which would end it at arq's first Retry).
+        ticket = Ticket.from_header(header) or Ticket(
+            None, config.ttl_ms, max_tries, config.heartbeat_ms, config.tags
+        )
         worker = f"arq@{socket.gethostname()}:{os.getpid()}"
+        ctx[_MAX_TRIES] = max_tries
         run = await asyncio.to_thread(
-            reporter.begin, ctx["job_id"], worker=worker, ticket=Ticket.from_header(header), scheme=SCHEME
+            reporter.begin, ctx["job_id"], worker=worker, ticket=ticket, scheme=SCHEME
         )
         ctx[_RUN] = run
         activate(run)  # in this try's own asyncio task: its context is its own
@@ -238,8 +250,10 @@ async def _report(ctx: dict[str, Any], run: Run, outcome: Any) -> None:
         return
     redis: ArqRedis = ctx["redis"]
     if await redis.exists(job_key_prefix + ctx["job_id"]):
-        # arq kept the job to run again (Retry, or a try cancelled by the worker's shutdown).
-        run.fail(outcome if isinstance(outcome, BaseException) else "the try ended", retryable=True)
+        # arq kept the job to run again (Retry, or a try cancelled by the worker's shutdown); after its last
+        # try, though, arq fails it for good when it next takes it, without a try or a hook: final now.
+        again = ctx.get("job_try", 1) < ctx.get(_MAX_TRIES, ARQ_MAX_TRIES)
+        run.fail(outcome if isinstance(outcome, BaseException) else "the try ended", retryable=again)
         return
     if isinstance(outcome, asyncio.CancelledError):
         # Cancelled and ended: Job.abort(), or the function's timeout (arq's wait_for cancels it too).
@@ -247,6 +261,6 @@ async def _report(ctx: dict[str, Any], run: Run, outcome: Any) -> None:
         if info is not None and isinstance(info.result, TimeoutError):
             run.fail(info.result, retryable=False)
         else:
-            run.cancel("aborted")
+            await asyncio.to_thread(run.cancel, "aborted")  # a request (up to timeout_s): off the loop
         return
     run.fail(outcome if isinstance(outcome, BaseException) else "the try ended", retryable=False)
