@@ -203,10 +203,17 @@ def _wrapped(function: Any, worker_max_tries: int) -> Function:
         )
         worker = f"arq@{socket.gethostname()}:{os.getpid()}"
         ctx[_MAX_TRIES] = max_tries
-        run = await asyncio.to_thread(
-            reporter.begin, ctx["job_id"], worker=worker, ticket=ticket, scheme=SCHEME
+        begun = asyncio.ensure_future(
+            asyncio.to_thread(reporter.begin, ctx["job_id"], worker=worker, ticket=ticket, scheme=SCHEME)
         )
-        ctx[_RUN] = run
+        # The hook takes the run from here even when the try is cancelled (an abort, arq's time limit)
+        # while its start is on its way: that run has begun, and must report how the try ended.
+        ctx[_RUN] = begun
+        try:
+            run = await asyncio.shield(begun)
+        except asyncio.CancelledError as exc:
+            ctx[_OUTCOME] = exc
+            raise
         activate(run)  # in this try's own asyncio task: its context is its own
         try:
             result = await coroutine(ctx, *args, **kwargs)
@@ -231,8 +238,8 @@ class _Returned:
 
 def _after_job_end(user: Hook | None) -> Hook:
     async def after_job_end(ctx: dict[str, Any]) -> None:
-        run = ctx.pop(_RUN, None)
-        if isinstance(run, Run):
+        run = await _begun(ctx.pop(_RUN, None))
+        if run is not None:
             try:
                 await _report(ctx, run, ctx.pop(_OUTCOME, None))
             finally:
@@ -241,6 +248,19 @@ def _after_job_end(user: Hook | None) -> Hook:
             await user(ctx)
 
     return after_job_end
+
+
+async def _begun(begun: Any) -> Run | None:
+    """The run a try began (``None``: not one of ours), once its ``begin`` is over (it is bounded by
+    ``timeout_s``)."""
+    if not isinstance(begun, asyncio.Future):
+        return None
+    try:
+        run = await begun
+    except Exception:  # the reporter failed: there is nothing to report to
+        logger.exception("gateway.integrations.arq: a run could not begin")
+        return None
+    return run if isinstance(run, Run) else None
 
 
 async def _report(ctx: dict[str, Any], run: Run, outcome: Any) -> None:

@@ -151,3 +151,43 @@ async def test_an_aborts_cancel_leaves_the_event_loop_free(
     run.release.set()
     await ending
     assert run.cancel_waited_out is False
+
+
+class SlowRecorder(Recorder):
+    """A reporter whose ``begin`` waits (as one waits for a slow gateway's answer to ``start``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.beginning = threading.Event()
+        self.answer = threading.Event()
+
+    def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Recorded:
+        self.beginning.set()
+        self.answer.wait(RELEASE_S)
+        return super().begin(task_id, worker=worker, ticket=ticket, scheme=scheme)
+
+
+async def endless(ctx: dict[str, Any]) -> None:
+    raise AssertionError("the try was cancelled before its function was called")
+
+
+@pytest.mark.anyio
+async def test_a_try_aborted_while_its_start_is_on_its_way_still_cancels_its_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    recorder = SlowRecorder()
+    settings = _installed(recorder, monkeypatch, functions=[endless])
+    ctx: dict[str, Any] = {"job_id": "job-1", "job_try": 1, "redis": ArqRedis(kept=False)}
+    trying = asyncio.ensure_future(settings["functions"][0].coroutine(ctx))
+    await wait_until(recorder.beginning.is_set, "the try's start was sent", RELEASE_S * 2)
+    trying.cancel()  # Job.abort()
+    with pytest.raises(asyncio.CancelledError):
+        await trying
+    recorder.answer.set()
+    ending = asyncio.ensure_future(settings["after_job_end"](ctx))
+    await wait_until(lambda: bool(recorder.runs), "the run began", RELEASE_S * 2)
+    run = recorder.runs[0]
+    await wait_until(run.cancel_called.is_set, "the abort's cancel was sent", RELEASE_S * 2)
+    run.release.set()
+    await ending
+    assert run.cancel_waited_out is False
