@@ -155,8 +155,9 @@ def enqueue(
 
 class GatewayJob(Job):
     """An RQ job whose run is reported: the worker's ``--job-class`` (``job_class=`` of a worker made in
-    code). A job enqueued without :func:`enqueue` is reported too (its run creates the task with the
-    installed defaults)."""
+    code). A job enqueued without :func:`enqueue` is reported too (its first run creates the task with the
+    installed defaults and its ``Retry``'s attempts; ``send_stop_job_command`` does not cancel it, having
+    no ``on_stopped``)."""
 
     def perform(self) -> Any:
         # Resolving the function imports its module first: an install() there has run by now.
@@ -167,9 +168,7 @@ class GatewayJob(Job):
             )
             return super().perform()
         worker = self.worker_name or f"rq@{socket.gethostname()}:{os.getpid()}"
-        run = _reporter.begin(
-            self.id, worker=worker, ticket=Ticket.from_header(self.meta.get(META)), scheme=SCHEME
-        )
+        run = _reporter.begin(self.id, worker=worker, ticket=self._ticket(_reporter), scheme=SCHEME)
         activate(run)
         try:
             result = super().perform()
@@ -184,6 +183,19 @@ class GatewayJob(Job):
         finally:
             activate(None)
             run.finish()
+
+    def _ticket(self, reporter: Reporter) -> Ticket:
+        """The ticket :func:`enqueue` gave the job; a job enqueued otherwise gets one on its first run, with
+        the installed defaults and its ``Retry``'s attempts (its retries left then, plus one), kept in its
+        meta so that every later run creates the same task (a retry has fewer retries left)."""
+        ticket = Ticket.from_header(self.meta.get(META))
+        if ticket is None:
+            config = reporter.config
+            attempts = (self.retries_left or 0) + 1
+            ticket = Ticket(None, config.ttl_ms, attempts, config.heartbeat_ms, config.tags)
+            self.meta[META] = ticket.to_header()
+            self.save_meta()  # type: ignore[no-untyped-call]  # rq leaves save_meta unannotated
+        return ticket
 
 
 def _report_result(job: Job, run: Run, result: Any) -> None:
