@@ -186,13 +186,18 @@ class GatewayJob(Job):
 
     def _ticket(self, reporter: Reporter) -> Ticket:
         """The ticket :func:`enqueue` gave the job; a job enqueued otherwise gets one on its first run, with
-        the installed defaults and its ``Retry``'s attempts (its retries left then, plus one), kept in its
-        meta so that every later run creates the same task (a retry has fewer retries left)."""
-        ticket = Ticket.from_header(self.meta.get(META))
+        what its ``meta["gateway"]`` asks (as :func:`enqueue`'s ``gateway``), else the installed defaults
+        and its ``Retry``'s attempts (its retries left then, plus one), kept in its meta so that every
+        later run creates the same task (a retry has fewer retries left)."""
+        header = self.meta.get(META)
+        ticket = Ticket.from_header(header)
         if ticket is None:
             config = reporter.config
-            attempts = (self.retries_left or 0) + 1
-            ticket = Ticket(None, config.ttl_ms, attempts, config.heartbeat_ms, config.tags)
+            asked = header if isinstance(header, Mapping) else {}
+            tags, heartbeat_ms = requested(asked, config)
+            ttl_ms = int(asked.get("ttlMs") or config.ttl_ms)
+            attempts = int(asked.get("maxAttempts") or (self.retries_left or 0) + 1)
+            ticket = Ticket(None, ttl_ms, attempts, heartbeat_ms, tags)
             self.meta[META] = ticket.to_header()
             self.save_meta()  # type: ignore[no-untyped-call]  # rq leaves save_meta unannotated
         return ticket

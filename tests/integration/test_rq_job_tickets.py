@@ -1,8 +1,9 @@
 """An RQ job enqueued without ``gateway.integrations.rq.enqueue`` (a plain ``queue.enqueue(...,
 retry=Retry(max=2))``) and run as a ``GatewayJob``: its task is made with the job's attempts (its retries
 plus one), and every run, retries included, asks for the same task (a run with fewer retries left must not
-ask for another, which the gateway refuses as ``task-exists``). On this machine's Redis (db 12, a queue of
-the test's own); the reporter is a recorder of what each run was begun with.
+ask for another, which the gateway refuses as ``task-exists``), with the tags its ``meta["gateway"]``
+asks for. On this machine's Redis (db 12, a queue of the test's own); the reporter is a recorder of what
+each run was begun with.
 """
 
 from __future__ import annotations
@@ -56,7 +57,14 @@ async def test_a_plain_enqueued_job_makes_one_task_with_its_retries_as_attempts(
             redis = Redis.from_url(space.url)
             try:
                 queue = Queue(space.token, connection=redis, job_class=gateway_rq.GatewayJob)
-                job = queue.enqueue(add, 2, 3, job_id=f"{space.token}-job", retry=Retry(max=2))
+                job = queue.enqueue(
+                    add,
+                    2,
+                    3,
+                    job_id=f"{space.token}-job",
+                    retry=Retry(max=2),
+                    meta={"gateway": {"tags": ["owner:u42"]}},
+                )
                 results = []
                 for _ in range(3):  # the first run, then the two retries RQ makes of it
                     run = gateway_rq.GatewayJob.fetch(job.id, connection=redis)
@@ -68,4 +76,4 @@ async def test_a_plain_enqueued_job_makes_one_task_with_its_retries_as_attempts(
                 redis.close()
 
         assert await anyio.to_thread.run_sync(runs) == [5, 5, 5]
-    assert recorder.tickets == [Ticket(None, 60_000, 3, 3_000, ())] * 3
+    assert recorder.tickets == [Ticket(None, 60_000, 3, 3_000, ("owner:u42",))] * 3
