@@ -24,6 +24,7 @@ The mapping is Celery's (docs/integrations.md), moment by moment:
 - a return value succeeds (``resultRef``: a returned string, else ``dramatiq://<id>``);
 - an exception fails: retryable when ``Retries`` will enqueue the message again, final when it gives up
   (``max_retries``, ``retry_when``, or an exception the actor ``throws``);
+- a message failed before it runs (``AgeLimit``: too old) cancels the task;
 - a gateway cancel makes the actor's next ``progress()`` raise ``TaskCancelled`` (add it to the actor's
   ``throws`` so that ``Retries`` does not run it again);
 - a killed worker sends nothing: the Redis broker requeues its messages once its heartbeat is
@@ -111,6 +112,10 @@ class GatewayMiddleware(Middleware):
         if run is not None:
             run.fail("skipped", retryable=False)
             run.finish()
+        elif message.failed:
+            # Failed before its run began (AgeLimit: too old to run): nothing will run it, so its task,
+            # queued until now, is cancelled rather than left queued until its deadline.
+            self.reporter.cancel(message.message_id, "skipped")
 
     def _take(self, message: Any) -> Run | None:
         activate(None)

@@ -2,7 +2,8 @@
 the message again. Dramatiq calls the ``after_*`` hooks in reverse order, so the middleware (installed after
 ``Retries``) reports before ``Retries`` has decided: a message ``Retries`` gives up on (an exception the
 actor ``throws``, a ``retry_when`` that says no) while it has retries left must still be a final fail, or
-the gateway requeues a task nobody will run again.
+the gateway requeues a task nobody will run again. A message failed before it runs (``AgeLimit``) cancels
+its task, which would otherwise stay queued until its deadline.
 
 A stub broker and an in-process worker run real Dramatiq middleware; the reporter is a recorder (what is
 sent to the gateway, and how, is the reporter's, tested with it).
@@ -49,6 +50,11 @@ class Recorder:
     def __init__(self) -> None:
         self.config = GatewayConfig(url="http://127.0.0.1:9")
         self.runs: list[Recorded] = []
+        self.cancelled: list[tuple[str, str | None]] = []
+
+    def cancel(self, task_id: str, reason: str | None = None) -> dict[str, Any] | None:
+        self.cancelled.append((task_id, reason))
+        return None
 
     def create(self, task_id: str, **_: Any) -> Ticket | None:
         return None
@@ -123,3 +129,16 @@ def test_max_retries_retries_then_fails_for_good(stub: tuple[StubBroker, Recorde
     flaky.send()
     _run(broker, "max")
     assert _outcomes(recorder) == [("RuntimeError: flaky", True), ("RuntimeError: flaky", False)]
+
+
+def test_a_message_too_old_to_run_cancels_its_task(stub: tuple[StubBroker, Recorder]) -> None:
+    broker, recorder = stub
+
+    @dramatiq.actor(broker=broker, queue_name="old", max_age=60_000)
+    def late() -> None:
+        raise AssertionError("AgeLimit runs no message past its age")
+
+    message = late.message()
+    broker.enqueue(message.copy(message_timestamp=message.message_timestamp - 3_600_000))
+    _run(broker, "old")
+    assert (recorder.runs, recorder.cancelled) == ([], [(message.message_id, "skipped")])
