@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from tasks import API_KEY, GATEWAY_URL, report
 
 from gateway.client import AsyncBackend, ClientError
-from tasks import API_KEY, GATEWAY_URL, report
 
 HERE = Path(__file__).resolve().parent
 # Where browsers reach the gateway (the page imports gateway-client.js from it and opens its socket there).
@@ -87,7 +87,7 @@ async def start_report(request: Request) -> JSONResponse:
     user = _user(body.get("user") if isinstance(body, dict) else None)
     if user is None:
         return _refused("user: 1 to 64 of A-Z a-z 0-9 . _ @ -")
-    # apply_async blocks (the broker, and the gateway's create, bounded by install's timeout): not on the loop.
+    # apply_async blocks (the broker; the gateway's create, bounded by install's timeout): off the loop.
     task_id = await run_in_threadpool(publish_report, user)
     return JSONResponse({"taskId": task_id}, status_code=201)
 

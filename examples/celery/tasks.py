@@ -15,7 +15,6 @@ import os
 import time
 
 from celery import Celery, Task
-
 from gateway.integrations.celery import install, progress
 
 BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
