@@ -99,14 +99,40 @@ def test_every_route_is_documented() -> None:
 
 
 def test_the_readme_links_the_docs_and_nothing_outside_the_repository() -> None:
-    for doc in ("docs/protocol.md", "docs/deploy.md", "docs/benchmarks.md", "docs/react.md"):
+    for doc in (
+        "docs/protocol.md",
+        "docs/deploy.md",
+        "docs/benchmarks.md",
+        "docs/react.md",
+        "docs/integrations.md",
+    ):
         assert f"]({doc})" in README, doc
         assert (ROOT / doc).is_file(), doc
-    for text_path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for text_path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *_example_readmes()]:
         text = text_path.read_text()
         assert not re.search(r"shared/|/work/|reference design", text), text_path
     # gateway watch's environment is documented.
     assert "GATEWAY_URL" in README and "GATEWAY_TOKEN" in README
+
+
+def _example_readmes() -> list[Path]:
+    return sorted((ROOT / "examples").glob("*/README.md"))
+
+
+def test_the_relative_links_of_the_readme_docs_and_examples_lead_to_files_of_the_checkout() -> None:
+    """A link such as ``[the example](../examples/celery/README.md)`` or ``(protocol.md#tag-subscriptions)``
+    names a file that is there (its anchor aside), and never one outside the checkout."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *_example_readmes()]
+    assert ROOT / "examples" / "celery" / "README.md" in pages
+    checked = 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address, or an anchor of the page itself
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), (page.name, target)
+            checked += 1
+    assert checked > 10
 
 
 def test_every_setting_has_a_readme_row_with_its_default() -> None:
