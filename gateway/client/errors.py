@@ -2,6 +2,10 @@
 import)::
 
     ClientError
+    ├── BackendError          Backend/AsyncBackend: the gateway refused a management request with a 4xx
+    │   │                     (status, code, message, task_id)
+    │   ├── TaskExists        409 task-exists: a create with the id of a task made with other parameters
+    │   └── UnknownTask       404 unknown-task: no task has this id
     ├── WatchError            watch(), watch_tag(): what retrying will not cure (bad token, unknown task,
     │                         not a gateway)
     └── WorkerError           a Worker's callback did not do what it asked (reason, task_id, task)
@@ -35,6 +39,28 @@ class WatchError(ClientError):
         self.code = code
         self.task_id = task_id
         self.tag = tag
+
+
+class BackendError(ClientError):
+    """The gateway refused a request of :class:`~gateway.client.Backend` (or ``AsyncBackend``) with a 4xx:
+    retrying the same request would not help. ``code`` is the gateway's error code (``invalid-request``,
+    ``unauthorized``, ``not-succeeded``, ...), ``task_id`` the task the request was about, if any."""
+
+    def __init__(self, status: int, code: str, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}" + (f" (task {task_id})" if task_id else ""))
+        self.status = status
+        self.code = code
+        self.message = message
+        self.task_id = task_id
+
+
+class TaskExists(BackendError):
+    """``409 task-exists``: a task with this id exists, made with other parameters or tags (a create with
+    the same ones is answered with the task, not this)."""
+
+
+class UnknownTask(BackendError):
+    """``404 unknown-task``: no task has this id (never made, or deleted by retention)."""
 
 
 class WorkerError(ClientError):

@@ -40,6 +40,7 @@ from gateway.client.errors import (
     cancelled,
     ignored,
 )
+from gateway.client.exchange import asend, problem, tries
 
 __all__ = [
     "APPLIED",
@@ -111,6 +112,12 @@ class Worker:
         inside ``async with``."""
         return self._beating is not None
 
+    @property
+    def over(self) -> AttemptOver | TaskCancelled | None:
+        """What the background heartbeat learned, once it has: the attempt is over, or the task was
+        cancelled (what the ``async with`` block raises); else ``None``."""
+        return self._over
+
     async def __aenter__(self) -> Worker:
         # The heartbeats' task group, then a scope of the block's own inside it: the block's exceptions
         # leave through that scope alone (never wrapped in an exception group), and a heartbeat that learns
@@ -155,21 +162,30 @@ class Worker:
         _check("start", answer)
         return answer
 
-    async def progress(self, progress: int, cursor: str = "") -> dict[str, Any]:
-        return await self.send({"type": "progress", "progress": progress, "cursor": cursor}, fenced=True)
+    async def progress(
+        self, progress: int, cursor: str = "", *, callback_id: str | None = None
+    ) -> dict[str, Any]:
+        """Report progress (0 to 100, rising) of this worker's attempt. ``callback_id`` (here and on
+        ``succeed``, ``fail``): the callback's id, for a caller that must send the same logical callback
+        again from another process (a redelivered job); by default a fresh UUID, which this call's own
+        retries reuse."""
+        event = {"type": "progress", "progress": progress, "cursor": cursor}
+        return await self.send(event, callback_id=callback_id, fenced=True)
 
-    async def succeed(self, result_ref: str, result_hash: str) -> dict[str, Any]:
+    async def succeed(
+        self, result_ref: str, result_hash: str, *, callback_id: str | None = None
+    ) -> dict[str, Any]:
         event = {"type": "succeed", "resultRef": result_ref, "resultHash": result_hash}
-        return await self._last(event)
+        return await self._last(event, callback_id)
 
-    async def fail(self, error: str, *, retryable: bool) -> dict[str, Any]:
-        return await self._last({"type": "fail", "error": error, "retryable": retryable})
+    async def fail(self, error: str, *, retryable: bool, callback_id: str | None = None) -> dict[str, Any]:
+        return await self._last({"type": "fail", "error": error, "retryable": retryable}, callback_id)
 
-    async def _last(self, event: dict[str, Any]) -> dict[str, Any]:
+    async def _last(self, event: dict[str, Any], callback_id: str | None) -> dict[str, Any]:
         """The attempt's last callback: its heartbeat stops once it is answered (or refused)."""
         self._ending = True
         try:
-            return await self.send(event, fenced=True)
+            return await self.send(event, callback_id=callback_id, fenced=True)
         finally:
             self._stop_heartbeat()
 
@@ -204,34 +220,18 @@ class Worker:
 
     async def _post(self, url: str, body: dict[str, Any], backoff: Backoff, what: str) -> dict[str, Any]:
         """POST ``body`` (``what``: the event's type, or a heartbeat), retrying transport failures, 5xx and
-        429 (after its Retry-After); the answer's JSON, or :class:`CallbackError` (:class:`AttemptOver`) on
-        a 4xx (:class:`TaskCancelled` for an attempt over because its task was cancelled). An answer that
-        carries the lease counts as its renewal, from when the request was sent."""
-        backoff.reset()
-        for attempt in range(self.retries + 1):
-            sent = anyio.current_time()
-            try:
-                response = await self._client.post(url, json=body, headers=self.headers)
-            except httpx.TransportError:
-                if attempt == self.retries:
-                    raise
-            else:
-                if response.status_code < 300:
-                    result: dict[str, Any] = response.json()
-                    if result.get("heartbeatMs") is not None:
-                        self.heartbeat_ms = int(result["heartbeatMs"])
-                        self._renewed_at = max(self._renewed_at, sent)
-                    return result
-                if response.status_code < 500 and response.status_code != 429:
-                    raise _refusal(response, what, self.task_id)
-                if attempt == self.retries:
-                    response.raise_for_status()
-                retry_after = response.headers.get("retry-after", "")
-                if retry_after.isdigit():  # 429 (too many callbacks for this task) and 503 say when
-                    await anyio.sleep(max(int(retry_after), backoff.next_delay()))
-                    continue
-            await anyio.sleep(backoff.next_delay())
-        raise AssertionError("unreachable")
+        429 as :mod:`gateway.client.exchange` does; the answer's JSON, or :class:`CallbackError`
+        (:class:`AttemptOver`) on a 4xx (:class:`TaskCancelled` for an attempt over because its task was
+        cancelled). An answer that carries the lease counts as its renewal, from when the request was sent."""
+        request = self._client.build_request("POST", url, json=body, headers=self.headers)
+        sent = await asend(self._client, tries(request, retries=self.retries, backoff=backoff))
+        if sent.response.status_code >= 300:
+            raise _refusal(sent.response, what, self.task_id)
+        result: dict[str, Any] = sent.response.json()
+        if result.get("heartbeatMs") is not None:
+            self.heartbeat_ms = int(result["heartbeatMs"])
+            self._renewed_at = max(self._renewed_at, sent.sent_at)
+        return result
 
     # --- the background heartbeat -------------------------------------------------------------------------
 
@@ -291,17 +291,9 @@ def _refusal(response: httpx.Response, what: str, task_id: str) -> WorkerError:
     """The error for a 4xx answer: :class:`AttemptOver` when it says the attempt is over (with the task the
     answer carries, if any), :class:`TaskCancelled` when it is over because the task was cancelled, else
     :class:`CallbackError`."""
-    try:
-        body = response.json()
-    except ValueError:  # not JSON: a proxy's page, say
-        body = {"error": {"code": f"http-{response.status_code}", "message": response.text[:200]}}
-    body = body if isinstance(body, dict) else {}
-    error, task = body.get("error"), body.get("task")
-    error = error if isinstance(error, dict) else {}
-    task = task if isinstance(task, dict) else None
-    code, message = str(error.get("code", "")), str(error.get("message", ""))
-    if response.status_code != 409 or code not in ATTEMPT_OVER:
-        return CallbackError(response.status_code, code, message, task_id=task_id)
-    if task is not None and cancelled(task):
-        return TaskCancelled(what, code, task)
-    return AttemptOver(response.status_code, code, message, task_id=task_id, task=task)
+    said = problem(response)
+    if response.status_code != 409 or said.code not in ATTEMPT_OVER:
+        return CallbackError(response.status_code, said.code, said.message, task_id=task_id)
+    if said.task is not None and cancelled(said.task):
+        return TaskCancelled(what, said.code, said.task)
+    return AttemptOver(response.status_code, said.code, said.message, task_id=task_id, task=said.task)
