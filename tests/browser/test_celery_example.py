@@ -50,18 +50,19 @@ RECORDER = """
 (() => {
   const seen = {};
   window.__reports = seen;
-  const record = (el) => {
-    if (!el.dataset || !el.dataset.taskId) return;
+  const record = (el, attributes) => {
     const card = (seen[el.dataset.taskId] ??= { state: [], progress: [] });
-    if (el.dataset.state !== undefined) card.state.push(el.dataset.state);
-    if (el.dataset.progress !== undefined) card.progress.push(Number(el.dataset.progress));
+    if (attributes.includes("data-state")) card.state.push(el.dataset.state);
+    if (attributes.includes("data-progress")) card.progress.push(Number(el.dataset.progress));
   };
   new MutationObserver((records) => {
     for (const r of records) {
       if (r.type === "childList") {
-        for (const node of r.addedNodes) if (node.matches && node.matches("li.report")) record(node);
+        for (const node of r.addedNodes) {
+          if (node.matches && node.matches("li.report")) record(node, ["data-state", "data-progress"]);
+        }
       } else if (r.target.matches("li.report")) {
-        record(r.target);
+        record(r.target, [r.attributeName]);
       }
     }
   }).observe(document, {
