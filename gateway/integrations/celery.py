@@ -1,0 +1,250 @@
+"""Celery tasks on the gateway, from Celery's own signals::
+
+    from gateway.integrations.celery import install, progress
+    install(app, url="http://127.0.0.1:8000", api_key=KEY)   # in the producer and in the worker
+
+    @app.task(bind=True, max_retries=2)
+    def report(self, rows):
+        ...; progress(40, cursor="row-400"); ...
+        return "s3://reports/42.pdf"
+
+What each Celery moment does to the gateway task (its id is the Celery task id):
+
+- ``before_task_publish`` (``delay``, ``apply_async``): creates it, its TTL from ``expires`` (else
+  ``ttl``), ``maxAttempts`` = ``max_retries`` + 1, tags and ``heartbeatMs`` from
+  ``headers={"gateway": {...}}``; the callback token rides in that header to the worker;
+- ``task_prerun``: ``start`` (worker: the node's name);
+- ``progress()`` in the task: ``progress``, coalesced; raises ``TaskCancelled`` once the task was cancelled;
+- ``task_success``: ``succeed``, ``resultRef`` the returned string, else ``celery://<id>``, ``resultHash``
+  the SHA-256 of its JSON;
+- ``task_retry`` (``self.retry()``, autoretry): ``fail``, retryable: the next run starts the next attempt;
+- ``task_failure``: ``fail``, final: the exception's type and message;
+- ``task_revoked``: the task is cancelled (``POST .../cancel``).
+
+A republished message (a retry) carries its ticket and is not created again; a redelivered one (``acks_late``
+after a killed worker) starts a new attempt once the task's lease has requeued it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import Celery, Task, signals
+
+from gateway.integrations.report import (
+    GatewayConfig,
+    Reporter,
+    Run,
+    Ticket,
+    activate,
+    aprogress,
+    current_run,
+    progress,
+)
+from gateway.integrations.ticket import DEFAULT_TTL_MS, HEADER, requested
+
+__all__ = ["aprogress", "current_run", "install", "progress", "uninstall"]
+
+SCHEME = "celery"
+# ``maxAttempts`` of a task with ``max_retries=None`` (retried for ever): as good as unbounded.
+UNBOUNDED_ATTEMPTS = 2**53
+# How far up the stack the retry's error is looked for (signal dispatch, publish, apply_async, retry).
+MAX_FRAMES = 30
+
+
+def install(
+    app: Celery,
+    *,
+    url: str,
+    api_key: str | None = None,
+    ttl: float | timedelta | None = None,
+    timeout: float = 2.0,
+    min_interval: float = 0.25,
+    heartbeat: float | None = None,
+    tags: Sequence[str] = (),
+) -> Reporter:
+    """Report ``app``'s tasks to the gateway at ``url``: call it where the app is made, so that it runs in
+    the producer and in the worker. ``ttl`` (seconds) is a task's deadline unless its ``expires`` says (a
+    day by default); ``timeout`` bounds the producer's create and any wait of a task for the gateway;
+    ``min_interval`` is the least time between two progress callbacks; ``heartbeat`` (seconds) gives every
+    task a lease (a killed worker's task is then requeued) and ``tags`` every task's tags, unless its
+    ``headers={"gateway": {"tags": [...], "heartbeatMs": ...}}`` say otherwise. Returns the reporter."""
+    ttl_s = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    config = GatewayConfig(
+        url=url,
+        api_key=api_key,
+        ttl_ms=round(ttl_s * 1000) if ttl_s is not None else DEFAULT_TTL_MS,
+        heartbeat_ms=round(heartbeat * 1000) if heartbeat is not None else None,
+        min_interval_s=min_interval,
+        timeout_s=timeout,
+        tags=tuple(tags),
+    )
+    hooks = _Hooks(app, Reporter(config))
+    uid = _uid(app)
+    signals.before_task_publish.connect(hooks.published, weak=False, dispatch_uid=uid)
+    signals.task_prerun.connect(hooks.prerun, weak=False, dispatch_uid=uid)
+    signals.task_success.connect(hooks.success, weak=False, dispatch_uid=uid)
+    signals.task_retry.connect(hooks.retry, weak=False, dispatch_uid=uid)
+    signals.task_failure.connect(hooks.failure, weak=False, dispatch_uid=uid)
+    signals.task_postrun.connect(hooks.postrun, weak=False, dispatch_uid=uid)
+    signals.task_revoked.connect(hooks.revoked, weak=False, dispatch_uid=uid)
+    return hooks.reporter
+
+
+def uninstall(app: Celery) -> None:
+    """Stop reporting ``app``'s tasks (the signal handlers of its ``install()`` are disconnected)."""
+    uid = _uid(app)
+    for signal in SIGNALS:
+        signal.disconnect(dispatch_uid=uid)
+
+
+SIGNALS = (
+    signals.before_task_publish,
+    signals.task_prerun,
+    signals.task_success,
+    signals.task_retry,
+    signals.task_failure,
+    signals.task_postrun,
+    signals.task_revoked,
+)
+
+
+def _uid(app: Celery) -> str:
+    return f"task-gateway-{id(app)}"
+
+
+class _Hooks:
+    """The signal handlers of one ``install()``; the runs of the tasks executing in this process."""
+
+    def __init__(self, app: Celery, reporter: Reporter) -> None:
+        self.app = app
+        self.reporter = reporter
+        self.runs: dict[str, Run] = {}
+
+    def _ours(self, task: Any) -> bool:
+        return isinstance(task, Task) and task.app is self.app
+
+    # --- the producer -----------------------------------------------------------------------------------
+
+    def published(self, sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if headers is None or "id" not in headers:
+            return  # not a task message (protocol 1 is not supported)
+        task_id = str(headers["id"])
+        header = headers.get(HEADER)
+        run = self.runs.get(task_id)
+        if run is not None:
+            # The running task retries (``self.retry()``, autoretry), republishing its message: its run
+            # reports the retryable fail now, before the new message can start a run elsewhere.
+            run.fail(_retry_error(), retryable=True)
+            run.finish()
+        if Ticket.from_header(header) is not None:
+            return  # a republished message: its task was created (or its run will create it)
+        config = self.reporter.config
+        tags, heartbeat_ms = requested(header, config)
+        ttl_ms = _ttl_ms(headers.get("expires"), config.ttl_ms)
+        ticket = self.reporter.create(
+            task_id,
+            ttl_ms=ttl_ms,
+            max_attempts=_max_attempts(self.app, sender),
+            heartbeat_ms=heartbeat_ms,
+            tags=tags,
+        )
+        if ticket is None:  # logged: the worker creates it when the task runs
+            ticket = Ticket(None, ttl_ms, _max_attempts(self.app, sender), heartbeat_ms, tags)
+        headers[HEADER] = ticket.to_header()
+
+    # --- the worker ---------------------------------------------------------------------------------------
+
+    def prerun(self, sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
+        if not self._ours(task) or task_id is None:
+            return
+        request = task.request
+        header = (request.headers or {}).get(HEADER) or getattr(request, HEADER, None)
+        ticket = Ticket.from_header(header)
+        worker = str(request.hostname or "celery")
+        run = self.reporter.begin(task_id, worker=worker, ticket=ticket, scheme=SCHEME)
+        self.runs[task_id] = run
+        activate(run)
+
+    def success(self, sender: Any = None, result: Any = None, **_: Any) -> None:
+        run = self._run_of(sender)
+        if run is not None:
+            run.succeed(result)
+
+    def retry(self, sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
+        run = self.runs.get(str(getattr(request, "id", "")))
+        if run is not None:
+            run.fail(getattr(reason, "exc", None) or reason or "Retry", retryable=True)
+
+    def failure(
+        self, sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
+    ) -> None:
+        run = self.runs.get(str(task_id))
+        if run is not None:
+            run.fail(exception if exception is not None else "failed", retryable=False)
+
+    def postrun(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+        run = self.runs.pop(str(task_id), None)
+        if run is not None:
+            activate(None)
+            run.finish()
+
+    def revoked(
+        self,
+        sender: Any = None,
+        request: Any = None,
+        terminated: bool = False,
+        expired: bool = False,
+        **_: Any,
+    ) -> None:
+        """Revoked: the gateway task is cancelled. An expired message is left to the gateway, whose task
+        has the same deadline."""
+        if expired or request is None or (sender is not None and not self._ours(sender)):
+            return
+        self.reporter.cancel(str(request.id), "revoked (terminated)" if terminated else "revoked")
+
+    def _run_of(self, task: Any) -> Run | None:
+        if not self._ours(task):
+            return None
+        return self.runs.get(str(task.request.id))
+
+
+def _retry_error() -> BaseException | str:
+    """The error a task retries for, while ``Task.retry`` publishes its next message: the ``exc`` given to
+    ``retry()`` (Celery passes it to no signal before the publish), else the exception being handled."""
+    frame = sys._getframe(1)
+    for _ in range(MAX_FRAMES):
+        if frame.f_back is None:
+            break
+        frame = frame.f_back
+        if frame.f_code.co_name == "retry" and isinstance(frame.f_locals.get("self"), Task):
+            exc = frame.f_locals.get("exc")
+            if isinstance(exc, BaseException):
+                return exc
+            break
+    error = sys.exc_info()[1]
+    return error if error is not None else "Retry"
+
+
+def _ttl_ms(expires: Any, default_ms: int) -> int:
+    """A message's ``expires`` (an ISO 8601 time, as Celery's protocol 2 carries it) as the task's TTL."""
+    if isinstance(expires, str):
+        try:
+            when = datetime.fromisoformat(expires)
+        except ValueError:
+            return default_ms
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return max(1, round((when - datetime.now(UTC)).total_seconds() * 1000))
+    return default_ms
+
+
+def _max_attempts(app: Celery, name: Any) -> int:
+    """``max_retries`` + 1 of the task named ``name`` (Celery's default where the producer does not know
+    it)."""
+    task = app.tasks.get(str(name)) if isinstance(name, str) else None
+    retries = task.max_retries if task is not None else app.Task.max_retries
+    return UNBOUNDED_ATTEMPTS if retries is None else int(retries) + 1

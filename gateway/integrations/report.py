@@ -1,0 +1,175 @@
+"""The run reporter every queue integration uses (Celery, RQ, arq): the producer creates the gateway task
+when a job is published, and each run of the job, in whatever worker process, reports to it.
+
+- :meth:`Reporter.create` (producer side): ``POST /v1/tasks`` with the job's id, bounded by
+  ``timeout_s``; a gateway that cannot be reached costs the producer that long at most, and a WARNING says
+  which task could not be created and why (the job is published anyway: its run creates the task).
+- :meth:`Reporter.begin` (worker side): a :class:`Run` of the job, whose ``start`` goes at once (waited for
+  at most ``timeout_s``); its ``progress()``, ``succeed()``, ``fail()`` never block, and ``finish()`` waits
+  a bounded time. A background thread of the process (made lazily, after a fork too: a Celery prefork
+  child or an RQ work horse has its own) sends everything in order with stable callback ids
+  (``<task>:<attempt>:p<n>``, ``<task>:<attempt>:end``), heartbeats tasks with a lease and retries while
+  the gateway is away, until the task's deadline.
+- :func:`progress` / :func:`aprogress`: the job's one call, for the run of the job executing here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+import httpx
+
+from gateway.client.backend_wire import Call, Wire
+from gateway.client.errors import BackendError
+from gateway.integrations.run import Run
+from gateway.integrations.sender import Sender
+from gateway.integrations.ticket import DEFAULT_TTL_MS, GatewayConfig, Ticket
+
+__all__ = [
+    "DEFAULT_TTL_MS",
+    "GatewayConfig",
+    "Reporter",
+    "Run",
+    "Ticket",
+    "activate",
+    "aprogress",
+    "current_run",
+    "progress",
+]
+
+log = logging.getLogger("gateway.integrations")
+
+T = TypeVar("T")
+
+_current: ContextVar[Run | None] = ContextVar("gateway_run", default=None)
+
+
+class Reporter:
+    """One per process and ``install()``: creates tasks and begins runs against ``config.url``."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._sender: Sender | None = None
+        self._client: httpx.Client | None = None
+        self._wire = Wire(config.url, config.api_key)
+        # A lock held by another thread at a fork stays held in the child: the child starts with a new one.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()
+
+    def _here(self) -> tuple[Sender, httpx.Client]:
+        """This process's sender thread and client, made on first use (a forked child makes its own: the
+        parent's thread did not survive the fork, and its connections are not the child's to use)."""
+        with self._lock:
+            if self._pid != os.getpid() or self._sender is None or self._client is None:
+                self._pid = os.getpid()
+                self._sender = Sender(self.config)
+                self._client = httpx.Client(
+                    base_url=self.config.url.rstrip("/"), timeout=self.config.timeout_s
+                )
+            return self._sender, self._client
+
+    def create(
+        self,
+        task_id: str,
+        *,
+        ttl_ms: int,
+        max_attempts: int,
+        heartbeat_ms: int | None,
+        tags: Sequence[str],
+    ) -> Ticket | None:
+        """Create the gateway task of a job being published, within ``timeout_s`` (a repeated create with
+        the same parameters is the gateway's ``200``, so a try whose answer was lost is tried again). The
+        ticket the job's message carries, or ``None`` (logged) when the task could not be created."""
+        call = self._wire.create(
+            task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
+        )
+        created = self._within(f"create task {task_id}", call)
+        if created is None:
+            return None
+        return Ticket(created.callback_token, ttl_ms, max_attempts, heartbeat_ms, tuple(tags))
+
+    def cancel(self, task_id: str, reason: str | None = None) -> dict[str, Any] | None:
+        """Cancel the gateway task of a job the queue revoked, within ``timeout_s``; the answer, or ``None``
+        (logged) when the gateway could not be told."""
+        return self._within(f"cancel task {task_id}", self._wire.cancel(task_id, reason))
+
+    def _within(self, what: str, call: Call[T]) -> T | None:
+        """``call``'s answer, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed, each
+        try bounded by what is left; ``None``, with a WARNING saying what could not be done and why, when
+        there is no answer by then or the gateway refused (a 4xx)."""
+        _, client = self._here()
+        deadline = time.monotonic() + self.config.timeout_s
+        why, delay = "no answer", 0.05
+        while (left := deadline - time.monotonic()) > 0:
+            request = call.request(client)
+            request.extensions["timeout"] = httpx.Timeout(left).as_dict()
+            try:
+                response = client.send(request)
+            except httpx.HTTPError as exc:
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                if response.status_code < 500 and response.status_code != 429:
+                    try:
+                        return call.answer(response)
+                    except BackendError as exc:
+                        why = str(exc)
+                        break
+                why = f"HTTP {response.status_code}"
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # the backoff itself
+            delay = min(delay * 2, 0.5)
+        log.warning("task-gateway: could not %s: %s (timeout %ss)", what, why, self.config.timeout_s)
+        return None
+
+    def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Run:
+        """A run of the job ``task_id`` (``worker``: the node's name; ``scheme``: the queue's, for results
+        referred to by id). Its ``start`` is sent now and waited for at most ``timeout_s``; without a ticket
+        (or a token in it) the task is created first."""
+        sender, _ = self._here()
+        run = Run(
+            task_id,
+            worker=worker,
+            ticket=ticket,
+            scheme=scheme,
+            config=self.config,
+            wake=sender.wake,
+            cancel=self.cancel,
+        )
+        sender.add(run)
+        run.started.wait(self.config.timeout_s)
+        return run
+
+
+def current_run() -> Run | None:
+    """The run of the job executing in this thread (or asyncio task), if any."""
+    return _current.get()
+
+
+def activate(run: Run | None) -> None:
+    """Make ``run`` the current run here (``None``: none); the integrations call it around a job."""
+    _current.set(run)
+
+
+def progress(value: int, cursor: str = "") -> None:
+    """Report the current job's progress (0 to 100, ``cursor``: its bookmark). Never blocks; outside a run
+    it does nothing (logged at DEBUG). Raises :class:`~gateway.client.TaskCancelled` once the task was
+    cancelled on the gateway."""
+    run = _current.get()
+    if run is None:
+        log.debug("task-gateway: progress(%s) outside a reported job: ignored", value)
+        return
+    run.progress(value, cursor)
+
+
+async def aprogress(value: int, cursor: str = "") -> None:
+    """:func:`progress` for async jobs (arq): as non-blocking."""
+    progress(value, cursor)

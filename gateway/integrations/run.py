@@ -1,0 +1,173 @@
+"""``Run``: one run of one job, as the job's own code sees it; what it has asked to report waits here for the
+reporter's sender thread (``sender.py``).
+
+The job's side never does I/O: ``progress()`` is a lock and an assignment (the latest value replaces one the
+sender has not taken yet: coalescing), ``succeed``/``fail`` leave the outcome, and only ``finish()`` waits,
+for a bounded time, for the sender to have said everything. The sender's side (the fields below the line)
+is touched by the sender thread alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from gateway.client.errors import TaskCancelled
+from gateway.integrations.ticket import GatewayConfig, Ticket, error_text, result_hash, result_ref
+
+# A run's phases on the sender's side.
+CREATE = "create"  # no callback token: the worker creates the task first
+START = "start"  # send ``start``
+WAIT = (
+    "wait"  # ``already-running``: wait (without a start, which renews the lease) for the lease to requeue it
+)
+RUNNING = "running"  # progress, the outcome, heartbeats
+OVER = "over"  # nothing more will be sent
+
+
+class Run:
+    """One run of a job: reports its progress and outcome to the gateway task ``task_id``.
+
+    ``attempt`` is the attempt its ``start`` began (``None`` until the gateway has answered it)."""
+
+    def __init__(
+        self,
+        task_id: str,
+        *,
+        worker: str,
+        ticket: Ticket | None,
+        scheme: str,
+        config: GatewayConfig,
+        wake: Callable[[], None],
+        cancel: Callable[[str, str | None], Any],
+    ) -> None:
+        self.task_id = task_id
+        self.attempt: int | None = None
+        self.worker = worker
+        self.ticket = ticket
+        self.scheme = scheme
+        self.config = config
+        self._wake = wake
+        self._cancel = cancel
+        self.lock = threading.Lock()
+        # Left by the job, taken by the sender (under ``lock``).
+        self.latest: tuple[int, str] | None = None
+        self.outcome: dict[str, Any] | None = None
+        self.finished = False
+        # Set by the sender.
+        self.cancelled: TaskCancelled | None = None
+        self.started = threading.Event()  # start answered (or given up)
+        self.settled = threading.Event()  # nothing left to send
+        self.unreachable = False  # the last request did not reach the gateway (or it answered 5xx)
+        # --- the sender's side ------------------------------------------------------------------------------
+        self.phase = START if ticket is not None and ticket.token is not None else CREATE
+        self.token = ticket.token if ticket is not None else None
+        self.start_id = str(uuid.uuid4())  # fresh per start: a redelivered run is a new attempt
+        self.running_attempt: int | None = None  # the attempt another run holds (WAIT)
+        ttl_ms = ticket.ttl_ms if ticket is not None else config.ttl_ms
+        self.expires_at_ms = time.time() * 1000 + ttl_ms  # the task's deadline, bounded above until known
+        self.heartbeat_ms: int | None = None
+        self.renewed_at = 0.0  # monotonic: when a request that renewed the lease was sent
+        self.progress_at = -1e9  # monotonic: when the last progress callback was taken
+        self.sent = 0  # progress callbacks taken in this attempt
+        self.inflight: tuple[str, dict[str, Any]] | None = None  # (callback id, event) being sent
+        self.ended = False  # the outcome was taken
+        self.retry_at = 0.0  # monotonic: no request before
+        self.failures = 0
+
+    def __repr__(self) -> str:
+        return f"<Run {self.task_id} attempt {self.attempt} {self.phase}>"
+
+    # --- the job's side -------------------------------------------------------------------------------------
+
+    def progress(self, value: int, cursor: str = "") -> None:
+        """Report ``value`` (0 to 100; ``cursor``: the job's bookmark). Never blocks: at most one callback
+        goes per ``min_interval_s`` and the latest value is the one sent. Raises
+        :class:`~gateway.client.TaskCancelled` once the gateway has said the task was cancelled."""
+        if self.cancelled is not None:
+            raise self.cancelled
+        if not 0 <= value <= 100:
+            raise ValueError(f"progress must be from 0 to 100, not {value!r}")
+        with self.lock:
+            taken = self.latest is None
+            self.latest = (value, cursor)
+        if taken:  # the sender may be asleep with nothing to do: tell it
+            self._wake()
+
+    def succeed(self, value: Any) -> None:
+        """The job returned ``value``: ``resultRef`` is a returned string, else ``<scheme>://<task id>``;
+        ``resultHash`` the SHA-256 of its JSON. Sent after the latest progress."""
+        event = {
+            "type": "succeed",
+            "resultRef": result_ref(value, self.scheme, self.task_id),
+            "resultHash": result_hash(value),
+        }
+        self._end(event)
+
+    def fail(self, error: BaseException | str, *, retryable: bool) -> None:
+        """The job failed: ``retryable`` when the queue will run it again (the gateway requeues the task
+        while it has attempts left)."""
+        self._end({"type": "fail", "error": error_text(error), "retryable": retryable})
+
+    def _end(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            if self.outcome is None:
+                self.outcome = event
+        self._wake()
+
+    def cancel(self, reason: str | None = None) -> None:
+        """The queue revoked the job: cancel its gateway task (the API key's ``POST .../cancel``), within
+        ``timeout_s``."""
+        self._cancel(self.task_id, reason)
+
+    def finish(self) -> None:
+        """The run is over. Waits, at most ``timeout_s`` and not at all while the gateway cannot be reached,
+        for what it reported to be answered; the rest is sent in the background until the task's deadline."""
+        with self.lock:
+            self.finished = True
+        self._wake()
+        if not self.unreachable:
+            self.settled.wait(self.config.timeout_s)
+
+    # --- the sender's side ----------------------------------------------------------------------------------
+
+    def take(self, now: float) -> tuple[str, dict[str, Any]] | float | None:
+        """The next callback to send now (``(callback id, event)``), else when one may be due (the next
+        progress after ``min_interval_s``), else ``None``. Progress goes before the outcome, at once when
+        the outcome waits."""
+        if self.inflight is not None:
+            return self.inflight
+        with self.lock:
+            latest, outcome = self.latest, self.outcome
+            if latest is not None and not self.ended:
+                due = self.progress_at + self.config.min_interval_s
+                if outcome is None and now < due:
+                    return due
+                self.latest = None
+                self.sent += 1
+                self.progress_at = now
+                value, cursor = latest
+                event = {"type": "progress", "progress": value, "cursor": cursor}
+                self.inflight = (f"{self.task_id}:{self.attempt}:p{self.sent}", event)
+            elif outcome is not None and not self.ended:
+                self.ended = True
+                self.inflight = (f"{self.task_id}:{self.attempt}:end", outcome)
+            else:
+                return None
+        return self.inflight
+
+    def idle(self) -> bool:
+        """Nothing left to send, and the job has finished."""
+        with self.lock:
+            pending = not self.ended and (self.latest is not None or self.outcome is not None)
+            return self.finished and self.inflight is None and not pending
+
+    def over(self) -> None:
+        """Nothing more will be sent for this run."""
+        self.phase = OVER
+        self.inflight = None
+        self.started.set()
+        self.settled.set()

@@ -1,0 +1,137 @@
+"""The Celery app of the Celery tests: the tasks their ``celery worker`` processes run, reported to the
+gateway by ``gateway.integrations.celery``.
+
+A worker loads it through ``celery -A tests.celery_worker worker``, which makes the app from its environment;
+the test process makes its own with :func:`make_app` and the same settings, to publish. Each task's
+progress values rise and end at a value the test knows, so the history can be checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from gateway.integrations.celery import install, progress
+
+# How long a task that waits for the test (to be revoked, to be killed) waits at most.
+HOLD_S = 60.0
+
+
+class Flaky(Exception):
+    """What the autoretried task raises on its first run."""
+
+
+def work(rounds: int) -> str:
+    """Some real work: hashing, ``rounds`` times."""
+    digest = b"task-gateway"
+    for _ in range(rounds):
+        digest = hashlib.sha256(digest * 64).digest()
+    return digest.hex()
+
+
+def make_app(
+    *,
+    broker: str,
+    backend: str,
+    queue: str,
+    prefix: str,
+    gateway: str,
+    api_key: str | None,
+    tags: tuple[str, ...] = (),
+    shared: Path | None = None,
+    timeout: float = 2.0,
+) -> Celery:
+    app = Celery("tests.celery_tasks", broker=broker, backend=backend)
+    app.conf.update(
+        task_default_queue=queue,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        result_expires=3600,
+        task_track_started=False,
+        worker_hijack_root_logger=False,
+        # Every Redis key Celery makes (results; messages on a Redis broker) under the test's own prefix.
+        result_backend_transport_options={"global_keyprefix": prefix},
+        broker_transport_options={"global_keyprefix": prefix},
+    )
+    install(app, url=gateway, api_key=api_key, tags=tags, timeout=timeout)
+    place = shared or Path(".")
+
+    @app.task(bind=True, name="tg.steps")
+    def steps(self: Any, values: list[int], result: Any) -> Any:
+        for value in values:
+            work(20)
+            progress(value, cursor=f"at-{value}")
+        return result
+
+    @app.task(bind=True, name="tg.retry_once", max_retries=1)
+    def retry_once(self: Any, values: list[int]) -> str:
+        for value in values:
+            work(20)
+            progress(value, cursor=f"at-{value}")
+        if self.request.retries == 0:
+            raise self.retry(exc=ValueError("flaky first run"), countdown=0)
+        return f"s3://retried/{self.request.id}"
+
+    @app.task(
+        bind=True,
+        name="tg.autoretry_once",
+        autoretry_for=(Flaky,),
+        max_retries=1,
+        retry_kwargs={"countdown": 0},
+    )
+    def autoretry_once(self: Any, values: list[int]) -> str:
+        for value in values:
+            work(20)
+            progress(value, cursor=f"at-{value}")
+        if self.request.retries == 0:
+            raise Flaky("first run")
+        return f"s3://autoretried/{self.request.id}"
+
+    @app.task(bind=True, name="tg.doomed", max_retries=2)
+    def doomed(self: Any, values: list[int]) -> None:
+        for value in values:
+            work(20)
+            progress(value, cursor=f"at-{value}")
+        raise RuntimeError(f"doomed {self.request.id}")
+
+    @app.task(bind=True, name="tg.hold")
+    def hold(self: Any, value: int) -> str:
+        """Reports ``value``, says it is holding (a file named for its id, holding its pid), then waits to
+        be revoked (or cancelled: its progress() raises)."""
+        progress(value, cursor="holding")
+        (place / f"{self.request.id}.pid").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while time.monotonic() < deadline:
+            work(5)
+            progress(value, cursor="holding")
+            time.sleep(0.02)
+        return "not revoked"
+
+    @app.task(bind=True, name="tg.victim", acks_late=True, reject_on_worker_lost=True, max_retries=2)
+    def victim(self: Any, first: list[int], second: list[int]) -> str:
+        """Its first run reports ``first`` and holds until killed; the run after (its message redelivered)
+        reports ``second`` and succeeds."""
+        marker = place / f"{self.request.id}.first"
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            for value in second:
+                work(20)
+                progress(value, cursor=f"again-{value}")
+            return f"s3://victim/{self.request.id}"
+        os.close(fd)
+        for value in first:
+            work(20)
+            progress(value, cursor=f"at-{value}")
+        (place / f"{self.request.id}.pid").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "not killed"
+
+    return app
