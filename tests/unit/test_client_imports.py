@@ -1,5 +1,5 @@
 """The Python clients and the queue integrations import nothing of the server: ``from gateway.client import
-watch, Worker`` and ``from gateway.integrations.celery import install, progress`` (and RQ's, arq's and the
+watch, Worker`` (and the backends, the sync worker) and ``from gateway.integrations.celery import install, progress`` (and RQ's, arq's and the
 run reporter under them) work in an interpreter where the server's packages cannot be imported at all, and
 leave no module of the server loaded.
 
@@ -59,9 +59,12 @@ PROGRAM = textwrap.dedent(
 )
 
 CLIENT = """
-from gateway.client import CallbackIgnored, ClientError, Worker, WorkerError, watch
+from gateway.client import AsyncBackend, Backend, CallbackIgnored, ClientError, SyncWorker, Worker
+from gateway.client import WorkerError, watch
 
 worker = Worker("http://127.0.0.1:1", "t-1", "token")
+with Backend("http://127.0.0.1:1"), SyncWorker("http://127.0.0.1:1", "t-1", "token") as sync_worker:
+    assert sync_worker.task_id == "t-1" and AsyncBackend("http://127.0.0.1:1").retries == 8
 frames = watch("http://127.0.0.1:1", {"t-1": "token"})
 assert issubclass(CallbackIgnored, WorkerError) and issubclass(WorkerError, ClientError)
 assert callable(frames.__anext__) and worker.task_id == "t-1"
