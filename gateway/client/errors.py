@@ -19,6 +19,7 @@ import)::
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
@@ -88,6 +89,12 @@ class CallbackError(WorkerError):
         )
         self.status = status
         self.code = code
+        self._message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable (a queue stores a job's exception: arq, Celery's result backends), as made.
+        made = functools.partial(type(self), task_id=self.task_id, task=self.task)
+        return (made, (self.status, self.code, self._message))
 
 
 class AttemptOver(CallbackError):
@@ -115,6 +122,10 @@ class CallbackIgnored(WorkerError):
             task=task,
         )
         self.event_type = event_type
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable (a queue stores a job's exception: arq, Celery's result backends), as made.
+        return (type(self), (self.event_type, self.reason, self.task or {}))
 
 
 class TaskAlreadyRunning(CallbackIgnored):

@@ -15,6 +15,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 # The message header a ticket travels in.
@@ -110,3 +111,30 @@ def error_text(error: BaseException | str) -> str:
     """``"ValueError: bad row 7"``: the exception's type and message, cut to what the gateway takes."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
     return text[:MAX_ERROR_CHARS] or "error"
+
+
+def gateway_config(
+    *,
+    url: str,
+    api_key: str | None = None,
+    ttl: float | timedelta | None = None,
+    timeout: float = 2.0,
+    min_interval: float = 0.25,
+    heartbeat: float | None = None,
+    tags: Sequence[str] = (),
+) -> GatewayConfig:
+    """``install()``'s keyword options, the same words for every queue (seconds, or a ``timedelta`` for
+    ``ttl``), as a :class:`GatewayConfig`: ``ttl`` is a task's deadline unless its job says (a day by
+    default); ``timeout`` bounds the producer's create and any wait of a job for the gateway;
+    ``min_interval`` is the least time between two progress callbacks; ``heartbeat`` gives every task a
+    lease (a killed worker's task is then requeued); ``tags`` are every task's tags."""
+    ttl_s = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    return GatewayConfig(
+        url=url,
+        api_key=api_key,
+        ttl_ms=round(ttl_s * 1000) if ttl_s is not None else DEFAULT_TTL_MS,
+        heartbeat_ms=round(heartbeat * 1000) if heartbeat is not None else None,
+        min_interval_s=min_interval,
+        timeout_s=timeout,
+        tags=tuple(tags),
+    )

@@ -1,0 +1,244 @@
+"""arq jobs reported to the gateway: each job is a gateway task of the same id, its tries are the task's
+attempts.
+
+The producer enqueues with :func:`enqueue_job` (after :func:`configure`); the worker's settings are
+installed once, where they are defined::
+
+    class WorkerSettings:
+        functions = [build_report]
+        allow_abort_jobs = True          # so that Job.abort() cancels the gateway task
+    install(WorkerSettings, url="http://127.0.0.1:8000", api_key=KEY, heartbeat=5)
+
+    async def build_report(ctx, rows):
+        ...; await progress(40, cursor="row-400"); ...
+        return "s3://reports/42.pdf"
+
+    configure(url="http://127.0.0.1:8000", api_key=KEY)             # the producer
+    await enqueue_job(redis, "build_report", rows, _gateway={"tags": ["owner:u42"], "maxAttempts": 3})
+
+The mapping is Celery's (docs/integrations.md), moment by moment:
+
+- ``enqueue_job`` creates the task (id: the job's id; ``maxAttempts``: the ``_gateway`` option, else arq's
+  default ``max_tries`` of 5: say it when the function has its own) and carries the ticket in the job's
+  keyword arguments (``_gateway_ticket``, taken out before the function is called);
+- a try starts an attempt (``worker``: ``arq@<host>:<pid>``) as the function begins;
+- ``await progress()`` reports (coalesced, never blocking the loop);
+- a return value succeeds (``resultRef``: a returned string, else ``arq://<id>``);
+- ``raise Retry`` fails retryable (the next try starts the next attempt), as does a try cancelled by a
+  worker's shutdown that arq runs again; any other exception fails for good;
+- ``Job.abort()`` cancels the task;
+- a gateway cancel makes the job's next ``progress()`` raise ``TaskCancelled``;
+- a killed worker sends nothing: arq runs the job again once its in-progress key expires; by then the
+  task's heartbeat lease has requeued the attempt, and the new try starts a new attempt.
+
+How: :func:`install` wraps each function (arq's hooks see neither a job's arguments nor its outcome) and
+chains an ``after_job_end`` hook: that runs after arq has recorded what it did with the job, so it reports
+what the queue decided (the job kept to run again, or ended) rather than guessing it from the exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from arq.connections import ArqRedis
+from arq.constants import job_key_prefix
+from arq.jobs import Job
+from arq.worker import Function, func
+
+from gateway.integrations.report import (
+    Reporter,
+    Run,
+    Ticket,
+    activate,
+    aprogress,
+    current_run,
+)
+from gateway.integrations.ticket import gateway_config
+
+__all__ = ["configure", "current_run", "enqueue_job", "install", "progress"]
+
+logger = logging.getLogger(__name__)
+
+progress = aprogress  # ``await progress(40, cursor=...)`` inside a job
+SCHEME = "arq"
+# The job's keyword argument that carries the ticket (the ``gateway`` header of Celery's messages).
+TICKET_KWARG = "_gateway_ticket"
+# arq's own default (``Worker(max_tries=5)``): a task's maxAttempts when the producer says none.
+ARQ_MAX_TRIES = 5
+# What a job's ctx holds for the after_job_end hook: its run, and how the function ended.
+_RUN = "gateway_run"
+_OUTCOME = "gateway_outcome"
+
+_reporter: Reporter | None = None
+
+Hook = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+def configure(
+    *,
+    url: str,
+    api_key: str | None = None,
+    ttl: float | timedelta | None = None,
+    timeout: float = 2.0,
+    min_interval: float = 0.25,
+    heartbeat: float | None = None,
+    tags: Sequence[str] = (),
+) -> Reporter:
+    """Report this process's arq jobs to the gateway at ``url``; the producer calls it, :func:`install`
+    calls it for a worker. The options are Celery's ``install()``'s, in seconds: ``ttl`` (a task's
+    deadline, a day by default), ``timeout`` (the bound on the producer's create and on any wait of a job
+    for the gateway, off the event loop), ``min_interval`` (between two progress callbacks), ``heartbeat``
+    (every task's lease, unless its ``_gateway`` option says), ``tags``. Returns the reporter (one per
+    process)."""
+    global _reporter
+    _reporter = Reporter(
+        gateway_config(
+            url=url,
+            api_key=api_key,
+            ttl=ttl,
+            timeout=timeout,
+            min_interval=min_interval,
+            heartbeat=heartbeat,
+            tags=tags,
+        )
+    )
+    return _reporter
+
+
+def _installed() -> Reporter:
+    if _reporter is None:
+        raise RuntimeError("gateway.integrations.arq: call configure(url=...) or install(...) first")
+    return _reporter
+
+
+def install(settings: Any, **options: Any) -> Reporter:
+    """Make a worker's settings (the ``WorkerSettings`` class, or a dict of ``Worker`` keyword arguments)
+    report its jobs: every function is wrapped and an ``after_job_end`` hook is chained after the user's
+    own. ``options``: :func:`configure`'s. Call it once, where the settings are defined."""
+    reporter = configure(**options)
+
+    def get(name: str) -> Any:
+        return settings.get(name) if isinstance(settings, dict) else getattr(settings, name, None)
+
+    def put(name: str, value: Any) -> None:
+        if isinstance(settings, dict):
+            settings[name] = value
+        else:
+            setattr(settings, name, value)
+
+    put("functions", [_wrapped(f) for f in get("functions") or ()])
+    user_after = get("after_job_end")
+    put("after_job_end", _after_job_end(user_after))
+    return reporter
+
+
+async def enqueue_job(
+    redis: ArqRedis, function: str, *args: Any, _gateway: Mapping[str, Any] | None = None, **kwargs: Any
+) -> Job | None:
+    """``redis.enqueue_job(function, *args, **kwargs)`` as a gateway task, created first (within the
+    configured timeout, off the event loop; when it cannot be, a WARNING says so and the job is enqueued
+    anyway, and its first try creates the task) with the job's id (``_job_id``, else a fresh one).
+    ``_gateway`` takes ``tags``, ``heartbeatMs``, ``ttlMs`` and ``maxAttempts``. Returns arq's answer
+    (``None``: a job with this id exists already)."""
+    from uuid import uuid4
+
+    reporter = _installed()
+    config = reporter.config
+    options = dict(_gateway or {})
+    job_id = kwargs.pop("_job_id", None) or uuid4().hex
+    ticket = Ticket(
+        token=None,
+        ttl_ms=int(options.get("ttlMs") or config.ttl_ms),
+        max_attempts=int(options.get("maxAttempts") or ARQ_MAX_TRIES),
+        heartbeat_ms=options.get("heartbeatMs", config.heartbeat_ms),
+        tags=tuple(options.get("tags") or config.tags),
+    )
+    created = await asyncio.to_thread(
+        reporter.create,
+        job_id,
+        ttl_ms=ticket.ttl_ms,
+        max_attempts=ticket.max_attempts,
+        heartbeat_ms=ticket.heartbeat_ms,
+        tags=ticket.tags,
+    )
+    kwargs[TICKET_KWARG] = (created or ticket).to_header()
+    job: Job | None = await redis.enqueue_job(function, *args, _job_id=job_id, **kwargs)
+    return job
+
+
+def _wrapped(function: Any) -> Function:
+    """An arq function (a coroutine function or ``arq.func(...)``) whose every try is a run."""
+    f: Function = function if isinstance(function, Function) else func(function)
+    coroutine = f.coroutine
+
+    @functools.wraps(coroutine)
+    async def reported(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        header = kwargs.pop(TICKET_KWARG, None)
+        reporter = _installed()
+        worker = f"arq@{socket.gethostname()}:{os.getpid()}"
+        run = await asyncio.to_thread(
+            reporter.begin, ctx["job_id"], worker=worker, ticket=Ticket.from_header(header), scheme=SCHEME
+        )
+        ctx[_RUN] = run
+        activate(run)  # in this try's own asyncio task: its context is its own
+        try:
+            result = await coroutine(ctx, *args, **kwargs)
+        except BaseException as exc:
+            ctx[_OUTCOME] = exc
+            raise
+        else:
+            ctx[_OUTCOME] = _Returned(result)
+            return result
+        finally:
+            activate(None)
+
+    return Function(f.name, reported, f.timeout_s, f.keep_result_s, f.keep_result_forever, f.max_tries)
+
+
+class _Returned:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _after_job_end(user: Hook | None) -> Hook:
+    async def after_job_end(ctx: dict[str, Any]) -> None:
+        run = ctx.pop(_RUN, None)
+        if isinstance(run, Run):
+            try:
+                await _report(ctx, run, ctx.pop(_OUTCOME, None))
+            finally:
+                await asyncio.to_thread(run.finish)
+        if user is not None:
+            await user(ctx)
+
+    return after_job_end
+
+
+async def _report(ctx: dict[str, Any], run: Run, outcome: Any) -> None:
+    """Report how the try ended, as arq has just recorded it."""
+    if isinstance(outcome, _Returned):
+        run.succeed(outcome.value)
+        return
+    redis: ArqRedis = ctx["redis"]
+    if await redis.exists(job_key_prefix + ctx["job_id"]):
+        # arq kept the job to run again (Retry, or a try cancelled by the worker's shutdown).
+        run.fail(outcome if isinstance(outcome, BaseException) else "the try ended", retryable=True)
+        return
+    if isinstance(outcome, asyncio.CancelledError):
+        # Cancelled and ended: Job.abort(), or the function's timeout (arq's wait_for cancels it too).
+        info = await Job(ctx["job_id"], redis).result_info()
+        if info is not None and isinstance(info.result, TimeoutError):
+            run.fail(info.result, retryable=False)
+        else:
+            run.cancel("aborted")
+        return
+    run.fail(outcome if isinstance(outcome, BaseException) else "the try ended", retryable=False)

@@ -1,0 +1,211 @@
+"""RQ jobs reported to the gateway: each job is a gateway task of the same id, its runs are the task's
+attempts.
+
+Producer and worker both call :func:`install` (in the module that defines the jobs, or the module a worker
+is started with, ``rq worker -c``). The producer enqueues with :func:`enqueue`, which creates the gateway
+task before the job is pushed; the worker runs jobs as :class:`GatewayJob`
+(``rq worker --job-class gateway.integrations.rq.GatewayJob``)::
+
+    install(url="http://127.0.0.1:8000", api_key=KEY, heartbeat=5)
+    enqueue(queue, build_report, rows, retry=Retry(max=2), gateway={"tags": ["owner:u42"]})
+
+    def build_report(rows):
+        ...; progress(40, cursor="row-400"); ...
+        return "s3://reports/42.pdf"
+
+The mapping is Celery's (docs/integrations.md), moment by moment:
+
+- ``enqueue`` creates the task (id: the job's id; ``maxAttempts``: ``Retry(max=n)`` gives n + 1) and
+  carries its callback token in ``job.meta["gateway"]``;
+- a run starts an attempt (``worker``: the RQ worker's name) when the work horse performs the job;
+- ``progress()`` reports (coalesced, never blocking);
+- a return value succeeds (``resultRef``: a returned string, else ``rq://<id>``);
+- an exception fails: retryable while the job has retries left (RQ enqueues it again, and its next run
+  starts the next attempt), final otherwise; a returned ``Retry`` likewise;
+- ``send_stop_job_command`` cancels the task (the job's ``on_stopped`` callback, in the worker's main
+  process, which :func:`enqueue` attaches; a user's own ``on_stopped`` is called after it);
+- a gateway cancel makes the job's next ``progress()`` raise ``TaskCancelled``, and RQ does not retry a
+  job that raised it;
+- a killed work horse sends nothing: RQ fails the job (and retries it when it has retries left); the task's
+  heartbeat lease requeues the attempt, and the next run starts a new attempt once it has.
+
+Why a job class rather than only job callbacks: RQ has no callback when a run starts, and its success and
+failure callbacks are the user's to set; :meth:`GatewayJob.perform` wraps the one call that is the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+from uuid import uuid4
+
+from rq.callbacks import Callback
+from rq.job import Job, Retry
+from rq.queue import Queue
+from rq.types import FunctionReferenceType
+from rq.utils import import_attribute
+
+from gateway.client.errors import TaskCancelled
+from gateway.integrations.report import (
+    Reporter,
+    Run,
+    Ticket,
+    activate,
+    current_run,
+    progress,
+)
+from gateway.integrations.ticket import gateway_config
+
+__all__ = ["GatewayJob", "current_run", "enqueue", "install", "on_stopped", "progress"]
+
+logger = logging.getLogger(__name__)
+
+# The key of ``job.meta`` that carries the ticket (the ``gateway`` header of Celery's messages).
+META = "gateway"
+# Where a user's own ``on_stopped`` callback is kept (``job.meta``): :func:`on_stopped` calls it after ours.
+USER_ON_STOPPED = "gateway_on_stopped"
+SCHEME = "rq"
+
+_reporter: Reporter | None = None
+
+
+def install(
+    *,
+    url: str,
+    api_key: str | None = None,
+    ttl: float | timedelta | None = None,
+    timeout: float = 2.0,
+    min_interval: float = 0.25,
+    heartbeat: float | None = None,
+    tags: Sequence[str] = (),
+) -> Reporter:
+    """Report this process's RQ jobs to the gateway at ``url``: call it where the producer starts and where
+    the worker's jobs are defined (or in the worker's ``-c`` settings module). The options are Celery's
+    ``install()``'s, in seconds: ``ttl`` (a task's deadline, a day by default), ``timeout`` (the bound on
+    the producer's create and on any wait of a job for the gateway), ``min_interval`` (between two progress
+    callbacks), ``heartbeat`` (every task's lease, unless its ``gateway`` option says), ``tags``. Returns
+    the reporter (one per process; a second install replaces it)."""
+    global _reporter
+    _reporter = Reporter(
+        gateway_config(
+            url=url,
+            api_key=api_key,
+            ttl=ttl,
+            timeout=timeout,
+            min_interval=min_interval,
+            heartbeat=heartbeat,
+            tags=tags,
+        )
+    )
+    return _reporter
+
+
+def _installed() -> Reporter:
+    if _reporter is None:
+        raise RuntimeError("gateway.integrations.rq: call install(url=...) first")
+    return _reporter
+
+
+def enqueue(
+    queue: Queue,
+    f: FunctionReferenceType,
+    *args: Any,
+    gateway: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Job:
+    """``queue.enqueue(f, *args, **kwargs)`` as a gateway task: created first (within the configured
+    timeout; when it cannot be, a WARNING says so and the job is enqueued anyway, and its run creates the
+    task), with the job's id (``job_id=``, else a fresh UUID). ``gateway`` takes ``tags``, ``heartbeatMs``
+    and ``ttlMs`` for this task; ``maxAttempts`` comes from ``retry=Retry(max=n)`` (n + 1), else 1."""
+    reporter = _installed()
+    config = reporter.config
+    options = dict(gateway or {})
+    job_id = kwargs.pop("job_id", None) or str(uuid4())
+    retry = kwargs.get("retry")
+    max_attempts = int(options.get("maxAttempts") or (retry.max + 1 if isinstance(retry, Retry) else 1))
+    ticket = Ticket(
+        token=None,
+        ttl_ms=int(options.get("ttlMs") or config.ttl_ms),
+        max_attempts=max_attempts,
+        heartbeat_ms=options.get("heartbeatMs", config.heartbeat_ms),
+        tags=tuple(options.get("tags") or config.tags),
+    )
+    created = reporter.create(
+        job_id,
+        ttl_ms=ticket.ttl_ms,
+        max_attempts=ticket.max_attempts,
+        heartbeat_ms=ticket.heartbeat_ms,
+        tags=ticket.tags,
+    )
+    meta = dict(kwargs.pop("meta", None) or {})
+    meta[META] = (created or ticket).to_header()
+    user_stopped = kwargs.pop("on_stopped", None)
+    if user_stopped is not None:
+        meta[USER_ON_STOPPED] = (
+            user_stopped if isinstance(user_stopped, Callback) else Callback(user_stopped)
+        ).name
+    return queue.enqueue(f, *args, job_id=job_id, meta=meta, on_stopped=Callback(on_stopped), **kwargs)
+
+
+class GatewayJob(Job):
+    """An RQ job whose run is reported: the worker's ``--job-class`` (``job_class=`` of a worker made in
+    code). A job enqueued without :func:`enqueue` is reported too (its run creates the task with the
+    installed defaults)."""
+
+    def perform(self) -> Any:
+        # Resolving the function imports its module first: an install() there has run by now.
+        self.func  # noqa: B018
+        if _reporter is None:
+            logger.debug(
+                "gateway.integrations.rq: not installed in this process; job %s not reported", self.id
+            )
+            return super().perform()
+        worker = self.worker_name or f"rq@{socket.gethostname()}:{os.getpid()}"
+        run = _reporter.begin(
+            self.id, worker=worker, ticket=Ticket.from_header(self.meta.get(META)), scheme=SCHEME
+        )
+        activate(run)
+        try:
+            result = super().perform()
+        except BaseException as exc:
+            if isinstance(exc, TaskCancelled):
+                self.retries_left = 0  # the work is no longer wanted: RQ must not run it again
+            run.fail(exc, retryable=self.should_retry)
+            raise
+        else:
+            _report_result(self, run, result)
+            return result
+        finally:
+            activate(None)
+            run.finish()
+
+
+def _report_result(job: Job, run: Run, result: Any) -> None:
+    if isinstance(result, Retry):
+        # The job asked to be run again (RQ's returned Retry): its own limit decides whether it will be.
+        again = (job.number_of_retries or 0) < result.max
+        run.fail("Retry: the job asked to be run again", retryable=again)
+    else:
+        run.succeed(result)
+
+
+def on_stopped(job: Job, connection: Any) -> None:
+    """The job's ``on_stopped`` callback (:func:`enqueue` attaches it): ``send_stop_job_command`` stopped
+    it, so its gateway task is cancelled. Runs in the worker's main process, not the killed horse."""
+    try:
+        job.func  # noqa: B018  (imports the job's module: its install() call)
+    except Exception:  # a missing function must not hide the stop
+        logger.debug("gateway.integrations.rq: could not import %s", job.func_name)
+    if _reporter is None:
+        logger.warning(
+            "gateway.integrations.rq: job %s stopped, but the gateway is not installed here", job.id
+        )
+    else:
+        _reporter.cancel(job.id, "stopped")  # within its timeout; a WARNING when the gateway is away
+    user = job.meta.get(USER_ON_STOPPED)
+    if isinstance(user, str):
+        import_attribute(user)(job, connection)
