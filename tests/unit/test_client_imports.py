@@ -1,7 +1,7 @@
 """The Python clients and the queue integrations import nothing of the server: ``from gateway.client import
-watch, Worker`` (and the backends, the sync worker) and ``from gateway.integrations.celery import install, progress`` (and RQ's, arq's and the
-run reporter under them) work in an interpreter where the server's packages cannot be imported at all, and
-leave no module of the server loaded.
+watch, Worker`` (the backends and the sync worker too) and ``from gateway.integrations.celery import
+install, progress`` (RQ's, arq's and the run reporter under them) work in an interpreter where the server's
+packages cannot be imported at all, and leave no module of the server loaded.
 
 Each import runs in a fresh interpreter that hides the server's third-party packages, less those the queue
 itself needs (RQ and arq talk to Redis through ``redis``); then the modules it loaded are checked against the
