@@ -11,10 +11,12 @@ for a gateway in open mode).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from celery import Celery, Task
+
 from gateway.integrations.celery import install, progress
 
 BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -34,6 +36,8 @@ app.conf.update(
     worker_prefetch_multiplier=1,
 )
 install(app, url=GATEWAY_URL, api_key=API_KEY)
+# httpx logs each request at INFO, the worker's level: the reports' callbacks would fill its terminal.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @app.task(bind=True, max_retries=2)
