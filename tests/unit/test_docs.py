@@ -5,6 +5,7 @@ points to nothing outside it; the OpenAPI document's reasons and codes are the c
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import typing
 from pathlib import Path
@@ -167,3 +168,30 @@ def test_each_migrations_docstring_names_its_own_revision_and_the_one_it_revises
         assert f"Revision ID: {values['revision']}\n" in said + "\n", path.name
         assert re.search(rf"^Revises: ?{values['down_revision'] or ''}$", said, re.MULTILINE), path.name
         assert path.name.startswith(f"{values['revision']}_"), path.name
+
+
+def test_the_integrations_settings_table_is_every_queues_install_options_with_their_defaults() -> None:
+    """docs/integrations.md promises one set of options for the three queues: the table's rows are the
+    keyword options of Celery's and RQ's ``install`` and arq's ``configure`` (its ``install`` passes them
+    on), each with the default the code has."""
+    from gateway.integrations import arq, celery, rq
+    from gateway.integrations.ticket import DEFAULT_TTL_MS
+
+    doc = (ROOT / "docs" / "integrations.md").read_text()
+    section = doc.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|", section, re.MULTILINE))
+    assert {"url", "api_key", "timeout"} <= set(rows)
+    for function in (celery.install, rq.install, arq.configure):
+        options = {
+            name: parameter.default
+            for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+        assert set(options) == set(rows), function.__module__
+        for name, default in options.items():
+            if default is inspect.Parameter.empty:
+                assert rows[name] == "(required)", name
+            elif name == "ttl":
+                assert default is None and rows[name] == "a day" and DEFAULT_TTL_MS == 86_400_000
+            else:
+                assert rows[name] == f"`{default!r}`", (function.__module__, name, default)
