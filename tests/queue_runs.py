@@ -14,6 +14,8 @@ Redis, a real gateway, a subscriber per task, and the checks every queue shares.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +23,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -188,8 +190,9 @@ async def start_worker(name: str, argv: Sequence[str], env: dict[str, str], dire
 class Expected:
     """How the queue ends a job, as its gateway task must show it: ``state``, ``attempts``, the ``error``
     (a prefix; None: none; a task that succeeded after a failed attempt keeps that attempt's error),
-    ``result_ref`` (None: not checked), and per attempt the last progress value the job reported (None:
-    not checked); ``cancelled``: its history ends with the gateway's ``cancel`` entry."""
+    ``result_ref`` and ``result_hash`` (None: not checked; :meth:`for_job` fills them in), and per attempt
+    the last progress value the job reported (None: not checked); ``cancelled``: its history ends with the
+    gateway's ``cancel`` entry."""
 
     state: str
     attempts: int
@@ -197,6 +200,22 @@ class Expected:
     result_ref: str | None = None
     last_progress: tuple[int | None, ...] = ()
     cancelled: bool = False
+    result_hash: str | None = None
+
+    def for_job(self, job_id: str, scheme: str) -> Expected:
+        """With the result of the job ``job_id`` filled in, as the test jobs return them
+        (tests/rq_jobs.py, tests/arq_jobs.py): ``result_ref=""`` stands for the string
+        ``s3://results/<id>``, ``result_ref=scheme`` for the dict ``{"rows": 3, "job": <id>}``, referred to
+        as ``<scheme>://<id>``; the hash is the SHA-256 of the result's canonical JSON (docs: resultHash)."""
+        value: Any
+        if self.result_ref == "":
+            value = ref = f"s3://results/{job_id}"
+        elif self.result_ref == scheme:
+            value, ref = {"rows": 3, "job": job_id}, f"{scheme}://{job_id}"
+        else:
+            return self
+        canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return replace(self, result_ref=ref, result_hash=hashlib.sha256(canonical.encode()).hexdigest())
 
 
 @dataclass
@@ -275,6 +294,8 @@ def _differences(
         problems.append(f"{where}: error {error!r}")
     if want.result_ref is not None and task.get("resultRef") != want.result_ref:
         problems.append(f"{where}: resultRef {task.get('resultRef')!r}")
+    if want.result_hash is not None and task.get("resultHash") != want.result_hash:
+        problems.append(f"{where}: resultHash {task.get('resultHash')!r}")
     cancels = [e for e in entries if e["event"]["type"] == "cancel"]
     if want.cancelled != bool(cancels):
         problems.append(f"{where}: cancel entries {cancels}")

@@ -7,6 +7,8 @@ job can behave differently on its second run:
 
 - ``ok``: progress 25, 50, 75, then returns ``s3://results/<id>``; ``ok-dict`` returns a dict instead;
 - ``retry``: first run progress 30, then raises; the second progress 60 and returns;
+- ``again``: first run progress 30 and returns ``Retry(max=1)`` (RQ's asking to be run again); the second
+  progress 60 and returns;
 - ``fail``: progress 10 and raises ``ValueError``, every run;
 - ``kill``: first run writes its pid (``<token>:pid:<job id>``), progress 20 and waits to be killed; the
   second progress 80 and returns;
@@ -24,7 +26,7 @@ import time
 from typing import Any, cast
 
 from redis import Redis
-from rq import get_current_job
+from rq import Retry, get_current_job
 
 from gateway.integrations import rq as gateway_rq
 from gateway.integrations.rq import progress
@@ -62,6 +64,12 @@ def work(plan: str) -> Any:
         if run == 1:
             progress(30)
             raise RuntimeError("flaky: the first run fails")
+        progress(60)
+        return f"s3://results/{job.id}"
+    if plan == "again":
+        if run == 1:
+            progress(30)
+            return Retry(max=1)
         progress(60)
         return f"s3://results/{job.id}"
     if plan == "fail":

@@ -26,12 +26,16 @@ The mapping is Celery's (docs/integrations.md), moment by moment:
 - a return value succeeds (``resultRef``: a returned string, else ``arq://<id>``);
 - ``raise Retry`` fails retryable (the next try starts the next attempt), as does a try cancelled by a
   worker's shutdown that arq runs again; any other exception fails for good;
-- ``Job.abort()`` cancels the task;
+- ``Job.abort()`` cancels the task (a job aborted before its first try starts runs no hook, so its task
+  stays queued until its deadline); arq's time limit (``timeout``) fails the task for good, with
+  ``TimeoutError`` (both cancel the try: arq's stored result tells them apart, so a worker with
+  ``keep_result = 0`` reports a timed-out try as an abort);
 - a gateway cancel makes the job's next ``progress()`` raise ``TaskCancelled``;
 - a killed worker sends nothing: arq runs the job again once its in-progress key expires; by then the
   task's heartbeat lease has requeued the attempt, and the new try starts a new attempt.
 
-How: :func:`install` wraps each function (arq's hooks see neither a job's arguments nor its outcome) and
+How: :func:`install` wraps each function, which begins the run as the try starts (rather than an
+``on_job_start`` hook: arq's hooks see neither a job's arguments, where its ticket is, nor its outcome), and
 chains an ``after_job_end`` hook: that runs after arq has recorded what it did with the job, so it reports
 what the queue decided (the job kept to run again, or ended) rather than guessing it from the exception.
 """
@@ -46,6 +50,7 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 from arq.connections import ArqRedis
 from arq.constants import job_key_prefix
@@ -60,7 +65,7 @@ from gateway.integrations.report import (
     aprogress,
     current_run,
 )
-from gateway.integrations.ticket import gateway_config
+from gateway.integrations.ticket import gateway_config, requested
 
 __all__ = ["configure", "current_run", "enqueue_job", "install", "progress"]
 
@@ -75,6 +80,8 @@ ARQ_MAX_TRIES = 5
 # What a job's ctx holds for the after_job_end hook: its run, and how the function ended.
 _RUN = "gateway_run"
 _OUTCOME = "gateway_outcome"
+# Marks settings install() has wrapped.
+_INSTALLED = "gateway_installed"
 
 _reporter: Reporter | None = None
 
@@ -121,7 +128,8 @@ def _installed() -> Reporter:
 def install(settings: Any, **options: Any) -> Reporter:
     """Make a worker's settings (the ``WorkerSettings`` class, or a dict of ``Worker`` keyword arguments)
     report its jobs: every function is wrapped and an ``after_job_end`` hook is chained after the user's
-    own. ``options``: :func:`configure`'s. Call it once, where the settings are defined."""
+    own. ``options``: :func:`configure`'s. Call it where the settings are defined; jobs that
+    :func:`enqueue_job` published carry a keyword argument that only an installed worker takes out."""
     reporter = configure(**options)
 
     def get(name: str) -> Any:
@@ -133,9 +141,10 @@ def install(settings: Any, **options: Any) -> Reporter:
         else:
             setattr(settings, name, value)
 
-    put("functions", [_wrapped(f) for f in get("functions") or ()])
-    user_after = get("after_job_end")
-    put("after_job_end", _after_job_end(user_after))
+    if not get(_INSTALLED):  # installed once: a second install() only configures again
+        put("functions", [_wrapped(f) for f in get("functions") or ()])
+        put("after_job_end", _after_job_end(get("after_job_end")))
+        put(_INSTALLED, True)
     return reporter
 
 
@@ -147,18 +156,17 @@ async def enqueue_job(
     anyway, and its first try creates the task) with the job's id (``_job_id``, else a fresh one).
     ``_gateway`` takes ``tags``, ``heartbeatMs``, ``ttlMs`` and ``maxAttempts``. Returns arq's answer
     (``None``: a job with this id exists already)."""
-    from uuid import uuid4
-
     reporter = _installed()
     config = reporter.config
     options = dict(_gateway or {})
     job_id = kwargs.pop("_job_id", None) or uuid4().hex
+    tags, heartbeat_ms = requested(options, config)
     ticket = Ticket(
         token=None,
         ttl_ms=int(options.get("ttlMs") or config.ttl_ms),
         max_attempts=int(options.get("maxAttempts") or ARQ_MAX_TRIES),
-        heartbeat_ms=options.get("heartbeatMs", config.heartbeat_ms),
-        tags=tuple(options.get("tags") or config.tags),
+        heartbeat_ms=heartbeat_ms,
+        tags=tags,
     )
     created = await asyncio.to_thread(
         reporter.create,

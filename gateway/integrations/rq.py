@@ -58,7 +58,7 @@ from gateway.integrations.report import (
     current_run,
     progress,
 )
-from gateway.integrations.ticket import gateway_config
+from gateway.integrations.ticket import gateway_config, requested
 
 __all__ = ["GatewayJob", "current_run", "enqueue", "install", "on_stopped", "progress"]
 
@@ -120,19 +120,21 @@ def enqueue(
     """``queue.enqueue(f, *args, **kwargs)`` as a gateway task: created first (within the configured
     timeout; when it cannot be, a WARNING says so and the job is enqueued anyway, and its run creates the
     task), with the job's id (``job_id=``, else a fresh UUID). ``gateway`` takes ``tags``, ``heartbeatMs``
-    and ``ttlMs`` for this task; ``maxAttempts`` comes from ``retry=Retry(max=n)`` (n + 1), else 1."""
+    and ``ttlMs`` for this task; ``maxAttempts`` comes from ``retry=Retry(max=n)`` (n + 1), else 1 (a job
+    that returns ``Retry`` objects says its own: ``gateway={"maxAttempts": ...}``)."""
     reporter = _installed()
     config = reporter.config
     options = dict(gateway or {})
     job_id = kwargs.pop("job_id", None) or str(uuid4())
     retry = kwargs.get("retry")
     max_attempts = int(options.get("maxAttempts") or (retry.max + 1 if isinstance(retry, Retry) else 1))
+    tags, heartbeat_ms = requested(options, config)
     ticket = Ticket(
         token=None,
         ttl_ms=int(options.get("ttlMs") or config.ttl_ms),
         max_attempts=max_attempts,
-        heartbeat_ms=options.get("heartbeatMs", config.heartbeat_ms),
-        tags=tuple(options.get("tags") or config.tags),
+        heartbeat_ms=heartbeat_ms,
+        tags=tags,
     )
     created = reporter.create(
         job_id,

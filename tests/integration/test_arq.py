@@ -60,14 +60,6 @@ PLANS: list[tuple[str, Expected, bool]] = [
 ]
 
 
-def _expected(job_id: str, want: Expected) -> Expected:
-    if want.result_ref == "":
-        want = Expected(**{**want.__dict__, "result_ref": f"s3://results/{job_id}"})
-    elif want.result_ref == "arq":
-        want = Expected(**{**want.__dict__, "result_ref": f"arq://{job_id}"})
-    return want
-
-
 def _worker(
     name: str, space: RedisSpace, gateway_url: str, queue: str, **env: str
 ) -> tuple[str, list[str], dict[str, str]]:
@@ -98,7 +90,7 @@ async def _run_jobs(
     jobs: dict[str, tuple[str, Expected, bool]] = {}
     for n, (plan, want, success) in enumerate(PLANS):
         job_id = f"{space.token}-{n:02d}-{plan}"
-        jobs[job_id] = (plan, _expected(job_id, want), success)
+        jobs[job_id] = (plan, want.for_job(job_id, "arq"), success)
         job = await gateway_arq.enqueue_job(
             redis,
             "work",

@@ -1,6 +1,7 @@
 """The RQ and arq integrations where the happy path ends: a producer that cannot reach the gateway still
 publishes the job (saying so), and the worker creates the task with the parameters the job carries; a job
-stopped by the queue's own time limit fails for good on the gateway, with the queue's error.
+stopped by the queue's own time limit fails for good on the gateway, with the queue's error; an RQ job that
+returns ``Retry`` is a retryable fail, and its next run the next attempt.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ async def _ended(client: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.anyio
-async def test_rq_unreachable_producer_and_time_limit(
+async def test_rq_unreachable_producer_time_limit_and_returned_retry(
     tmp_path: Path, sqlite_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with (
@@ -60,7 +61,7 @@ async def test_rq_unreachable_producer_and_time_limit(
     ):
         redis = Redis.from_url(space.url)
         queue = Queue(space.token, connection=redis)
-        orphan, slow = f"{space.token}-orphan", f"{space.token}-slow"
+        orphan, slow, again = f"{space.token}-orphan", f"{space.token}-slow", f"{space.token}-again"
         gateway_rq.install(url=f"http://127.0.0.1:{free_port()}", api_key=API_KEY, timeout=1.0)
         with caplog.at_level(logging.WARNING, logger="gateway.integrations"):
             await anyio.to_thread.run_sync(
@@ -78,6 +79,11 @@ async def test_rq_unreachable_producer_and_time_limit(
         await anyio.to_thread.run_sync(
             lambda: gateway_rq.enqueue(queue, "tests.rq_jobs.work", "slow", job_id=slow, job_timeout=1)
         )
+        await anyio.to_thread.run_sync(
+            lambda: gateway_rq.enqueue(
+                queue, "tests.rq_jobs.work", "again", job_id=again, gateway={"maxAttempts": 2}
+            )
+        )
         argv = [
             "-m",
             "rq.cli",
@@ -91,6 +97,7 @@ async def test_rq_unreachable_producer_and_time_limit(
         async with queue_workers([("rq", argv, worker_environ(gw.url, space, space.token))], tmp_path):
             made = await _ended(client, orphan)
             timed_out = await _ended(client, slow)
+            retried = await _ended(client, again)
             status = await eventually(
                 lambda: anyio.to_thread.run_sync(lambda: Job.fetch(slow, connection=redis).get_status()),
                 lambda s: s == JobStatus.FAILED,
@@ -106,6 +113,12 @@ async def test_rq_unreachable_producer_and_time_limit(
         )
         assert (timed_out["state"], timed_out["attempts"]) == ("failed", 1)
         assert timed_out["error"].startswith("JobTimeoutException"), timed_out
+        assert (retried["state"], retried["attempts"], retried["error"], retried["resultRef"]) == (
+            "succeeded",
+            2,
+            "Retry: the job asked to be run again",
+            f"s3://results/{again}",
+        )
         redis.close()
 
 

@@ -82,14 +82,6 @@ PLANS: list[tuple[str, int, Expected, str]] = [
 ]
 
 
-def _expected(job_id: str, want: Expected) -> Expected:
-    if want.result_ref == "":
-        want = Expected(**{**want.__dict__, "result_ref": f"s3://results/{job_id}"})
-    elif want.result_ref == "rq":
-        want = Expected(**{**want.__dict__, "result_ref": f"rq://{job_id}"})
-    return want
-
-
 def _worker(name: str, space: RedisSpace, gateway_url: str) -> tuple[str, list[str], dict[str, str]]:
     argv = [
         "-m",
@@ -119,7 +111,7 @@ async def test_rq_jobs_end_on_the_gateway_as_rq_ended_them(tmp_path: Path, sqlit
         jobs: dict[str, tuple[str, Expected, str]] = {}
         for n, (plan, retries, want, status) in enumerate(PLANS):
             job_id = f"{space.token}-{n:02d}-{plan}"
-            jobs[job_id] = (plan, _expected(job_id, want), status)
+            jobs[job_id] = (plan, want.for_job(job_id, "rq"), status)
 
             def publish(job_id: str = job_id, plan: str = plan, retries: int = retries) -> Job:
                 return gateway_rq.enqueue(

@@ -125,3 +125,30 @@ def test_the_server_still_imports_through_the_package() -> None:
 
     app = create_app(Settings(secret="s" * 32))
     assert app.state.gateway.settings.secret is not None
+
+
+# PROGRAM's finder, then the integrations instead of the clients.
+INTEGRATIONS = PROGRAM.split("\nimport gateway\n")[0] + textwrap.dedent(
+    """
+    import gateway.integrations.arq
+    import gateway.integrations.celery
+    import gateway.integrations.dramatiq
+    import gateway.integrations.rq
+
+    loaded = sorted({name.split(".")[0] for name in sys.modules} & HIDDEN)
+    print("loaded:", ",".join(loaded))
+    """
+)
+
+
+def test_the_queue_integrations_import_with_the_server_packages_hidden() -> None:
+    # RQ, arq and Dramatiq's Redis broker need the redis client: the one server package they may load.
+    hidden = [p for p in SERVER_PACKAGES if p != "redis"]
+    done = subprocess.run(
+        [sys.executable, "-c", INTEGRATIONS, ",".join(hidden)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "loaded:", done.stdout

@@ -1,0 +1,160 @@
+"""Dramatiq messages reported to the gateway, by a broker middleware: each message is a gateway task of the
+same id (the message id), its runs are the task's attempts.
+
+Producer and worker install it on the broker they declare their actors with (it goes after Dramatiq's
+``Retries``, whose decision it reports)::
+
+    broker = RedisBroker(url=...)
+    install(broker, url="http://127.0.0.1:8000", api_key=KEY, heartbeat=5)
+
+    @dramatiq.actor(max_retries=2)
+    def build_report(rows):
+        ...; progress(40, cursor="row-400"); ...
+        return "s3://reports/42.pdf"
+
+    build_report.send_with_options(args=(rows,), gateway={"tags": ["owner:u42"]})
+
+The mapping is Celery's (docs/integrations.md), moment by moment:
+
+- a message's first enqueue creates the task (``maxAttempts``: ``max_retries`` + 1, the message's, else
+  its actor's, else the ``Retries`` middleware's) and carries the ticket in the message's ``gateway``
+  option (the user's ``tags`` and ``heartbeatMs`` go there too); a retry's enqueue creates nothing;
+- a run starts an attempt (``worker``: ``dramatiq@<host>:<pid>``) before the actor is called;
+- ``progress()`` reports (coalesced, never blocking);
+- a return value succeeds (``resultRef``: a returned string, else ``dramatiq://<id>``);
+- an exception fails: retryable when ``Retries`` enqueued the message again, final when it gave up (or
+  the exception is one the actor ``throws``);
+- a gateway cancel makes the actor's next ``progress()`` raise ``TaskCancelled`` (add it to the actor's
+  ``throws`` so that ``Retries`` does not run it again);
+- a killed worker sends nothing: the Redis broker requeues its messages once its heartbeat is
+  ``heartbeat_timeout`` old, RabbitMQ when its connection drops; the task's lease has requeued the
+  attempt, and the next run starts a new attempt. Dramatiq has no revoke of its own: nothing maps to
+  ``cancel`` but the gateway's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from dramatiq import Broker, Middleware
+from dramatiq.middleware import Retries
+
+from gateway.integrations.report import Reporter, Run, Ticket, activate, current_run, progress
+from gateway.integrations.ticket import HEADER, gateway_config, requested
+
+__all__ = ["GatewayMiddleware", "current_run", "install", "progress"]
+
+logger = logging.getLogger(__name__)
+
+SCHEME = "dramatiq"
+# Dramatiq's own default (``Retries(max_retries=20)``), for a broker without the middleware.
+DRAMATIQ_MAX_RETRIES = 20
+
+
+class GatewayMiddleware(Middleware):
+    """Creates a message's gateway task on its first enqueue and reports each run of it."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+        self._runs: dict[str, Run] = {}  # message id -> its run in this process
+        self._lock = threading.Lock()
+
+    # --- the producer ---------------------------------------------------------------------------------------
+
+    def before_enqueue(self, broker: Broker, message: Any, delay: int | None) -> None:
+        options = message.options
+        ticket = Ticket.from_header(options.get(HEADER))
+        if ticket is not None or "retries" in options:
+            return  # a retry's (or a requeued message's) enqueue: the task exists
+        config = self.reporter.config
+        header = options.get(HEADER) if isinstance(options.get(HEADER), dict) else {}
+        tags, heartbeat_ms = requested(header, config)
+        ttl_ms = int(header.get("ttlMs") or config.ttl_ms)
+        max_attempts = int(header.get("maxAttempts") or _max_retries(broker, message) + 1)
+        created = self.reporter.create(
+            message.message_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
+        )
+        options[HEADER] = (created or Ticket(None, ttl_ms, max_attempts, heartbeat_ms, tags)).to_header()
+
+    # --- the worker -----------------------------------------------------------------------------------------
+
+    def before_process_message(self, broker: Broker, message: Any) -> None:
+        worker = f"dramatiq@{socket.gethostname()}:{os.getpid()}"
+        ticket = Ticket.from_header(message.options.get(HEADER))
+        run = self.reporter.begin(message.message_id, worker=worker, ticket=ticket, scheme=SCHEME)
+        with self._lock:
+            self._runs[message.message_id] = run
+        activate(run)  # the worker thread that calls the actor next
+
+    def after_process_message(
+        self, broker: Broker, message: Any, *, result: Any = None, exception: BaseException | None = None
+    ) -> None:
+        run = self._take(message)
+        if run is None:
+            return
+        try:
+            if exception is None:
+                run.succeed(result)
+            else:
+                # Retries (before this middleware) failed the message when it gave up on it.
+                run.fail(exception, retryable=not message.failed)
+        finally:
+            run.finish()
+
+    def after_skip_message(self, broker: Broker, message: Any) -> None:
+        run = self._take(message)
+        if run is not None:
+            run.fail("skipped", retryable=False)
+            run.finish()
+
+    def _take(self, message: Any) -> Run | None:
+        activate(None)
+        with self._lock:
+            return self._runs.pop(message.message_id, None)
+
+
+def _max_retries(broker: Broker, message: Any) -> int:
+    """The retries Dramatiq allows the message: its own option, else its actor's, else ``Retries``'."""
+    retries = next((m for m in broker.middleware if isinstance(m, Retries)), None)
+    if retries is None:
+        return 0
+    value = message.options.get("max_retries")
+    if value is None and message.actor_name in broker.actors:
+        value = broker.get_actor(message.actor_name).options.get("max_retries")
+    if value is None:
+        value = retries.max_retries
+    return int(value if value is not None else DRAMATIQ_MAX_RETRIES)
+
+
+def install(
+    broker: Broker,
+    *,
+    url: str,
+    api_key: str | None = None,
+    ttl: float | timedelta | None = None,
+    timeout: float = 2.0,
+    min_interval: float = 0.25,
+    heartbeat: float | None = None,
+    tags: Sequence[str] = (),
+) -> GatewayMiddleware:
+    """Report ``broker``'s messages to the gateway at ``url``: call it where the broker is made, so that it
+    runs in the producer and in the worker. The options are Celery's ``install()``'s, in seconds. Returns
+    the middleware (added last, after ``Retries``)."""
+    config = gateway_config(
+        url=url,
+        api_key=api_key,
+        ttl=ttl,
+        timeout=timeout,
+        min_interval=min_interval,
+        heartbeat=heartbeat,
+        tags=tags,
+    )
+    middleware = GatewayMiddleware(Reporter(config))
+    broker.add_middleware(middleware)
+    return middleware
