@@ -171,17 +171,17 @@ def test_each_migrations_docstring_names_its_own_revision_and_the_one_it_revises
 
 
 def test_the_integrations_settings_table_is_every_queues_install_options_with_their_defaults() -> None:
-    """docs/integrations.md promises one set of options for the three queues: the table's rows are the
-    keyword options of Celery's and RQ's ``install`` and arq's ``configure`` (its ``install`` passes them
+    """docs/integrations.md promises one set of options for every queue: the table's rows are the keyword
+    options of Celery's, RQ's and Dramatiq's ``install`` and arq's ``configure`` (its ``install`` passes them
     on), each with the default the code has."""
-    from gateway.integrations import arq, celery, rq
+    from gateway.integrations import arq, celery, dramatiq, rq
     from gateway.integrations.ticket import DEFAULT_TTL_MS
 
     doc = (ROOT / "docs" / "integrations.md").read_text()
     section = doc.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|", section, re.MULTILINE))
     assert {"url", "api_key", "timeout"} <= set(rows)
-    for function in (celery.install, rq.install, arq.configure):
+    for function in (celery.install, rq.install, arq.configure, dramatiq.install):
         options = {
             name: parameter.default
             for name, parameter in inspect.signature(function).parameters.items()
