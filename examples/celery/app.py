@@ -35,6 +35,9 @@ PUBLIC_GATEWAY_URL = os.environ.get("GATEWAY_PUBLIC_URL", GATEWAY_URL)
 # A user name the tag can carry (tags take A-Z a-z 0-9 : . _ @ -, at most 128 characters).
 USER = re.compile(r"[A-Za-z0-9._@-]{1,64}")
 TOKEN_TTL_S = 3600
+# A report's rows unless the request says (the page does not), and the most it may ask for.
+ROWS = 40
+MAX_ROWS = 1000
 # A report's lease: a worker that dies mid-report is noticed within this, and the report runs again.
 HEARTBEAT_MS = 10_000
 
@@ -76,19 +79,24 @@ async def session(request: Request) -> JSONResponse:
     )
 
 
-def publish_report(user: str) -> str:
+def publish_report(user: str, rows: int) -> str:
     """Publish one report for ``user``; returns its id (the Celery task id, which is the gateway's)."""
     headers = {"gateway": {"tags": [owner_tag(user)], "heartbeatMs": HEARTBEAT_MS}}
-    return str(report.apply_async(args=(user,), headers=headers).id)
+    return str(report.apply_async(args=(user, rows), headers=headers).id)
 
 
 async def start_report(request: Request) -> JSONResponse:
+    """``{"user", "rows"?}``: start a report of ``rows`` rows (40 by default, at most 1,000)."""
     body = await request.json()
-    user = _user(body.get("user") if isinstance(body, dict) else None)
+    if not isinstance(body, dict):
+        return _refused("the body is a JSON object")
+    user, rows = _user(body.get("user")), body.get("rows", ROWS)
     if user is None:
         return _refused("user: 1 to 64 of A-Z a-z 0-9 . _ @ -")
+    if not isinstance(rows, int) or isinstance(rows, bool) or not 1 <= rows <= MAX_ROWS:
+        return _refused(f"rows: an integer from 1 to {MAX_ROWS}")
     # apply_async blocks (the broker; the gateway's create, bounded by install's timeout): off the loop.
-    task_id = await run_in_threadpool(publish_report, user)
+    task_id = await run_in_threadpool(publish_report, user, rows)
     return JSONResponse({"taskId": task_id}, status_code=201)
 
 

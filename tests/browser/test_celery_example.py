@@ -5,7 +5,8 @@ Everything is real and its own: a ``gateway serve`` process (SQLite, an API key,
 a Celery worker process (``celery -A tasks worker``, prefork) on a RabbitMQ vhost made for this test and
 deleted after it, and the example app under uvicorn. The page follows its user's reports through one tag
 subscription; the test clicks "Start a report" twice and waits until both cards have shown progress
-between 0 and 100 and then the result, as a user would see them, while another user's report never shows.
+between 0 and 100 and then the result, as a user would see them, while another user's report never shows;
+then a third, cancelled through the gateway, stops in the worker and reads Cancelled.
 A recorder (a MutationObserver from the first script on) keeps every value a card's state and progress took,
 so a value held for a moment is seen however fast or slow this machine is.
 """
@@ -233,5 +234,21 @@ async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
                 card = page.locator(f'li.report[data-task-id="{task_id}"]')
                 await expect(card).to_have_attribute("data-state", "succeeded")
             assert await page.locator("li.report").count() == 2
+
+            # A report cancelled through the gateway (the README's curl) stops in the worker and reads
+            # Cancelled: the job's next progress() raised TaskCancelled. Its 1,000 rows (100 s) leave it
+            # running until then, however slow the machine.
+            started_doomed = await site.post("/api/reports", json={"user": "alice", "rows": 1000})
+            assert started_doomed.status_code == 201, started_doomed.text
+            doomed = started_doomed.json()["taskId"]
+            card = page.locator(f'li.report[data-task-id="{doomed}"]')
+            await expect(card).to_have_attribute("data-progress", re.compile("^[1-9][0-9]?$"))
+            cancelled = await api.post(f"/v1/tasks/{doomed}/cancel")
+            assert cancelled.json()["reason"] == "cancelled", cancelled.text
+            await expect(card.locator(".state")).to_have_text("Cancelled")
+            await expect(card).to_have_attribute("data-state", "failed")
+            stopped = re.compile(rf"Task tasks\.report\[{doomed}\] raised unexpected: TaskCancelled".encode())
+            await worker.wait_for(stopped, timeout_s=REPORT_TIMEOUT_MS / 1000)
+            assert (await api.get(f"/v1/tasks/{doomed}")).json()["progress"] < 100
             await page.close()
     console.assert_clean()
