@@ -38,7 +38,7 @@ function card(taskId) {
   el.className = "report";
   el.dataset.taskId = taskId;
   el.innerHTML = `<div class="head"><span class="id"></span><strong class="state"></strong></div>
-    <div class="bar" role="progressbar" aria-valuemin="0" aria-valuemax="100" aria-valuenow="0"><span></span></div>
+    <div class="bar" role="progressbar" aria-label="progress" aria-valuemin="0" aria-valuemax="100" aria-valuenow="0"><span></span></div>
     <div class="detail"></div>`;
   el.querySelector(".id").textContent = taskId;
   return el;
