@@ -9,6 +9,7 @@ progress values rise and end at a value the test knows, so the history can be ch
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -32,6 +33,10 @@ def work(rounds: int) -> str:
     for _ in range(rounds):
         digest = hashlib.sha256(digest * 64).digest()
     return digest.hex()
+
+
+# Each request the reporter sends would be an INFO line of the worker's log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def make_app(
