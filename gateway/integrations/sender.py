@@ -31,6 +31,9 @@ MAX_RUNS = 1000
 WAIT_POLL_S = 0.2
 # The longest the thread sleeps without looking at its runs.
 IDLE_S = 1.0
+# A job that repeats its last progress on a task without a lease asks (a heartbeat) at most this often
+# whether its task is still wanted.
+ASK_S = 1.0
 KEEPALIVE_S = 2.0  # below the gateway's idle timeout (5 s), as the Worker's
 # Answers of a fenced callback that mean the attempt can report nothing more.
 ATTEMPT_ENDED = frozenset({"terminal-conflict", "not-running", "expired"})
@@ -139,13 +142,19 @@ class Sender:
         if run.idle() or (run.ended and run.inflight is None):
             return None
         due = item if item is not None else math.inf
-        if run.heartbeat_ms is not None and not run.ended:
+        if run.ended:
+            return due
+        if run.heartbeat_ms is not None:
             beat_at = run.renewed_at + run.heartbeat_ms / 3000
-            if now >= beat_at:
-                self._heartbeat(run)
-                return now
-            due = min(due, beat_at)
-        return due
+        elif run.asked:  # no lease, but a job that repeats its progress learns of a cancel this way
+            beat_at = run.contact_at + max(ASK_S, self.config.min_interval_s)
+        else:
+            return due
+        if now >= beat_at:
+            run.asked = False
+            self._heartbeat(run)
+            return now
+        return min(due, beat_at)
 
     # --- requests -----------------------------------------------------------------------------------------
 
@@ -172,6 +181,7 @@ class Sender:
 
     def _answered(self, run: Run, answer: dict[str, Any], sent: float) -> None:
         run.unreachable = False
+        run.contact_at = sent
         run.failures = 0
         task = answer.get("task")
         if isinstance(task, dict) and isinstance(task.get("expiresAtMs"), int):
@@ -295,7 +305,7 @@ class Sender:
             self._ended(run, "heartbeat", code, answer.get("task"))
         else:
             log.warning("task-gateway: heartbeat of task %s refused: %s", run.task_id, _why(status, answer))
-            run.renewed_at = time.monotonic()  # not renewed; try again a beat later
+            run.renewed_at = run.contact_at = time.monotonic()  # not renewed; try again a beat later
 
     def _ended(self, run: Run, what: str, reason: str, task: dict[str, Any] | None) -> None:
         """The gateway says this run can report nothing more: the task was cancelled (the job's next
