@@ -127,6 +127,7 @@ class Sender:
                 return self._running(run, now)
         except Unanswered as exc:
             run.unreachable = True
+            run.started.set()  # the job does not wait for a gateway it cannot reach
             run.failures += 1
             backoff = Backoff(base_s=0.05, cap_s=2.0, failures=run.failures)
             run.retry_at = time.monotonic() + backoff.next_delay()
