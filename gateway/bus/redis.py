@@ -162,7 +162,7 @@ class RedisBus:
             finally:
                 self.connected = False
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed in some redis releases
                     await client.aclose()
             # A subscription that stayed up a while resets the backoff; one that fails at once backs off.
             if subscribed_at is not None and anyio.current_time() - subscribed_at >= STABLE_S:

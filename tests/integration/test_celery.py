@@ -18,8 +18,9 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -246,7 +247,7 @@ async def _drive(app: Celery, client: httpx.AsyncClient, plan: dict[str, Expecte
                     and task["progress"] == 10
                     and (shared / f"{task_id}.pid").exists()
                 ):
-                    await anyio.to_thread.run_sync(lambda t=task_id: app.control.revoke(t, terminate=True))
+                    await anyio.to_thread.run_sync(partial(app.control.revoke, task_id, terminate=True))
                     revoked.add(task_id)
             task = tasks[victim]
             pid_file = shared / f"{victim}.pid"
@@ -286,8 +287,12 @@ def _celery_states(broker: Broker, plan: dict[str, Expected]) -> list[str]:
     return problems
 
 
+def _in_state(state: str, task: dict[str, Any]) -> bool:
+    return bool(task["state"] == state)
+
+
 def _stored_state(client: Redis, broker: Broker, task_id: str) -> str | None:
-    raw = client.get(f"{broker.prefix}celery-task-meta-{task_id}")
+    raw = cast(bytes | None, client.get(f"{broker.prefix}celery-task-meta-{task_id}"))
     return None if raw is None else str(json.loads(raw)["status"])
 
 
@@ -341,8 +346,8 @@ async def test_a_task_cancelled_on_the_gateway_stops_and_a_producer_without_gate
                 assert answer.json()["reason"] == "cancelled", answer.text
                 for task_id, state in ((unmade, "succeeded"), (held, "failed")):
                     await eventually(
-                        lambda t=task_id: read_task(client, t),
-                        lambda t, s=state: t["state"] == s,
+                        partial(read_task, client, task_id),
+                        partial(_in_state, state),
                         f"{task_id} {state}",
                         within_s=60,
                     )
