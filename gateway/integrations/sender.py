@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -216,7 +217,7 @@ class Sender:
     def _start(self, run: Run) -> None:
         event = {"type": "start", "worker": run.worker}
         status, answer, sent = self._post(
-            f"/v1/tasks/{run.task_id}/callbacks",
+            f"/v1/tasks/{_path(run.task_id)}/callbacks",
             {"callbackId": run.start_id, "event": event},
             self._auth(run),
         )
@@ -249,7 +250,7 @@ class Sender:
             self._ended(run, "start", str(reason), task)
 
     def _wait(self, run: Run) -> None:
-        status, answer, _ = self._post(f"/v1/tasks/{run.task_id}", None, self.api_headers)
+        status, answer, _ = self._post(f"/v1/tasks/{_path(run.task_id)}", None, self.api_headers)
         if status >= 300:
             log.warning(
                 "task-gateway: cannot read task %s to wait for its lease (%s); taking its attempt over",
@@ -274,7 +275,7 @@ class Sender:
 
     def _callback(self, run: Run, callback_id: str, event: dict[str, Any]) -> None:
         body = {"callbackId": callback_id, "attempt": run.attempt, "event": event}
-        status, answer, sent = self._post(f"/v1/tasks/{run.task_id}/callbacks", body, self._auth(run))
+        status, answer, sent = self._post(f"/v1/tasks/{_path(run.task_id)}/callbacks", body, self._auth(run))
         run.inflight = None
         if status >= 300:
             code = (answer.get("error") or {}).get("code")
@@ -296,7 +297,7 @@ class Sender:
             run.over()
 
     def _heartbeat(self, run: Run) -> None:
-        path = f"/v1/tasks/{run.task_id}/heartbeat"
+        path = f"/v1/tasks/{_path(run.task_id)}/heartbeat"
         status, answer, sent = self._post(path, {"attempt": run.attempt}, self._auth(run))
         if status < 300:
             self._answered(run, answer, sent)
@@ -326,6 +327,11 @@ class Sender:
 
     def _auth(self, run: Run) -> dict[str, str]:
         return {"Authorization": f"Bearer {run.token}"}
+
+
+def _path(task_id: str) -> str:
+    """A task id as a URL path segment (ids may hold any character but ``/`` and controls)."""
+    return quote(task_id, safe="")
 
 
 def _why(status: int, answer: dict[str, Any]) -> str:
