@@ -113,9 +113,11 @@ async def test_a_job_finishes_while_the_gateway_is_down_and_its_outcome_arrives_
             within_s=30,
         )
         events = [e["event"] for e in history["events"]]
-        assert [e["type"] for e in events] == ["start", "progress", "fail"], events
-        assert events[1]["progress"] == 70
-        assert (events[2]["error"], events[2]["retryable"]) == ("ValueError: disk full", False)
+        progress = [e["progress"] for e in events[1:-1]]
+        # 40 may have gone (and waited for the gateway) before 70 replaced it: never after 70.
+        assert progress in ([70], [40, 70]), events
+        assert [events[0]["type"], events[-1]["type"]] == ["start", "fail"], events
+        assert (events[-1]["error"], events[-1]["retryable"]) == ("ValueError: disk full", False)
         with anyio.fail_after(10):
             await anyio.to_thread.run_sync(run.settled.wait)
 
