@@ -11,14 +11,16 @@ its own socket, from version 0, with a tag token) saw it gapless; the history ch
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -36,12 +38,13 @@ from tests.celery_processes import (
     keyed_gateway,
     rabbitmq_broker,
     read_history,
+    read_task,
     redis_broker,
 )
 from tests.celery_tasks import make_app
 from tests.history import History
-from tests.processes import SECRET, ResumingSubscriber
-from tests.support import bearer, mint_tag
+from tests.processes import SECRET, ResumingSubscriber, free_port
+from tests.support import bearer, eventually, mint_tag
 
 # The whole scenario's bound: every task at its end (a loaded machine included).
 SCENARIO_S = 240.0
@@ -244,7 +247,7 @@ async def _drive(app: Celery, client: httpx.AsyncClient, plan: dict[str, Expecte
                     and task["progress"] == 10
                     and (shared / f"{task_id}.pid").exists()
                 ):
-                    await anyio.to_thread.run_sync(lambda t=task_id: app.control.revoke(t, terminate=True))
+                    await anyio.to_thread.run_sync(partial(app.control.revoke, task_id, terminate=True))
                     revoked.add(task_id)
             task = tasks[victim]
             pid_file = shared / f"{victim}.pid"
@@ -284,6 +287,91 @@ def _celery_states(broker: Broker, plan: dict[str, Expected]) -> list[str]:
     return problems
 
 
+def _in_state(state: str, task: dict[str, Any]) -> bool:
+    return bool(task["state"] == state)
+
+
 def _stored_state(client: Redis, broker: Broker, task_id: str) -> str | None:
-    raw = client.get(f"{broker.prefix}celery-task-meta-{task_id}")
+    raw = cast(bytes | None, client.get(f"{broker.prefix}celery-task-meta-{task_id}"))
     return None if raw is None else str(json.loads(raw)["status"])
+
+
+@pytest.mark.anyio
+async def test_a_task_cancelled_on_the_gateway_stops_and_a_producer_without_gateway_still_publishes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On Redis: a producer that cannot reach the gateway says which task it could not create and publishes
+    it anyway (the worker creates the task when it runs it, with ``maxAttempts`` from the producer); a
+    cancel on the gateway makes the running task's next ``progress()`` raise ``TaskCancelled`` (Celery:
+    ``FAILURE``)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with redis_broker() as broker:
+        async with (
+            keyed_gateway(tmp_path) as gw,
+            httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
+            celery_worker(broker, gw.url, shared),
+        ):
+            settings: dict[str, Any] = {
+                "broker": broker.url,
+                "backend": "disabled://",
+                "queue": broker.queue,
+                "prefix": broker.prefix,
+                "api_key": API_KEY,
+                "shared": shared,
+            }
+            away = make_app(gateway=f"http://127.0.0.1:{free_port()}", timeout=0.5, **settings)
+            try:
+                with caplog.at_level(logging.WARNING, logger="gateway.integrations"):
+                    sent = await anyio.to_thread.run_sync(
+                        lambda: away.signature("tg.steps").apply_async(([20, 60], "s3://made-by-the-worker"))
+                    )
+            finally:
+                uninstall(away)
+                away.close()
+            unmade = str(sent.id)
+            warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert any(f"could not create task {unmade}" in w for w in warnings), warnings
+            app = make_app(gateway=gw.url, **settings)
+            try:
+                held = str(
+                    (await anyio.to_thread.run_sync(lambda: app.signature("tg.hold").apply_async((10,)))).id
+                )
+                await eventually(
+                    lambda: read_task(client, held),
+                    lambda t: t["state"] == "running" and t["progress"] == 10,
+                    f"{held} running",
+                )
+                answer = await client.post(f"/v1/tasks/{held}/cancel", json={"reason": "not wanted"})
+                assert answer.json()["reason"] == "cancelled", answer.text
+                for task_id, state in ((unmade, "succeeded"), (held, "failed")):
+                    await eventually(
+                        partial(read_task, client, task_id),
+                        partial(_in_state, state),
+                        f"{task_id} {state}",
+                        within_s=60,
+                    )
+                problems = await anyio.to_thread.run_sync(
+                    _celery_states,
+                    broker,
+                    {
+                        unmade: Expected("steps", "succeeded", [], task_id=unmade),
+                        held: Expected("hold", "failed", [], task_id=held),
+                    },
+                )
+                assert not problems, problems
+            finally:
+                uninstall(app)
+                app.close()
+            made = await read_history(client, unmade)
+            assert made["task"]["maxAttempts"] == 1 + 3  # Celery's default max_retries, told by the producer
+            assert made["task"]["resultRef"] == "s3://made-by-the-worker"
+            events = [e["event"] for e in made["events"]]
+            assert [events[0]["type"], events[-2].get("progress"), events[-1]["type"]] == [
+                "start",
+                60,
+                "succeed",
+            ]
+            cancelled = await read_history(client, held)
+            assert cancelled["task"]["error"] == "cancelled"
+            assert [e["event"]["type"] for e in cancelled["events"]] == ["start", "progress", "cancel"]
