@@ -1,6 +1,6 @@
 """Every benchmark workload in one command: one table of figures beside their floors, and docs/benchmarks.md.
 
-    python bench/all.py [--procs 4] [--pg-admin-url URL] [--only 1,2,3,4,5,6,7]
+    python bench/all.py [--procs 4] [--pg-admin-url URL] [--only 1,2,3,4,5,6,7,8]
     python bench/all.py --smoke
 
 Each figure is printed beside its floor measured in the same run (the same machine, the same noise) and
@@ -60,6 +60,8 @@ class Config:
     retention_slices: int
     retention_growth: bool  # check the sizes (a smoke run's are too small to compare)
     tags: tags.Sizes
+    celery_iterations: int
+    celery_runs: int
     procs: int
     step_timeout_s: float
     total_timeout_s: float
@@ -79,6 +81,8 @@ FULL = Config(
     retention_slices=retention.SLICES,
     retention_growth=True,
     tags=tags.FULL,
+    celery_iterations=10_000,
+    celery_runs=5,
     procs=4,
     step_timeout_s=180.0,
     total_timeout_s=1800.0,
@@ -97,6 +101,8 @@ SMOKE = Config(
     retention_slices=retention.SMOKE_SLICES,
     retention_growth=False,
     tags=tags.SMOKE,
+    celery_iterations=1000,
+    celery_runs=1,
     procs=2,
     step_timeout_s=30.0,
     total_timeout_s=120.0,
@@ -170,6 +176,7 @@ SMOKE_SERVERS = {
     5: ("gateway", "floor"),
     6: (),
     7: ("gateway counting its queries",),
+    8: (),  # bench/celery_progress.py starts its gateway and its workers
 }
 
 
@@ -665,6 +672,41 @@ async def workload_tags(cfg: Config, servers: Servers, report: Report) -> None:
         await tags.workload(server, cfg.tags, cfg.procs, cfg.step_timeout_s, report)
 
 
+# --- 8. Celery progress() ----------------------------------------------------------------------------
+
+
+async def workload_celery(cfg: Config, servers: Servers, report: Report) -> None:
+    """bench/celery_progress.py: a Celery task's time with progress() reported, beside the same without."""
+    import celery_progress  # Celery is the test extra's: only this workload needs it
+
+    result = await celery_progress.measure(cfg.celery_iterations, cfg.celery_runs)
+    medians = result["median_s"]
+    calls = f"{cfg.celery_iterations:,}"
+    report.rows.append(
+        Row(
+            8,
+            f"Celery task calling progress() {calls} times (floor: without the integration)",
+            medians["gateway"] * 1e3,
+            medians["floor"] * 1e3,
+            "ms",
+            f"<= {celery_progress.TARGET}x",
+        )
+    )
+    report.rows.append(
+        Row(
+            8,
+            "the same, its gateway stopped (floor: without the integration)",
+            medians["gateway stopped"] * 1e3,
+            medians["floor"] * 1e3,
+            "ms",
+            "finishes",
+        )
+    )
+    for variant in celery_progress.VARIANTS:
+        report.figure(f"Celery progress() {variant}", medians[variant])
+    report.details.append(f"Celery progress(): {celery_progress.summary(result)}")
+
+
 # --- the run -----------------------------------------------------------------------------------------
 
 Workload = Callable[[Config, Servers, Report], Coroutine[Any, Any, None]]
@@ -676,6 +718,7 @@ RUNNERS: dict[int, Workload] = {
     5: workload_storm,
     6: workload_retention,
     7: workload_tags,
+    8: workload_celery,
 }
 
 
@@ -770,7 +813,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
     parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
-    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-7)")
+    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-8)")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     args = parser.parse_args()
     status = 1

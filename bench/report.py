@@ -104,6 +104,14 @@ WORKLOADS = {
         "each with the task's token). Every subscription's frames are checked per task by its client "
         "process (the listing, one resume frame per task, then versions 1 by 1).",
     ),
+    8: (
+        "Celery progress()",
+        "a Celery task calling `progress()` 10,000 times in a loop (hashing 32 KiB per iteration) in a "
+        "`celery worker --pool prefork --concurrency 1` with the integration installed, beside the same task "
+        "in a worker without it (the floor), and in one whose gateway is stopped (bench/celery_progress.py, "
+        "on Redis db 11): the task's time from `task_prerun` to `task_postrun` (the integration's start, "
+        "progress calls, outcome and its wait for the answer included), medians of 5 runs taken in turn.",
+    ),
 }
 
 

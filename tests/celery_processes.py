@@ -37,7 +37,7 @@ API_KEY = "celery-tests-api-key-0123456789"
 READY_S = 60.0
 STOP_S = 15.0
 CHECKOUT = Path(__file__).resolve().parents[1]  # where ``tests.celery_worker`` is imported from
-READY = re.compile(rb"celery@\S+ ready\.")
+READY = re.compile(rb"@\S+ ready\.")
 
 
 @dataclass(frozen=True)

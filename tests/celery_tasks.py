@@ -9,10 +9,12 @@ progress values rise and end at a value the test knows, so the history can be ch
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from celery import Celery
 
@@ -32,6 +34,15 @@ def work(rounds: int) -> str:
     for _ in range(rounds):
         digest = hashlib.sha256(digest * 64).digest()
     return digest.hex()
+
+
+# Each request the reporter sends would be an INFO line of the worker's log.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``app.task(bind=True, **options)``, typed (Celery is not)."""
+    return cast(Callable[[Callable[..., Any]], Any], app.task(bind=True, **options))
 
 
 def make_app(
@@ -61,14 +72,14 @@ def make_app(
     install(app, url=gateway, api_key=api_key, tags=tags, timeout=timeout)
     place = shared or Path(".")
 
-    @app.task(bind=True, name="tg.steps")
+    @task(app, name="tg.steps")
     def steps(self: Any, values: list[int], result: Any) -> Any:
         for value in values:
             work(20)
             progress(value, cursor=f"at-{value}")
         return result
 
-    @app.task(bind=True, name="tg.retry_once", max_retries=1)
+    @task(app, name="tg.retry_once", max_retries=1)
     def retry_once(self: Any, values: list[int]) -> str:
         for value in values:
             work(20)
@@ -77,8 +88,8 @@ def make_app(
             raise self.retry(exc=ValueError("flaky first run"), countdown=0)
         return f"s3://retried/{self.request.id}"
 
-    @app.task(
-        bind=True,
+    @task(
+        app,
         name="tg.autoretry_once",
         autoretry_for=(Flaky,),
         max_retries=1,
@@ -92,14 +103,14 @@ def make_app(
             raise Flaky("first run")
         return f"s3://autoretried/{self.request.id}"
 
-    @app.task(bind=True, name="tg.doomed", max_retries=2)
+    @task(app, name="tg.doomed", max_retries=2)
     def doomed(self: Any, values: list[int]) -> None:
         for value in values:
             work(20)
             progress(value, cursor=f"at-{value}")
         raise RuntimeError(f"doomed {self.request.id}")
 
-    @app.task(bind=True, name="tg.hold")
+    @task(app, name="tg.hold")
     def hold(self: Any, value: int) -> str:
         """Reports ``value``, says it is holding (a file named for its id, holding its pid), then waits to
         be revoked (or cancelled: its progress() raises)."""
@@ -112,7 +123,7 @@ def make_app(
             time.sleep(0.02)
         return "not revoked"
 
-    @app.task(bind=True, name="tg.victim", acks_late=True, reject_on_worker_lost=True, max_retries=2)
+    @task(app, name="tg.victim", acks_late=True, reject_on_worker_lost=True, max_retries=2)
     def victim(self: Any, first: list[int], second: list[int]) -> str:
         """Its first run reports ``first`` and holds until killed; the run after (its message redelivered)
         reports ``second`` and succeeds."""

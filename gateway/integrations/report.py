@@ -66,17 +66,29 @@ class Reporter:
     def _forked(self) -> None:
         self._lock = threading.Lock()
 
-    def _here(self) -> tuple[Sender, httpx.Client]:
-        """This process's sender thread and client, made on first use (a forked child makes its own: the
-        parent's thread did not survive the fork, and its connections are not the child's to use)."""
+    def _here(self) -> None:
+        """Forget what a parent process made (a forked child makes its own: the parent's thread did not
+        survive the fork, and its connections are not the child's to use). Under ``_lock``."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._sender = None
+            self._client = None
+
+    def _sender_here(self) -> Sender:
+        """This process's sender thread, made on its first run (a producer never makes one)."""
         with self._lock:
-            if self._pid != os.getpid() or self._sender is None or self._client is None:
-                self._pid = os.getpid()
+            self._here()
+            if self._sender is None:
                 self._sender = Sender(self.config)
-                self._client = httpx.Client(
-                    base_url=self.config.url.rstrip("/"), timeout=self.config.timeout_s
-                )
-            return self._sender, self._client
+            return self._sender
+
+    def _client_here(self) -> httpx.Client:
+        """This process's client for the producer's creates and the cancels, made on first use."""
+        with self._lock:
+            self._here()
+            if self._client is None:
+                self._client = httpx.Client(timeout=self.config.timeout_s)
+            return self._client
 
     def create(
         self,
@@ -107,7 +119,7 @@ class Reporter:
         """``call``'s answer, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed, each
         try bounded by what is left; ``None``, with a WARNING saying what could not be done and why, when
         there is no answer by then or the gateway refused (a 4xx)."""
-        _, client = self._here()
+        client = self._client_here()
         deadline = time.monotonic() + self.config.timeout_s
         why, delay = "no answer", 0.05
         while (left := deadline - time.monotonic()) > 0:
@@ -134,7 +146,7 @@ class Reporter:
         """A run of the job ``task_id`` (``worker``: the node's name; ``scheme``: the queue's, for results
         referred to by id). Its ``start`` is sent now and waited for at most ``timeout_s``; without a ticket
         (or a token in it) the task is created first."""
-        sender, _ = self._here()
+        sender = self._sender_here()
         run = Run(
             task_id,
             worker=worker,

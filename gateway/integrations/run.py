@@ -73,6 +73,9 @@ class Run:
         self.renewed_at = 0.0  # monotonic: when a request that renewed the lease was sent
         self.progress_at = -1e9  # monotonic: when the last progress callback was taken
         self.sent = 0  # progress callbacks taken in this attempt
+        self.last_sent: tuple[int, str] | None = None  # the value and cursor of the last
+        self.asked = False  # a repeated progress came since the last request
+        self.contact_at = 0.0  # monotonic: when the last request answered was sent
         self.inflight: tuple[str, dict[str, Any]] | None = None  # (callback id, event) being sent
         self.ended = False  # the outcome was taken
         self.retry_at = 0.0  # monotonic: no request before
@@ -142,17 +145,23 @@ class Run:
             return self.inflight
         with self.lock:
             latest, outcome = self.latest, self.outcome
-            if latest is not None and not self.ended:
+            if self.ended:
+                return None
+            if latest is not None and latest == self.last_sent:
+                self.latest = latest = None  # the value and cursor sent last: nothing new to say,
+                self.asked = True  # but the job wants to know whether it is still wanted (a heartbeat)
+            if latest is not None:
                 due = self.progress_at + self.config.min_interval_s
                 if outcome is None and now < due:
                     return due
                 self.latest = None
+                self.last_sent = latest
                 self.sent += 1
                 self.progress_at = now
                 value, cursor = latest
                 event = {"type": "progress", "progress": value, "cursor": cursor}
                 self.inflight = (f"{self.task_id}:{self.attempt}:p{self.sent}", event)
-            elif outcome is not None and not self.ended:
+            elif outcome is not None:
                 self.ended = True
                 self.inflight = (f"{self.task_id}:{self.attempt}:end", outcome)
             else:

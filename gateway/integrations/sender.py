@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -31,6 +32,9 @@ MAX_RUNS = 1000
 WAIT_POLL_S = 0.2
 # The longest the thread sleeps without looking at its runs.
 IDLE_S = 1.0
+# A job that repeats its last progress on a task without a lease asks (a heartbeat) at most this often
+# whether its task is still wanted.
+ASK_S = 1.0
 KEEPALIVE_S = 2.0  # below the gateway's idle timeout (5 s), as the Worker's
 # Answers of a fenced callback that mean the attempt can report nothing more.
 ATTEMPT_ENDED = frozenset({"terminal-conflict", "not-running", "expired"})
@@ -124,6 +128,7 @@ class Sender:
                 return self._running(run, now)
         except Unanswered as exc:
             run.unreachable = True
+            run.started.set()  # the job does not wait for a gateway it cannot reach
             run.failures += 1
             backoff = Backoff(base_s=0.05, cap_s=2.0, failures=run.failures)
             run.retry_at = time.monotonic() + backoff.next_delay()
@@ -139,13 +144,19 @@ class Sender:
         if run.idle() or (run.ended and run.inflight is None):
             return None
         due = item if item is not None else math.inf
-        if run.heartbeat_ms is not None and not run.ended:
+        if run.ended:
+            return due
+        if run.heartbeat_ms is not None:
             beat_at = run.renewed_at + run.heartbeat_ms / 3000
-            if now >= beat_at:
-                self._heartbeat(run)
-                return now
-            due = min(due, beat_at)
-        return due
+        elif run.asked:  # no lease, but a job that repeats its progress learns of a cancel this way
+            beat_at = run.contact_at + max(ASK_S, self.config.min_interval_s)
+        else:
+            return due
+        if now >= beat_at:
+            run.asked = False
+            self._heartbeat(run)
+            return now
+        return min(due, beat_at)
 
     # --- requests -----------------------------------------------------------------------------------------
 
@@ -172,6 +183,7 @@ class Sender:
 
     def _answered(self, run: Run, answer: dict[str, Any], sent: float) -> None:
         run.unreachable = False
+        run.contact_at = sent
         run.failures = 0
         task = answer.get("task")
         if isinstance(task, dict) and isinstance(task.get("expiresAtMs"), int):
@@ -205,7 +217,7 @@ class Sender:
     def _start(self, run: Run) -> None:
         event = {"type": "start", "worker": run.worker}
         status, answer, sent = self._post(
-            f"/v1/tasks/{run.task_id}/callbacks",
+            f"/v1/tasks/{_path(run.task_id)}/callbacks",
             {"callbackId": run.start_id, "event": event},
             self._auth(run),
         )
@@ -238,7 +250,7 @@ class Sender:
             self._ended(run, "start", str(reason), task)
 
     def _wait(self, run: Run) -> None:
-        status, answer, _ = self._post(f"/v1/tasks/{run.task_id}", None, self.api_headers)
+        status, answer, _ = self._post(f"/v1/tasks/{_path(run.task_id)}", None, self.api_headers)
         if status >= 300:
             log.warning(
                 "task-gateway: cannot read task %s to wait for its lease (%s); taking its attempt over",
@@ -263,7 +275,7 @@ class Sender:
 
     def _callback(self, run: Run, callback_id: str, event: dict[str, Any]) -> None:
         body = {"callbackId": callback_id, "attempt": run.attempt, "event": event}
-        status, answer, sent = self._post(f"/v1/tasks/{run.task_id}/callbacks", body, self._auth(run))
+        status, answer, sent = self._post(f"/v1/tasks/{_path(run.task_id)}/callbacks", body, self._auth(run))
         run.inflight = None
         if status >= 300:
             code = (answer.get("error") or {}).get("code")
@@ -285,7 +297,7 @@ class Sender:
             run.over()
 
     def _heartbeat(self, run: Run) -> None:
-        path = f"/v1/tasks/{run.task_id}/heartbeat"
+        path = f"/v1/tasks/{_path(run.task_id)}/heartbeat"
         status, answer, sent = self._post(path, {"attempt": run.attempt}, self._auth(run))
         if status < 300:
             self._answered(run, answer, sent)
@@ -295,7 +307,7 @@ class Sender:
             self._ended(run, "heartbeat", code, answer.get("task"))
         else:
             log.warning("task-gateway: heartbeat of task %s refused: %s", run.task_id, _why(status, answer))
-            run.renewed_at = time.monotonic()  # not renewed; try again a beat later
+            run.renewed_at = run.contact_at = time.monotonic()  # not renewed; try again a beat later
 
     def _ended(self, run: Run, what: str, reason: str, task: dict[str, Any] | None) -> None:
         """The gateway says this run can report nothing more: the task was cancelled (the job's next
@@ -315,6 +327,11 @@ class Sender:
 
     def _auth(self, run: Run) -> dict[str, str]:
         return {"Authorization": f"Bearer {run.token}"}
+
+
+def _path(task_id: str) -> str:
+    """A task id as a URL path segment (ids may hold any character but ``/`` and controls)."""
+    return quote(task_id, safe="")
 
 
 def _why(status: int, answer: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ points to nothing outside it; the OpenAPI document's reasons and codes are the c
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import typing
 from pathlib import Path
@@ -99,14 +100,40 @@ def test_every_route_is_documented() -> None:
 
 
 def test_the_readme_links_the_docs_and_nothing_outside_the_repository() -> None:
-    for doc in ("docs/protocol.md", "docs/deploy.md", "docs/benchmarks.md", "docs/react.md"):
+    for doc in (
+        "docs/protocol.md",
+        "docs/deploy.md",
+        "docs/benchmarks.md",
+        "docs/react.md",
+        "docs/integrations.md",
+    ):
         assert f"]({doc})" in README, doc
         assert (ROOT / doc).is_file(), doc
-    for text_path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for text_path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *_example_readmes()]:
         text = text_path.read_text()
         assert not re.search(r"shared/|/work/|reference design", text), text_path
     # gateway watch's environment is documented.
     assert "GATEWAY_URL" in README and "GATEWAY_TOKEN" in README
+
+
+def _example_readmes() -> list[Path]:
+    return sorted((ROOT / "examples").glob("*/README.md"))
+
+
+def test_the_relative_links_of_the_readme_docs_and_examples_lead_to_files_of_the_checkout() -> None:
+    """A link such as ``[the example](../examples/celery/README.md)`` or ``(protocol.md#tag-subscriptions)``
+    names a file that is there (its anchor aside), and never one outside the checkout."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *_example_readmes()]
+    assert ROOT / "examples" / "celery" / "README.md" in pages
+    checked = 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a web address, or an anchor of the page itself
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            assert path.is_relative_to(ROOT) and path.exists(), (page.name, target)
+            checked += 1
+    assert checked > 10
 
 
 def test_every_setting_has_a_readme_row_with_its_default() -> None:
@@ -141,3 +168,30 @@ def test_each_migrations_docstring_names_its_own_revision_and_the_one_it_revises
         assert f"Revision ID: {values['revision']}\n" in said + "\n", path.name
         assert re.search(rf"^Revises: ?{values['down_revision'] or ''}$", said, re.MULTILINE), path.name
         assert path.name.startswith(f"{values['revision']}_"), path.name
+
+
+def test_the_integrations_settings_table_is_every_queues_install_options_with_their_defaults() -> None:
+    """docs/integrations.md promises one set of options for every queue: the table's rows are the keyword
+    options of Celery's, RQ's and Dramatiq's ``install`` and arq's ``configure`` (its ``install`` passes them
+    on), each with the default the code has."""
+    from gateway.integrations import arq, celery, dramatiq, rq
+    from gateway.integrations.ticket import DEFAULT_TTL_MS
+
+    doc = (ROOT / "docs" / "integrations.md").read_text()
+    section = doc.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|", section, re.MULTILINE))
+    assert {"url", "api_key", "timeout"} <= set(rows)
+    for function in (celery.install, rq.install, arq.configure, dramatiq.install):
+        options = {
+            name: parameter.default
+            for name, parameter in inspect.signature(function).parameters.items()
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+        assert set(options) == set(rows), function.__module__
+        for name, default in options.items():
+            if default is inspect.Parameter.empty:
+                assert rows[name] == "(required)", name
+            elif name == "ttl":
+                assert default is None and rows[name] == "a day" and DEFAULT_TTL_MS == 86_400_000
+            else:
+                assert rows[name] == f"`{default!r}`", (function.__module__, name, default)

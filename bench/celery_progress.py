@@ -1,0 +1,227 @@
+"""What ``progress()`` costs a Celery task: a task that calls it 10,000 times in a loop (hashing 32 KiB per
+iteration, the same work in every variant) reported to a gateway, beside the same task in a worker without
+the integration (the floor), measured in the same run; and the same task with the gateway stopped.
+
+Three ``celery worker --pool prefork --concurrency 1`` processes, one per variant, each on a Redis queue of
+its own (db 11, every key under a prefix of the run's own, deleted at the end); the bench publishes the
+task to each in turn, ``--runs`` times, so that the machine's noise falls on all three alike. A task's time
+is what its worker spends on it from ``task_prerun`` (before the integration's own handler) to
+``task_postrun`` (after it): the integration's start, every progress call, its outcome and its wait for
+the gateway's answer included. Medians are printed with their ratio to the floor (target: 1.1x).
+
+    python bench/celery_progress.py [--iterations 10000] [--runs 5] [--smoke]
+
+A worker process imports this module (``celery -A celery_progress worker``) and makes its app from the
+``BENCH_CELERY_*`` variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import harness
+from celery import Celery, signals
+
+REDIS = "redis://127.0.0.1:6379/11"
+VARIANTS = ("floor", "gateway", "gateway stopped")
+BLOCK = b"\x5a" * 32 * 1024  # hashed once per iteration
+TARGET = 1.1
+
+
+# --- the worker's side -------------------------------------------------------------------------------
+
+
+def make_app(variant: str, queue: str, prefix: str, gateway: str, times: Path) -> Celery:
+    """The bench's app: ``loop`` reports each iteration with ``progress()``; in the ``floor`` variant the
+    integration is not installed, and ``progress`` is a function that does nothing."""
+    app = Celery("celery_progress", broker=REDIS)
+    app.conf.update(
+        task_default_queue=queue,
+        broker_transport_options={"global_keyprefix": prefix},
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        task_ignore_result=True,
+    )
+    started: dict[str, float] = {}
+
+    def before(task_id: str | None = None, **_: Any) -> None:
+        started[str(task_id)] = time.perf_counter()
+
+    def after(task_id: str | None = None, **_: Any) -> None:
+        took = time.perf_counter() - started.pop(str(task_id))
+        (times / f"{task_id}.tmp").write_text(repr(took))
+        (times / f"{task_id}.tmp").rename(times / str(task_id))  # whole, or not there
+
+    signals.task_prerun.connect(before, weak=False)  # before the integration's handler: its start counts
+    if variant == "floor":
+
+        def report(value: int, cursor: str = "") -> None:
+            pass
+
+    else:
+        from gateway.integrations.celery import install, progress
+
+        install(app, url=gateway, api_key=None)
+        report = progress
+    signals.task_postrun.connect(after, weak=False)  # after the integration's: its finish counts
+
+    @app.task(name="bench.loop")
+    def loop(iterations: int) -> str:
+        digest = b""
+        for i in range(iterations):
+            digest = hashlib.sha256(BLOCK + digest).digest()
+            report(i * 100 // iterations, cursor=str(i))
+        return digest.hex()
+
+    return app
+
+
+if "BENCH_CELERY_VARIANT" in os.environ:
+    app = make_app(
+        os.environ["BENCH_CELERY_VARIANT"],
+        os.environ["BENCH_CELERY_QUEUE"],
+        os.environ["BENCH_CELERY_PREFIX"],
+        os.environ["BENCH_CELERY_GATEWAY"],
+        Path(os.environ["BENCH_CELERY_TIMES"]),
+    )
+
+
+# --- the bench's side --------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def worker(variant: str, queue: str, prefix: str, gateway: str, times: Path) -> AsyncIterator[int]:
+    """A worker process of one variant, ready; yields its pid."""
+    env = {
+        **os.environ,
+        "BENCH_CELERY_VARIANT": variant,
+        "BENCH_CELERY_QUEUE": queue,
+        "BENCH_CELERY_PREFIX": prefix,
+        "BENCH_CELERY_GATEWAY": gateway,
+        "BENCH_CELERY_TIMES": str(times),
+        "PYTHONPATH": os.pathsep.join([str(harness.BENCH_DIR), str(harness.ROOT)]),
+    }
+    command = [sys.executable, "-m", "celery", "-A", "celery_progress", "worker", "--pool", "prefork"]
+    command += ["--concurrency", "1", "--loglevel", "WARNING", "--queues", queue, "-n", f"{queue}@%h"]
+    command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    log_path = times / f"{queue}.log"
+    with log_path.open("wb") as log:
+        process = await harness.spawn(command, env=env, stdout=log, stderr=log, cwd=harness.BENCH_DIR)
+    try:
+        yield process.pid
+    finally:
+        await harness.stop(process)
+
+
+async def measure(iterations: int, runs: int, *, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Median task time per variant (s), every run's, and the ratios to the floor."""
+    from celery import Celery as Producer
+
+    prefix = f"bench-{uuid.uuid4().hex[:10]}-"
+    queues = {variant: f"bench-{variant.replace(' ', '-')}-{uuid.uuid4().hex[:6]}" for variant in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="gw-bench-celery-") as tmp:
+        times = Path(tmp)
+        producer = Producer("bench-producer", broker=REDIS)
+        producer.conf.update(broker_transport_options={"global_keyprefix": prefix}, task_ignore_result=True)
+        try:
+            async with harness.gateway() as gw, contextlib.AsyncExitStack() as stack:
+                stopped = f"http://127.0.0.1:{harness.free_port()}"  # nothing listens there
+                urls = {"floor": gw.http, "gateway": gw.http, "gateway stopped": stopped}
+                for variant in VARIANTS:
+                    await stack.enter_async_context(
+                        worker(variant, queues[variant], prefix, urls[variant], times)
+                    )
+                took: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+                # One untimed run each first: the worker's child imports and connects on its first task.
+                for n in range(runs + 1):
+                    for variant in VARIANTS:
+                        task_id = f"bench-{variant.replace(' ', '-')}-{n}-{uuid.uuid4().hex[:8]}"
+                        seconds = await _run(producer, queues[variant], task_id, iterations, times, timeout_s)
+                        if n:
+                            took[variant].append(seconds)
+        finally:
+            producer.close()
+            _delete_keys(prefix)
+    medians = {variant: statistics.median(values) for variant, values in took.items()}
+    return {
+        "iterations": iterations,
+        "runs": took,
+        "median_s": medians,
+        "ratio": medians["gateway"] / medians["floor"],
+        "ratio_stopped": medians["gateway stopped"] / medians["floor"],
+    }
+
+
+async def _run(
+    producer: Celery, queue: str, task_id: str, iterations: int, times: Path, timeout_s: float
+) -> float:
+    """Publish one task and wait for its worker to record its time."""
+    await asyncio.to_thread(
+        lambda: producer.send_task("bench.loop", (iterations,), queue=queue, task_id=task_id)
+    )
+    deadline = time.monotonic() + timeout_s
+    done = times / task_id
+    while not done.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{task_id} did not finish within {timeout_s:.0f} s (see the worker logs)")
+        await asyncio.sleep(0.01)  # the worker writes the file: nothing to wait on but looking again
+    return float(done.read_text())
+
+
+def _delete_keys(prefix: str) -> None:
+    from redis import Redis
+
+    client = Redis.from_url(REDIS)
+    try:
+        for key in client.scan_iter(match=f"{prefix}*", count=500):
+            client.delete(key)
+    finally:
+        client.close()
+
+
+def summary(result: dict[str, Any]) -> str:
+    medians = result["median_s"]
+    return (
+        f"{result['iterations']:,} progress() calls, median of {len(result['runs']['floor'])} runs: floor "
+        f"{medians['floor'] * 1e3:,.1f} ms, with the integration {medians['gateway'] * 1e3:,.1f} ms "
+        f"({result['ratio']:.3f}x), gateway stopped {medians['gateway stopped'] * 1e3:,.1f} ms "
+        f"({result['ratio_stopped']:.3f}x); target <= {TARGET}x"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="1,000 iterations, 1 run: that it runs")
+    args = parser.parse_args()
+    if args.smoke:
+        args.iterations, args.runs = 1000, 1
+    if shutil.which("redis-cli") is None:
+        print("(redis-cli not found: Redis is expected at 127.0.0.1:6379)", file=sys.stderr)
+    try:
+        result = asyncio.run(measure(args.iterations, args.runs))
+    finally:
+        harness.kill_all()
+    for variant in VARIANTS:
+        runs = ", ".join(f"{s * 1e3:,.1f}" for s in result["runs"][variant])
+        print(f"{variant:>16}: {runs} ms")
+    print(summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+// The page: starts reports (POST /api/reports) and follows every report of its user live, with one tag
+// subscription to the gateway (gateway-client.js's subscribeTag, imported from the gateway itself).
+
+const user = new URLSearchParams(location.search).get("user") || "alice";
+const list = document.getElementById("reports");
+const button = document.getElementById("start");
+const problem = document.getElementById("problem");
+const connection = document.getElementById("connection");
+document.getElementById("user").textContent = user;
+
+const STATE_WORDS = { queued: "Queued", running: "Running", succeeded: "Done", failed: "Failed", expired: "Expired" };
+
+async function session() {
+  const answer = await fetch(`/api/session?user=${encodeURIComponent(user)}`);
+  const body = await answer.json();
+  if (!answer.ok) throw new Error(body.error);
+  return body;
+}
+
+function words(task) {
+  if (task.state === "failed" && task.error === "cancelled") return "Cancelled";
+  if (task.state === "queued" && task.attempts > 0) return "Retrying";
+  return STATE_WORDS[task.state] ?? task.state;
+}
+
+function detail(task, cursor) {
+  const parts = [`attempt ${task.attempts} of ${task.maxAttempts}`];
+  if (cursor) parts.unshift(cursor);
+  if (task.resultRef) parts.push(`result: ${task.resultRef}`);
+  if (task.error) parts.push(`error: ${task.error}`);
+  return parts.join(" · ");
+}
+
+function card(taskId) {
+  let el = list.querySelector(`li[data-task-id="${CSS.escape(taskId)}"]`);
+  if (el) return el;
+  el = document.createElement("li");
+  el.className = "report";
+  el.dataset.taskId = taskId;
+  el.innerHTML = `<div class="head"><span class="id"></span><strong class="state"></strong></div>
+    <div class="bar" role="progressbar" aria-label="progress" aria-valuemin="0" aria-valuemax="100" aria-valuenow="0"><span></span></div>
+    <div class="detail"></div>`;
+  el.querySelector(".id").textContent = taskId;
+  return el;
+}
+
+const cursors = new Map(); // task id -> the cursor its last progress named ("row-12")
+
+function render(frame, task) {
+  for (const event of frame.events ?? (frame.event ? [frame.event] : [])) {
+    if (event.type === "progress") cursors.set(task.id, event.cursor);
+  }
+  const el = card(task.id);
+  el.querySelector(".state").textContent = words(task);
+  el.querySelector(".bar").setAttribute("aria-valuenow", String(task.progress));
+  el.querySelector(".bar > span").style.width = `${task.progress}%`;
+  el.querySelector(".detail").textContent = detail(task, cursors.get(task.id));
+  el.dataset.progress = String(task.progress);
+  el.dataset.state = task.state;
+  if (!el.isConnected) place(el, task);
+}
+
+function place(el, task) {
+  // Newest first, as the tag lists them: before the first card created before this task.
+  const later = [...list.children].find((other) => Number(other.dataset.createdAtMs) < task.createdAtMs);
+  el.dataset.createdAtMs = String(task.createdAtMs);
+  list.insertBefore(el, later ?? null);
+}
+
+async function follow() {
+  let current = await session();
+  const { GatewayClient, watchBrowser } = await import(`${current.gatewayUrl}/static/gateway-client.js`);
+  const client = new GatewayClient(current.gatewayUrl);
+  watchBrowser(client);
+  client.onState((state) => {
+    connection.dataset.state = state;
+    connection.textContent = state;
+  });
+  const subscribe = (cursors) =>
+    client.subscribeTag(current.tag, current.token, render, {
+      cursors,
+      onError: (error) => {
+        problem.textContent = `${error.code}: ${error.message}`;
+      },
+    });
+  subscribe(undefined);
+  // A tag token is checked when the socket subscribes (again, after a drop): renew it before it expires.
+  const renew = async () => {
+    try {
+      current = await session();
+      subscribe(client.tagCursors(current.tag) ?? undefined);
+    } catch (error) {
+      problem.textContent = `could not renew the token: ${error.message}`;
+    }
+    setTimeout(renew, Math.max(10_000, current.expiresAtMs - Date.now() - 60_000));
+  };
+  setTimeout(renew, Math.max(10_000, current.expiresAtMs - Date.now() - 60_000));
+}
+
+button.addEventListener("click", async () => {
+  button.disabled = true;
+  try {
+    const answer = await fetch("/api/reports", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ user }),
+    });
+    const body = await answer.json();
+    if (!answer.ok) throw new Error(body.error);
+    problem.textContent = "";
+  } catch (error) {
+    problem.textContent = `could not start a report: ${error.message}`;
+  } finally {
+    button.disabled = false;
+  }
+});
+
+follow().then(
+  () => {
+    button.disabled = false;
+    document.body.dataset.ready = "true";
+  },
+  (error) => {
+    problem.textContent = `cannot follow the reports: ${error.message}`;
+  },
+);

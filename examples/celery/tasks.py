@@ -1,0 +1,50 @@
+"""The example's Celery tasks: a report that takes a few seconds and says how far it got.
+
+``install`` is the whole integration: in the producer (app.py, which imports this module to publish) each
+published task is created on the gateway, with the Celery task id as its id; in the worker each run is
+reported (start, coalesced progress, result or error). The job itself only calls ``progress``.
+
+Configured from the environment, as the README runs it: ``CELERY_BROKER_URL`` (this machine's RabbitMQ by
+default), ``GATEWAY_URL`` (``http://127.0.0.1:8000``) and ``GATEWAY_API_KEY`` (the gateway's API key; none
+for a gateway in open mode).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from celery import Celery, Task
+
+from gateway.integrations.celery import install, progress
+
+BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+GATEWAY_URL = os.environ.get("GATEWAY_URL", "http://127.0.0.1:8000")
+API_KEY = os.environ.get("GATEWAY_API_KEY") or None
+# How long the report works on one row: 40 rows take about 4 s, long enough to watch.
+ROW_S = float(os.environ.get("REPORT_ROW_S", "0.1"))
+
+app = Celery("reports", broker=BROKER_URL)
+# No result backend: the gateway keeps each report's state and result, and the page reads it from there.
+app.conf.update(
+    task_ignore_result=True,
+    # A worker killed mid-report gives the message back to RabbitMQ; the report runs again as a new attempt
+    # once its gateway lease (heartbeatMs, set by app.py) has run out.
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+)
+install(app, url=GATEWAY_URL, api_key=API_KEY)
+# httpx logs each request at INFO, the worker's level: the reports' callbacks would fill its terminal.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+@app.task(bind=True, max_retries=2)
+def report(self: Task, owner: str, rows: int = 40) -> str:
+    """Build ``owner``'s report row by row; the returned string is the report's reference (its
+    ``resultRef`` on the gateway)."""
+    for row in range(1, rows + 1):
+        time.sleep(ROW_S)  # the work on one row
+        progress(row * 100 // rows, cursor=f"row-{row}")
+    return f"reports/{owner}/{self.request.id}.csv"

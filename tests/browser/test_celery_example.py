@@ -1,0 +1,254 @@
+"""examples/celery/ run as its README says, watched in real Chromium: a newcomer's first look at the
+integrations.
+
+Everything is real and its own: a ``gateway serve`` process (SQLite, an API key, the app's origin allowed),
+a Celery worker process (``celery -A tasks worker``, prefork) on a RabbitMQ vhost made for this test and
+deleted after it, and the example app under uvicorn. The page follows its user's reports through one tag
+subscription; the test clicks "Start a report" twice and waits until both cards have shown progress
+between 0 and 100 and then the result, as a user would see them, while another user's report never shows;
+then a third, cancelled through the gateway, stops in the worker and reads Cancelled.
+A recorder (a MutationObserver from the first script on) keeps every value a card's state and progress took,
+so a value held for a moment is seen however fast or slow this machine is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.browser.conftest import Console
+from tests.processes import SERVING, GatewayProcess, free_port, spawn_gateway, unavailable
+from tests.support import bearer, eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "celery"
+API_KEY = "example-key-for-the-browser-test"
+# The commands of examples/celery/README.md (less the addresses, which the test picks): held to the README
+# by test_the_readme_gives_the_commands_this_test_runs.
+WORKER = ["celery", "-A", "tasks", "worker", "--loglevel", "INFO", "--concurrency", "2"]
+APP = ["uvicorn", "app:app", "--port"]
+WORKER_READY = re.compile(rb"celery@\S+ ready\.")
+# Two reports of 40 rows at 0.1 s each run side by side; the rest is room for a loaded machine.
+REPORT_TIMEOUT_MS = 60_000
+START_S = 60.0
+
+# Every value each report card's state and progress take, kept per task id from the first script on.
+RECORDER = """
+(() => {
+  const seen = {};
+  window.__reports = seen;
+  const record = (el, attributes) => {
+    const card = (seen[el.dataset.taskId] ??= { state: [], progress: [] });
+    if (attributes.includes("data-state")) card.state.push(el.dataset.state);
+    if (attributes.includes("data-progress")) card.progress.push(Number(el.dataset.progress));
+  };
+  new MutationObserver((records) => {
+    for (const r of records) {
+      if (r.type === "childList") {
+        for (const node of r.addedNodes) {
+          if (node.matches && node.matches("li.report")) record(node, ["data-state", "data-progress"]);
+        }
+      } else if (r.target.matches("li.report")) {
+        record(r.target, [r.attributeName]);
+      }
+    }
+  }).observe(document, {
+    subtree: true,
+    childList: true,
+    attributes: true,
+    attributeFilter: ["data-state", "data-progress"],
+  });
+})();
+"""
+
+
+def rabbitmqctl(*args: str) -> None:
+    done = subprocess.run(["rabbitmqctl", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"rabbitmqctl {' '.join(args)}: {done.stderr or done.stdout}"
+
+
+@pytest.fixture
+def broker_url() -> Iterator[str]:
+    """A RabbitMQ vhost of this test's own on this machine's broker, deleted afterwards."""
+    if shutil.which("rabbitmqctl") is None:
+        unavailable("rabbitmqctl is missing: install and start RabbitMQ to run the Celery example")
+    vhost = f"tg-example-{uuid.uuid4().hex[:12]}"
+    try:
+        rabbitmqctl("add_vhost", vhost)
+    except AssertionError as exc:
+        unavailable(f"RabbitMQ cannot make a vhost ({exc}); start it to run the Celery example")
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
+
+
+def example_environ(gateway_url: str, broker_url: str) -> dict[str, str]:
+    """This environment less its gateway and Celery settings, plus the three the README exports."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "CELERY_"))}
+    env.update(GATEWAY_URL=gateway_url, GATEWAY_API_KEY=API_KEY, CELERY_BROKER_URL=broker_url)
+    return env
+
+
+@asynccontextmanager
+async def example_process(
+    name: str, command: list[str], env: dict[str, str], directory: Path
+) -> AsyncIterator[GatewayProcess]:
+    """``command`` (a console script of this interpreter's environment) run in examples/celery in a session
+    of its own, its output in ``directory/name.log``; stopped (SIGTERM, then SIGKILL, then anything left in
+    its process group: a prefork worker's children) when the block ends, its output's tail printed if the
+    block failed."""
+    log = directory / f"{name}.log"
+    argv = [sys.executable, "-m", *command]
+    with log.open("wb") as out:
+        process = await anyio.open_process(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=EXAMPLE, start_new_session=True
+        )
+    child = GatewayProcess(name, process, log)
+    failed = False
+    try:
+        yield child
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        await child.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        if failed:
+            print(f"\n----- {name} (pid {child.pid}): {log} -----\n{child.tail()}")
+
+
+@asynccontextmanager
+async def gateway_process(origin: str, directory: Path) -> AsyncIterator[GatewayProcess]:
+    """``gateway serve`` as the README starts it: an API key, the example app's origin allowed."""
+    env = {"GATEWAY_API_KEY": API_KEY, "GATEWAY_ALLOWED_ORIGINS": origin}
+    gw = await spawn_gateway(
+        "gateway", f"sqlite:///{directory / 'gateway.db'}", directory / "gw.log", env=env
+    )
+    try:
+        await gw.serving()
+        yield gw
+    except BaseException:
+        print(f"\n----- gateway (pid {gw.pid}): {gw.log} -----\n{gw.tail()}")
+        raise
+    finally:
+        await gw.stop()
+
+
+def test_the_readme_gives_the_commands_this_test_runs() -> None:
+    readme = (EXAMPLE / "README.md").read_text()
+    for words in (WORKER, [*APP, "8001"]):
+        assert " ".join(words) in readme, words
+    for line in ("GATEWAY_ALLOWED_ORIGINS=http://127.0.0.1:8001", "gateway serve", "http://127.0.0.1:8001/"):
+        assert line in readme, line
+
+
+@pytest.mark.anyio
+async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
+    context: Any, console: Console, broker_url: str, tmp_path: Path
+) -> None:
+    from playwright.async_api import expect
+
+    app_port = free_port()
+    origin = f"http://127.0.0.1:{app_port}"
+    async with gateway_process(origin, tmp_path) as gw:
+        env = example_environ(gw.url, broker_url)
+        async with (
+            example_process("worker", WORKER, env, tmp_path) as worker,
+            example_process("app", [*APP, str(app_port), "--host", "127.0.0.1"], env, tmp_path) as app,
+            httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=10) as api,
+            httpx.AsyncClient(base_url=origin, timeout=30) as site,
+        ):
+            await worker.wait_for(WORKER_READY, timeout_s=START_S)
+            await app.wait_for(SERVING, timeout_s=START_S)
+
+            await context.add_init_script(RECORDER)
+            page = await context.new_page()
+            page.on("console", lambda m: console.errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: console.page_errors.append(str(e)))
+            await page.goto(f"{origin}/?user=alice")
+            await page.wait_for_selector("body[data-ready=true]", state="attached")
+            await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+
+            started = []
+            for _ in range(2):
+                async with page.expect_response("**/api/reports") as info:
+                    await page.get_by_role("button", name="Start a report").click()
+                answer = await info.value
+                assert answer.status == 201, await answer.text()
+                started.append((await answer.json())["taskId"])
+            # Another user's report, started meanwhile: alice's page never shows it.
+            bob = await site.post("/api/reports", json={"user": "bob"})
+            assert bob.status_code == 201, bob.text
+
+            for task_id in started:
+                card = page.locator(f'li.report[data-task-id="{task_id}"]')
+                await expect(card).to_have_attribute("data-state", "succeeded", timeout=REPORT_TIMEOUT_MS)
+                await expect(card.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
+                await expect(card.locator(".detail")).to_contain_text(f"result: reports/alice/{task_id}.csv")
+                await expect(card.locator(".state")).to_have_text("Done")
+
+            seen: dict[str, dict[str, list[Any]]] = await page.evaluate("window.__reports")
+            for task_id in started:
+                states, progress = seen[task_id]["state"], seen[task_id]["progress"]
+                assert "running" in states and states[-1] == "succeeded", states
+                assert any(0 < p < 100 for p in progress), progress  # seen progressing, not only done
+                assert progress == sorted(progress) and progress[-1] == 100, progress
+
+            # The gateway holds what the page showed: each report a task tagged with its owner, one attempt.
+            for task_id in started:
+                task = (await api.get(f"/v1/tasks/{task_id}")).json()
+                assert task["state"] == "succeeded" and task["attempts"] == 1, task
+                assert task["tags"] == ["owner:alice"], task
+                assert task["resultRef"] == f"reports/alice/{task_id}.csv", task
+            bob_id = bob.json()["taskId"]
+            await eventually(
+                lambda: api.get(f"/v1/tasks/{bob_id}"),
+                lambda answer: answer.json()["state"] == "succeeded",
+                "bob's report to finish",
+                REPORT_TIMEOUT_MS / 1000,
+                poll_s=0.1,
+            )
+            assert bob_id not in seen and await page.locator("li.report").count() == 2
+
+            # All of alice's reports, finished ones too, are there when she comes back.
+            await page.reload()
+            await page.wait_for_selector("body[data-ready=true]", state="attached")
+            for task_id in started:
+                card = page.locator(f'li.report[data-task-id="{task_id}"]')
+                await expect(card).to_have_attribute("data-state", "succeeded")
+            assert await page.locator("li.report").count() == 2
+
+            # A report cancelled through the gateway (the README's curl) stops in the worker and reads
+            # Cancelled: the job's next progress() raised TaskCancelled. Its 1,000 rows (100 s) leave it
+            # running until then, however slow the machine.
+            started_doomed = await site.post("/api/reports", json={"user": "alice", "rows": 1000})
+            assert started_doomed.status_code == 201, started_doomed.text
+            doomed = started_doomed.json()["taskId"]
+            card = page.locator(f'li.report[data-task-id="{doomed}"]')
+            await expect(card).to_have_attribute("data-progress", re.compile("^[1-9][0-9]?$"))
+            cancelled = await api.post(f"/v1/tasks/{doomed}/cancel")
+            assert cancelled.json()["reason"] == "cancelled", cancelled.text
+            await expect(card.locator(".state")).to_have_text("Cancelled")
+            await expect(card).to_have_attribute("data-state", "failed")
+            stopped = re.compile(rf"Task tasks\.report\[{doomed}\] raised unexpected: TaskCancelled".encode())
+            await worker.wait_for(stopped, timeout_s=REPORT_TIMEOUT_MS / 1000)
+            assert (await api.get(f"/v1/tasks/{doomed}")).json()["progress"] < 100
+            await page.close()
+    console.assert_clean()

@@ -1,0 +1,171 @@
+"""The run reporter (``gateway.integrations.report``) against a real gateway process: coalesced progress
+with the latest value always sent before the outcome; a gateway that goes away mid-run (the job finishes,
+and its outcome reaches the gateway once it is back); a producer's create that cannot reach the gateway
+(bounded, and it says which task it could not create); a cancel on the gateway raising in the job.
+
+The reporter is sync and blocks its caller for bounded times: the tests call it from a worker thread, so
+the event loop stays free for their own requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from gateway.client import TaskCancelled
+from gateway.integrations.report import GatewayConfig, Reporter, Run
+from gateway.integrations.ticket import result_hash
+from tests.celery_processes import API_KEY, keyed_gateway, read_history
+from tests.processes import free_port
+from tests.support import bearer, eventually
+
+# A min_interval no test outlasts: every progress after the first must wait for the outcome.
+FOREVER_S = 3600.0
+
+
+def _reporter(url: str, **config: Any) -> Reporter:
+    return Reporter(GatewayConfig(url=url, api_key=API_KEY, **config))
+
+
+def _begin(reporter: Reporter, task_id: str, **create: Any) -> Run:
+    ticket = reporter.create(
+        task_id, ttl_ms=create.get("ttl_ms", 600_000), max_attempts=2, heartbeat_ms=None, tags=()
+    )
+    assert ticket is not None and ticket.token
+    return reporter.begin(task_id, worker="test-worker", ticket=ticket, scheme="celery")
+
+
+@pytest.fixture
+def unanswering() -> Iterator[str]:
+    """A loopback address that takes connections and never answers (nothing accepts them)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.anyio
+async def test_progress_is_coalesced_and_its_latest_value_goes_before_the_outcome(tmp_path: Path) -> None:
+    async with (
+        keyed_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+    ):
+        reporter = _reporter(gw.url, min_interval_s=FOREVER_S)
+        task_id = f"coalesced-{uuid.uuid4().hex[:8]}"
+
+        def job() -> None:
+            run = _begin(reporter, task_id)
+            assert run.attempt == 1
+            for value in range(1, 100):
+                run.progress(value, cursor=f"row-{value}")
+            run.succeed({"rows": 99})
+            run.finish()
+
+        await anyio.to_thread.run_sync(job)
+        history = await eventually(
+            lambda: read_history(client, task_id),
+            lambda h: h["task"]["state"] == "succeeded",
+            f"{task_id} succeeded",
+        )
+        events = [e["event"] for e in history["events"]]
+        progress = [(e["progress"], e["cursor"]) for e in events if e["type"] == "progress"]
+        # The first value may go at once; every later one waits for the outcome, which takes the latest.
+        assert 1 <= len(progress) <= 2, progress
+        assert progress[-1] == (99, "row-99"), progress
+        assert [e["type"] for e in events] == ["start", *["progress"] * len(progress), "succeed"]
+        assert history["task"]["resultRef"] == f"celery://{task_id}"
+        assert history["task"]["resultHash"] == result_hash({"rows": 99})
+
+
+@pytest.mark.anyio
+async def test_a_job_finishes_while_the_gateway_is_down_and_its_outcome_arrives_when_it_is_back(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    reporter = _reporter(f"http://127.0.0.1:{port}", min_interval_s=0.05, timeout_s=1.0)
+    task_id = f"down-{uuid.uuid4().hex[:8]}"
+    async with keyed_gateway(tmp_path, port=port):
+        run = await anyio.to_thread.run_sync(lambda: _begin(reporter, task_id))
+        assert run.attempt == 1
+    # The gateway is stopped: the job goes on and finishes (finish() does not wait for a gateway it
+    # cannot reach), its reports kept for the sender.
+    run.progress(40, cursor="row-40")
+    run.progress(70, cursor="row-70")
+    run.fail(ValueError("disk full"), retryable=False)
+    await anyio.to_thread.run_sync(run.finish)
+    assert not run.settled.is_set()
+    async with (
+        keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+    ):
+        history = await eventually(
+            lambda: read_history(client, task_id),
+            lambda h: h["task"]["state"] == "failed",
+            f"{task_id} failed, reported once the gateway is back",
+            within_s=30,
+        )
+        events = [e["event"] for e in history["events"]]
+        progress = [e["progress"] for e in events[1:-1]]
+        # 40 may have gone (and waited for the gateway) before 70 replaced it: never after 70.
+        assert progress in ([70], [40, 70]), events
+        assert [events[0]["type"], events[-1]["type"]] == ["start", "fail"], events
+        assert (events[-1]["error"], events[-1]["retryable"]) == ("ValueError: disk full", False)
+        with anyio.fail_after(10):
+            await anyio.to_thread.run_sync(run.settled.wait)
+
+
+def test_a_create_that_gets_no_answer_gives_up_within_its_timeout_and_says_so(
+    unanswering: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    reporter = _reporter(unanswering, timeout_s=0.5)
+    with caplog.at_level(logging.WARNING, logger="gateway.integrations"):
+        ticket = reporter.create("report-42", ttl_ms=60_000, max_attempts=3, heartbeat_ms=None, tags=())
+    assert ticket is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("could not create task report-42" in w and "Timeout" in w for w in warnings), warnings
+
+
+def test_a_create_with_no_gateway_listening_says_it_could_not_create_the_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reporter = _reporter(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
+    with caplog.at_level(logging.WARNING, logger="gateway.integrations"):
+        assert reporter.create("report-43", ttl_ms=60_000, max_attempts=1, heartbeat_ms=None, tags=()) is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("could not create task report-43" in w and "ConnectError" in w for w in warnings), warnings
+
+
+@pytest.mark.anyio
+async def test_a_cancel_on_the_gateway_makes_the_next_progress_raise(tmp_path: Path) -> None:
+    async with (
+        keyed_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+    ):
+        reporter = _reporter(gw.url, min_interval_s=0.05)
+        task_id = f"cancelled-{uuid.uuid4().hex[:8]}"
+        run = await anyio.to_thread.run_sync(lambda: _begin(reporter, task_id))
+        run.progress(10)
+        answer = await client.post(f"/v1/tasks/{task_id}/cancel", json={"reason": "not wanted"})
+        assert answer.json()["reason"] == "cancelled", answer.text
+        raised: list[TaskCancelled] = []
+
+        def reports() -> bool:
+            """The job's loop: a progress now and then, until one raises."""
+            try:
+                run.progress(20 + len(raised))
+            except TaskCancelled as exc:
+                raised.append(exc)
+            return bool(raised)
+
+        await eventually(lambda: anyio.to_thread.run_sync(reports), bool, "progress() raising TaskCancelled")
+        assert raised[0].task is not None and raised[0].task["error"] == "cancelled"
+        final = await read_history(client, task_id)
+        assert [e["event"]["type"] for e in final["events"]][-1] == "cancel"
