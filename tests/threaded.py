@@ -5,7 +5,8 @@ event loop, with every record it logs at ERROR or above kept (an unhandled excep
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import anyio.from_thread
 import httpx
 
-from tests.support import Running, running_gateway
+from tests.support import STEP_S, Running, running_gateway
 
 # Where the gateway and uvicorn report what went wrong (an exception in the ASGI app is uvicorn.error's).
 LOGGERS = ("gateway", "uvicorn", "uvicorn.error")
@@ -70,3 +71,13 @@ def threaded_gateway(database_url: str, **overrides: Any) -> Iterator[Threaded]:
     finally:
         for logger in loggers:
             logger.removeHandler(errors)
+
+
+def until(condition: Callable[[], bool], what: str, within_s: float = STEP_S) -> None:
+    """``tests.support.wait_until`` for sync tests: poll a cheap ``condition`` (a request to the gateway,
+    what another thread set) until it holds; past ``within_s``, fail saying ``what`` was awaited."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within_s} s: {what}")
+        time.sleep(0.01)  # between two polls of the condition, not in place of it

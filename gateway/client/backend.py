@@ -3,14 +3,14 @@ tasks, issue tag tokens, cancel, read and list tasks, take deliveries, drain not
 
 Each method is one :class:`~gateway.client.backend_wire.Call` (built and read in ``backend_wire``), sent
 through :mod:`gateway.client.exchange` as the ``Worker``'s callbacks are: transport failures, 5xx and 429
-are retried with backoff and the same request. Every call here is safe to repeat: a repeated create with
-the same parameters is answered ``200`` with the task (``Created.created`` is then false, also when it was
-this create's first, lost answer that made it); a retried cancel whose first answer was lost is answered
-``terminal-conflict`` on the cancelled task; deliveries and drains carry an ``Idempotency-Key``, which a
-drain makes itself when not given one (so its retries take the same batch: at least once). A 4xx raises
-:class:`~gateway.client.errors.BackendError` (``TaskExists``, ``UnknownTask``); a 5xx or 429 still
-answered after ``retries`` retries raises ``httpx.HTTPStatusError``, and a transport failure the last
-``httpx.TransportError``, as ``Worker`` does.
+are retried with backoff and the same request. Every call here is safe to repeat: a create without an id
+is given one here (a UUID), and a repeated create with the same parameters is answered ``200`` with the
+task (``Created.created`` is then false, also when it was this create's first, lost answer that made it);
+a retried cancel whose first answer was lost is answered ``terminal-conflict`` on the cancelled task;
+deliveries and drains carry an ``Idempotency-Key``, which a drain makes itself when not given one (so its
+retries take the same batch: at least once). A 4xx raises :class:`~gateway.client.errors.BackendError`
+(``TaskExists``, ``UnknownTask``); a 5xx or 429 still answered after ``retries`` retries raises
+``httpx.HTTPStatusError``, and a transport failure the last ``httpx.TransportError``, as ``Worker`` does.
 """
 
 from __future__ import annotations
@@ -32,29 +32,9 @@ C = TypeVar("C", httpx.Client, httpx.AsyncClient)
 
 
 class _Sender(Generic[C]):
-    """What both classes hold: the calls' builder, the client that sends them, the retries."""
-
-    def __init__(self, base_url: str, api_key: str | None, client: C, *, owns_client: bool, retries: int):
-        self.wire = Wire(base_url, api_key)
-        self.retries = retries
-        self._client: C = client
-        self._owns_client = owns_client
-
-    def _tries(self, call: Call[Any]) -> Steps:
-        return tries(
-            call.request(self._client), retries=self.retries, backoff=Backoff(base_s=0.05, cap_s=2.0)
-        )
-
-
-def _limits() -> httpx.Limits:
-    # As the Worker's: a pooled connection is not reused once idle for long, well before the gateway
-    # closes it (GATEWAY_IDLE_TIMEOUT_MS), so a request is never sent on a connection being closed.
-    return httpx.Limits(keepalive_expiry=KEEPALIVE_S)
-
-
-class AsyncBackend(_Sender[httpx.AsyncClient]):
-    """The management API from async code. ``api_key`` ``None``: a gateway in open mode. ``client``: an
-    ``httpx.AsyncClient`` of the caller's (not closed by :meth:`aclose`)."""
+    """What both classes hold: the calls' builder, the client that sends them, the retries. ``api_key``
+    ``None``: a gateway in open mode. ``client``: one of the caller's, which closing the backend leaves
+    open; by default the backend makes its own."""
 
     def __init__(
         self,
@@ -63,10 +43,32 @@ class AsyncBackend(_Sender[httpx.AsyncClient]):
         *,
         timeout_s: float = 10.0,
         retries: int = 8,
-        client: httpx.AsyncClient | None = None,
+        client: C | None = None,
     ) -> None:
-        made = client or httpx.AsyncClient(timeout=timeout_s, limits=_limits())
-        super().__init__(base_url, api_key, made, owns_client=client is None, retries=retries)
+        self.wire = Wire(base_url, api_key)
+        self.retries = retries
+        self._client: C = client if client is not None else self._new_client(timeout_s)
+        self._owns_client = client is None
+
+    def _new_client(self, timeout_s: float) -> C:
+        raise NotImplementedError
+
+    def _tries(self, call: Call[Any]) -> Steps:
+        backoff = Backoff(base_s=0.05, cap_s=2.0)
+        return tries(call.request(self._client), retries=self.retries, backoff=backoff)
+
+
+# As the Worker's: a pooled connection is not reused once idle for long, well before the gateway closes it
+# (GATEWAY_IDLE_TIMEOUT_MS), so a request is never sent on a connection being closed.
+LIMITS = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+
+
+class AsyncBackend(_Sender[httpx.AsyncClient]):
+    """The management API from async code: ``AsyncBackend(base_url, api_key=None, *, timeout_s=10.0,
+    retries=8, client=None)``, ``client`` an ``httpx.AsyncClient`` (not closed by :meth:`aclose`)."""
+
+    def _new_client(self, timeout_s: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout_s, limits=LIMITS)
 
     async def __aenter__(self) -> AsyncBackend:
         return self
@@ -90,7 +92,8 @@ class AsyncBackend(_Sender[httpx.AsyncClient]):
         heartbeat_ms: int | None = None,
         tags: Sequence[str] = (),
     ) -> Created:
-        """``POST /v1/tasks``; ``task_id`` ``None``: the gateway names it (a UUID)."""
+        """``POST /v1/tasks``; ``task_id`` ``None``: a fresh UUID (named here, so that a retry cannot
+        make a second task)."""
         call = self.wire.create(
             task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
         )
@@ -137,20 +140,12 @@ class AsyncBackend(_Sender[httpx.AsyncClient]):
 
 
 class Backend(_Sender[httpx.Client]):
-    """The management API from sync code: :class:`AsyncBackend`'s methods, blocking. ``client``: an
-    ``httpx.Client`` of the caller's (not closed by :meth:`close`)."""
+    """The management API from sync code, :class:`AsyncBackend`'s methods blocking: ``Backend(base_url,
+    api_key=None, *, timeout_s=10.0, retries=8, client=None)``, ``client`` an ``httpx.Client`` (not closed
+    by :meth:`close`)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None = None,
-        *,
-        timeout_s: float = 10.0,
-        retries: int = 8,
-        client: httpx.Client | None = None,
-    ) -> None:
-        made = client or httpx.Client(timeout=timeout_s, limits=_limits())
-        super().__init__(base_url, api_key, made, owns_client=client is None, retries=retries)
+    def _new_client(self, timeout_s: float) -> httpx.Client:
+        return httpx.Client(timeout=timeout_s, limits=LIMITS)
 
     def __enter__(self) -> Backend:
         return self
@@ -174,7 +169,8 @@ class Backend(_Sender[httpx.Client]):
         heartbeat_ms: int | None = None,
         tags: Sequence[str] = (),
     ) -> Created:
-        """``POST /v1/tasks``; ``task_id`` ``None``: the gateway names it (a UUID)."""
+        """``POST /v1/tasks``; ``task_id`` ``None``: a fresh UUID (named here, so that a retry cannot
+        make a second task)."""
         call = self.wire.create(
             task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
         )

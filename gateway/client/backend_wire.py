@@ -132,9 +132,10 @@ class Wire:
         heartbeat_ms: int | None,
         tags: Sequence[str],
     ) -> Call[Created]:
-        body: dict[str, Any] = {"ttlMs": ttl_ms, "maxAttempts": max_attempts}
-        if task_id is not None:
-            body["id"] = task_id
+        # Without an id the client names the task (a UUID, as the gateway would): a retry of a create whose
+        # answer was lost then finds the task it made instead of making a second one.
+        task_id = task_id if task_id is not None else str(uuid.uuid4())
+        body: dict[str, Any] = {"id": task_id, "ttlMs": ttl_ms, "maxAttempts": max_attempts}
         if heartbeat_ms is not None:
             body["heartbeatMs"] = heartbeat_ms
         if tags:

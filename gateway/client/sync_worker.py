@@ -30,6 +30,9 @@ T = TypeVar("T")
 
 
 class SyncWorker:
+    """``Worker(base_url, task_id, callback_token, ...)``'s methods from sync code; ``worker`` is the
+    ``Worker`` it runs (its thread's)."""
+
     def __init__(
         self,
         base_url: str,

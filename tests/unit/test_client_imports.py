@@ -1,5 +1,5 @@
-"""The Python clients import nothing of the server: ``from gateway.client import watch, Worker`` works in an
-interpreter where the server's packages cannot be imported at all."""
+"""The Python clients import nothing of the server: ``from gateway.client import watch, Worker`` (and the
+backends, the sync worker) works in an interpreter where the server's packages cannot be imported at all."""
 
 from __future__ import annotations
 
@@ -35,9 +35,12 @@ PROGRAM = textwrap.dedent(
     sys.meta_path.insert(0, HideServer())
 
     import gateway
-    from gateway.client import CallbackIgnored, ClientError, Worker, WorkerError, watch
+    from gateway.client import AsyncBackend, Backend, CallbackIgnored, ClientError, SyncWorker, Worker
+    from gateway.client import WorkerError, watch
 
     worker = Worker("http://127.0.0.1:1", "t-1", "token")
+    with Backend("http://127.0.0.1:1"), SyncWorker("http://127.0.0.1:1", "t-1", "token") as sync_worker:
+        assert sync_worker.task_id == "t-1" and AsyncBackend("http://127.0.0.1:1").retries == 8
     frames = watch("http://127.0.0.1:1", {"t-1": "token"})
     assert issubclass(CallbackIgnored, WorkerError) and issubclass(WorkerError, ClientError)
     assert callable(frames.__anext__) and worker.task_id == "t-1"
