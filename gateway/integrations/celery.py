@@ -186,7 +186,9 @@ class _Hooks:
         header = (request.headers or {}).get(HEADER) or getattr(request, HEADER, None)
         ticket = Ticket.from_header(header)
         worker = str(request.hostname or "celery")
-        run = self.reporter.begin(task_id, worker=worker, ticket=ticket, scheme=SCHEME)
+        # The task goes on while its start is sent: it sees no attempt number (it has its retries), and
+        # its reports go after the start anyway.
+        run = self.reporter.begin(task_id, worker=worker, ticket=ticket, scheme=SCHEME, wait=False)
         self.runs[task_id] = run
         activate(run)
 

@@ -164,10 +164,14 @@ class Reporter:
         log.warning("task-gateway: could not %s: %s (timeout %ss)", what, why, self.config.timeout_s)
         return None
 
-    def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Run:
+    def begin(
+        self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str, wait: bool = True
+    ) -> Run:
         """A run of the job ``task_id`` (``worker``: the node's name; ``scheme``: the queue's, for results
-        referred to by id). Its ``start`` is sent now and waited for at most ``timeout_s``; without a ticket
-        (or a token in it) the task is created first."""
+        referred to by id). Its ``start`` is sent now and waited for at most ``timeout_s`` (``wait``
+        false: not at all, the job going on while it is sent; ``attempt`` is then known later); without a
+        ticket (or a token in it) the task is created first. Either way, what the run reports goes after
+        its start."""
         sender = self._sender_here()
         run = Run(
             task_id,
@@ -179,7 +183,8 @@ class Reporter:
             cancel=self.cancel,
         )
         sender.add(run)
-        run.started.wait(self.config.timeout_s)
+        if wait:
+            run.started.wait(self.config.timeout_s)
         return run
 
 
