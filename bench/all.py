@@ -679,32 +679,7 @@ async def workload_celery(cfg: Config, servers: Servers, report: Report) -> None
     """bench/celery_progress.py: a Celery task's time with progress() reported, beside the same without."""
     import celery_progress  # Celery is the test extra's: only this workload needs it
 
-    result = await celery_progress.measure(cfg.celery_iterations, cfg.celery_runs)
-    medians = result["median_s"]
-    calls = f"{cfg.celery_iterations:,}"
-    report.rows.append(
-        Row(
-            8,
-            f"Celery task calling progress() {calls} times (floor: without the integration)",
-            medians["gateway"] * 1e3,
-            medians["floor"] * 1e3,
-            "ms",
-            f"<= {celery_progress.TARGET}x",
-        )
-    )
-    report.rows.append(
-        Row(
-            8,
-            "the same, its gateway stopped (floor: without the integration)",
-            medians["gateway stopped"] * 1e3,
-            medians["floor"] * 1e3,
-            "ms",
-            "finishes",
-        )
-    )
-    for variant in celery_progress.VARIANTS:
-        report.figure(f"Celery progress() {variant}", medians[variant])
-    report.details.append(f"Celery progress(): {celery_progress.summary(result)}")
+    await celery_progress.workload(cfg.celery_iterations, cfg.celery_runs, report)
 
 
 # --- the run -----------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import Any
 
 import harness
 from celery import Celery, signals
+from report import Report, Row
 
 REDIS = "redis://127.0.0.1:6379/11"
 VARIANTS = ("floor", "gateway", "gateway stopped")
@@ -190,6 +191,35 @@ def _delete_keys(prefix: str) -> None:
             client.delete(key)
     finally:
         client.close()
+
+
+async def workload(iterations: int, runs: int, report: Report) -> None:
+    """Workload 8 of bench/all.py: the figures as rows beside their floor."""
+    result = await measure(iterations, runs)
+    medians = result["median_s"]
+    report.rows.append(
+        Row(
+            8,
+            f"Celery task calling progress() {iterations:,} times (floor: without the integration)",
+            medians["gateway"] * 1e3,
+            medians["floor"] * 1e3,
+            "ms",
+            f"<= {TARGET}x",
+        )
+    )
+    report.rows.append(
+        Row(
+            8,
+            "the same, its gateway stopped (floor: without the integration)",
+            medians["gateway stopped"] * 1e3,
+            medians["floor"] * 1e3,
+            "ms",
+            "finishes",
+        )
+    )
+    for variant in VARIANTS:
+        report.figure(f"Celery progress() {variant}", medians[variant])
+    report.details.append(f"Celery progress(): {summary(result)}")
 
 
 def summary(result: dict[str, Any]) -> str:

@@ -19,7 +19,9 @@ What each Celery moment does to the gateway task (its id is the Celery task id):
   the SHA-256 of its JSON;
 - ``task_retry`` (``self.retry()``, autoretry): ``fail``, retryable: the next run starts the next attempt;
 - ``task_failure``: ``fail``, final: the exception's type and message;
-- ``task_revoked``: the task is cancelled (``POST .../cancel``).
+- ``task_revoked``: the task is cancelled (``POST .../cancel``);
+- ``task_failure`` in the worker's main process (a pool process lost, its message not requeued): ``fail``,
+  final, unfenced (the ticket kept from ``task_received``).
 
 A republished message (a retry) carries its ticket and is not created again; a redelivered one (``acks_late``
 after a killed worker) starts a new attempt once the task's lease has requeued it.
@@ -28,6 +30,7 @@ after a killed worker) starts a new attempt once the task's lease has requeued i
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -53,6 +56,8 @@ SCHEME = "celery"
 UNBOUNDED_ATTEMPTS = 2**53
 # How far up the stack the retry's error is looked for (signal dispatch, publish, apply_async, retry).
 MAX_FRAMES = 30
+# How many received messages' tickets a worker's main process keeps, to report a run it lost.
+MAX_RECEIVED = 10_000
 
 
 def install(
@@ -85,6 +90,7 @@ def install(
     hooks = _Hooks(app, Reporter(config))
     uid = _uid(app)
     signals.before_task_publish.connect(hooks.published, weak=False, dispatch_uid=uid)
+    signals.task_received.connect(hooks.received, weak=False, dispatch_uid=uid)
     signals.task_prerun.connect(hooks.prerun, weak=False, dispatch_uid=uid)
     signals.task_success.connect(hooks.success, weak=False, dispatch_uid=uid)
     signals.task_retry.connect(hooks.retry, weak=False, dispatch_uid=uid)
@@ -103,6 +109,7 @@ def uninstall(app: Celery) -> None:
 
 SIGNALS = (
     signals.before_task_publish,
+    signals.task_received,
     signals.task_prerun,
     signals.task_success,
     signals.task_retry,
@@ -123,6 +130,8 @@ class _Hooks:
         self.app = app
         self.reporter = reporter
         self.runs: dict[str, Run] = {}
+        # The tickets of the messages the worker's main process received last, by task id.
+        self.received_tickets: OrderedDict[str, Ticket] = OrderedDict()
 
     def _ours(self, task: Any) -> bool:
         return isinstance(task, Task) and task.app is self.app
@@ -158,6 +167,18 @@ class _Hooks:
 
     # --- the worker ---------------------------------------------------------------------------------------
 
+    def received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
+        """The worker's main process took a message: keep its ticket (a few), in case its run is lost."""
+        task = getattr(request, "task", None)
+        if request is None or not self._ours(task):
+            return
+        header = (getattr(request, "request_dict", None) or {}).get(HEADER)
+        ticket = Ticket.from_header(header)
+        if ticket is not None and ticket.token is not None:
+            self.received_tickets[str(request.id)] = ticket
+            while len(self.received_tickets) > MAX_RECEIVED:
+                self.received_tickets.popitem(last=False)
+
     def prerun(self, sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
         if not self._ours(task) or task_id is None:
             return
@@ -165,7 +186,9 @@ class _Hooks:
         header = (request.headers or {}).get(HEADER) or getattr(request, HEADER, None)
         ticket = Ticket.from_header(header)
         worker = str(request.hostname or "celery")
-        run = self.reporter.begin(task_id, worker=worker, ticket=ticket, scheme=SCHEME)
+        # The task goes on while its start is sent: it sees no attempt number (it has its retries), and
+        # its reports go after the start anyway.
+        run = self.reporter.begin(task_id, worker=worker, ticket=ticket, scheme=SCHEME, wait=False)
         self.runs[task_id] = run
         activate(run)
 
@@ -182,9 +205,16 @@ class _Hooks:
     def failure(
         self, sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
     ) -> None:
+        error = exception if exception is not None else "failed"
         run = self.runs.get(str(task_id))
         if run is not None:
-            run.fail(exception if exception is not None else "failed", retryable=False)
+            run.fail(error, retryable=False)
+        elif self._ours(sender) and task_id is not None:
+            # No run here: the worker's main process calls a task failed whose pool process it lost (killed,
+            # or past its hard time limit) without requeueing it. Its run could not say so.
+            ticket = self.received_tickets.pop(str(task_id), None)
+            if ticket is not None:
+                self.reporter.lost(str(task_id), ticket, error)
 
     def postrun(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
         run = self.runs.pop(str(task_id), None)

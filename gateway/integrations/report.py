@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 
@@ -29,7 +30,7 @@ from gateway.client.backend_wire import Call, Wire
 from gateway.client.errors import BackendError
 from gateway.integrations.run import Run
 from gateway.integrations.sender import Sender
-from gateway.integrations.ticket import DEFAULT_TTL_MS, GatewayConfig, Ticket
+from gateway.integrations.ticket import DEFAULT_TTL_MS, GatewayConfig, Ticket, error_text
 
 __all__ = [
     "DEFAULT_TTL_MS",
@@ -46,6 +47,8 @@ __all__ = [
 log = logging.getLogger("gateway.integrations")
 
 T = TypeVar("T")
+# The longest cancel reason the gateway takes.
+MAX_CANCEL_REASON = 1024
 
 _current: ContextVar[Run | None] = ContextVar("gateway_run", default=None)
 
@@ -115,6 +118,25 @@ class Reporter:
         (logged) when the gateway could not be told."""
         return self._within(f"cancel task {task_id}", self._wire.cancel(task_id, reason))
 
+    def lost(self, task_id: str, ticket: Ticket, error: BaseException | str) -> None:
+        """The queue gave up a job whose run could not report its end (its process was killed, or a hard
+        time limit ended it) and calls it failed: fail the task for good (no run, so no attempt to fence
+        with), within ``timeout_s``; a task its lease has requeued meanwhile is cancelled, saying why."""
+        if ticket.token is None:
+            return
+        event = {"type": "fail", "error": error_text(error), "retryable": False}
+        call = Call(
+            "POST",
+            f"{self._wire.base_url}/v1/tasks/{quote(task_id, safe='')}/callbacks",
+            _json,
+            {"callbackId": f"{task_id}:lost", "event": event},
+            headers={"Authorization": f"Bearer {ticket.token}"},
+            task_id=task_id,
+        )
+        answer = self._within(f"fail task {task_id}, whose run was lost", call)
+        if answer is not None and answer.get("reason") == "not-running":
+            self.cancel(task_id, f"its run was lost: {event['error']}"[:MAX_CANCEL_REASON])
+
     def _within(self, what: str, call: Call[T]) -> T | None:
         """``call``'s answer, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed, each
         try bounded by what is left; ``None``, with a WARNING saying what could not be done and why, when
@@ -142,10 +164,14 @@ class Reporter:
         log.warning("task-gateway: could not %s: %s (timeout %ss)", what, why, self.config.timeout_s)
         return None
 
-    def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Run:
+    def begin(
+        self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str, wait: bool = True
+    ) -> Run:
         """A run of the job ``task_id`` (``worker``: the node's name; ``scheme``: the queue's, for results
-        referred to by id). Its ``start`` is sent now and waited for at most ``timeout_s``; without a ticket
-        (or a token in it) the task is created first."""
+        referred to by id). Its ``start`` is sent now and waited for at most ``timeout_s`` (``wait``
+        false: not at all, the job going on while it is sent; ``attempt`` is then known later); without a
+        ticket (or a token in it) the task is created first. Either way, what the run reports goes after
+        its start."""
         sender = self._sender_here()
         run = Run(
             task_id,
@@ -157,13 +183,18 @@ class Reporter:
             cancel=self.cancel,
         )
         sender.add(run)
-        run.started.wait(self.config.timeout_s)
+        if wait:
+            run.started.wait(self.config.timeout_s)
         return run
 
 
 def current_run() -> Run | None:
     """The run of the job executing in this thread (or asyncio task), if any."""
     return _current.get()
+
+
+def _json(response: httpx.Response) -> Any:
+    return response.json()
 
 
 def activate(run: Run | None) -> None:

@@ -344,7 +344,26 @@ async def test_a_task_cancelled_on_the_gateway_stops_and_a_producer_without_gate
                 )
                 answer = await client.post(f"/v1/tasks/{held}/cancel", json={"reason": "not wanted"})
                 assert answer.json()["reason"] == "cancelled", answer.text
-                for task_id, state in ((unmade, "succeeded"), (held, "failed")):
+                # A lost run, which Celery calls failed: its pool process killed (no acks_late). The worker's
+                # main process reports it.
+                killed = str(
+                    (await anyio.to_thread.run_sync(lambda: app.signature("tg.hold").apply_async((30,)))).id
+                )
+                await eventually(
+                    lambda: read_task(client, killed),
+                    lambda t: (
+                        t["state"] == "running"
+                        and t["progress"] == 30
+                        and (shared / f"{killed}.pid").exists()
+                    ),
+                    f"{killed} running",
+                )
+                os.kill(int((shared / f"{killed}.pid").read_text()), signal.SIGKILL)
+                for task_id, state in (
+                    (unmade, "succeeded"),
+                    (held, "failed"),
+                    (killed, "failed"),
+                ):
                     await eventually(
                         partial(read_task, client, task_id),
                         partial(_in_state, state),
@@ -357,6 +376,7 @@ async def test_a_task_cancelled_on_the_gateway_stops_and_a_producer_without_gate
                     {
                         unmade: Expected("steps", "succeeded", [], task_id=unmade),
                         held: Expected("hold", "failed", [], task_id=held),
+                        killed: Expected("hold", "failed", [], task_id=killed),
                     },
                 )
                 assert not problems, problems
@@ -372,6 +392,9 @@ async def test_a_task_cancelled_on_the_gateway_stops_and_a_producer_without_gate
                 60,
                 "succeed",
             ]
+            lost = await read_history(client, killed)
+            assert lost["task"]["error"].startswith("WorkerLostError: "), lost["task"]
+            assert [e["event"]["type"] for e in lost["events"]] == ["start", "progress", "fail"]
             cancelled = await read_history(client, held)
             assert cancelled["task"]["error"] == "cancelled"
             assert [e["event"]["type"] for e in cancelled["events"]] == ["start", "progress", "cancel"]
