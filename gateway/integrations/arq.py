@@ -281,6 +281,8 @@ async def _report(ctx: dict[str, Any], run: Run, outcome: Any) -> None:
         if info is not None and isinstance(info.result, TimeoutError):
             run.fail(info.result, retryable=False)
         else:
-            await asyncio.to_thread(run.cancel, "aborted")  # a request (up to timeout_s): off the loop
+            # Run.cancel hands the request to the reporter's thread; off the loop all the same, so that no
+            # Run (a test's stand-in, a subclass) that does wait can hold it.
+            await asyncio.to_thread(run.cancel, "aborted")
         return
     run.fail(outcome if isinstance(outcome, BaseException) else "the try ended", retryable=False)

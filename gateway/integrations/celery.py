@@ -19,7 +19,8 @@ What each Celery moment does to the gateway task (its id is the Celery task id):
   the SHA-256 of its JSON;
 - ``task_retry`` (``self.retry()``, autoretry): ``fail``, retryable: the next run starts the next attempt;
 - ``task_failure``: ``fail``, final: the exception's type and message;
-- ``task_revoked``: the task is cancelled (``POST .../cancel``);
+- ``task_revoked``: the task is cancelled (``POST .../cancel``, sent by the reporter's thread: the worker's
+  main process, which takes the messages, never waits for the gateway);
 - ``task_failure`` in the worker's main process (a pool process lost, its message not requeued): ``fail``,
   final, unfenced (the ticket kept from ``task_received``).
 
@@ -30,6 +31,7 @@ after a killed worker) starts a new attempt once the task's lease has requeued i
 from __future__ import annotations
 
 import sys
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -231,10 +233,15 @@ class _Hooks:
         **_: Any,
     ) -> None:
         """Revoked: the gateway task is cancelled. An expired message is left to the gateway, whose task
-        has the same deadline."""
+        has the same deadline. This runs in the worker's main process, the one taking messages: the cancel
+        is handed to the reporter's sender thread (retried until the task's deadline), never waited for."""
         if expired or request is None or (sender is not None and not self._ours(sender)):
             return
-        self.reporter.cancel(str(request.id), "revoked (terminated)" if terminated else "revoked")
+        task_id = str(request.id)
+        ticket = self.received_tickets.get(task_id)
+        deadline_ms = time.time() * 1000 + ticket.ttl_ms if ticket is not None else None
+        reason = "revoked (terminated)" if terminated else "revoked"
+        self.reporter.cancel(task_id, reason, wait=False, deadline_ms=deadline_ms)
 
     def _run_of(self, task: Any) -> Run | None:
         if not self._ours(task):

@@ -115,7 +115,7 @@ class GatewayMiddleware(Middleware):
         elif message.failed:
             # Failed before its run began (AgeLimit: too old to run): nothing will run it, so its task,
             # queued until now, is cancelled rather than left queued until its deadline.
-            self.reporter.cancel(message.message_id, "skipped")
+            self.reporter.cancel(message.message_id, "skipped", wait=False)
 
     def _take(self, message: Any) -> Run | None:
         activate(None)

@@ -9,7 +9,14 @@ when a job is published, and each run of the job, in whatever worker process, re
   a bounded time. A background thread of the process (made lazily, after a fork too: a Celery prefork
   child or an RQ work horse has its own) sends everything in order with stable callback ids
   (``<task>:<attempt>:p<n>``, ``<task>:<attempt>:end``), heartbeats tasks with a lease and retries while
-  the gateway is away, until the task's deadline.
+  the gateway is away, until the task's deadline. A run that took over an attempt another run began (a
+  task without a lease, its message redelivered) puts a nonce of its own after the attempt
+  (``<task>:<attempt>:<nonce>:p<n>``): the other run counted its progress from ``p1`` too, and the same id
+  with another body would be taken for a repeat (``duplicate-callback``) or refused
+  (``callback-id-reused``). A run's ids stay the same across its own retries.
+- :meth:`Reporter.cancel` (the queue revoked or stopped a job): ``wait=False``, what the queues' handlers
+  use, hands the cancel to that thread and returns at once (Celery's ``task_revoked`` runs in the worker's
+  main process, which must not wait for the gateway); :meth:`Run.cancel` likewise.
 - :func:`progress` / :func:`aprogress`: the job's one call, for the run of the job executing here.
 """
 
@@ -29,7 +36,7 @@ import httpx
 from gateway.client.backend_wire import Call, Wire
 from gateway.client.errors import BackendError
 from gateway.integrations.run import Run
-from gateway.integrations.sender import Sender
+from gateway.integrations.sender import Cancel, Sender
 from gateway.integrations.ticket import DEFAULT_TTL_MS, GatewayConfig, Ticket, error_text
 
 __all__ = [
@@ -113,10 +120,28 @@ class Reporter:
             return None
         return Ticket(created.callback_token, ttl_ms, max_attempts, heartbeat_ms, tuple(tags))
 
-    def cancel(self, task_id: str, reason: str | None = None) -> dict[str, Any] | None:
+    def cancel(
+        self,
+        task_id: str,
+        reason: str | None = None,
+        *,
+        wait: bool = True,
+        deadline_ms: float | None = None,
+    ) -> dict[str, Any] | None:
         """Cancel the gateway task of a job the queue revoked, within ``timeout_s``; the answer, or ``None``
-        (logged) when the gateway could not be told."""
+        (logged) when the gateway could not be told. ``wait`` false: returns ``None`` at once, the cancel
+        handed to this process's sender thread, which tries it (with backoff) until it is answered or
+        ``deadline_ms`` (epoch ms; by default ``ttl_ms`` from now, a bound on the task's deadline) passes."""
+        if not wait:
+            if deadline_ms is None:
+                deadline_ms = time.time() * 1000 + self.config.ttl_ms
+            self._sender_here().add(Cancel(task_id, reason, deadline_ms))
+            return None
         return self._within(f"cancel task {task_id}", self._wire.cancel(task_id, reason))
+
+    def _cancel_run(self, run: Run, reason: str | None) -> None:
+        """:meth:`Run.cancel`: after the run's start, until the task's deadline, without waiting."""
+        self._sender_here().add(Cancel(run.task_id, reason, run.expires_at_ms, after=run))
 
     def lost(self, task_id: str, ticket: Ticket, error: BaseException | str) -> None:
         """The queue gave up a job whose run could not report its end (its process was killed, or a hard
@@ -135,7 +160,8 @@ class Reporter:
         )
         answer = self._within(f"fail task {task_id}, whose run was lost", call)
         if answer is not None and answer.get("reason") == "not-running":
-            self.cancel(task_id, f"its run was lost: {event['error']}"[:MAX_CANCEL_REASON])
+            reason = f"its run was lost: {event['error']}"[:MAX_CANCEL_REASON]
+            self.cancel(task_id, reason, wait=False, deadline_ms=time.time() * 1000 + ticket.ttl_ms)
 
     def _within(self, what: str, call: Call[T]) -> T | None:
         """``call``'s answer, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed, each
@@ -180,7 +206,7 @@ class Reporter:
             scheme=scheme,
             config=self.config,
             wake=sender.wake,
-            cancel=self.cancel,
+            cancel=self._cancel_run,
         )
         sender.add(run)
         if wait:

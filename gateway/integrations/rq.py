@@ -224,7 +224,8 @@ def on_stopped(job: Job, connection: Any) -> None:
             "gateway.integrations.rq: job %s stopped, but the gateway is not installed here", job.id
         )
     else:
-        _reporter.cancel(job.id, "stopped")  # within its timeout; a WARNING when the gateway is away
+        # The worker's main process: handed to the reporter's thread (retried until the task's deadline).
+        _reporter.cancel(job.id, "stopped", wait=False)
     user = job.meta.get(USER_ON_STOPPED)
     if isinstance(user, str):
         import_attribute(user)(job, connection)

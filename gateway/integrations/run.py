@@ -42,7 +42,7 @@ class Run:
         scheme: str,
         config: GatewayConfig,
         wake: Callable[[], None],
-        cancel: Callable[[str, str | None], Any],
+        cancel: Callable[[Run, str | None], Any],
     ) -> None:
         self.task_id = task_id
         self.attempt: int | None = None
@@ -67,6 +67,9 @@ class Run:
         self.token = ticket.token if ticket is not None else None
         self.start_id = str(uuid.uuid4())  # fresh per start: a redelivered run is a new attempt
         self.running_attempt: int | None = None  # the attempt another run holds (WAIT)
+        # Set when this run took over an attempt another run began (a task without a lease): its callback
+        # ids then carry it, so that they are not that run's (whose own progress counted from p1 too).
+        self.nonce: str | None = None
         ttl_ms = ticket.ttl_ms if ticket is not None else config.ttl_ms
         self.expires_at_ms = time.time() * 1000 + ttl_ms  # the task's deadline, bounded above until known
         self.heartbeat_ms: int | None = None
@@ -122,9 +125,10 @@ class Run:
         self._wake()
 
     def cancel(self, reason: str | None = None) -> None:
-        """The queue revoked the job: cancel its gateway task (the API key's ``POST .../cancel``), within
-        ``timeout_s``."""
-        self._cancel(self.task_id, reason)
+        """The queue revoked the job: cancel its gateway task (the API key's ``POST .../cancel``). Never
+        blocks: the sender sends it once this run's start is answered (the task made first, if the run makes
+        it), retried like the run's callbacks until the task's deadline."""
+        self._cancel(self, reason)
 
     def finish(self) -> None:
         """The run is over. Waits, at most ``timeout_s`` and not at all while the gateway cannot be reached,
@@ -160,13 +164,21 @@ class Run:
                 self.progress_at = now
                 value, cursor = latest
                 event = {"type": "progress", "progress": value, "cursor": cursor}
-                self.inflight = (f"{self.task_id}:{self.attempt}:p{self.sent}", event)
+                self.inflight = (f"{self.callback_ids()}:p{self.sent}", event)
             elif outcome is not None:
                 self.ended = True
-                self.inflight = (f"{self.task_id}:{self.attempt}:end", outcome)
+                self.inflight = (f"{self.callback_ids()}:end", outcome)
             else:
                 return None
         return self.inflight
+
+    def callback_ids(self) -> str:
+        """What this run's callback ids begin with: ``<task>:<attempt>``, or ``<task>:<attempt>:<nonce>``
+        in a run that took its attempt over from another (``p<n>`` and ``end`` follow). The same for every
+        retry of a callback, so a retry is applied once; never another run's, so no run's report is taken
+        for a repeat of another's (``duplicate-callback``) or refused (``callback-id-reused``)."""
+        ids = f"{self.task_id}:{self.attempt}"
+        return ids if self.nonce is None else f"{ids}:{self.nonce}"
 
     def idle(self) -> bool:
         """Nothing left to send, and the job has finished."""

@@ -5,6 +5,10 @@ Why a thread of its own: the job must never wait for the gateway (a slow or stop
 yet what it reported must reach the gateway in order, and exactly once in effect (the callback ids make a
 retry harmless). The thread also heartbeats the runs whose task has a lease, and waits out a killed run's
 lease before a redelivered run starts the next attempt.
+
+The cancels a queue asks for (a revoke, a stop) go the same way, as :class:`Cancel`: the handler that asks
+(Celery's ``task_revoked`` runs in the worker's main process, the one taking messages) returns at once,
+and the cancel is retried with backoff until answered or the task's deadline.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import math
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -44,6 +49,23 @@ class Unanswered(Exception):
     """The gateway did not answer (a transport error, a 5xx or a 429): try again later."""
 
 
+@dataclass(eq=False)
+class Cancel:
+    """A cancel the queue asked for (``POST /v1/tasks/{id}/cancel``, the API key), waiting for the sender:
+    sent after ``after`` (the run it cancels, in this process) has had its start answered, retried until
+    ``expires_at_ms`` (the task's deadline, epoch ms)."""
+
+    task_id: str
+    reason: str | None
+    expires_at_ms: float
+    after: Run | None = None
+    retry_at: float = 0.0  # monotonic: no request before
+    failures: int = 0
+
+    def over(self) -> None:
+        """Nothing to undo: the sender forgets it."""
+
+
 class Sender:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -53,19 +75,19 @@ class Sender:
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
         )
         self.api_headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self.runs: list[Run] = []
+        self.runs: list[Run | Cancel] = []  # in the order they came
         self._cond = threading.Condition()
         self._woken = False
         self._thread = threading.Thread(target=self._loop, name="task-gateway-reporter", daemon=True)
         self._thread.start()
 
-    def add(self, run: Run) -> None:
+    def add(self, run: Run | Cancel) -> None:
         with self._cond:
             self.runs.append(run)
             while len(self.runs) > MAX_RUNS:
                 dropped = self.runs.pop(0)
                 log.warning(
-                    "task-gateway: more than %d runs wait to report; dropping what %s has not sent",
+                    "task-gateway: more than %d runs and cancels wait; dropping what %s has not sent",
                     MAX_RUNS,
                     dropped.task_id,
                 )
@@ -103,9 +125,11 @@ class Sender:
                     self._cond.wait(min(IDLE_S, max(0.0, due - time.monotonic())))
                 self._woken = False
 
-    def _step(self, run: Run, now: float) -> float | None:
+    def _step(self, run: Run | Cancel, now: float) -> float | None:
         """Do what is due for ``run`` (at most one request); return when to look at it again (``now``: at
         once), or ``None`` when it has nothing more to send."""
+        if isinstance(run, Cancel):
+            return self._cancel(run, now)
         if run.phase == OVER:
             return None
         if time.time() * 1000 >= run.expires_at_ms:
@@ -129,12 +153,26 @@ class Sender:
         except Unanswered as exc:
             run.unreachable = True
             run.started.set()  # the job does not wait for a gateway it cannot reach
-            run.failures += 1
-            backoff = Backoff(base_s=0.05, cap_s=2.0, failures=run.failures)
-            run.retry_at = time.monotonic() + backoff.next_delay()
-            log.debug("task-gateway: %s: %s; trying again", run.task_id, exc)
-            return run.retry_at
+            return _later(run, exc)
         return None if run.phase == OVER else now
+
+    def _cancel(self, cancel: Cancel, now: float) -> float | None:
+        if time.time() * 1000 >= cancel.expires_at_ms:
+            log.warning("task-gateway: could not cancel task %s before its deadline", cancel.task_id)
+            return None
+        if cancel.after is not None and cancel.after.phase in (CREATE, START, WAIT):
+            return now + WAIT_POLL_S  # its run has not started: the task may not even be made yet
+        if now < cancel.retry_at:
+            return cancel.retry_at
+        body = {} if cancel.reason is None else {"reason": cancel.reason}
+        path = f"/v1/tasks/{_path(cancel.task_id)}/cancel"
+        try:
+            status, answer, _ = self._post(path, body, self.api_headers)
+        except Unanswered as exc:
+            return _later(cancel, exc)
+        if status >= 300:
+            log.warning("task-gateway: could not cancel task %s: %s", cancel.task_id, _why(status, answer))
+        return None
 
     def _running(self, run: Run, now: float) -> float | None:
         item = run.take(now)
@@ -245,7 +283,7 @@ class Sender:
                 run.task_id,
                 task["attempts"],
             )
-            self._begun(run, int(task["attempts"]))
+            self._begun(run, int(task["attempts"]), took_over=True)
         else:
             self._ended(run, "start", str(reason), task)
 
@@ -258,7 +296,7 @@ class Sender:
                 _why(status, answer),
             )
             assert run.running_attempt is not None
-            self._begun(run, run.running_attempt)
+            self._begun(run, run.running_attempt, took_over=True)
             return
         state = answer.get("state")
         if state == "queued":
@@ -268,7 +306,11 @@ class Sender:
         else:
             self._ended(run, "start", "terminal-conflict", answer)
 
-    def _begun(self, run: Run, attempt: int) -> None:
+    def _begun(self, run: Run, attempt: int, *, took_over: bool = False) -> None:
+        """The run reports as ``attempt`` from now on; one that ``took_over`` an attempt another run began
+        numbers its callbacks apart from that run's (:meth:`Run.callback_ids`)."""
+        if took_over:
+            run.nonce = uuid.uuid4().hex[:16]
         run.attempt = attempt
         run.phase = RUNNING
         run.started.set()
@@ -327,6 +369,14 @@ class Sender:
 
     def _auth(self, run: Run) -> dict[str, str]:
         return {"Authorization": f"Bearer {run.token}"}
+
+
+def _later(item: Run | Cancel, exc: Unanswered) -> float:
+    """The gateway did not answer ``item``'s request: when to try again (backoff)."""
+    item.failures += 1
+    item.retry_at = time.monotonic() + Backoff(base_s=0.05, cap_s=2.0, failures=item.failures).next_delay()
+    log.debug("task-gateway: %s: %s; trying again", item.task_id, exc)
+    return item.retry_at
 
 
 def _path(task_id: str) -> str:

@@ -1,7 +1,9 @@
 """The run reporter (``gateway.integrations.report``) against a real gateway process: coalesced progress
 with the latest value always sent before the outcome; a gateway that goes away mid-run (the job finishes,
 and its outcome reaches the gateway once it is back); a producer's create that cannot reach the gateway
-(bounded, and it says which task it could not create); a cancel on the gateway raising in the job.
+(bounded, and it says which task it could not create); a cancel on the gateway raising in the job; a run
+that takes over an attempt (no lease) reporting apart from the run before it; a revoke that does not wait
+for a gateway that is down.
 
 The reporter is sync and blocks its caller for bounded times: the tests call it from a worker thread, so
 the event loop stays free for their own requests.
@@ -14,13 +16,16 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import httpx
 import pytest
+from celery import Celery, signals
 
 from gateway.client import TaskCancelled
+from gateway.integrations.celery import install, uninstall
 from gateway.integrations.report import GatewayConfig, Reporter, Run
 from gateway.integrations.ticket import result_hash
 from tests.celery_processes import API_KEY, keyed_gateway, read_history
@@ -29,6 +34,8 @@ from tests.support import bearer, eventually
 
 # A min_interval no test outlasts: every progress after the first must wait for the outcome.
 FOREVER_S = 3600.0
+# The timeout of a reporter whose revoke must not wait for it: far above the bound the test puts on it.
+REVOKE_TIMEOUT_S = 30.0
 
 
 def _reporter(url: str, **config: Any) -> Reporter:
@@ -169,3 +176,92 @@ async def test_a_cancel_on_the_gateway_makes_the_next_progress_raise(tmp_path: P
         assert raised[0].task is not None and raised[0].task["error"] == "cancelled"
         final = await read_history(client, task_id)
         assert [e["event"]["type"] for e in final["events"]][-1] == "cancel"
+
+
+@pytest.mark.anyio
+async def test_a_run_that_takes_over_an_attempt_reports_apart_from_the_run_before_it(tmp_path: Path) -> None:
+    """A task without a lease, its message redelivered (the first worker killed mid-run): the new run takes
+    the attempt over and counts its progress from the first again, yet its reports are its own (not taken
+    for repeats of the first run's, nor refused as ids reused with another body)."""
+    async with (
+        keyed_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+    ):
+        task_id = f"taken-over-{uuid.uuid4().hex[:8]}"
+        killed = _reporter(gw.url, min_interval_s=0.05)  # the first worker's process
+        redelivered = _reporter(gw.url, min_interval_s=0.05)  # the process the message goes to next
+        ticket = await anyio.to_thread.run_sync(
+            lambda: killed.create(task_id, ttl_ms=600_000, max_attempts=1, heartbeat_ms=None, tags=())
+        )
+        assert ticket is not None
+        first = await anyio.to_thread.run_sync(
+            lambda: killed.begin(task_id, worker="killed", ticket=ticket, scheme="celery")
+        )
+        assert first.attempt == 1
+        first.progress(10, cursor="row-10")
+        await eventually(
+            lambda: read_history(client, task_id),
+            lambda h: h["task"].get("progress") == 10,
+            f"{task_id}'s first progress",
+        )
+        # The first run says nothing more (its worker was killed); the message runs again.
+        second = await anyio.to_thread.run_sync(
+            lambda: redelivered.begin(task_id, worker="redelivered", ticket=ticket, scheme="celery")
+        )
+        assert second.attempt == 1  # taken over: no lease could requeue it
+        second.progress(50, cursor="row-50")
+        second.succeed("s3://reports/taken-over")
+        await anyio.to_thread.run_sync(second.finish)
+        history = await eventually(
+            lambda: read_history(client, task_id),
+            lambda h: h["task"]["state"] == "succeeded",
+            f"{task_id} succeeded by the run that took it over",
+        )
+        events = [e["event"] for e in history["events"]]
+        progress = [(e["progress"], e["cursor"]) for e in events if e["type"] == "progress"]
+        assert progress == [(10, "row-10"), (50, "row-50")], events
+        assert history["task"]["resultRef"] == "s3://reports/taken-over"
+
+
+@pytest.mark.anyio
+async def test_a_revoke_with_the_gateway_down_returns_at_once_and_cancels_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    """Celery's ``task_revoked`` runs in the worker's main process, the one taking messages: its cancel must
+    not wait for a gateway that is down (here, the whole ``timeout`` it would retry for), yet must reach the
+    gateway once it is back."""
+    port = free_port()
+    app = Celery(f"revoke-{uuid.uuid4().hex[:8]}")
+    reporter = install(app, url=f"http://127.0.0.1:{port}", api_key=API_KEY, timeout=REVOKE_TIMEOUT_S)
+    task_id = f"revoked-{uuid.uuid4().hex[:8]}"
+    try:
+        async with keyed_gateway(tmp_path, port=port):
+            created = await anyio.to_thread.run_sync(
+                lambda: reporter.create(task_id, ttl_ms=600_000, max_attempts=1, heartbeat_ms=None, tags=())
+            )
+            assert created is not None
+        # The gateway is stopped. A cancel that waited would take REVOKE_TIMEOUT_S.
+        with anyio.fail_after(REVOKE_TIMEOUT_S / 3):
+            await anyio.to_thread.run_sync(
+                lambda: signals.task_revoked.send(
+                    sender=None,
+                    request=SimpleNamespace(id=task_id),
+                    terminated=False,
+                    signum=None,
+                    expired=False,
+                )
+            )
+        async with (
+            keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
+            httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        ):
+            history = await eventually(
+                lambda: read_history(client, task_id),
+                lambda h: h["task"]["state"] == "failed",
+                f"{task_id} cancelled once the gateway is back",
+                within_s=30,
+            )
+            assert history["task"]["error"] == "cancelled"
+            assert [e["event"]["type"] for e in history["events"]] == ["cancel"]
+    finally:
+        uninstall(app)
