@@ -240,7 +240,7 @@ async def test_a_revoke_with_the_gateway_down_returns_at_once_and_cancels_once_i
                 lambda: reporter.create(task_id, ttl_ms=600_000, max_attempts=1, heartbeat_ms=None, tags=())
             )
             assert created is not None
-        # The gateway is stopped. A cancel that waited would take REVOKE_TIMEOUT_S.
+        # The gateway is stopped. A cancel that waited would take REVOKE_TIMEOUT_S (the thread abandoned).
         with anyio.fail_after(REVOKE_TIMEOUT_S / 3):
             await anyio.to_thread.run_sync(
                 lambda: signals.task_revoked.send(
@@ -249,7 +249,8 @@ async def test_a_revoke_with_the_gateway_down_returns_at_once_and_cancels_once_i
                     terminated=False,
                     signum=None,
                     expired=False,
-                )
+                ),
+                abandon_on_cancel=True,
             )
         async with (
             keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
@@ -265,3 +266,34 @@ async def test_a_revoke_with_the_gateway_down_returns_at_once_and_cancels_once_i
             assert [e["event"]["type"] for e in history["events"]] == ["cancel"]
     finally:
         uninstall(app)
+
+
+@pytest.mark.anyio
+async def test_a_runs_cancel_goes_after_the_task_it_makes_and_does_not_wait(tmp_path: Path) -> None:
+    """``Run.cancel`` (arq's abort) of a run that must make its task first (no ticket): the cancel is sent
+    after the create and the start, not before (it would be refused: ``404 unknown-task``)."""
+    async with (
+        keyed_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+    ):
+        reporter = _reporter(gw.url)
+        task_id = f"aborted-{uuid.uuid4().hex[:8]}"
+
+        def aborted() -> None:
+            run = reporter.begin(task_id, worker="w", ticket=None, scheme="arq", wait=False)
+            run.cancel("aborted")
+
+        await anyio.to_thread.run_sync(aborted)
+
+        async def history_if_made() -> dict[str, Any] | None:
+            answer = await client.get(f"/v1/tasks/{task_id}/events", params={"cursor": 0})
+            return None if answer.status_code == 404 else await read_history(client, task_id)
+
+        history = await eventually(
+            history_if_made,
+            lambda h: h is not None and h["task"]["state"] == "failed",
+            f"{task_id} cancelled after its run made and started it",
+        )
+        assert history is not None
+        assert [e["event"]["type"] for e in history["events"]] == ["start", "cancel"]
+        assert history["task"]["error"] == "cancelled"
