@@ -52,7 +52,8 @@ class Recorder:
         self.runs: list[Recorded] = []
         self.cancelled: list[tuple[str, str | None]] = []
 
-    def cancel(self, task_id: str, reason: str | None = None) -> dict[str, Any] | None:
+    def cancel(self, task_id: str, reason: str | None = None, **how: Any) -> dict[str, Any] | None:
+        assert how.get("wait") is False  # a dramatiq worker thread never waits for the gateway
         self.cancelled.append((task_id, reason))
         return None
 
