@@ -188,7 +188,9 @@ class GatewayJob(Job):
             )
             return super().perform()
         worker = self.worker_name or f"rq@{socket.gethostname()}:{os.getpid()}"
-        left = [r for r in map(_reporter.adopt, _take_pending(self.connection, self.id)) if r is not None]
+        # What an earlier run of this job left unsent goes first (its worker's main process did not take it).
+        earlier = _take_pending(self.connection, self.id)
+        left = [run for run in (_reporter.adopt(pending) for pending in earlier) if run is not None]
         run = _reporter.begin(self.id, worker=worker, ticket=self._ticket(_reporter), scheme=SCHEME)
         activate(run)
         try:
