@@ -22,7 +22,8 @@ What each Celery moment does to the gateway task (its id is the Celery task id):
 - ``task_revoked``: the task is cancelled (``POST .../cancel``, sent by the reporter's thread: the worker's
   main process, which takes the messages, never waits for the gateway);
 - ``task_failure`` in the worker's main process (a pool process lost, its message not requeued): ``fail``,
-  final, unfenced (the ticket kept from ``task_received``).
+  final, unfenced (the ticket kept from ``task_received``), sent by the reporter's thread as a revoke's
+  cancel is (never waited for).
 
 A republished message (a retry) carries its ticket and is not created again; a redelivered one (``acks_late``
 after a killed worker) starts a new attempt once the task's lease has requeued it.
