@@ -217,7 +217,7 @@ class Run:
             return self.inflight
         with self.lock:
             latest, outcome = self.latest, self.outcome
-            if self.ended:
+            if self.ended or self.handed:  # handed: another process sends the rest (pending())
                 return None
             if latest is not None and latest == self.last_sent:
                 self.latest = latest = None  # the value and cursor sent last: nothing new to say,
