@@ -23,7 +23,8 @@ What each Celery moment does to the gateway task (its id is the Celery task id):
   main process, which takes the messages, never waits for the gateway);
 - ``task_failure`` in the worker's main process (a pool process lost, its message not requeued; a hard time
   limit, whose pool process Celery terminates): ``fail``, final, unfenced (the ticket kept from
-  ``task_received``), ``TimeLimitExceeded: hard time limit (<n> s) exceeded`` for the time limit;
+  ``task_received``), ``TimeLimitExceeded: hard time limit (<n> s) exceeded`` for the time limit; sent by
+  the reporter's thread as a revoke's cancel is (never waited for);
 - ``task_postrun`` of a task that raised ``Reject`` (no other signal says so): ``fail`` ``Reject: <reason>``,
   retryable when the message goes back to the queue (``requeue=True`` on an ``acks_late`` task, whose
   message is not acknowledged yet), else final; ``Ignore`` (Celery records nothing and runs it no more):

@@ -16,7 +16,9 @@ when a job is published, and each run of the job, in whatever worker process, re
   (``callback-id-reused``). A run's ids stay the same across its own retries.
 - :meth:`Reporter.cancel` (the queue revoked or stopped a job): ``wait=False``, what the queues' handlers
   use, hands the cancel to that thread and returns at once (Celery's ``task_revoked`` runs in the worker's
-  main process, which must not wait for the gateway); :meth:`Run.cancel` likewise.
+  main process, which must not wait for the gateway); :meth:`Run.cancel` and :meth:`Reporter.lost` likewise.
+- :meth:`Run.pending` / :meth:`Reporter.adopt`: a process about to exit with a run's reports unsent (an RQ
+  work horse) hands them, as JSON, to a process that lives on (its worker), whose thread sends them.
 - :func:`progress` / :func:`aprogress`: the job's one call, for the run of the job executing here.
 """
 
@@ -26,17 +28,16 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import httpx
 
 from gateway.client.backend_wire import Call, Wire
 from gateway.client.errors import BackendError
 from gateway.integrations.run import Run
-from gateway.integrations.sender import Cancel, Sender
+from gateway.integrations.sender import Cancel, Lost, Sender
 from gateway.integrations.ticket import DEFAULT_TTL_MS, GatewayConfig, Ticket, error_text
 
 __all__ = [
@@ -54,8 +55,6 @@ __all__ = [
 log = logging.getLogger("gateway.integrations")
 
 T = TypeVar("T")
-# The longest cancel reason the gateway takes.
-MAX_CANCEL_REASON = 1024
 
 _current: ContextVar[Run | None] = ContextVar("gateway_run", default=None)
 
@@ -146,22 +145,37 @@ class Reporter:
     def lost(self, task_id: str, ticket: Ticket, error: BaseException | str) -> None:
         """The queue gave up a job whose run could not report its end (its process was killed, or a hard
         time limit ended it) and calls it failed: fail the task for good (no run, so no attempt to fence
-        with), within ``timeout_s``; a task its lease has requeued meanwhile is cancelled, saying why."""
+        with); a task its lease has requeued meanwhile is cancelled, saying why. Never blocks (Celery calls
+        it in the worker's main process): handed to this process's sender thread, tried until the task's
+        deadline (``ttl_ms`` from now, a bound on it)."""
         if ticket.token is None:
             return
-        event = {"type": "fail", "error": error_text(error), "retryable": False}
-        call = Call(
-            "POST",
-            f"{self._wire.base_url}/v1/tasks/{quote(task_id, safe='')}/callbacks",
-            _json,
-            {"callbackId": f"{task_id}:lost", "event": event},
-            headers={"Authorization": f"Bearer {ticket.token}"},
-            task_id=task_id,
+        deadline_ms = time.time() * 1000 + ticket.ttl_ms
+        self._sender_here().add(Lost(task_id, ticket.token, error_text(error), deadline_ms))
+
+    def adopt(self, pending: Mapping[str, Any]) -> Run | None:
+        """Send, from this process, what a run in another process left unsent (its :meth:`Run.pending`):
+        in its order, with its ids, until the task's deadline. ``None`` (and nothing sent) when that has
+        passed."""
+        if time.time() * 1000 >= float(pending["expiresAtMs"]):
+            log.warning(
+                "task-gateway: task %s passed its deadline; dropping the reports handed over",
+                pending.get("taskId"),
+            )
+            return None
+        sender = self._sender_here()
+        run = Run(
+            str(pending["taskId"]),
+            worker=str(pending["worker"]),
+            ticket=Ticket.from_header(pending.get("ticket")),
+            scheme=str(pending["scheme"]),
+            config=self.config,
+            wake=sender.wake,
+            cancel=self._cancel_run,
         )
-        answer = self._within(f"fail task {task_id}, whose run was lost", call)
-        if answer is not None and answer.get("reason") == "not-running":
-            reason = f"its run was lost: {event['error']}"[:MAX_CANCEL_REASON]
-            self.cancel(task_id, reason, wait=False, deadline_ms=time.time() * 1000 + ticket.ttl_ms)
+        run.resume(pending)
+        sender.add(run)
+        return run
 
     def _within(self, what: str, call: Call[T]) -> T | None:
         """``call``'s answer, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed, each
@@ -217,10 +231,6 @@ class Reporter:
 def current_run() -> Run | None:
     """The run of the job executing in this thread (or asyncio task), if any."""
     return _current.get()
-
-
-def _json(response: httpx.Response) -> Any:
-    return response.json()
 
 
 def activate(run: Run | None) -> None:

@@ -3,8 +3,9 @@ attempts.
 
 Producer and worker both call :func:`install` (in the module that defines the jobs, or the module a worker
 is started with, ``rq worker -c``). The producer enqueues with :func:`enqueue`, which creates the gateway
-task before the job is pushed; the worker runs jobs as :class:`GatewayJob`
-(``rq worker --job-class gateway.integrations.rq.GatewayJob``)::
+task before the job is pushed; the worker is a :class:`GatewayWorker` running jobs as :class:`GatewayJob`
+(``rq worker --worker-class gateway.integrations.rq.GatewayWorker --job-class
+gateway.integrations.rq.GatewayJob``)::
 
     install(url="http://127.0.0.1:8000", api_key=KEY, heartbeat=5)
     enqueue(queue, build_report, rows, retry=Retry(max=2), gateway={"tags": ["owner:u42"]})
@@ -31,13 +32,27 @@ The mapping is Celery's (docs/integrations.md), moment by moment:
 
 Why a job class rather than only job callbacks: RQ has no callback when a run starts, and its success and
 failure callbacks are the user's to set; :meth:`GatewayJob.perform` wraps the one call that is the run.
+
+Why a worker class: RQ's worker forks a work horse per job, which exits (``os._exit``) as soon as the job
+has ended. A gateway that is down or slow must not hold the horse up (``Run.finish()`` waits a bounded
+time), yet what the run could not send yet (its start, its latest progress, its outcome) must not die with
+the horse. So the horse writes it (``Run.pending()``: the callback token, the attempt, the callback ids,
+the task's deadline) to a Redis list of the job's own (``rq:gateway:pending:<job id>``, expiring with the
+task), and :class:`GatewayWorker`'s main process, which outlives its horses, takes that list once the
+horse has exited and hands it to its own reporter's sender thread (``Reporter.adopt``): sent in order, with
+the same ids (a callback the horse got out after all is a harmless repeat), until the task's deadline. A
+later run of the job (a retry another worker runs) takes a list left there first and sends it before its
+own start.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -48,6 +63,7 @@ from rq.job import Job, Retry
 from rq.queue import Queue
 from rq.types import FunctionReferenceType
 from rq.utils import import_attribute
+from rq.worker import Worker
 
 from gateway.client.errors import TaskCancelled
 from gateway.integrations.report import (
@@ -60,7 +76,7 @@ from gateway.integrations.report import (
 )
 from gateway.integrations.ticket import gateway_config, requested
 
-__all__ = ["GatewayJob", "current_run", "enqueue", "install", "on_stopped", "progress"]
+__all__ = ["GatewayJob", "GatewayWorker", "current_run", "enqueue", "install", "on_stopped", "progress"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +85,12 @@ META = "gateway"
 # Where a user's own ``on_stopped`` callback is kept (``job.meta``): :func:`on_stopped` calls it after ours.
 USER_ON_STOPPED = "gateway_on_stopped"
 SCHEME = "rq"
+# The Redis list a work horse leaves a run's unsent reports in, for its worker's main process.
+PENDING_KEY = "rq:gateway:pending:{}"
 
 _reporter: Reporter | None = None
+# Set in a GatewayWorker's main process, so in each horse it forks: a worker will send what the horse leaves.
+_handed_over = False
 
 
 def install(
@@ -168,6 +188,9 @@ class GatewayJob(Job):
             )
             return super().perform()
         worker = self.worker_name or f"rq@{socket.gethostname()}:{os.getpid()}"
+        # What an earlier run of this job left unsent goes first (its worker's main process did not take it).
+        earlier = _take_pending(self.connection, self.id)
+        left = [run for run in (_reporter.adopt(pending) for pending in earlier) if run is not None]
         run = _reporter.begin(self.id, worker=worker, ticket=self._ticket(_reporter), scheme=SCHEME)
         activate(run)
         try:
@@ -183,6 +206,32 @@ class GatewayJob(Job):
         finally:
             activate(None)
             run.finish()
+            self._leave([*left, run])
+
+    def _leave(self, runs: list[Run]) -> None:
+        """The run is over and this horse is about to exit: what ``runs`` (the runs of this job an earlier
+        horse left, then this one) have not had answered goes to the job's pending list, for the worker's
+        main process (a :class:`GatewayWorker`) to send. A worker of another class has no one to send it."""
+        if not _handed_over:
+            if any(not run.settled.is_set() for run in runs):
+                logger.warning(
+                    "task-gateway: job %s ended with reports the gateway has not answered; a work horse "
+                    "that exits loses them: run workers with --worker-class "
+                    "gateway.integrations.rq.GatewayWorker",
+                    self.id,
+                )
+            return
+        left = [pending for pending in (run.pending() for run in runs) if pending is not None]
+        if not left:
+            return
+        key = PENDING_KEY.format(self.id)
+        try:
+            with self.connection.pipeline() as pipe:
+                pipe.rpush(key, *(json.dumps(pending) for pending in left))
+                pipe.pexpireat(key, round(max(p["expiresAtMs"] for p in left)))
+                pipe.execute()
+        except Exception:  # the job's outcome is RQ's to record: a lost report must not change it
+            logger.exception("task-gateway: could not leave job %s's unsent reports to its worker", self.id)
 
     def _ticket(self, reporter: Reporter) -> Ticket:
         """The ticket :func:`enqueue` gave the job; a job enqueued otherwise gets one on its first run, with
@@ -229,3 +278,77 @@ def on_stopped(job: Job, connection: Any) -> None:
     user = job.meta.get(USER_ON_STOPPED)
     if isinstance(user, str):
         import_attribute(user)(job, connection)
+
+
+def _take_pending(connection: Any, job_id: str) -> list[dict[str, Any]]:
+    """The reports a work horse left for ``job_id`` (taken: nobody else sends them), in their order."""
+    key = PENDING_KEY.format(job_id)
+    try:
+        with connection.pipeline() as pipe:  # a transaction: one taker
+            pipe.lrange(key, 0, -1)
+            pipe.delete(key)
+            raw, _ = pipe.execute()
+        return [json.loads(item) for item in raw]
+    except Exception:
+        logger.exception("task-gateway: could not read the reports left for job %s", job_id)
+        return []
+
+
+class GatewayWorker(Worker):
+    """RQ's forking worker, whose main process sends what a work horse could not (the gateway was down or
+    slow when the job ended): ``rq worker --worker-class gateway.integrations.rq.GatewayWorker`` (with
+    ``--job-class gateway.integrations.rq.GatewayJob``, its default job class). Its jobs never wait longer
+    for the gateway than the configured timeout; their reports reach it once it is back, until the task's
+    deadline. On a warm shutdown it waits at most that timeout for what it still holds."""
+
+    job_class = GatewayJob
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        global _handed_over
+        if kwargs.get("job_class") in (None, Job):  # ``rq worker`` passes RQ's Job when not told
+            kwargs["job_class"] = GatewayJob
+        super().__init__(*args, **kwargs)
+        _handed_over = True
+        self._adopted: list[Run] = []
+        self._adopted_lock = threading.Lock()
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        try:
+            super().execute_job(job, queue)
+        finally:
+            self._adopt(job)
+
+    def _adopt(self, job: Job) -> None:
+        """The horse of ``job`` has exited: send what it left."""
+        left = _take_pending(self.connection, job.id)
+        if not left:
+            return
+        if _reporter is None:
+            try:
+                job.func  # noqa: B018  (imports the job's module: its install() call)
+            except Exception:
+                logger.debug("gateway.integrations.rq: could not import %s", job.func_name)
+        if _reporter is None:
+            logger.warning(
+                "task-gateway: job %s left unsent reports, but the gateway is not installed in the worker",
+                job.id,
+            )
+            return
+        with self._adopted_lock:
+            self._adopted = [run for run in self._adopted if not run.settled.is_set()]
+            self._adopted += [run for run in map(_reporter.adopt, left) if run is not None]
+
+    def teardown(self) -> None:
+        if not self.is_horse and _reporter is not None:
+            deadline = time.monotonic() + _reporter.config.timeout_s
+            for run in self._adopted:
+                run.settled.wait(max(0.0, deadline - time.monotonic()))
+            unsent = sorted({run.task_id for run in self._adopted if not run.settled.is_set()})
+            if unsent:
+                logger.warning(
+                    "task-gateway: worker %s stops with the reports of %d tasks unsent: %s",
+                    self.name,
+                    len(unsent),
+                    ", ".join(unsent[:10]),
+                )
+        super().teardown()  # type: ignore[no-untyped-call]

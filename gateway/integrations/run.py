@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.client.errors import TaskCancelled
@@ -83,6 +83,7 @@ class Run:
         self.ended = False  # the outcome was taken
         self.retry_at = 0.0  # monotonic: no request before
         self.failures = 0
+        self.handed = False  # given to another process (pending()): this one sends nothing more of it
 
     def __repr__(self) -> str:
         return f"<Run {self.task_id} attempt {self.attempt} {self.phase}>"
@@ -139,6 +140,73 @@ class Run:
         if not self.unreachable:
             self.settled.wait(self.config.timeout_s)
 
+    # --- another process takes over ------------------------------------------------------------------------
+
+    def pending(self) -> dict[str, Any] | None:
+        """What this finished run has not had answered yet, for another process to send (an RQ work horse
+        exits after its job: its worker's main process sends the rest, :meth:`Reporter.adopt`); ``None``
+        when nothing is left. From now on this process's sender sends nothing more of the run (a request
+        on its way may still arrive: every callback id but the start's is stable, and the start's is handed
+        over with it, so a repeat changes nothing). JSON-able: the callback token, the attempt, the ids and
+        the deadline go with it."""
+        with self.lock:
+            self.handed = True
+            if self.phase == OVER or (self.ended and self.inflight is None):
+                return None
+            if (
+                self.phase == RUNNING
+                and self.inflight is None
+                and self.latest is None
+                and self.outcome is None
+            ):
+                return None
+            return {
+                "taskId": self.task_id,
+                "worker": self.worker,
+                "scheme": self.scheme,
+                "ticket": self.ticket.to_header() if self.ticket is not None else None,
+                "token": self.token,
+                "phase": self.phase,
+                "startId": self.start_id,
+                "attempt": self.attempt,
+                "nonce": self.nonce,
+                "runningAttempt": self.running_attempt,
+                "expiresAtMs": self.expires_at_ms,
+                "heartbeatMs": self.heartbeat_ms,
+                "sent": self.sent,
+                "lastSent": self.last_sent,
+                "latest": self.latest,
+                "inflight": self.inflight,
+                "outcome": self.outcome,
+                "ended": self.ended,
+            }
+
+    def resume(self, pending: Mapping[str, Any]) -> None:
+        """Take up where the run ``pending`` (:meth:`pending`, in another process) stopped: a finished run
+        whose remaining callbacks go with their ids, in their order."""
+
+        def pair(value: Any) -> tuple[Any, Any] | None:
+            return None if value is None else (value[0], value[1])
+
+        with self.lock:
+            self.finished = True
+            self.latest = pair(pending.get("latest"))
+            self.outcome = pending.get("outcome")
+            self.token = pending.get("token")
+            self.phase = str(pending["phase"])
+            self.start_id = str(pending["startId"])
+            self.attempt = pending.get("attempt")
+            self.nonce = pending.get("nonce")
+            self.running_attempt = pending.get("runningAttempt")
+            self.expires_at_ms = float(pending["expiresAtMs"])
+            self.heartbeat_ms = pending.get("heartbeatMs")
+            self.sent = int(pending.get("sent") or 0)
+            self.last_sent = pair(pending.get("lastSent"))
+            self.inflight = pair(pending.get("inflight"))
+            self.ended = bool(pending.get("ended"))
+        if self.phase == RUNNING:
+            self.started.set()
+
     # --- the sender's side ----------------------------------------------------------------------------------
 
     def take(self, now: float) -> tuple[str, dict[str, Any]] | float | None:
@@ -149,7 +217,7 @@ class Run:
             return self.inflight
         with self.lock:
             latest, outcome = self.latest, self.outcome
-            if self.ended:
+            if self.ended or self.handed:  # handed: another process sends the rest (pending())
                 return None
             if latest is not None and latest == self.last_sent:
                 self.latest = latest = None  # the value and cursor sent last: nothing new to say,

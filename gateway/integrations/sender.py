@@ -8,7 +8,13 @@ lease before a redelivered run starts the next attempt.
 
 The cancels a queue asks for (a revoke, a stop) go the same way, as :class:`Cancel`: the handler that asks
 (Celery's ``task_revoked`` runs in the worker's main process, the one taking messages) returns at once,
-and the cancel is retried with backoff until answered or the task's deadline.
+and the cancel is retried with backoff until answered or the task's deadline; so does the final ``fail``
+of a run the queue lost (:class:`Lost`, Celery's main process again).
+
+Two runs of one task in one process (a retry run here while the run before it still has reports to send,
+or runs another process handed over) keep their order: a run's ``start`` waits until the runs of its task
+that came before it have sent everything, so that the attempt a start begins is never the one an earlier
+run has still to end.
 """
 
 from __future__ import annotations
@@ -66,6 +72,28 @@ class Cancel:
         """Nothing to undo: the sender forgets it."""
 
 
+@dataclass(eq=False)
+class Lost:
+    """The final ``fail`` of a run the queue lost (its process killed, its message not requeued), which the
+    queue calls failed: unfenced (no attempt: the run that knew it is gone), with the ticket's ``token``,
+    retried until ``expires_at_ms``. A task its lease requeued meanwhile (``not-running``) is cancelled
+    instead, saying why."""
+
+    task_id: str
+    token: str
+    error: str
+    expires_at_ms: float
+    retry_at: float = 0.0
+    failures: int = 0
+
+    def over(self) -> None:
+        """Nothing to undo: the sender forgets it."""
+
+
+# The longest cancel reason the gateway takes.
+MAX_CANCEL_REASON = 1024
+
+
 class Sender:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -75,13 +103,13 @@ class Sender:
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S),
         )
         self.api_headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self.runs: list[Run | Cancel] = []  # in the order they came
+        self.runs: list[Run | Cancel | Lost] = []  # in the order they came
         self._cond = threading.Condition()
         self._woken = False
         self._thread = threading.Thread(target=self._loop, name="task-gateway-reporter", daemon=True)
         self._thread.start()
 
-    def add(self, run: Run | Cancel) -> None:
+    def add(self, run: Run | Cancel | Lost) -> None:
         with self._cond:
             self.runs.append(run)
             while len(self.runs) > MAX_RUNS:
@@ -125,12 +153,14 @@ class Sender:
                     self._cond.wait(min(IDLE_S, max(0.0, due - time.monotonic())))
                 self._woken = False
 
-    def _step(self, run: Run | Cancel, now: float) -> float | None:
+    def _step(self, run: Run | Cancel | Lost, now: float) -> float | None:
         """Do what is due for ``run`` (at most one request); return when to look at it again (``now``: at
         once), or ``None`` when it has nothing more to send."""
         if isinstance(run, Cancel):
             return self._cancel(run, now)
-        if run.phase == OVER:
+        if isinstance(run, Lost):
+            return self._lost(run, now)
+        if run.phase == OVER or run.handed:
             return None
         if time.time() * 1000 >= run.expires_at_ms:
             if not run.idle():
@@ -140,6 +170,8 @@ class Sender:
             return None
         if now < run.retry_at:
             return run.retry_at
+        if run.phase in (CREATE, START) and self._behind(run):
+            return now + WAIT_POLL_S
         try:
             if run.phase == CREATE:
                 self._create(run)
@@ -155,6 +187,48 @@ class Sender:
             run.started.set()  # the job does not wait for a gateway it cannot reach
             return _later(run, exc)
         return None if run.phase == OVER else now
+
+    def _behind(self, run: Run) -> bool:
+        """An earlier run of ``run``'s task, in this process, has not sent everything yet."""
+        with self._cond:
+            for other in self.runs:
+                if other is run:
+                    return False
+                if (
+                    isinstance(other, Run)
+                    and other.task_id == run.task_id
+                    and other.phase != OVER
+                    and not other.handed
+                ):
+                    return True
+        return False
+
+    def _lost(self, lost: Lost, now: float) -> float | None:
+        if time.time() * 1000 >= lost.expires_at_ms:
+            log.warning(
+                "task-gateway: could not fail task %s, whose run was lost, before its deadline", lost.task_id
+            )
+            return None
+        if now < lost.retry_at:
+            return lost.retry_at
+        event = {"type": "fail", "error": lost.error, "retryable": False}
+        body = {"callbackId": f"{lost.task_id}:lost", "event": event}
+        try:
+            status, answer, _ = self._post(
+                f"/v1/tasks/{_path(lost.task_id)}/callbacks", body, {"Authorization": f"Bearer {lost.token}"}
+            )
+        except Unanswered as exc:
+            return _later(lost, exc)
+        if status >= 300:
+            log.warning(
+                "task-gateway: could not fail task %s, whose run was lost: %s",
+                lost.task_id,
+                _why(status, answer),
+            )
+        elif answer.get("reason") == "not-running":
+            reason = f"its run was lost: {lost.error}"[:MAX_CANCEL_REASON]
+            self.add(Cancel(lost.task_id, reason, lost.expires_at_ms))
+        return None
 
     def _cancel(self, cancel: Cancel, now: float) -> float | None:
         if time.time() * 1000 >= cancel.expires_at_ms:
@@ -371,7 +445,7 @@ class Sender:
         return {"Authorization": f"Bearer {run.token}"}
 
 
-def _later(item: Run | Cancel, exc: Unanswered) -> float:
+def _later(item: Run | Cancel | Lost, exc: Unanswered) -> float:
     """The gateway did not answer ``item``'s request: when to try again (backoff)."""
     item.failures += 1
     item.retry_at = time.monotonic() + Backoff(base_s=0.05, cap_s=2.0, failures=item.failures).next_delay()

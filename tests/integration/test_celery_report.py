@@ -15,6 +15,7 @@ import logging
 import socket
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -297,3 +298,43 @@ async def test_a_runs_cancel_goes_after_the_task_it_makes_and_does_not_wait(tmp_
         assert history is not None
         assert [e["event"]["type"] for e in history["events"]] == ["start", "cancel"]
         assert history["task"]["error"] == "cancelled"
+
+
+@pytest.mark.anyio
+async def test_a_lost_run_is_failed_without_waiting_for_a_gateway_that_is_down(tmp_path: Path) -> None:
+    """``Reporter.lost`` (Celery's ``task_failure`` in the worker's main process, for a pool process it lost):
+    with the gateway down it returns at once (a lost that waited would take the whole ``timeout``), and once
+    the gateway is back the running task fails for good with the queue's error, while a task its lease has
+    requeued meanwhile (here: never started) is cancelled, saying why."""
+    port = free_port()
+    reporter = _reporter(f"http://127.0.0.1:{port}", timeout_s=REVOKE_TIMEOUT_S)
+    running, requeued = (f"lost-{n}-{uuid.uuid4().hex[:8]}" for n in ("running", "requeued"))
+    async with keyed_gateway(tmp_path, port=port):
+        run = await anyio.to_thread.run_sync(lambda: _begin(reporter, running))
+        assert run.attempt == 1
+        ticket = await anyio.to_thread.run_sync(
+            lambda: reporter.create(requeued, ttl_ms=600_000, max_attempts=1, heartbeat_ms=None, tags=())
+        )
+        assert ticket is not None and run.ticket is not None
+    # The gateway is stopped. A lost that waited would take REVOKE_TIMEOUT_S (the thread abandoned).
+    error = RuntimeError("Worker exited prematurely: signal 9 (SIGKILL)")
+    with anyio.fail_after(REVOKE_TIMEOUT_S / 3):
+        for task_id, its_ticket in ((running, run.ticket), (requeued, ticket)):
+            await anyio.to_thread.run_sync(reporter.lost, task_id, its_ticket, error, abandon_on_cancel=True)
+    async with (
+        keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+    ):
+        for task_id in (running, requeued):
+            history = await eventually(
+                partial(read_history, client, task_id),
+                lambda h: h["task"]["state"] == "failed",
+                f"{task_id} failed once the gateway is back",
+                within_s=30,
+            )
+            if task_id == running:
+                assert [e["event"]["type"] for e in history["events"]] == ["start", "fail"]
+                assert history["task"]["error"] == f"RuntimeError: {error}"
+            else:
+                assert [e["event"]["type"] for e in history["events"]] == ["cancel"]
+                assert history["task"]["error"] == "cancelled"

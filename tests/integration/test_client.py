@@ -40,15 +40,32 @@ def port_of(gw: Running) -> int:
     return int(gw.url.rsplit(":", 1)[1])
 
 
-async def run_two_hundred_entries(worker: Worker) -> None:
-    """start, progress 1..99, retryable fail (101 entries); start, progress 1..97, succeed (99 entries)."""
+async def run_two_hundred_entries(
+    worker: Worker, before: Callable[[int], Awaitable[None]] | None = None
+) -> None:
+    """start, progress 1..99, retryable fail (101 entries); start, progress 1..97, succeed (99 entries).
+    ``before(version)`` is awaited before the callback that makes that version."""
+    version = 0
+
+    async def next_version() -> None:
+        nonlocal version
+        version += 1
+        if before is not None:
+            await before(version)
+
+    await next_version()
     await worker.start("w1")
     for p in range(1, 100):
+        await next_version()
         await worker.progress(p, f"row-{p}")
+    await next_version()
     await worker.fail("lost the lease", retryable=True)
+    await next_version()
     await worker.start("w2")
     for p in range(1, 98):
+        await next_version()
         await worker.progress(p, f"row-{p}")
+    await next_version()
     await worker.succeed("s3://results/1", "sha256:1")
 
 
@@ -58,11 +75,21 @@ async def test_watch_survives_five_drops_gapless_and_without_duplicates(sqlite_u
         made = await create_task(gw, "long-1", ttl_ms=120_000, max_attempts=2)
         versions: list[int] = []
         last_frame: dict[str, object] = {}
-        cut_at = {30, 60, 90, 120, 150}
+        cut_at = [30, 60, 90, 120, 150]
+        cut = anyio.Event()  # set by each cut; the producer waits for it past each place of a cut
+
+        async def until_cut(version: int) -> None:
+            # The watcher cuts once it has seen a place of cut_at; the producer goes past that place only
+            # then, so that every cut happens whatever the pace of the watcher (a delta after a reconnect
+            # can carry many entries at once).
+            nonlocal cut
+            if version - 1 in (30, 60, 90, 120, 150):
+                await cut.wait()
+                cut = anyio.Event()
 
         async def produce() -> None:
             async with Worker(gw.url, "long-1", made["callbackToken"]) as worker:
-                await run_two_hundred_entries(worker)
+                await run_two_hundred_entries(worker, until_cut)
 
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
@@ -77,9 +104,10 @@ async def test_watch_survives_five_drops_gapless_and_without_duplicates(sqlite_u
                         assert frame["type"] in ("caught-up", "delta"), frame
                         versions.extend(e["version"] for e in frame.get("events", []))
                     last_frame = frame
-                    if len(versions) in cut_at:
-                        cut_at.discard(len(versions))
+                    if cut_at and len(versions) >= cut_at[0]:
+                        cut_at.pop(0)
                         proxy.cut()
+                        cut.set()
 
         assert proxy.cuts == 5
         assert versions == list(range(1, 201))

@@ -90,6 +90,8 @@ async def test_rq_unreachable_producer_time_limit_and_returned_retry(
             "worker",
             "--url",
             space.url,
+            "--worker-class",
+            "gateway.integrations.rq.GatewayWorker",
             "--job-class",
             "gateway.integrations.rq.GatewayJob",
         ]

@@ -89,6 +89,8 @@ def _worker(name: str, space: RedisSpace, gateway_url: str) -> tuple[str, list[s
         "worker",
         "--url",
         space.url,
+        "--worker-class",
+        "gateway.integrations.rq.GatewayWorker",
         "--job-class",
         "gateway.integrations.rq.GatewayJob",
         "--name",

@@ -8,6 +8,7 @@ each run was begun with.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import anyio
@@ -25,6 +26,10 @@ def add(a: int, b: int) -> int:
 
 
 class Recorded:
+    def __init__(self) -> None:
+        self.settled = threading.Event()
+        self.settled.set()  # everything answered
+
     def succeed(self, value: Any) -> None:
         pass
 
