@@ -1,13 +1,14 @@
-"""Celery's other ways to end a task, on a real prefork worker (Redis broker): a hard time limit (the pool
-process is killed; Celery calls the task failed from the worker's main process, or puts its message back
-in the queue), a soft time limit (an exception in the task: failed, or retried by autoretry), ``raise
-Ignore()`` (with and without a result the task stored itself, or reported through its run) and ``raise
-Reject(requeue=...)`` (dead-lettered, or run again). Each gateway task ends as Celery ended it, instead of
-staying ``running`` until its lease or its deadline.
+"""Celery's other ways to end a task, on a real prefork worker, on RabbitMQ and on Redis: a hard time limit
+(the pool process is killed; Celery calls the task failed from the worker's main process, or puts its
+message back in the queue), a soft time limit (an exception in the task: failed, or retried by autoretry),
+``raise Ignore()`` (with and without a result the task stored itself, or reported through its run) and
+``raise Reject(requeue=...)`` (dead-lettered, or run again). Each gateway task ends as Celery ended it,
+instead of staying ``running`` until its lease or its deadline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,15 @@ import pytest
 from gateway.integrations.celery import uninstall
 from gateway.integrations.ticket import result_hash
 from gateway.machine import TERMINAL
-from tests.celery_processes import API_KEY, celery_worker, keyed_gateway, read_history, redis_broker
+from tests.celery_processes import (
+    API_KEY,
+    Broker,
+    celery_worker,
+    keyed_gateway,
+    rabbitmq_broker,
+    read_history,
+    redis_broker,
+)
 from tests.celery_tasks import HARD_LIMIT_S, make_app
 from tests.support import bearer, eventually
 
@@ -51,52 +60,59 @@ def _shape(history: dict[str, Any]) -> list[list[str]]:
     return [[e["type"] for e in run] for run in _runs(history)]
 
 
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    with rabbitmq_broker() if request.param == "rabbitmq" else redis_broker() as made:
+        yield made
+
+
 @pytest.mark.anyio
-async def test_time_limits_ignore_and_reject_end_the_gateway_task_as_celery_ends_it(tmp_path: Path) -> None:
+async def test_time_limits_ignore_and_reject_end_the_gateway_task_as_celery_ends_it(
+    broker: Broker, tmp_path: Path
+) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    with redis_broker() as broker:
-        async with (
-            keyed_gateway(tmp_path) as gw,
-            httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
-            celery_worker(broker, gw.url, shared),
-        ):
-            app = make_app(
-                broker=broker.url,
-                backend="disabled://",
-                queue=broker.queue,
-                prefix=broker.prefix,
-                gateway=gw.url,
-                api_key=API_KEY,
-                shared=shared,
+    async with (
+        keyed_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
+        celery_worker(broker, gw.url, shared),
+    ):
+        app = make_app(
+            broker=broker.url,
+            backend="disabled://",
+            queue=broker.queue,
+            prefix=broker.prefix,
+            gateway=gw.url,
+            api_key=API_KEY,
+            shared=shared,
+        )
+
+        def publish() -> dict[str, str]:
+            sent = {
+                "hard": app.signature("tg.hard_limit").apply_async((10,)),
+                "hard_requeued": app.signature("tg.hard_limit_requeued").apply_async(
+                    (15,), headers={"gateway": {"heartbeatMs": LEASE_MS}}
+                ),
+                "soft": app.signature("tg.soft_limit").apply_async((20,)),
+                "soft_retried": app.signature("tg.soft_limit_retried").apply_async((30,)),
+                "ignored": app.signature("tg.ignored").apply_async((40, None)),
+                "ignored_stored": app.signature("tg.ignored").apply_async((50, {"rows": 3})),
+                "ignored_reported": app.signature("tg.ignored").apply_async(
+                    (55, None, "s3://reported/itself")
+                ),
+                "dead": app.signature("tg.rejected").apply_async((60, False)),
+                "requeued": app.signature("tg.rejected").apply_async((70, True)),
+            }
+            return {name: str(result.id) for name, result in sent.items()}
+
+        try:
+            ids = await anyio.to_thread.run_sync(publish)
+            ended = await eventually(
+                partial(_histories, client, ids), _all_ended, "every task at its end", ENDED_S
             )
-
-            def publish() -> dict[str, str]:
-                sent = {
-                    "hard": app.signature("tg.hard_limit").apply_async((10,)),
-                    "hard_requeued": app.signature("tg.hard_limit_requeued").apply_async(
-                        (15,), headers={"gateway": {"heartbeatMs": LEASE_MS}}
-                    ),
-                    "soft": app.signature("tg.soft_limit").apply_async((20,)),
-                    "soft_retried": app.signature("tg.soft_limit_retried").apply_async((30,)),
-                    "ignored": app.signature("tg.ignored").apply_async((40, None)),
-                    "ignored_stored": app.signature("tg.ignored").apply_async((50, {"rows": 3})),
-                    "ignored_reported": app.signature("tg.ignored").apply_async(
-                        (55, None, "s3://reported/itself")
-                    ),
-                    "dead": app.signature("tg.rejected").apply_async((60, False)),
-                    "requeued": app.signature("tg.rejected").apply_async((70, True)),
-                }
-                return {name: str(result.id) for name, result in sent.items()}
-
-            try:
-                ids = await anyio.to_thread.run_sync(publish)
-                ended = await eventually(
-                    partial(_histories, client, ids), _all_ended, "every task at its end", ENDED_S
-                )
-            finally:
-                uninstall(app)
-                app.close()
+        finally:
+            uninstall(app)
+            app.close()
 
     def task(name: str) -> dict[str, Any]:
         return dict(ended[name]["task"])
