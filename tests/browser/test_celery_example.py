@@ -6,7 +6,8 @@ a Celery worker process (``celery -A tasks worker``, prefork) on a RabbitMQ vhos
 deleted after it, and the example app under uvicorn. The page follows its user's reports through one tag
 subscription; the test clicks "Start a report" twice and waits until both cards have shown progress
 between 0 and 100 and then the result, as a user would see them, while another user's report never shows;
-then a third, cancelled through the gateway, stops in the worker and reads Cancelled.
+then a third, cancelled through the gateway, stops in the worker and reads Cancelled (a card of the class
+``cancelled``: grey).
 A recorder (a MutationObserver from the first script on) keeps every value a card's state and progress took,
 so a value held for a moment is seen however fast or slow this machine is.
 """
@@ -247,6 +248,7 @@ async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
             assert cancelled.json()["reason"] == "cancelled", cancelled.text
             await expect(card.locator(".state")).to_have_text("Cancelled")
             await expect(card).to_have_attribute("data-state", "failed")
+            await expect(card).to_have_class(re.compile(r"\bcancelled\b"))  # grey, not a failure's red
             stopped = re.compile(rf"Task tasks\.report\[{doomed}\] raised unexpected: TaskCancelled".encode())
             await worker.wait_for(stopped, timeout_s=REPORT_TIMEOUT_MS / 1000)
             assert (await api.get(f"/v1/tasks/{doomed}")).json()["progress"] < 100

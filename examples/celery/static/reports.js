@@ -17,8 +17,12 @@ async function session() {
   return body;
 }
 
+function cancelled(task) {
+  return task.state === "failed" && task.error === "cancelled";
+}
+
 function words(task) {
-  if (task.state === "failed" && task.error === "cancelled") return "Cancelled";
+  if (cancelled(task)) return "Cancelled";
   if (task.state === "queued" && task.attempts > 0) return "Retrying";
   return STATE_WORDS[task.state] ?? task.state;
 }
@@ -27,7 +31,8 @@ function detail(task, cursor) {
   const parts = [`attempt ${task.attempts} of ${task.maxAttempts}`];
   if (cursor) parts.unshift(cursor);
   if (task.resultRef) parts.push(`result: ${task.resultRef}`);
-  if (task.error) parts.push(`error: ${task.error}`);
+  // A task keeps the error of an attempt that was retried: it is the task's own only once the task ended so.
+  if (task.error && (task.state === "failed" || task.state === "expired")) parts.push(`error: ${task.error}`);
   return parts.join(" · ");
 }
 
@@ -44,12 +49,18 @@ function card(taskId) {
   return el;
 }
 
-const cursors = new Map(); // task id -> the cursor its last progress named ("row-12")
+// Task id -> the cursor its last progress named ("row-12"), from the progress entries the page was handed: a
+// task's state carries no cursor, so a card drawn from a frame without them (after a reload, a caught-up or
+// snapshot frame) shows none until its next progress.
+const cursors = new Map();
 
 function render(frame, task) {
-  for (const event of frame.events ?? (frame.event ? [frame.event] : [])) {
-    if (event.type === "progress") cursors.set(task.id, event.cursor);
+  // An event frame carries one event; a delta, the entries missed ({version, event}), in order.
+  const events = frame.type === "delta" ? frame.events.map((entry) => entry.event) : [frame.event];
+  for (const event of events) {
+    if (event?.type === "progress") cursors.set(task.id, event.cursor);
   }
+  if (task.state === "queued") cursors.delete(task.id); // retrying: the next attempt starts over
   const el = card(task.id);
   el.querySelector(".state").textContent = words(task);
   el.querySelector(".bar").setAttribute("aria-valuenow", String(task.progress));
@@ -57,6 +68,7 @@ function render(frame, task) {
   el.querySelector(".detail").textContent = detail(task, cursors.get(task.id));
   el.dataset.progress = String(task.progress);
   el.dataset.state = task.state;
+  el.classList.toggle("cancelled", cancelled(task));
   if (!el.isConnected) place(el, task);
 }
 
