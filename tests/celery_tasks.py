@@ -16,12 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from celery import Celery
+from celery import Celery, states
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from gateway.integrations.celery import install, progress
 
 # How long a task that waits for the test (to be revoked, to be killed) waits at most.
 HOLD_S = 60.0
+# The time limits of the tasks that overrun them: long enough for their first reports to reach the gateway
+# before the limit (it stops the task wherever it is).
+HARD_LIMIT_S = 5
+SOFT_LIMIT_S = 3
 
 
 class Flaky(Exception):
@@ -144,5 +149,62 @@ def make_app(
         while time.monotonic() < deadline:
             time.sleep(0.02)
         return "not killed"
+
+    def overrun(value: int) -> None:
+        """Reports ``value``, says it is holding (a file named for its id), then works past any limit."""
+        progress(value, cursor="overrunning")
+        (place / f"{app.current_task.request.id}.pid").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while time.monotonic() < deadline:
+            work(5)
+            time.sleep(0.02)
+
+    @task(app, name="tg.hard_limit", time_limit=HARD_LIMIT_S)
+    def hard_limit(self: Any, value: int) -> str:
+        """Killed by its hard time limit (the pool process is terminated: no exception in the task)."""
+        overrun(value)
+        return "not killed"
+
+    @task(app, name="tg.soft_limit", soft_time_limit=SOFT_LIMIT_S)
+    def soft_limit(self: Any, value: int) -> str:
+        """Stopped by its soft time limit (``SoftTimeLimitExceeded`` raised in it), which it lets out."""
+        overrun(value)
+        return "not stopped"
+
+    @task(
+        app,
+        name="tg.soft_limit_retried",
+        soft_time_limit=SOFT_LIMIT_S,
+        autoretry_for=(SoftTimeLimitExceeded,),
+        max_retries=1,
+        retry_kwargs={"countdown": 0},
+    )
+    def soft_limit_retried(self: Any, value: int) -> str:
+        """Its first run overruns its soft time limit and is retried (autoretry); the second succeeds."""
+        if self.request.retries == 0:
+            overrun(value)
+        progress(value + 10, cursor="again")
+        return f"s3://in-time/{self.request.id}"
+
+    @task(app, name="tg.ignored")
+    def ignored(self: Any, value: int, stored: Any) -> None:
+        """Reports ``value``, stores ``stored`` as its result itself when given (``update_state``), then
+        raises ``Ignore`` (Celery records nothing more and does not run it again)."""
+        progress(value, cursor="ignoring")
+        if stored is not None:
+            self.update_state(state=states.SUCCESS, meta=stored)
+        raise Ignore()
+
+    @task(app, name="tg.rejected", acks_late=True)
+    def rejected(self: Any, value: int, requeue: bool) -> str:
+        """Reports ``value`` and rejects its message: dead-lettered (``requeue`` false), or put back in the
+        queue once (its second run succeeds)."""
+        marker = place / f"{self.request.id}.first"
+        if requeue and marker.exists():
+            progress(value + 10, cursor="again")
+            return f"s3://requeued/{self.request.id}"
+        marker.touch()
+        progress(value, cursor="rejecting")
+        raise Reject(f"rejected {self.request.id}", requeue=requeue)
 
     return app

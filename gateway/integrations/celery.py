@@ -21,9 +21,16 @@ What each Celery moment does to the gateway task (its id is the Celery task id):
 - ``task_failure``: ``fail``, final: the exception's type and message;
 - ``task_revoked``: the task is cancelled (``POST .../cancel``, sent by the reporter's thread: the worker's
   main process, which takes the messages, never waits for the gateway);
-- ``task_failure`` in the worker's main process (a pool process lost, its message not requeued): ``fail``,
-  final, unfenced (the ticket kept from ``task_received``), sent by the reporter's thread as a revoke's
-  cancel is (never waited for).
+- ``task_failure`` in the worker's main process (a pool process lost, its message not requeued; a hard time
+  limit, whose pool process Celery terminates): ``fail``, final, unfenced (the ticket kept from
+  ``task_received``), ``TimeLimitExceeded: hard time limit (<n> s) exceeded`` for the time limit; sent by
+  the reporter's thread as a revoke's cancel is (never waited for);
+- ``task_postrun`` of a task that raised ``Reject`` (no other signal says so): ``fail`` ``Reject: <reason>``,
+  retryable when the message goes back to the queue (``requeue=True`` on an ``acks_late`` task, whose
+  message is not acknowledged yet), else final; ``Ignore`` (Celery records nothing and runs it no more):
+  what the task stored itself (``update_state``) in a key-value result backend (``SUCCESS``: ``succeed``,
+  ``FAILURE``: a final ``fail``, ``REVOKED``: cancelled), else the task is cancelled, reason ``ignored``.
+  A task that reported its outcome through its run (``current_run().succeed(...)``) keeps it.
 
 A republished message (a retry) carries its ticket and is not created again; a redelivered one (``acks_late``
 after a killed worker) starts a new attempt once the task's lease has requeued it.
@@ -31,6 +38,7 @@ after a killed worker) starts a new attempt once the task's lease has requeued i
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections import OrderedDict
@@ -38,7 +46,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import Celery, Task, signals
+from celery import Celery, Task, signals, states
+from celery.backends.base import BaseKeyValueStoreBackend
+from celery.exceptions import Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from gateway.integrations.report import (
     GatewayConfig,
@@ -53,6 +63,8 @@ from gateway.integrations.report import (
 from gateway.integrations.ticket import DEFAULT_TTL_MS, HEADER, requested
 
 __all__ = ["aprogress", "current_run", "install", "progress", "uninstall"]
+
+log = logging.getLogger("gateway.integrations.celery")
 
 SCHEME = "celery"
 # ``maxAttempts`` of a task with ``max_retries=None`` (retried for ever): as good as unbounded.
@@ -150,7 +162,7 @@ class _Hooks:
         if run is not None:
             # The running task retries (``self.retry()``, autoretry), republishing its message: its run
             # reports the retryable fail now, before the new message can start a run elsewhere.
-            run.fail(_retry_error(), retryable=True)
+            run.fail(_error(_retry_error()), retryable=True)
             run.finish()
         if Ticket.from_header(header) is not None:
             return  # a republished message: its task was created (or its run will create it)
@@ -203,27 +215,41 @@ class _Hooks:
     def retry(self, sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
         run = self.runs.get(str(getattr(request, "id", "")))
         if run is not None:
-            run.fail(getattr(reason, "exc", None) or reason or "Retry", retryable=True)
+            run.fail(_error(getattr(reason, "exc", None) or reason or "Retry"), retryable=True)
 
     def failure(
         self, sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
     ) -> None:
-        error = exception if exception is not None else "failed"
+        error = _error(exception) if exception is not None else "failed"
         run = self.runs.get(str(task_id))
         if run is not None:
             run.fail(error, retryable=False)
         elif self._ours(sender) and task_id is not None:
             # No run here: the worker's main process calls a task failed whose pool process it lost (killed,
-            # or past its hard time limit) without requeueing it. Its run could not say so.
+            # or past its hard time limit: billiard fails the job, Celery's Request.on_failure sends this,
+            # then terminates the process) without requeueing it. Its run could not say so.
             ticket = self.received_tickets.pop(str(task_id), None)
             if ticket is not None:
                 self.reporter.lost(str(task_id), ticket, error)
 
-    def postrun(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+    def postrun(
+        self,
+        sender: Any = None,
+        task_id: str | None = None,
+        state: str | None = None,
+        retval: Any = None,
+        **_: Any,
+    ) -> None:
         run = self.runs.pop(str(task_id), None)
-        if run is not None:
-            activate(None)
-            run.finish()
+        if run is None:
+            return
+        activate(None)
+        if state is not None and state in (states.REJECTED, states.IGNORED):
+            with run.lock:
+                reported = run.outcome is not None
+            if not reported:
+                _predicate(run, sender, state, retval)
+        run.finish()
 
     def revoked(
         self,
@@ -248,6 +274,64 @@ class _Hooks:
         if not self._ours(task):
             return None
         return self.runs.get(str(task.request.id))
+
+
+def _predicate(run: Run, task: Any, state: str, exc: Any) -> None:
+    """The task raised ``Reject`` or ``Ignore``, after which Celery sends no signal of an outcome, and its run
+    reported none itself.
+
+    ``Reject``: Celery rejects the message, which goes back to the queue (``requeue=True``, on an
+    ``acks_late`` task: another's message was acknowledged when its run began, and is gone) to run again:
+    a retryable ``fail``, the next run the next attempt; else it is dead-lettered (or dropped): a final
+    ``fail``. ``Ignore``: Celery acknowledges the message and records nothing: the task says it took its
+    state in hand. What it stored itself (``self.update_state(state=SUCCESS, meta=...)``, Celery's own
+    example) ends the gateway task the same way; nothing stored (or no result backend to read it from
+    cheaply): nothing will run it again, and it is cancelled, reason ``ignored``."""
+    if state == states.REJECTED:
+        reason = getattr(exc, "reason", None)
+        requeued = isinstance(exc, Reject) and bool(exc.requeue) and bool(getattr(task, "acks_late", False))
+        run.fail("Reject" if reason is None else f"Reject: {reason}", retryable=requeued)
+        return
+    meta = _stored(task, run.task_id)
+    status = meta.get("status") if meta is not None else None
+    if meta is not None and status == states.SUCCESS:
+        run.succeed(meta.get("result"))
+    elif meta is not None and status == states.FAILURE:
+        result = meta.get("result")
+        run.fail(
+            _error(result) if isinstance(result, BaseException) else f"FAILURE: {result}", retryable=False
+        )
+    elif status == states.REVOKED:
+        run.cancel("revoked")
+    else:
+        run.cancel("ignored")
+
+
+def _stored(task: Any, task_id: str) -> dict[str, Any] | None:
+    """What the task stored as its state in its result backend, when that is a key-value store (Redis,
+    Memcached, a filesystem, ...): one read. ``None`` for others (an RPC backend's states are messages to
+    the caller, not for the worker to read) and when it cannot be read."""
+    backend = getattr(task, "backend", None)
+    if not isinstance(backend, BaseKeyValueStoreBackend):
+        return None
+    try:
+        meta = backend.get_task_meta(task_id, cache=False)
+    except Exception as exc:  # the backend's trouble: the task is then taken as having stored nothing
+        log.warning("task-gateway: could not read the stored state of task %s: %s", task_id, exc)
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _error(exc: Any) -> Any:
+    """``exc`` as the gateway's ``error`` is to say it: Celery's time limits in words (their text is their
+    repr, ``TimeLimitExceeded(5,)``), any other error as it is."""
+    if isinstance(exc, TimeLimitExceeded):
+        limit = exc.args[0] if exc.args else None
+        within = "" if limit is None else f" ({limit} s)"
+        return f"TimeLimitExceeded: hard time limit{within} exceeded"
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return "SoftTimeLimitExceeded: soft time limit exceeded"
+    return exc
 
 
 def _retry_error() -> BaseException | str:
