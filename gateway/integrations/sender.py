@@ -170,7 +170,7 @@ class Sender:
             return None
         if now < run.retry_at:
             return run.retry_at
-        if run.phase in (CREATE, START) and self._behind(run):
+        if run.phase in (CREATE, START, WAIT) and self._behind(run):
             return now + WAIT_POLL_S
         try:
             if run.phase == CREATE:
@@ -324,7 +324,7 @@ class Sender:
             return
         self._answered(run, answer, sent)
         run.token = str(answer["callbackToken"])
-        run.phase = START
+        run.phase = run.first_phase(heartbeat_ms)
 
     def _start(self, run: Run) -> None:
         event = {"type": "start", "worker": run.worker}
@@ -362,7 +362,20 @@ class Sender:
             self._ended(run, "start", str(reason), task)
 
     def _wait(self, run: Run) -> None:
+        """Read the task (the API key): queued, start it; running an attempt another run began, look again
+        later (its lease will requeue it); ended, report nothing."""
         status, answer, _ = self._post(f"/v1/tasks/{_path(run.task_id)}", None, self.api_headers)
+        if status >= 300 and run.running_attempt is None:
+            # A rerun's first look, which cannot read the task (no API key here?): start as a first run
+            # does; an earlier run that still holds the task then has its lease renewed once by the start.
+            log.warning(
+                "task-gateway: cannot read task %s to see whether an earlier run still holds it (%s); "
+                "starting it",
+                run.task_id,
+                _why(status, answer),
+            )
+            run.phase = START
+            return
         if status >= 300:
             log.warning(
                 "task-gateway: cannot read task %s to wait for its lease (%s); taking its attempt over",
@@ -376,6 +389,13 @@ class Sender:
         if state == "queued":
             run.phase, run.start_id = START, str(uuid.uuid4())
         elif state == "running":
+            if run.running_attempt is None:
+                log.info(
+                    "task-gateway: task %s is still running attempt %s, begun by an earlier run of its job; "
+                    "waiting for its lease",
+                    run.task_id,
+                    answer["attempts"],
+                )
             run.running_attempt = int(answer["attempts"])
         else:
             self._ended(run, "start", "terminal-conflict", answer)
