@@ -64,6 +64,7 @@ class Reporter:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
+        quiet_httpx()  # every install() and configure() makes one
         self._lock = threading.Lock()
         self._pid = 0
         self._sender: Sender | None = None
@@ -240,6 +241,15 @@ class Reporter:
         if wait:
             run.started.wait(self.config.timeout_s)
         return run
+
+
+def quiet_httpx() -> None:
+    """httpx logs each request at INFO (the ``httpx`` logger): a worker run at ``--loglevel INFO`` would log a
+    line per progress callback and heartbeat. Set that logger to WARNING, unless its level was chosen
+    (anything but ``NOTSET``): the user's choice stands, whenever it was made."""
+    logger = logging.getLogger("httpx")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 def current_run() -> Run | None:

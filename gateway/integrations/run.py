@@ -270,6 +270,20 @@ class Run:
             pending = not self.ended and (self.latest is not None or self.outcome is not None)
             return self.finished and self.inflight is None and not pending
 
+    def unsent(self) -> int:
+        """How many of its reports wait: its start (or create), the callback on its way, its latest progress
+        and its outcome (none once handed to another process)."""
+        with self.lock:
+            if self.phase == OVER or self.handed:
+                return 0
+            waiting = (
+                self.phase in (CREATE, START, WAIT),
+                self.inflight,
+                self.latest,
+                not self.ended and self.outcome,
+            )
+            return sum(1 for report in waiting if report)
+
     def over(self) -> None:
         """Nothing more will be sent for this run."""
         self.phase = OVER

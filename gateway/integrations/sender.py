@@ -32,6 +32,7 @@ import httpx
 
 from gateway.client.backoff import Backoff
 from gateway.client.errors import TaskCancelled, cancelled
+from gateway.integrations.reach import Reach
 from gateway.integrations.run import CREATE, OVER, RUNNING, START, WAIT, Run
 from gateway.integrations.ticket import GatewayConfig
 
@@ -106,6 +107,7 @@ class Sender:
         self.runs: list[Run | Cancel | Lost] = []  # in the order they came
         self._cond = threading.Condition()
         self._woken = False
+        self.reach = Reach(config.url, self._unsent)
         self._thread = threading.Thread(target=self._loop, name="task-gateway-reporter", daemon=True)
         self._thread.start()
 
@@ -122,6 +124,10 @@ class Sender:
                 dropped.over()
             self._woken = True
             self._cond.notify()
+
+    def _unsent(self) -> int:
+        with self._cond:
+            return sum(item.unsent() if isinstance(item, Run) else 1 for item in self.runs)
 
     def wake(self) -> None:
         with self._cond:
@@ -284,7 +290,12 @@ class Sender:
             else:
                 response = self.client.post(path, json=body, headers=headers)
         except httpx.HTTPError as exc:
+            self.reach.lost(f"{type(exc).__name__}: {exc}")
             raise Unanswered(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500:
+            self.reach.lost(f"HTTP {response.status_code}")
+        else:
+            self.reach.found()
         if response.status_code >= 500 or response.status_code == 429:
             raise Unanswered(f"HTTP {response.status_code}")
         try:
