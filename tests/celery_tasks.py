@@ -19,7 +19,7 @@ from typing import Any, cast
 from celery import Celery, states
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from gateway.integrations.celery import install, progress
+from gateway.integrations.celery import current_run, install, progress
 
 # How long a task that waits for the test (to be revoked, to be killed) waits at most.
 HOLD_S = 60.0
@@ -165,6 +165,23 @@ def make_app(
         overrun(value)
         return "not killed"
 
+    @task(
+        app,
+        name="tg.hard_limit_requeued",
+        time_limit=HARD_LIMIT_S,
+        acks_late=True,
+        acks_on_failure_or_timeout=False,
+    )
+    def hard_limit_requeued(self: Any, value: int) -> str:
+        """Its first run is killed by its hard time limit, and Celery puts the message back in the queue
+        (``acks_late`` without ``acks_on_failure_or_timeout``); the second run succeeds."""
+        marker = place / f"{self.request.id}.first"
+        if not marker.exists():
+            marker.touch()
+            overrun(value)
+        progress(value + 10, cursor="again")
+        return f"s3://in-time/{self.request.id}"
+
     @task(app, name="tg.soft_limit", soft_time_limit=SOFT_LIMIT_S)
     def soft_limit(self: Any, value: int) -> str:
         """Stopped by its soft time limit (``SoftTimeLimitExceeded`` raised in it), which it lets out."""
@@ -187,12 +204,16 @@ def make_app(
         return f"s3://in-time/{self.request.id}"
 
     @task(app, name="tg.ignored")
-    def ignored(self: Any, value: int, stored: Any) -> None:
-        """Reports ``value``, stores ``stored`` as its result itself when given (``update_state``), then
-        raises ``Ignore`` (Celery records nothing more and does not run it again)."""
+    def ignored(self: Any, value: int, stored: Any, reported: str | None = None) -> None:
+        """Reports ``value``, stores ``stored`` as its result itself when given (``update_state``), or
+        reports ``reported`` as its result through its run, then raises ``Ignore`` (Celery records nothing
+        more and does not run it again)."""
         progress(value, cursor="ignoring")
         if stored is not None:
             self.update_state(state=states.SUCCESS, meta=stored)
+        run = current_run()
+        if reported is not None and run is not None:
+            run.succeed(reported)
         raise Ignore()
 
     @task(app, name="tg.rejected", acks_late=True)

@@ -1,12 +1,14 @@
-"""Celery's other ways to end a task, on a real prefork worker (Redis broker): a hard time limit (the pool
-process is killed; Celery calls the task failed from the worker's main process), a soft time limit (an
-exception in the task: failed, or retried by autoretry), ``raise Ignore()`` (with and without a result the
-task stored itself) and ``raise Reject(requeue=...)`` (dead-lettered, or run again). Each gateway task ends
-as Celery ended it, instead of staying ``running`` until its lease or its deadline.
+"""Celery's other ways to end a task, on a real prefork worker, on RabbitMQ and on Redis: a hard time limit
+(the pool process is killed; Celery calls the task failed from the worker's main process, or puts its
+message back in the queue), a soft time limit (an exception in the task: failed, or retried by autoretry),
+``raise Ignore()`` (with and without a result the task stored itself, or reported through its run) and
+``raise Reject(requeue=...)`` (dead-lettered, or run again). Each gateway task ends as Celery ended it,
+instead of staying ``running`` until its lease or its deadline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,19 @@ import pytest
 from gateway.integrations.celery import uninstall
 from gateway.integrations.ticket import result_hash
 from gateway.machine import TERMINAL
-from tests.celery_processes import API_KEY, celery_worker, keyed_gateway, read_history, redis_broker
+from tests.celery_processes import (
+    API_KEY,
+    Broker,
+    celery_worker,
+    keyed_gateway,
+    rabbitmq_broker,
+    read_history,
+    redis_broker,
+)
 from tests.celery_tasks import HARD_LIMIT_S, make_app
 from tests.support import bearer, eventually
 
+LEASE_MS = 2000
 # Every task at its end: the time limits (seconds) and a loaded machine's slack.
 ENDED_S = 90.0
 
@@ -49,46 +60,59 @@ def _shape(history: dict[str, Any]) -> list[list[str]]:
     return [[e["type"] for e in run] for run in _runs(history)]
 
 
+@pytest.fixture(params=["rabbitmq", "redis"])
+def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    with rabbitmq_broker() if request.param == "rabbitmq" else redis_broker() as made:
+        yield made
+
+
 @pytest.mark.anyio
-async def test_time_limits_ignore_and_reject_end_the_gateway_task_as_celery_ends_it(tmp_path: Path) -> None:
+async def test_time_limits_ignore_and_reject_end_the_gateway_task_as_celery_ends_it(
+    broker: Broker, tmp_path: Path
+) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
-    with redis_broker() as broker:
-        async with (
-            keyed_gateway(tmp_path) as gw,
-            httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
-            celery_worker(broker, gw.url, shared),
-        ):
-            app = make_app(
-                broker=broker.url,
-                backend="disabled://",
-                queue=broker.queue,
-                prefix=broker.prefix,
-                gateway=gw.url,
-                api_key=API_KEY,
-                shared=shared,
+    async with (
+        keyed_gateway(tmp_path) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
+        celery_worker(broker, gw.url, shared),
+    ):
+        app = make_app(
+            broker=broker.url,
+            backend="disabled://",
+            queue=broker.queue,
+            prefix=broker.prefix,
+            gateway=gw.url,
+            api_key=API_KEY,
+            shared=shared,
+        )
+
+        def publish() -> dict[str, str]:
+            sent = {
+                "hard": app.signature("tg.hard_limit").apply_async((10,)),
+                "hard_requeued": app.signature("tg.hard_limit_requeued").apply_async(
+                    (15,), headers={"gateway": {"heartbeatMs": LEASE_MS}}
+                ),
+                "soft": app.signature("tg.soft_limit").apply_async((20,)),
+                "soft_retried": app.signature("tg.soft_limit_retried").apply_async((30,)),
+                "ignored": app.signature("tg.ignored").apply_async((40, None)),
+                "ignored_stored": app.signature("tg.ignored").apply_async((50, {"rows": 3})),
+                "ignored_reported": app.signature("tg.ignored").apply_async(
+                    (55, None, "s3://reported/itself")
+                ),
+                "dead": app.signature("tg.rejected").apply_async((60, False)),
+                "requeued": app.signature("tg.rejected").apply_async((70, True)),
+            }
+            return {name: str(result.id) for name, result in sent.items()}
+
+        try:
+            ids = await anyio.to_thread.run_sync(publish)
+            ended = await eventually(
+                partial(_histories, client, ids), _all_ended, "every task at its end", ENDED_S
             )
-
-            def publish() -> dict[str, str]:
-                sent = {
-                    "hard": app.signature("tg.hard_limit").apply_async((10,)),
-                    "soft": app.signature("tg.soft_limit").apply_async((20,)),
-                    "soft_retried": app.signature("tg.soft_limit_retried").apply_async((30,)),
-                    "ignored": app.signature("tg.ignored").apply_async((40, None)),
-                    "ignored_stored": app.signature("tg.ignored").apply_async((50, {"rows": 3})),
-                    "dead": app.signature("tg.rejected").apply_async((60, False)),
-                    "requeued": app.signature("tg.rejected").apply_async((70, True)),
-                }
-                return {name: str(result.id) for name, result in sent.items()}
-
-            try:
-                ids = await anyio.to_thread.run_sync(publish)
-                ended = await eventually(
-                    partial(_histories, client, ids), _all_ended, "every task at its end", ENDED_S
-                )
-            finally:
-                uninstall(app)
-                app.close()
+        finally:
+            uninstall(app)
+            app.close()
 
     def task(name: str) -> dict[str, Any]:
         return dict(ended[name]["task"])
@@ -98,6 +122,13 @@ async def test_time_limits_ignore_and_reject_end_the_gateway_task_as_celery_ends
     assert (hard["state"], hard["attempts"]) == ("failed", 1), hard
     assert hard["error"] == f"TimeLimitExceeded: hard time limit ({HARD_LIMIT_S} s) exceeded", hard
     assert _shape(ended["hard"]) == [["start", "progress", "fail"]], ended["hard"]["events"]
+    # Unless Celery puts the message back in the queue (and sends no task_failure): the lease requeues the
+    # attempt, the second run is the next attempt.
+    again = ended["hard_requeued"]
+    assert (again["task"]["state"], again["task"]["attempts"]) == ("succeeded", 2), again["task"]
+    assert _shape(again) == [["start", "progress", "fail"], ["start", "progress", "succeed"]], again
+    first = _runs(again)[0][-1]
+    assert (first["error"], first["retryable"]) == ("heartbeat-timeout", True), first
     # A soft one: the exception it raises in the task, failed for good, or retried by autoretry.
     soft = task("soft")
     assert (soft["state"], soft["attempts"]) == ("failed", 1), soft
@@ -119,6 +150,8 @@ async def test_time_limits_ignore_and_reject_end_the_gateway_task_as_celery_ends
         f"celery://{ids['ignored_stored']}",
         result_hash({"rows": 3}),
     )
+    reported = task("ignored_reported")
+    assert (reported["state"], reported["resultRef"]) == ("succeeded", "s3://reported/itself"), reported
     # Reject: dead-lettered, a final fail; put back in the queue, a retryable fail and a second run.
     dead = task("dead")
     assert (dead["state"], dead["attempts"]) == ("failed", 1), dead
