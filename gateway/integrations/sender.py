@@ -376,25 +376,19 @@ class Sender:
         """Read the task (the API key): queued, start it; running an attempt another run began, look again
         later (its lease will requeue it); ended, report nothing."""
         status, answer, _ = self._post(f"/v1/tasks/{_path(run.task_id)}", None, self.api_headers)
-        if status >= 300 and run.running_attempt is None:
-            # A rerun's first look, which cannot read the task (no API key here?): start as a first run
-            # does; an earlier run that still holds the task then has its lease renewed once by the start.
+        if status >= 300:  # no API key here? A rerun's first look starts as a first run does (a start
+            # renews an earlier run's lease once); a run answered already-running takes the attempt over.
+            attempt = run.running_attempt
             log.warning(
-                "task-gateway: cannot read task %s to see whether an earlier run still holds it (%s); "
-                "starting it",
+                "task-gateway: cannot read task %s to see whether an earlier run still holds it (%s); %s",
                 run.task_id,
                 _why(status, answer),
+                "starting it" if attempt is None else f"taking attempt {attempt} over",
             )
-            run.phase = START
-            return
-        if status >= 300:
-            log.warning(
-                "task-gateway: cannot read task %s to wait for its lease (%s); taking its attempt over",
-                run.task_id,
-                _why(status, answer),
-            )
-            assert run.running_attempt is not None
-            self._begun(run, run.running_attempt, took_over=True)
+            if attempt is None:
+                run.phase = START
+            else:
+                self._begun(run, attempt, took_over=True)
             return
         state = answer.get("state")
         if state == "queued":

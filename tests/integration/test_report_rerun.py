@@ -9,6 +9,7 @@ makes its reporter send nothing more of it, as a killed process would, and nobod
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -118,6 +119,30 @@ async def test_a_rerun_of_a_requeued_task_starts_the_next_attempt(tmp_path: Path
             f"{task_id} succeeded by its second run",
         )
         assert [e["event"]["type"] for e in history["events"]] == ["start", "fail", "start", "succeed"]
+
+
+@pytest.mark.anyio
+async def test_a_rerun_that_cannot_read_its_task_starts_as_a_first_run_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker without the API key cannot read the task: it starts at once (and says why it could not
+    look first) rather than wait for nothing."""
+    async with keyed_gateway(tmp_path) as gw:
+        task_id = f"keyless-{uuid.uuid4().hex[:8]}"
+        keyless = Reporter(GatewayConfig(url=gw.url, min_interval_s=0.05))
+        ticket = await anyio.to_thread.run_sync(
+            lambda: _reporter(gw.url).create(
+                task_id, ttl_ms=600_000, max_attempts=1, heartbeat_ms=LEASE_MS, tags=()
+            )
+        )
+        assert ticket is not None
+        with caplog.at_level(logging.WARNING, logger="gateway.integrations"):
+            run = await anyio.to_thread.run_sync(
+                lambda: keyless.begin(task_id, worker="w", ticket=ticket, scheme="celery", rerun=True)
+            )
+        assert run.attempt == 1
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(f"cannot read task {task_id}" in w and "starting it" in w for w in warnings), warnings
 
 
 def _const(value: T) -> Callable[[], Awaitable[T]]:
