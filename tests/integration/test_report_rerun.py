@@ -141,6 +141,8 @@ async def test_a_rerun_that_cannot_read_its_task_starts_as_a_first_run_does(
                 lambda: keyless.begin(task_id, worker="w", ticket=ticket, scheme="celery", rerun=True)
             )
         assert run.attempt == 1
+        run.succeed("done")
+        await anyio.to_thread.run_sync(run.finish)
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert any(f"cannot read task {task_id}" in w and "starting it" in w for w in warnings), warnings
 
