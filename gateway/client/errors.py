@@ -113,15 +113,21 @@ class CallbackIgnored(WorkerError):
     (``stale-progress``)."""
 
     def __init__(self, event_type: str, reason: str, task: dict[str, Any]) -> None:
-        state = task.get("state", "?")
         super().__init__(
-            f"{event_type} callback had no effect on task {task.get('id')}: {reason} "
-            f"(the task is {state}, attempt {task.get('attempts')})",
+            self._describe(event_type, reason, task),
             task_id=str(task.get("id", "")),
             reason=reason,
             task=task,
         )
         self.event_type = event_type
+
+    @staticmethod
+    def _describe(event_type: str, reason: str, task: dict[str, Any]) -> str:
+        """The message: what had no effect, and why."""
+        return (
+            f"{event_type} callback had no effect on task {task.get('id')}: {reason} "
+            f"(the task is {task.get('state', '?')}, attempt {task.get('attempts')})"
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable (a queue stores a job's exception: arq, Celery's result backends), as made.
@@ -142,7 +148,15 @@ class TaskCancelled(CallbackIgnored):
     ``failed`` with ``error: "cancelled"``): the work is no longer wanted, so stop it. ``reason`` is the
     gateway's: ``terminal-conflict`` to a callback, ``not-running`` to a heartbeat (``event_type``
     ``"heartbeat"``: the background heartbeat of ``async with Worker(...)`` learned of the cancel, and the
-    block raises it)."""
+    block raises it). Its message says so: ``task report-42 was cancelled (progress callback answered
+    terminal-conflict; attempt 1)``."""
+
+    @staticmethod
+    def _describe(event_type: str, reason: str, task: dict[str, Any]) -> str:
+        what = "heartbeat" if event_type == "heartbeat" else f"{event_type} callback"
+        return (
+            f"task {task.get('id')} was cancelled ({what} answered {reason}; attempt {task.get('attempts')})"
+        )
 
 
 def cancelled(task: dict[str, Any]) -> bool:

@@ -204,7 +204,14 @@ def _wrapped(function: Any, worker_max_tries: int) -> Function:
         worker = f"arq@{socket.gethostname()}:{os.getpid()}"
         ctx[_MAX_TRIES] = max_tries
         begun = asyncio.ensure_future(
-            asyncio.to_thread(reporter.begin, ctx["job_id"], worker=worker, ticket=ticket, scheme=SCHEME)
+            asyncio.to_thread(
+                reporter.begin,
+                ctx["job_id"],
+                worker=worker,
+                ticket=ticket,
+                scheme=SCHEME,
+                rerun=ctx.get("job_try", 1) > 1,  # a Retry, a shutdown's cut, a killed worker's job
+            )
         )
         # The hook takes the run from here even when the try is cancelled (an abort, arq's time limit)
         # while its start is on its way: that run has begun, and must report how the try ended.

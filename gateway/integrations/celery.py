@@ -203,7 +203,11 @@ class _Hooks:
         worker = str(request.hostname or "celery")
         # The task goes on while its start is sent: it sees no attempt number (it has its retries), and
         # its reports go after the start anyway.
-        run = self.reporter.begin(task_id, worker=worker, ticket=ticket, scheme=SCHEME, wait=False)
+        # A redelivered message (its worker killed, say) or a retry: an earlier run may hold the task.
+        rerun = bool((request.delivery_info or {}).get("redelivered")) or (request.retries or 0) > 0
+        run = self.reporter.begin(
+            task_id, worker=worker, ticket=ticket, scheme=SCHEME, wait=False, rerun=rerun
+        )
         self.runs[task_id] = run
         activate(run)
 

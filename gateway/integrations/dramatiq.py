@@ -88,7 +88,10 @@ class GatewayMiddleware(Middleware):
     def before_process_message(self, broker: Broker, message: Any) -> None:
         worker = f"dramatiq@{socket.gethostname()}:{os.getpid()}"
         ticket = Ticket.from_header(message.options.get(HEADER))
-        run = self.reporter.begin(message.message_id, worker=worker, ticket=ticket, scheme=SCHEME)
+        rerun = message.options.get("retries", 0) > 0  # a retry: the run before it may hold the task
+        run = self.reporter.begin(
+            message.message_id, worker=worker, ticket=ticket, scheme=SCHEME, rerun=rerun
+        )
         with self._lock:
             self._runs[message.message_id] = run
         activate(run)  # the worker thread that calls the actor next

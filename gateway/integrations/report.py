@@ -64,6 +64,7 @@ class Reporter:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
+        quiet_httpx()  # every install() and configure() makes one
         self._lock = threading.Lock()
         self._pid = 0
         self._sender: Sender | None = None
@@ -205,13 +206,26 @@ class Reporter:
         return None
 
     def begin(
-        self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str, wait: bool = True
+        self,
+        task_id: str,
+        *,
+        worker: str,
+        ticket: Ticket | None,
+        scheme: str,
+        wait: bool = True,
+        rerun: bool = False,
     ) -> Run:
         """A run of the job ``task_id`` (``worker``: the node's name; ``scheme``: the queue's, for results
         referred to by id). Its ``start`` is sent now and waited for at most ``timeout_s`` (``wait``
         false: not at all, the job going on while it is sent; ``attempt`` is then known later); without a
         ticket (or a token in it) the task is created first. Either way, what the run reports goes after
-        its start."""
+        its start.
+
+        ``rerun``: the queue runs the job again (a redelivered message, a retry, a job abandoned by a killed
+        worker). On a task with a lease such a run reads the task first and, while a run before it still
+        holds it (killed: nobody will end it but its lease), waits for the lease to requeue it before it
+        starts, rather than start at once: a start answered ``already-running`` renews the lease, and the
+        dead run's attempt would live one lease longer. A first run starts at once."""
         sender = self._sender_here()
         run = Run(
             task_id,
@@ -221,11 +235,21 @@ class Reporter:
             config=self.config,
             wake=sender.wake,
             cancel=self._cancel_run,
+            rerun=rerun,
         )
         sender.add(run)
         if wait:
             run.started.wait(self.config.timeout_s)
         return run
+
+
+def quiet_httpx() -> None:
+    """httpx logs each request at INFO (the ``httpx`` logger): a worker run at ``--loglevel INFO`` would log a
+    line per progress callback and heartbeat. Set that logger to WARNING, unless its level was chosen
+    (anything but ``NOTSET``): the user's choice stands, whenever it was made."""
+    logger = logging.getLogger("httpx")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 def current_run() -> Run | None:

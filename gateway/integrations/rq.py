@@ -191,7 +191,8 @@ class GatewayJob(Job):
         # What an earlier run of this job left unsent goes first (its worker's main process did not take it).
         earlier = _take_pending(self.connection, self.id)
         left = [run for run in (_reporter.adopt(pending) for pending in earlier) if run is not None]
-        run = _reporter.begin(self.id, worker=worker, ticket=self._ticket(_reporter), scheme=SCHEME)
+        ticket = self._ticket(_reporter)
+        run = _reporter.begin(self.id, worker=worker, ticket=ticket, scheme=SCHEME, rerun=self._rerun(ticket))
         activate(run)
         try:
             result = super().perform()
@@ -232,6 +233,13 @@ class GatewayJob(Job):
                 pipe.execute()
         except Exception:  # the job's outcome is RQ's to record: a lost report must not change it
             logger.exception("task-gateway: could not leave job %s's unsent reports to its worker", self.id)
+
+    def _rerun(self, ticket: Ticket) -> bool:
+        """Whether this is not the job's first run: RQ has used one of its retries (an exception, a horse
+        killed or a job abandoned: ``retries_left`` below the ticket's attempts less one) or the job returned
+        a ``Retry`` (``number_of_retries``)."""
+        used = self.retries_left is not None and self.retries_left < ticket.max_attempts - 1
+        return used or bool(self.number_of_retries)
 
     def _ticket(self, reporter: Reporter) -> Ticket:
         """The ticket :func:`enqueue` gave the job; a job enqueued otherwise gets one on its first run, with

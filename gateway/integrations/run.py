@@ -21,9 +21,10 @@ from gateway.integrations.ticket import GatewayConfig, Ticket, error_text, resul
 # A run's phases on the sender's side.
 CREATE = "create"  # no callback token: the worker creates the task first
 START = "start"  # send ``start``
-WAIT = (
-    "wait"  # ``already-running``: wait (without a start, which renews the lease) for the lease to requeue it
-)
+# A run that is not its job's first (redelivered, retried: ``rerun``), or whose start was answered
+# ``already-running``: read the task and, while an earlier run holds it, wait (without a start, which would
+# renew that run's lease) for the lease to requeue it.
+WAIT = "wait"
 RUNNING = "running"  # progress, the outcome, heartbeats
 OVER = "over"  # nothing more will be sent
 
@@ -43,6 +44,7 @@ class Run:
         config: GatewayConfig,
         wake: Callable[[], None],
         cancel: Callable[[Run, str | None], Any],
+        rerun: bool = False,
     ) -> None:
         self.task_id = task_id
         self.attempt: int | None = None
@@ -63,10 +65,12 @@ class Run:
         self.settled = threading.Event()  # nothing left to send
         self.unreachable = False  # the last request did not reach the gateway (or it answered 5xx)
         # --- the sender's side ------------------------------------------------------------------------------
-        self.phase = START if ticket is not None and ticket.token is not None else CREATE
+        # Not the job's first run: an earlier one (killed?) may still hold the task, its lease running.
+        self.rerun = rerun
         self.token = ticket.token if ticket is not None else None
+        self.phase = CREATE if self.token is None else self.first_phase()
         self.start_id = str(uuid.uuid4())  # fresh per start: a redelivered run is a new attempt
-        self.running_attempt: int | None = None  # the attempt another run holds (WAIT)
+        self.running_attempt: int | None = None  # the attempt another run holds (WAIT; None: not read yet)
         # Set when this run took over an attempt another run began (a task without a lease): its callback
         # ids then carry it, so that they are not that run's (whose own progress counted from p1 too).
         self.nonce: str | None = None
@@ -84,6 +88,16 @@ class Run:
         self.retry_at = 0.0  # monotonic: no request before
         self.failures = 0
         self.handed = False  # given to another process (pending()): this one sends nothing more of it
+
+    def first_phase(self, heartbeat_ms: int | None = None) -> str:
+        """The phase after the task is known to exist: ``START``, or ``WAIT`` for a rerun of a task with a
+        lease (``heartbeat_ms``, else the ticket's), which reads the task before it starts: a start answered
+        ``already-running`` would renew the lease of the run before it (killed, say), which would then hold
+        the task one lease longer. A task without a lease has nothing to wait for (its start takes the
+        attempt over), and a first run starts at once (no extra request)."""
+        if heartbeat_ms is None and self.ticket is not None:
+            heartbeat_ms = self.ticket.heartbeat_ms
+        return WAIT if self.rerun and heartbeat_ms is not None else START
 
     def __repr__(self) -> str:
         return f"<Run {self.task_id} attempt {self.attempt} {self.phase}>"
@@ -179,6 +193,7 @@ class Run:
                 "inflight": self.inflight,
                 "outcome": self.outcome,
                 "ended": self.ended,
+                "rerun": self.rerun,
             }
 
     def resume(self, pending: Mapping[str, Any]) -> None:
@@ -204,6 +219,7 @@ class Run:
             self.last_sent = pair(pending.get("lastSent"))
             self.inflight = pair(pending.get("inflight"))
             self.ended = bool(pending.get("ended"))
+            self.rerun = bool(pending.get("rerun"))
         if self.phase == RUNNING:
             self.started.set()
 
@@ -253,6 +269,20 @@ class Run:
         with self.lock:
             pending = not self.ended and (self.latest is not None or self.outcome is not None)
             return self.finished and self.inflight is None and not pending
+
+    def unsent(self) -> int:
+        """How many of its reports wait: its start (or create), the callback on its way, its latest progress
+        and its outcome (none once handed to another process)."""
+        with self.lock:
+            if self.phase == OVER or self.handed:
+                return 0
+            waiting = (
+                self.phase in (CREATE, START, WAIT),
+                self.inflight,
+                self.latest,
+                not self.ended and self.outcome,
+            )
+            return sum(1 for report in waiting if report)
 
     def over(self) -> None:
         """Nothing more will be sent for this run."""

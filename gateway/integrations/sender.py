@@ -32,6 +32,7 @@ import httpx
 
 from gateway.client.backoff import Backoff
 from gateway.client.errors import TaskCancelled, cancelled
+from gateway.integrations.reach import Reach
 from gateway.integrations.run import CREATE, OVER, RUNNING, START, WAIT, Run
 from gateway.integrations.ticket import GatewayConfig
 
@@ -106,6 +107,7 @@ class Sender:
         self.runs: list[Run | Cancel | Lost] = []  # in the order they came
         self._cond = threading.Condition()
         self._woken = False
+        self.reach = Reach(config.url, self._unsent)
         self._thread = threading.Thread(target=self._loop, name="task-gateway-reporter", daemon=True)
         self._thread.start()
 
@@ -122,6 +124,10 @@ class Sender:
                 dropped.over()
             self._woken = True
             self._cond.notify()
+
+    def _unsent(self) -> int:
+        with self._cond:
+            return sum(item.unsent() if isinstance(item, Run) else 1 for item in self.runs)
 
     def wake(self) -> None:
         with self._cond:
@@ -170,7 +176,7 @@ class Sender:
             return None
         if now < run.retry_at:
             return run.retry_at
-        if run.phase in (CREATE, START) and self._behind(run):
+        if run.phase in (CREATE, START, WAIT) and self._behind(run):
             return now + WAIT_POLL_S
         try:
             if run.phase == CREATE:
@@ -284,7 +290,12 @@ class Sender:
             else:
                 response = self.client.post(path, json=body, headers=headers)
         except httpx.HTTPError as exc:
+            self.reach.lost(f"{type(exc).__name__}: {exc}")
             raise Unanswered(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500:
+            self.reach.lost(f"HTTP {response.status_code}")
+        else:
+            self.reach.found()
         if response.status_code >= 500 or response.status_code == 429:
             raise Unanswered(f"HTTP {response.status_code}")
         try:
@@ -324,7 +335,7 @@ class Sender:
             return
         self._answered(run, answer, sent)
         run.token = str(answer["callbackToken"])
-        run.phase = START
+        run.phase = run.first_phase(heartbeat_ms)
 
     def _start(self, run: Run) -> None:
         event = {"type": "start", "worker": run.worker}
@@ -362,20 +373,34 @@ class Sender:
             self._ended(run, "start", str(reason), task)
 
     def _wait(self, run: Run) -> None:
+        """Read the task (the API key): queued, start it; running an attempt another run began, look again
+        later (its lease will requeue it); ended, report nothing."""
         status, answer, _ = self._post(f"/v1/tasks/{_path(run.task_id)}", None, self.api_headers)
-        if status >= 300:
+        if status >= 300:  # no API key here? A rerun's first look starts as a first run does (a start
+            # renews an earlier run's lease once); a run answered already-running takes the attempt over.
+            attempt = run.running_attempt
             log.warning(
-                "task-gateway: cannot read task %s to wait for its lease (%s); taking its attempt over",
+                "task-gateway: cannot read task %s to see whether an earlier run still holds it (%s); %s",
                 run.task_id,
                 _why(status, answer),
+                "starting it" if attempt is None else f"taking attempt {attempt} over",
             )
-            assert run.running_attempt is not None
-            self._begun(run, run.running_attempt, took_over=True)
+            if attempt is None:
+                run.phase = START
+            else:
+                self._begun(run, attempt, took_over=True)
             return
         state = answer.get("state")
         if state == "queued":
             run.phase, run.start_id = START, str(uuid.uuid4())
         elif state == "running":
+            if run.running_attempt is None:
+                log.info(
+                    "task-gateway: task %s is still running attempt %s, begun by an earlier run of its job; "
+                    "waiting for its lease",
+                    run.task_id,
+                    answer["attempts"],
+                )
             run.running_attempt = int(answer["attempts"])
         else:
             self._ended(run, "start", "terminal-conflict", answer)

@@ -45,7 +45,9 @@ class Recorder:
         self.config = GatewayConfig(url="http://127.0.0.1:9", ttl_ms=60_000, heartbeat_ms=3_000)
         self.tickets: list[Ticket | None] = []
 
-    def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Recorded:
+    def begin(
+        self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str, rerun: bool = False
+    ) -> Recorded:
         self.tickets.append(ticket)
         return Recorded()
 

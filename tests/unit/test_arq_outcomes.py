@@ -56,7 +56,9 @@ class Recorder:
         self.config = GatewayConfig(url="http://127.0.0.1:9", ttl_ms=60_000, heartbeat_ms=3_000)
         self.runs: list[Recorded] = []
 
-    def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Recorded:
+    def begin(
+        self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str, rerun: bool = False
+    ) -> Recorded:
         run = Recorded(task_id, ticket)
         self.runs.append(run)
         return run
@@ -161,7 +163,9 @@ class SlowRecorder(Recorder):
         self.beginning = threading.Event()
         self.answer = threading.Event()
 
-    def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Recorded:
+    def begin(
+        self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str, rerun: bool = False
+    ) -> Recorded:
         self.beginning.set()
         self.answer.wait(RELEASE_S)
         return super().begin(task_id, worker=worker, ticket=ticket, scheme=scheme)

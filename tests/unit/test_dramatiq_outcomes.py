@@ -60,7 +60,9 @@ class Recorder:
     def create(self, task_id: str, **_: Any) -> Ticket | None:
         return None
 
-    def begin(self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str) -> Recorded:
+    def begin(
+        self, task_id: str, *, worker: str, ticket: Ticket | None, scheme: str, rerun: bool = False
+    ) -> Recorded:
         run = Recorded(task_id)
         self.runs.append(run)
         return run

@@ -43,3 +43,13 @@ def test_refused_callbacks_pickle_as_made() -> None:
             TASK,
             "report-42",
         )
+
+
+def test_a_cancelled_task_is_said_to_be_cancelled() -> None:
+    """What a job's log shows when ``progress()`` raises: the task was cancelled, and how the worker learned
+    it (pickled and read back the same)."""
+    error = TaskCancelled("progress", "terminal-conflict", TASK)
+    expected = "task report-42 was cancelled (progress callback answered terminal-conflict; attempt 1)"
+    assert str(error) == str(pickle.loads(pickle.dumps(error))) == expected
+    beat = TaskCancelled("heartbeat", "not-running", TASK)
+    assert str(beat) == "task report-42 was cancelled (heartbeat answered not-running; attempt 1)"
