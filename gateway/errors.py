@@ -20,7 +20,8 @@ the code once to its HTTP status (and, for sockets, to a close code)::
     └── Unavailable             503 unavailable (with Retry-After)
 
 Limits the connection itself hits before any route runs (``gateway.server.http_protocol``) answer in the same
-shape: ``431 headers-too-large``, ``408 request-timeout``, ``429 too-many-connections``.
+shape: ``431 headers-too-large``, ``408 request-timeout``, ``429 too-many-connections``, ``503
+too-many-sockets``.
 
 The pure state machine raises only :class:`InvalidRequest`, as the reference raises
 ``AiError("invalid-request", ...)``.

@@ -35,6 +35,11 @@ class Metrics:
             registry=self.registry,
         )
         self.tasks_created = Counter("gateway_tasks_created", "Tasks created", registry=self.registry)
+        self.sockets_refused = Counter(
+            "gateway_sockets_refused",
+            "WebSockets refused because the process neared its file descriptor limit (GATEWAY_FD_RESERVE)",
+            registry=self.registry,
+        )
         self.tasks_cancelled = Counter(
             "gateway_tasks_cancelled", "Tasks ended by POST /v1/tasks/{id}/cancel", registry=self.registry
         )

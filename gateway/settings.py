@@ -68,6 +68,7 @@ _ENV = {
     "ws_max_message_bytes_before_auth": "GATEWAY_WS_MAX_MESSAGE_BYTES_BEFORE_AUTH",
     "ws_max_message_bytes": "GATEWAY_WS_MAX_MESSAGE_BYTES",
     "max_connections_per_address": "GATEWAY_MAX_CONNECTIONS_PER_ADDRESS",
+    "fd_reserve": "GATEWAY_FD_RESERVE",
     "callback_rate_per_s": "GATEWAY_CALLBACK_RATE_PER_S",
     "max_history_versions": "GATEWAY_MAX_HISTORY_VERSIONS",
     "slow_close_grace_ms": "GATEWAY_SLOW_CLOSE_GRACE_MS",
@@ -160,6 +161,10 @@ class Settings(BaseModel):
     # Open connections (HTTP, WebSocket, SSE) from one client address; 0 for no limit (behind a proxy
     # every connection comes from the proxy's address).
     max_connections_per_address: int = Field(256, ge=0)
+    # File descriptors kept for callbacks, health checks and the database: once the process's open
+    # connections reach its soft RLIMIT_NOFILE minus this, a new WebSocket is refused (503
+    # too-many-sockets) while plain requests go on. 0 for no reserve.
+    fd_reserve: int = Field(256, ge=0)
     # Callbacks per second per task (with a burst of one second's worth); past it, 429 with Retry-After.
     # 0 for no limit.
     callback_rate_per_s: float = Field(100.0, ge=0)

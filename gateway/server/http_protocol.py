@@ -17,6 +17,12 @@ deadline that received bytes do not extend:
 Connections from one client address are counted (WebSockets included, until they close): past
 ``max_connections_per_address`` a new one is answered ``429 too-many-connections`` at once and closed.
 
+The process's open connections are counted too, against its file descriptor limit (the soft
+``RLIMIT_NOFILE``): past that limit less ``fd_reserve`` a WebSocket is answered ``503 too-many-sockets``
+instead of upgraded (counted in ``gateway_sockets_refused``, said once in the log), so that the
+descriptors left keep answering callbacks, health checks and the database, which a process out of
+descriptors could no longer do.
+
 A refusal is written at once, the write side shut, and whatever the client still sends discarded for a
 moment before the socket is dropped (closing a socket with unread data would reset the connection and
 could destroy the answer before the client reads it).
@@ -28,6 +34,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import resource
 import socket
 import struct
 import termios
@@ -36,6 +43,7 @@ from http import HTTPStatus
 from typing import Any, ClassVar, cast
 
 import orjson
+from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.settings import Settings
@@ -117,6 +125,42 @@ class AddressSlots:
             self.counts[address] = count
 
 
+class Sockets:
+    """The connections this process holds open (HTTP and WebSocket alike), and how many it may hold before
+    a new WebSocket is refused: its soft descriptor limit less ``reserve`` (``ceiling`` 0: no ceiling)."""
+
+    def __init__(self, reserve: int, refused: Counter | None = None) -> None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.ceiling = max(1, soft - reserve) if reserve > 0 and soft != resource.RLIM_INFINITY else 0
+        self.reserve = reserve
+        self.limit = soft
+        self.open = 0
+        self.refused = refused
+        self._said = False
+
+    def full(self) -> bool:
+        """Whether a new WebSocket would pass the ceiling (the connection asking is counted already)."""
+        return 0 < self.ceiling < self.open
+
+    def refuse(self) -> None:
+        if self.refused is not None:
+            self.refused.inc()
+        if not self._said:
+            self._said = True
+            log.warning(
+                "refusing new WebSockets (503 too-many-sockets): %d connections open, past %d, this "
+                "process's descriptor limit of %d less the %d kept for callbacks (GATEWAY_FD_RESERVE); "
+                "said once",
+                self.open,
+                self.ceiling,
+                self.limit,
+                self.reserve,
+            )
+
+    def release(self) -> None:
+        self.open -= 1
+
+
 class ConnectionHandle:
     """What a route may do to its own connection: drop it (a stream whose client stopped reading)."""
 
@@ -138,6 +182,7 @@ class _HeaderLimit(Exception):
 class GatewayHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits]
     slots: ClassVar[AddressSlots]
+    sockets: ClassVar[Sockets]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -149,11 +194,14 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._refused = False
         self._too_many_headers = False
         self._idle_extended = False  # this idle phase was extended once for bytes waiting unread
+        self._counted = False  # this connection is among ``sockets.open``
 
     # --- the connection ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.sockets.open += 1
+        self._counted = True
         address = self.client[0] if self.client else None
         if address is not None:
             if not self.slots.take(address):
@@ -169,6 +217,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
         self._release()
+        if self._counted:
+            self._counted = False
+            self.sockets.release()
         super().connection_lost(exc)
 
     def _release(self) -> None:
@@ -191,8 +242,22 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._headers_too_large(f"request headers over {self.limits.max_header_bytes} bytes")
 
     def handle_websocket_upgrade(self) -> None:
+        if self.sockets.full():
+            self.sockets.refuse()
+            self._refuse(
+                503,
+                "too-many-sockets",
+                f"this gateway process holds {self.sockets.open - 1} connections, as many as its file "
+                "descriptors allow: try again later, or another process",
+            )
+            return
         self._cancel()
         super().handle_websocket_upgrade()
+        # The WebSocket protocol owns the transport (and this connection's count) from now on.
+        count = getattr(self.transport.get_protocol(), "hand_over_count", None)
+        if count is not None and self._counted:
+            count(self.sockets.release)
+            self._counted = False
         # The WebSocket protocol owns the transport (and this connection's slot) from now on.
         release = getattr(self.transport.get_protocol(), "hand_over_slot", None)
         if release is not None and self._address is not None:
@@ -327,8 +392,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._timer = self.loop.call_later(LINGER_S, drop, transport)
 
 
-def http_protocol(settings: Settings) -> type[GatewayHttpProtocol]:
-    """The protocol class for one server: its limits, and one count of connections per address."""
+def http_protocol(settings: Settings, refused: Counter | None = None) -> type[GatewayHttpProtocol]:
+    """The protocol class for one server: its limits, one count of connections per address, and one of
+    the process's open connections (``refused``: the metric of WebSockets refused for descriptors)."""
     limits = ConnectionLimits.of(settings)
-    attributes = {"limits": limits, "slots": AddressSlots(limits.max_per_address)}
+    attributes = {
+        "limits": limits,
+        "slots": AddressSlots(limits.max_per_address),
+        "sockets": Sockets(settings.fd_reserve, refused),
+    }
     return type("GatewayHttpProtocol", (GatewayHttpProtocol,), attributes)

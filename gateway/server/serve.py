@@ -77,7 +77,7 @@ def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvico
     ping_s = settings.ws_ping_interval_ms / 1000 or None
     options.setdefault("ws_ping_interval", ping_s)
     options.setdefault("ws_ping_timeout", ping_s)
-    options.setdefault("http", http_protocol(settings))
+    options.setdefault("http", http_protocol(settings, app.state.gateway.metrics.sockets_refused))
     options.setdefault("timeout_keep_alive", settings.idle_timeout_ms / 1000)
     options.setdefault("ws_max_size", settings.ws_max_message_bytes_before_auth)
     config = uvicorn.Config(app, host=host, port=port, ws_per_message_deflate=False, **options)

@@ -20,6 +20,7 @@ which is also its handle on the connection's limits:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -149,6 +150,7 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     misses its keepalive pong is cut at once."""
 
     _slot: tuple[AddressSlots, str] | None = None  # its client address's count (http_protocol)
+    _on_lost: Callable[[], None] | None = None  # its count among the process's sockets (http_protocol)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -184,7 +186,14 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
         """This connection counts for its client address until it is lost (``server.http_protocol``)."""
         self._slot = (slots, address)
 
+    def hand_over_count(self, release: Callable[[], None]) -> None:
+        """This connection counts among the process's open sockets until it is lost (``http_protocol``)."""
+        self._on_lost = release
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._on_lost is not None:
+            release, self._on_lost = self._on_lost, None
+            release()
         if self._slot is not None:
             slots, address = self._slot
             self._slot = None
