@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -145,6 +146,28 @@ class Metrics:
             "gateway_bus_connects", "Times the bus listener connected since start", registry=self.registry
         )
         connects.set_function(lambda: float(bus.reconnects))
+        heard = Gauge(
+            "gateway_bus_messages_heard",
+            "Messages this process's bus listener heard from the shared bus since start (its own included)",
+            registry=self.registry,
+        )
+        heard.set_function(lambda: float(getattr(bus, "heard", 0)))
+
+    def watch_committer(self, committer: Any) -> None:
+        """Export the group commit's batches and the callbacks they applied (their mean size per process),
+        and this process's id (``gateway serve --workers`` answers /metrics from any of its processes)."""
+        batches = Gauge(
+            "gateway_callback_batches", "Group-commit batches committed since start", registry=self.registry
+        )
+        batches.set_function(lambda: float(committer.batches))
+        applied = Gauge(
+            "gateway_callbacks_batched",
+            "Callbacks applied by those batches since start (divided by the batches: the mean batch size)",
+            registry=self.registry,
+        )
+        applied.set_function(lambda: float(committer.applied))
+        pid = Gauge("gateway_process_id", "The operating-system id of this process", registry=self.registry)
+        pid.set(os.getpid())
 
     def watch_relay(self, in_flight: Callable[[], int]) -> None:
         """Export how many notifications this process's relay is sending now."""

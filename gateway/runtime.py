@@ -80,6 +80,7 @@ class Gateway:
         # On PostgreSQL several batches commit at once, each on a connection of the pool.
         self.committer = Committer(self.book, concurrency=1 if self.db.is_sqlite else COMMITS_IN_FLIGHT)
         self.hub.callbacks_waiting = self.committer.busy
+        self.metrics.watch_committer(self.committer)
         self.relay = Relay.from_settings(self.store, settings, self.metrics)
         if self.relay is not None:
             listeners.notifications.append(self.relay.wake)

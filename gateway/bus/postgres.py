@@ -48,6 +48,7 @@ class PostgresBus:
         self._on_news: OnNews | None = None
         self.connected = False
         self.reconnects = 0
+        self.heard = 0  # messages the listener heard (for metrics)
 
     def join(self, deployment_id: str) -> None:
         pass  # LISTEN/NOTIFY is per database: the channel is the deployment's already
@@ -114,6 +115,7 @@ class PostgresBus:
         raise ConnectionError("the listening connection was closed")
 
     def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self.heard += 1
         if self._on_news is None:
             return
         try:
