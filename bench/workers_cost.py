@@ -39,6 +39,7 @@ from report import Report, Row, frames_summary
 class Sizes:
     connections: int  # keep-alive callback connections
     seconds: float  # per callback run
+    warmup_s: float  # callbacks driven before a run is measured (each process's pool and statements ready)
     alternations: int  # (one process, --workers 2) pairs
     subscribers: int  # fan-out sockets, on one task
     fanout_callbacks: int
@@ -46,10 +47,22 @@ class Sizes:
 
 
 FULL = Sizes(
-    connections=64, seconds=8.0, alternations=2, subscribers=1000, fanout_callbacks=100, fanout_rate=20.0
+    connections=64,
+    seconds=8.0,
+    warmup_s=3.0,
+    alternations=2,
+    subscribers=1000,
+    fanout_callbacks=100,
+    fanout_rate=20.0,
 )
 SMOKE = Sizes(
-    connections=8, seconds=0.5, alternations=1, subscribers=20, fanout_callbacks=5, fanout_rate=50.0
+    connections=8,
+    seconds=0.5,
+    warmup_s=0.0,
+    alternations=1,
+    subscribers=20,
+    fanout_callbacks=5,
+    fanout_rate=50.0,
 )
 
 
@@ -79,6 +92,22 @@ class Workers:
                 for task in Path(f"/proc/{pid}/task").iterdir():
                     todo += [int(c) for c in (task / "children").read_text().split()]
         return found
+
+    def counters(self) -> dict[str, float]:
+        """Summed over the processes: user and system CPU seconds (/proc/PID/stat, clock ticks), and
+        voluntary and involuntary context switches (/proc/PID/status)."""
+        total = {"user_s": 0.0, "system_s": 0.0, "voluntary": 0.0, "involuntary": 0.0}
+        for pid in self.pids():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total["user_s"] += int(fields[11]) / harness.TICKS
+                total["system_s"] += int(fields[12]) / harness.TICKS
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total["voluntary"] += int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        total["involuntary"] += int(line.split()[1])
+        return total
 
     def cpu(self) -> float:
         total = 0.0
@@ -128,12 +157,17 @@ async def processes(server: Workers, tries: int = 200) -> dict[int, dict[str, fl
 
 async def callbacks_run(server: Workers, sizes: Sizes) -> dict[str, Any]:
     args = argparse.Namespace(seconds=sizes.seconds, connections=sizes.connections)
-    before, cpu0 = await processes(server), server.cpu()
+    if sizes.warmup_s:
+        await callbacks.measure(
+            server.port, argparse.Namespace(seconds=sizes.warmup_s, connections=sizes.connections)
+        )
+    before, cpu0, counters0 = await processes(server), server.cpu(), server.counters()
     async with contextlib.AsyncExitStack() as stack:
         for pid in server.pids()[1:] or [server.process.pid]:
             await stack.enter_async_context(harness.profiled(pid, f"workers-{server.workers}-{pid}"))
         result = await callbacks.measure(server.port, args)
     cpu, after = server.cpu() - cpu0, await processes(server)
+    counters = {k: v - counters0[k] for k, v in server.counters().items()}
     deltas = {pid: {k: after[pid][k] - before[pid][k] for k in after[pid]} for pid in after}
     applied = sum(d["gateway_callbacks_batched"] for d in deltas.values())
     heard = [d["gateway_bus_messages_heard"] for d in deltas.values()]
@@ -148,6 +182,7 @@ async def callbacks_run(server: Workers, sizes: Sizes) -> dict[str, Any]:
             for d in deltas.values()
         ],
         "heard_per_callback": statistics.mean(heard) / applied if applied else float("nan"),
+        **{f"{k}_per_callback": v / applied if applied else float("nan") for k, v in counters.items()},
     }
 
 
@@ -194,7 +229,11 @@ async def run(
                 say(
                     f"callbacks, {workers} process(es): {result['cpu_us']:.0f} us/callback, "
                     f"{result['per_s']:.0f}/s, batches {[round(b, 2) for b in result['batch']]}, "
-                    f"heard/callback {result['heard_per_callback']:.2f}, errors {result['errors']}"
+                    f"heard/callback {result['heard_per_callback']:.2f}, errors {result['errors']}; per "
+                    f"callback: user {result['user_s_per_callback'] * 1e6:.0f} us, system "
+                    f"{result['system_s_per_callback'] * 1e6:.0f} us, context switches "
+                    f"{result['voluntary_per_callback']:.2f} + {result['involuntary_per_callback']:.2f} "
+                    "forced"
                 )
                 if sizes.subscribers:
                     result = await fanout_run(server, sizes, procs, timeout_s)
