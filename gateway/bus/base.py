@@ -15,9 +15,10 @@ every message, from this process or another, through the ``on_news`` callback of
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import orjson
 from anyio.abc import TaskStatus
@@ -25,6 +26,8 @@ from anyio.abc import TaskStatus
 from gateway.frames import Frame, snapshot_frame
 from gateway.machine import Task, task_from_json
 from gateway.store.base import WriteTx
+
+log = logging.getLogger("gateway.bus")
 
 # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more; a longer frame travels as id and version.
 MAX_PAYLOAD_BYTES = 7900
@@ -44,13 +47,18 @@ def deployment_channel(deployment_id: str) -> str:
 class News:
     """A committed entry: ``version`` of ``task_id``; ``task`` and ``frame`` unless it is a bare wake-up.
     Or, ``created``, a task created with tags (no entry): ``task`` as created, ``frame`` its ``snapshot``
-    (``reason: "new"``), unless it did not fit in a message."""
+    (``reason: "new"``), unless it did not fit in a message. An entry decoded from a message carries its
+    task as ``task_json`` until :meth:`read` makes it (before then it reads as a bare wake-up)."""
 
     task_id: str
     version: int
     task: Task | None = None
     frame: Frame | None = None
     created: bool = False
+    # Decoded from a message, the task's JSON, not yet made a Task: every process hears every message,
+    # most of them of tasks it has no subscriber of, or its own commits heard again (gateway.live.hub reads
+    # only those a subscriber here needs).
+    task_json: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, task: Task, frame: Frame) -> News:
@@ -60,6 +68,17 @@ class News:
     def creation(cls, task: Task) -> News:
         """News of a task just created, for the subscribers of its tags."""
         return cls(task.id, task.version, task, snapshot_frame(task, "new"), created=True)
+
+    def read(self) -> News:
+        """This message with its task made from the message (a bare wake-up if that task is not one)."""
+        if self.task_json is None:
+            return self
+        try:
+            task = task_from_json(self.task_json)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            log.warning("bus: a message's task could not be read; reading the store instead")
+            return News(self.task_id, self.version, created=self.created)
+        return News(self.task_id, self.version, task, self.frame, self.created)
 
     def encode(self) -> str:
         """The message text: the frame itself, or ``{"taskId", "version"}`` (and ``"created": true``) where it
@@ -85,9 +104,14 @@ class News:
             created = kind == "snapshot" and body.get("reason") == "new"  # a task created with tags
             if kind != "event" and not created:
                 return cls(task_id, version, created=body.get("created") is True)
-            task = task_from_json(body["task"])
             frame_text = text if isinstance(text, str) else text.decode()
-            return cls(task_id, version, task, Frame(kind, version, frame_text), created=created)
+            frame = Frame(kind, version, frame_text)
+            if created:  # rare, and every tag subscription of the process looks at it
+                return cls(task_id, version, task_from_json(body["task"]), frame, created=True)
+            task_json = body["task"]
+            if not isinstance(task_json, dict):
+                raise TypeError
+            return cls(task_id, version, None, frame, task_json=task_json)  # the task: read() makes it
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ValueError(f"not a gateway bus message: {exc!r}") from None
 

@@ -348,6 +348,12 @@ class Fanout(Generic[H]):
 
     # --- news from the bus, and what it missed --------------------------------------------------------------
 
+    def wants(self, task_id: str, version: int) -> bool:
+        """Whether news of ``version`` of ``task_id`` is anything to this process: it has a subscriber of the
+        task and has not handed that version out already (what :meth:`receive` drops without a look)."""
+        channel = self.channels.get(task_id)
+        return channel is not None and version > channel.version
+
     def receive(self, message: Message) -> Channel[H] | None:
         """A committed entry heard on the bus (this process's or another's). Returns the channel if it has
         entries to hand out (a round is due); a version jump or a bare wake-up makes it read the store."""

@@ -180,11 +180,13 @@ class Hub:
         """A committed entry, or a task created with tags, heard on the bus (this process's or another's).
         Never waits."""
         if news.created:
-            self._flush_all(self.tagging.created(news))
+            self._flush_all(self.tagging.created(news.read()))
             return
-        channel = self.fanout.receive(news)
-        if channel is not None:
-            self._flush_soon(channel)
+        # No subscriber here, or this process's own commit heard again: the message's task is not made.
+        if self.fanout.wants(news.task_id, news.version):
+            channel = self.fanout.receive(news.read())
+            if channel is not None:
+                self._flush_soon(channel)
         if self.fanout.reads_due:
             self._wakeup.set()
 
