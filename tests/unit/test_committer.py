@@ -225,3 +225,22 @@ async def test_with_several_commits_in_flight_a_slow_commit_holds_up_only_its_ow
             tg.cancel_scope.cancel()
     assert answered == ["b", "a"]
     assert [(await book.get(t)).state for t in ("a", "b")] == ["running", "running"]
+
+
+# --- how many batches commit at once ----------------------------------------------------------------------
+
+
+def test_the_processes_of_one_gateway_serve_share_the_batches_in_flight() -> None:
+    """On PostgreSQL one process commits several batches at once; the processes of ``--workers N`` share
+    that number (one each at least), so that their batches are as large as one process's."""
+    from gateway.runtime import COMMITS_IN_FLIGHT, Gateway
+    from gateway.settings import Settings
+
+    def in_flight(database_url: str, workers: int = 1) -> int:
+        settings = Settings(database_url=database_url, api_key="k", secret="s" * 32, workers=workers)
+        return Gateway(settings, lambda: 0).committer.concurrency
+
+    pg = "postgresql://gw@db.internal/gateway"
+    assert in_flight(pg) == COMMITS_IN_FLIGHT > 1
+    assert [in_flight(pg, workers) for workers in (2, 3, 6)] == [1, 1, 1]
+    assert in_flight("sqlite:///gateway.db") == 1  # writes take turns there anyway
