@@ -114,12 +114,14 @@ WORKLOADS = {
     ),
     11: (
         "More processes cost no more",
-        "`gateway serve --workers 2` beside one process, on PostgreSQL (a database of its own per gateway), "
-        "in alternation (1, 2, 1, 2), medians (bench/workers_cost.py): 64 keep-alive connections drive "
-        "callbacks (bench/callbacks.py's client) for 8 s: the server's CPU (the parent and every child, from "
-        "/proc) per applied callback, the throughput, each process's mean group-commit batch and the bus "
-        "messages each process heard per callback; then 1,000 subscribers of one task, spread by the kernel "
-        "over the processes, 100 callbacks at 20/s: the server's CPU per delivered frame, every subscriber's "
+        "`gateway serve --workers 2` beside one process, on PostgreSQL (a database of its own per "
+        "gateway), in alternation (1, 2, 1, 2), medians (bench/workers_cost.py): 64 keep-alive "
+        "connections drive callbacks (bench/callbacks.py's client) for 8 s, after 3 s unmeasured (each "
+        "process's pool connections opened and statements prepared): the server's CPU (the parent and "
+        "every child, from /proc) per applied callback, the throughput, each process's mean group-commit "
+        "batch, the bus messages each process heard per callback, user and system CPU and context "
+        "switches per callback; then 1,000 subscribers of one task, spread by the kernel over the "
+        "processes, 100 callbacks at 20/s: the server's CPU per delivered frame, every subscriber's "
         "frames checked (none lost or out of order).",
     ),
 }

@@ -297,6 +297,15 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
     def batches(results: list[dict[str, Any]]) -> str:
         return ", ".join("/".join(f"{b:.1f}" for b in r["batch"]) for r in results)
 
+    def split(results: list[dict[str, Any]]) -> str:
+        return (
+            f"user {median(results, 'user_s_per_callback') * 1e6:.0f} us, system "
+            f"{median(results, 'system_s_per_callback') * 1e6:.0f} us, context switches "
+            f"{median(results, 'voluntary_per_callback'):.2f} + "
+            f"{median(results, 'involuntary_per_callback'):.2f} forced"
+        )
+
+    report.details.append(f"more processes, per callback: one process {split(one)}; --workers 2 {split(two)}")
     report.details.append(
         f"more processes: {sizes.connections} keep-alive callback connections on PostgreSQL, "
         f"{sizes.seconds:g} s per run, {sizes.alternations} alternations (1, 2, ...), medians; mean "
