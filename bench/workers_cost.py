@@ -205,12 +205,17 @@ async def fanout_run(server: Workers, sizes: Sizes, procs: int, timeout_s: float
         stack.push_async_callback(clients.close)
         await clients.connect(timeout_s)
         cpu0 = server.cpu()
-        posted = await fanout.post_callbacks(
-            http, task_id, made["callbackToken"], fanout.plan(sizes.fanout_callbacks), sizes.fanout_rate
-        )
-        await clients.final(start + posted["posted"])
-        stats = await clients.done(timeout_s)
-        cpu = server.cpu() - cpu0
+        async with contextlib.AsyncExitStack() as profiles:
+            for pid in server.pids()[1:] or [server.process.pid]:
+                await profiles.enter_async_context(
+                    harness.profiled(pid, f"workers-fanout-{server.workers}-{pid}")
+                )
+            posted = await fanout.post_callbacks(
+                http, task_id, made["callbackToken"], fanout.plan(sizes.fanout_callbacks), sizes.fanout_rate
+            )
+            await clients.final(start + posted["posted"])
+            stats = await clients.done(timeout_s)
+            cpu = server.cpu() - cpu0
     frames = stats.get("deliveries", 0)
     return {**stats, "frames": frames, "cpu_us": cpu * 1e6 / frames if frames else float("nan")}
 
