@@ -44,6 +44,7 @@ class Sizes:
     subscribers: int  # fan-out sockets, on one task
     fanout_callbacks: int
     fanout_rate: float
+    together: bool = False  # start both gateways at once (a smoke run)
 
 
 FULL = Sizes(
@@ -197,7 +198,7 @@ async def fanout_run(server: Workers, sizes: Sizes, procs: int, timeout_s: float
         url = f"{server.ws}/v1/tasks/{task_id}/ws?cursor={start}&token={made['subscribeToken']}"
         clients = await Clients.start(
             [(url, sizes.subscribers, "caught-up")],
-            procs=procs,
+            procs=procs if sizes.subscribers >= 100 else 1,  # a smoke run's few: one client process
             stream=True,
             expect_close=1000,
             timeout_s=timeout_s,
@@ -220,33 +221,68 @@ async def fanout_run(server: Workers, sizes: Sizes, procs: int, timeout_s: float
     return {**stats, "frames": frames, "cpu_us": cpu * 1e6 / frames if frames else float("nan")}
 
 
+@contextlib.asynccontextmanager
+async def both() -> AsyncIterator[dict[int, Workers]]:
+    """One process and ``--workers 2`` started together (a smoke run's, whose figures are not judged: the
+    idle one would be noise beside the other)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    ready: dict[int, asyncio.Future[Workers]] = {w: loop.create_future() for w in (1, 2)}
+
+    async def hold(workers: int) -> None:
+        try:
+            async with gateway(workers) as server:
+                ready[workers].set_result(server)
+                await stop.wait()
+        except BaseException as exc:
+            if not ready[workers].done():
+                ready[workers].set_exception(exc)
+            raise
+
+    holders = [asyncio.create_task(hold(w)) for w in ready]
+    try:
+        yield {w: await future for w, future in ready.items()}
+    finally:
+        stop.set()
+        await asyncio.gather(*holders, return_exceptions=True)
+
+
+async def measure(
+    server: Workers, sizes: Sizes, procs: int, timeout_s: float, runs: dict[str, Any], say: Any
+) -> None:
+    """Callbacks, then fan-out (unless ``sizes.subscribers`` is 0), on ``server``: into ``runs``."""
+    workers = server.workers
+    result = await callbacks_run(server, sizes)
+    runs[f"cb{workers}"].append(result)
+    say(
+        f"callbacks, {workers} process(es): {result['cpu_us']:.0f} us/callback, "
+        f"{result['per_s']:.0f}/s, batches {[round(b, 2) for b in result['batch']]}, "
+        f"heard/callback {result['heard_per_callback']:.2f}, errors {result['errors']}; per "
+        f"callback: user {result['user_s_per_callback'] * 1e6:.0f} us, system "
+        f"{result['system_s_per_callback'] * 1e6:.0f} us, context switches "
+        f"{result['voluntary_per_callback']:.2f} + {result['involuntary_per_callback']:.2f} forced"
+    )
+    if sizes.subscribers:
+        result = await fanout_run(server, sizes, procs, timeout_s)
+        runs[f"fo{workers}"].append(result)
+        say(f"fan-out, {workers} process(es): {result['cpu_us']:.1f} us/frame, {frames_summary(result)}")
+
+
 async def run(
     sizes: Sizes, procs: int, timeout_s: float, say: Any = print
 ) -> dict[str, list[dict[str, Any]]]:
-    """Alternating gateways (one process, --workers 2, ...), each measured on callbacks, then on fan-out
-    (unless ``sizes.subscribers`` is 0); by kind ("cb1", "cb2", "fo1", "fo2"), every run's result."""
+    """Alternating gateways (one process, --workers 2, ...), each started for its measurement (both at
+    once with ``sizes.together``); by kind ("cb1", "cb2", "fo1", "fo2"), every run's result."""
     runs: dict[str, list[dict[str, Any]]] = {"cb1": [], "cb2": [], "fo1": [], "fo2": []}
     for _ in range(sizes.alternations):
+        if sizes.together:
+            async with both() as servers:
+                for workers in (1, 2):
+                    await measure(servers[workers], sizes, procs, timeout_s, runs, say)
+            continue
         for workers in (1, 2):
             async with gateway(workers) as server:
-                result = await callbacks_run(server, sizes)
-                runs[f"cb{workers}"].append(result)
-                say(
-                    f"callbacks, {workers} process(es): {result['cpu_us']:.0f} us/callback, "
-                    f"{result['per_s']:.0f}/s, batches {[round(b, 2) for b in result['batch']]}, "
-                    f"heard/callback {result['heard_per_callback']:.2f}, errors {result['errors']}; per "
-                    f"callback: user {result['user_s_per_callback'] * 1e6:.0f} us, system "
-                    f"{result['system_s_per_callback'] * 1e6:.0f} us, context switches "
-                    f"{result['voluntary_per_callback']:.2f} + {result['involuntary_per_callback']:.2f} "
-                    "forced"
-                )
-                if sizes.subscribers:
-                    result = await fanout_run(server, sizes, procs, timeout_s)
-                    runs[f"fo{workers}"].append(result)
-                    say(
-                        f"fan-out, {workers} process(es): {result['cpu_us']:.1f} us/frame, "
-                        f"{frames_summary(result)}"
-                    )
+                await measure(server, sizes, procs, timeout_s, runs, say)
     return runs
 
 
