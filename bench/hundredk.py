@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -47,12 +49,15 @@ class Sizes:
     base_seconds: float  # of the same callbacks with none (CPU per callback and p99 of the base)
     workers: int  # gateway processes, and floor processes
     procs: int  # client processes (at least; harness.Clients takes more if a process would hold too many)
+    together: bool = False  # the gateway's side and the floor's at once (smoke: its figures are not judged)
 
 
 FULL = Sizes(
     subscribers=100_000, tasks=10_000, rate=200.0, seconds=60.0, base_seconds=20.0, workers=6, procs=6
 )
-SMOKE = Sizes(subscribers=400, tasks=40, rate=100.0, seconds=2.0, base_seconds=1.0, workers=2, procs=2)
+SMOKE = Sizes(
+    subscribers=200, tasks=20, rate=50.0, seconds=1.0, base_seconds=0.5, workers=2, procs=2, together=True
+)
 
 
 # --- processes ---------------------------------------------------------------------------------------
@@ -230,7 +235,9 @@ def gc_pauses(gc_dir: str, since: float, until: float) -> dict[int, list[tuple[i
     found: dict[int, list[tuple[int, float, float]]] = {}
     for name in os.listdir(gc_dir):
         lines = Path(gc_dir, name).read_text().split("\n")
-        rows = [(int(g), float(t), float(s)) for g, t, s in (line.split() for line in lines if line.strip())]
+        rows = [
+            (int(g), float(t), float(s)) for g, t, s, *_ in (line.split() for line in lines if line.strip())
+        ]
         found[int(name.split(".")[0])] = [row for row in rows if since <= row[1] <= until]
     return found
 
@@ -305,6 +312,9 @@ async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> di
                 storm_groups.append((base, per_task, "delta" if behind else "caught-up"))
             result["storm"] = await storm(storm_groups, sizes, timeout_s)
             result["gc_all"] = gc_pauses(gc_dir, up, time.monotonic())
+            if os.environ.get("BENCH_GC_KEEP"):  # every process's collections, for a look after the run
+                shutil.copytree(gc_dir, os.environ["BENCH_GC_KEEP"], dirs_exist_ok=True)
+            result["phases"] = {"up": up, "connected": since, "run_end": until}
             stats["versions_checked"] = sum(finals)
     return result
 
@@ -399,9 +409,16 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
     started = time.monotonic()
     timeout_s = max(cfg.step_timeout_s, 300.0 if sizes.subscribers > 10_000 else 0.0)
     seed = random.randrange(2**32)
-    gw = await gateway_side(sizes, timeout_s, random.Random(seed))
-    gateway_s = time.monotonic() - started
-    fl = await floor_side(sizes, timeout_s, random.Random(seed))
+    if sizes.together:
+        gw, fl = await asyncio.gather(
+            gateway_side(sizes, timeout_s, random.Random(seed)),
+            floor_side(sizes, timeout_s, random.Random(seed)),
+        )
+        gateway_s = time.monotonic() - started
+    else:
+        gw = await gateway_side(sizes, timeout_s, random.Random(seed))
+        gateway_s = time.monotonic() - started
+        fl = await floor_side(sizes, timeout_s, random.Random(seed))
     took = time.monotonic() - started
     n = sizes.subscribers
     g_frames, f_frames = gw["frames"], fl["frames"]
@@ -501,13 +518,16 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
         f"hundredk storm: resume frames {storm['resume']}, {storm['retries']} attempts retried, "
         f"{storm['failed']} failed; floor open: {f_frames['connected']:,} connected, {f_frames['retries']} "
         f"retried; the workload took {took:.0f} s (gateway side {gateway_s:.0f} s)"
+        + (f"; storm errors: {'; '.join(storm['errors'][:3])}" if storm["errors"] else "")
     )
 
 
 async def main(args: argparse.Namespace) -> int:
     from report import table
 
-    cfg = argparse.Namespace(hundredk=SMOKE if args.smoke else FULL, step_timeout_s=60.0)
+    sizes = SMOKE if args.smoke else FULL
+    changes = {k: v for k, v in vars(args).items() if k in Sizes.__dataclass_fields__ and v is not None}
+    cfg = argparse.Namespace(hundredk=dataclasses.replace(sizes, **changes), step_timeout_s=60.0)
     harness.raise_nofile(20_000)
     report = Report()
     await workload(cfg, None, report)
@@ -520,6 +540,10 @@ async def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
+    for name, kind in (("subscribers", int), ("tasks", int), ("rate", float), ("seconds", float)):
+        parser.add_argument(f"--{name}", type=kind)
+    for name, kind in (("base-seconds", float), ("workers", int), ("procs", int)):
+        parser.add_argument(f"--{name}", type=kind)
     try:
         sys.exit(asyncio.run(main(parser.parse_args())))
     finally:
