@@ -37,6 +37,7 @@ import callbacks
 import fanout
 import harness
 import held
+import needs
 import retention
 import scale_one
 import tags
@@ -632,17 +633,21 @@ async def run(args: argparse.Namespace) -> int:
                 )
             for number in only:
                 name = WORKLOADS[number][0]
-                t0 = time.monotonic()
                 print(f"[{time.monotonic() - started:6.1f} s] {number}. {name} ...", flush=True)
-                try:
-                    await RUNNERS[number](cfg, servers, report)
-                except Exception as exc:
-                    traceback.print_exc()
-                    report.failures.append(f"{number}. {name}: {type(exc).__name__}: {exc}")
-                finally:
-                    report.gateway_logs(name)
-                took = time.monotonic() - t0
-                print(f"[{time.monotonic() - started:6.1f} s] {number}. {name} took {took:.1f} s", flush=True)
+                async with needs.watched(f"{number}. {name}", report.needs) as need:
+                    try:
+                        await RUNNERS[number](cfg, servers, report)
+                    except Exception as exc:
+                        traceback.print_exc()
+                        report.failures.append(f"{number}. {name}: {type(exc).__name__}: {exc}")
+                    finally:
+                        report.gateway_logs(name)
+                print(
+                    f"[{time.monotonic() - started:6.1f} s] {number}. {name} took {need.seconds:.1f} s "
+                    f"(peaks: its processes {need.rss / 2**30:.2f} GiB RSS, machine {need.used / 2**30:.2f} "
+                    f"GiB used, {need.sockets:,} TCP sockets)",
+                    flush=True,
+                )
     except TimeoutError:
         report.failures.append(f"the run passed its total time bound of {cfg.total_timeout_s:.0f} s")
     finally:

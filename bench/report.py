@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import needs
+from needs import Need
 
 DOCS = harness.ROOT / "docs" / "benchmarks.md"
 PACKAGES = ("uvicorn", "starlette", "websockets", "sqlalchemy", "asyncpg", "aiosqlite", "httpx", "orjson")
@@ -166,6 +168,7 @@ class Report:
     details: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # the smoke checks that failed
     failures: list[str] = field(default_factory=list)  # workloads that could not run
+    needs: list[Need] = field(default_factory=list)  # per workload: time, memory, sockets
 
     def figure(self, what: str, value: float | None, positive: bool = True) -> None:
         """A figure must exist: a finite number, positive unless told otherwise."""
@@ -323,10 +326,11 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
         "`GATEWAY_SECRET` set and `GATEWAY_LOG_LEVEL=warning`, in open mode on loopback, on a SQLite file of "
         "its own (workloads 2 to 5) or a PostgreSQL database made for the run and dropped after it. The "
         "subscribers are `websockets` clients in "
-        f"{procs} separate processes under Linux's `SCHED_IDLE` policy (on this machine they stand for "
-        "clients on other machines: they take only the CPU time the server under test, gateway or floor "
-        "alike, does not want; for the latency runs they also get cores of their own, see workload 4). The "
-        "floors are measured in the same run, one after the other on "
+        f"{procs} separate processes (more where one would hold over 18,000 sockets; each connects from a "
+        "loopback address of its own, 127.0.0.2 and up) under Linux's `SCHED_IDLE` policy (on this "
+        "machine they stand for clients on other machines: they take only the CPU time the server under "
+        "test, gateway or floor alike, does not want; for the latency runs they also get cores of their "
+        "own, see workload 4). The floors are measured in the same run, one after the other on "
         "the same machine; a ratio is figure / floor. Targets are the performance issue's; they are "
         "printed, never asserted. `--smoke` runs are too short for their figures to be compared with "
         "the targets.",
@@ -341,6 +345,15 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
         TABLE_NOTE,
         "",
         *(f"- {d}" for d in report.details),
+        "",
+        "## What the run needs",
+        "",
+        "Per workload: its time; at its peak, the sum of the RSS of the bench process and every process "
+        "under it (gateways, floors, client processes, workers; not PostgreSQL's server), the machine's "
+        "used memory (MemTotal - MemAvailable) and the TCP sockets open on the machine (both ends of each "
+        "loopback connection), sampled every half second.",
+        "",
+        needs.table(report.needs),
         "",
         "## What each workload measures",
         "",
