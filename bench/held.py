@@ -5,7 +5,8 @@ once to get their resume frames (:func:`storm_gateway`, :func:`storm_floor`).
 ``servers`` is ``bench/all.py``'s ``Servers`` (anything whose ``use(name)`` gives a server's context);
 ``procs`` are the client processes at least (``harness.Clients`` starts more past 18,000 sockets each).
 The gateway's figures come with ``refused``: the WebSockets it answered ``503 too-many-sockets`` (its
-``gateway_sockets_refused`` metric; a subscriber refused is retried, and counted in ``retries``).
+``gateway_sockets_refused`` metric; a subscriber refused is retried, and counted in ``retries``). With
+``BENCH_PROFILE=DIR``, py-spy samples the gateway during a storm (``harness.profiled``).
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ async def storm_gateway(
             groups.append((base + str(STORM_HISTORY - STORM_BEHIND), count // 2, "delta"))
             groups.append((base + "1", count - count // 2, "snapshot"))
         refused_before = await refused(http)
-        result = await storm(groups, procs, timeout_s)
+        async with harness.profiled(server.pid, f"storm-gateway-{n}"):
+            result = await storm(groups, procs, timeout_s)
         result["refused"] = await refused(http) - refused_before
         return result
 
