@@ -5,8 +5,8 @@
 Each process of the gateway (the ``--workers`` parent and every child: a spawned child runs this module
 again, as ``__mp_main__``, before it runs its worker) writes ``DIR/PID.gc`` at start (so that a process
 with no full collection is seen too), then one line per full collection (generation 2) and per younger
-one that paused more than 10 ms: ``generation monotonic_end seconds frozen_objects``. The monotonic clock is the
-machine's, so the bench compares each line with its own window. ``/metrics`` cannot do it: with
+one that paused more than 10 ms: ``generation monotonic_end seconds frozen_objects``. The monotonic clock
+is the machine's, so the bench compares each line with its own window. ``/metrics`` cannot do it: with
 ``--workers`` it answers from whichever child accepted the connection, and a histogram says a bucket, not
 the longest pause. Nothing else changes: the gateway runs as ``gateway serve`` does.
 """

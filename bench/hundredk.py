@@ -99,7 +99,10 @@ async def gateway(database_url: str, workers: int, gc_dir: str) -> AsyncIterator
     port = harness.free_port()
     command = [sys.executable, str(GCWATCHED), "serve", "--port", str(port), "--database-url", database_url]
     command += ["--workers", str(workers)]
-    env = harness.gateway_env(extra={"BENCH_GC_DIR": gc_dir})
+    # A connection gets as long to send its request as the floor's (websockets' open_timeout, 10 s): in a
+    # storm the client processes here, busy with thousands of handshakes, are slower to send it than
+    # clients on machines of their own (GATEWAY_IDLE_TIMEOUT_MS, 5 s by default).
+    env = harness.gateway_env(extra={"BENCH_GC_DIR": gc_dir, "GATEWAY_IDLE_TIMEOUT_MS": "10000"})
     with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
         log_path = Path(tmp) / "gateway.log"
         with log_path.open("wb") as log:

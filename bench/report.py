@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import needs
+from needs import Need
 
 DOCS = harness.ROOT / "docs" / "benchmarks.md"
 PACKAGES = ("uvicorn", "starlette", "websockets", "sqlalchemy", "asyncpg", "aiosqlite", "httpx", "orjson")
@@ -112,6 +114,17 @@ WORKLOADS = {
         "on Redis db 11): the task's time from `task_prerun` to `task_postrun` (the integration's start, "
         "progress calls, outcome and its wait for the answer included), medians of 5 runs taken in turn.",
     ),
+    9: (
+        "20,000 on one process",
+        "one `gateway serve` process (on a SQLite file) holding 19,000 idle subscribers of one task, as "
+        "workload 3 measures them (RSS growth / N after the resume frame and a first event frame), beside "
+        "the raw `websockets` server holding the same sockets; then 19,000 subscribers with cursors "
+        "connecting at once to a fresh gateway, as workload 5's storm (10 tasks of 40 versions, half "
+        "`delta`, half `snapshot`), beside the raw `websockets` server opening the same 19,000. The "
+        "subscribers come from client processes of at most 18,000 sockets each, each from a loopback "
+        "address of its own (127.0.0.2, ...). 19,000 fits under the gateway's descriptor ceiling (20,000 "
+        "less `GATEWAY_FD_RESERVE`, 256): the WebSockets it refused `503 too-many-sockets` are counted.",
+    ),
     10: (
         "100,000 over --workers",
         "100,000 subscribers over `gateway serve --workers 6` on a PostgreSQL database of its own "
@@ -177,6 +190,7 @@ class Report:
     details: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # the smoke checks that failed
     failures: list[str] = field(default_factory=list)  # workloads that could not run
+    needs: list[Need] = field(default_factory=list)  # per workload: time, memory, sockets
 
     def figure(self, what: str, value: float | None, positive: bool = True) -> None:
         """A figure must exist: a finite number, positive unless told otherwise."""
@@ -334,10 +348,11 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
         "`GATEWAY_SECRET` set and `GATEWAY_LOG_LEVEL=warning`, in open mode on loopback, on a SQLite file of "
         "its own (workloads 2 to 5) or a PostgreSQL database made for the run and dropped after it. The "
         "subscribers are `websockets` clients in "
-        f"{procs} separate processes under Linux's `SCHED_IDLE` policy (on this machine they stand for "
-        "clients on other machines: they take only the CPU time the server under test, gateway or floor "
-        "alike, does not want; for the latency runs they also get cores of their own, see workload 4). The "
-        "floors are measured in the same run, one after the other on "
+        f"{procs} separate processes (more where one would hold over 18,000 sockets; each connects from a "
+        "loopback address of its own, 127.0.0.2 and up) under Linux's `SCHED_IDLE` policy (on this "
+        "machine they stand for clients on other machines: they take only the CPU time the server under "
+        "test, gateway or floor alike, does not want; for the latency runs they also get cores of their "
+        "own, see workload 4). The floors are measured in the same run, one after the other on "
         "the same machine; a ratio is figure / floor. Targets are the performance issue's; they are "
         "printed, never asserted. `--smoke` runs are too short for their figures to be compared with "
         "the targets.",
@@ -352,6 +367,15 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
         TABLE_NOTE,
         "",
         *(f"- {d}" for d in report.details),
+        "",
+        "## What the run needs",
+        "",
+        "Per workload: its time; at its peak, the sum of the RSS of the bench process and every process "
+        "under it (gateways, floors, client processes, workers; not PostgreSQL's server), the machine's "
+        "used memory (MemTotal - MemAvailable) and the TCP sockets open on the machine (both ends of each "
+        "loopback connection), sampled every half second.",
+        "",
+        needs.table(report.needs),
         "",
         "## What each workload measures",
         "",
