@@ -136,7 +136,7 @@ WORKLOADS = {
         "from as many processes (bench/sharded_floor.py: one port shared with `SO_REUSEPORT`, task -> set "
         "of sockets in each, a publisher connection to each process sending every message to all, as the "
         "bus tells every worker). Server CPU per delivered frame: the CPU-time clocks of the gateway's "
-        "parent and every worker, summed; a second row above the same callbacks with no subscriber (20 s "
+        "parent and every worker, summed; a second row above the same callbacks with no subscriber (10 s "
         "of them before the subscribers connect, their CPU per callback scaled to the run's count; the "
         "floor's messages likewise). Callback p99 beside that of the callbacks with no subscriber. The "
         "longest full garbage collection (generation 2) of any gateway process during the run: each "
