@@ -297,7 +297,7 @@ async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> di
                 result["connect_s"] = time.monotonic() - t0
                 pids = family(server.pid)
                 cpu0, since = cpu_of(pids), time.monotonic()
-                async with harness.profiled(server.pid, "hundredk-gateway"):
+                async with harness.profiled(pids[-1], "hundredk-gateway-worker"):  # a worker, not the parent
                     result["run"] = await drive(http, tasks, run_picks, sizes.rate)
                     result["frames"] = stats = await clients.done(timeout_s)
                 until = time.monotonic()
@@ -516,7 +516,7 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
     }
     report.details.append(
         f"hundredk: {n:,} subscribers ({n // sizes.tasks} per task) over {sizes.tasks:,} tasks, "
-        f"`gateway serve --workers {sizes.workers}` ({gw['processes']} processes) on PostgreSQL, "
+        f"`gateway serve --workers {sizes.workers}` ({gw['processes']} processes: the parent, its workers, multiprocessing's resource tracker) on PostgreSQL, "
         f"{sizes.workers} floor processes; {gw['run']['callbacks']:,} callbacks at {sizes.rate:g}/s asked "
         f"({gw['run']['achieved_rate']:.1f}/s achieved, {gw['run']['late']} sent over 100 ms late), p50 "
         f"{gw['run']['p50_ms']:.1f} ms; with no subscriber {gw['base']['callbacks']:,} callbacks, p50 "
