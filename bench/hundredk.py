@@ -516,7 +516,8 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
     }
     report.details.append(
         f"hundredk: {n:,} subscribers ({n // sizes.tasks} per task) over {sizes.tasks:,} tasks, "
-        f"`gateway serve --workers {sizes.workers}` ({gw['processes']} processes: the parent, its workers, multiprocessing's resource tracker) on PostgreSQL, "
+        f"`gateway serve --workers {sizes.workers}` ({gw['processes']} processes: the parent, its workers, "
+        "multiprocessing's resource tracker) on PostgreSQL, "
         f"{sizes.workers} floor processes; {gw['run']['callbacks']:,} callbacks at {sizes.rate:g}/s asked "
         f"({gw['run']['achieved_rate']:.1f}/s achieved, {gw['run']['late']} sent over 100 ms late), p50 "
         f"{gw['run']['p50_ms']:.1f} ms; with no subscriber {gw['base']['callbacks']:,} callbacks, p50 "
