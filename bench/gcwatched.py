@@ -5,7 +5,8 @@
 Each process of the gateway (the ``--workers`` parent and every child: a spawned child runs this module
 again, as ``__mp_main__``, before it runs its worker) writes ``DIR/PID.gc`` at start (so that a process
 with no full collection is seen too), then one line per full collection (generation 2) and per younger
-one that paused more than 10 ms: ``generation monotonic_end seconds frozen_objects``. The monotonic clock
+one that paused more than 10 ms: ``generation monotonic_end seconds frozen_objects``, and every 2 s
+``f monotonic 0 frozen_objects``. The monotonic clock
 is the machine's, so the bench compares each line with its own window. ``/metrics`` cannot do it: with
 ``--workers`` it answers from whichever child accepted the connection, and a histogram says a bucket, not
 the longest pause. Nothing else changes: the gateway runs as ``gateway serve`` does.
@@ -16,11 +17,13 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import time
 
 from gateway import cli
 
 YOUNG_NOTED_S = 0.010
+FROZEN_EVERY_S = 2.0
 
 
 def _watch(folder: str) -> None:
@@ -41,6 +44,14 @@ def _watch(folder: str) -> None:
                 out.write(f"{generation} {time.monotonic():.6f} {took:.6f} {gc.get_freeze_count()}\n")
 
     gc.callbacks.append(on_gc)
+
+    def frozen() -> None:  # how many objects are frozen, now and then: whether closed sockets leave any
+        while True:
+            time.sleep(FROZEN_EVERY_S)
+            with open(path, "a") as out:
+                out.write(f"f {time.monotonic():.6f} 0 {gc.get_freeze_count()}\n")
+
+    threading.Thread(target=frozen, daemon=True).start()
 
 
 if os.environ.get("BENCH_GC_DIR"):

@@ -238,9 +238,8 @@ def gc_pauses(gc_dir: str, since: float, until: float) -> dict[int, list[tuple[i
     found: dict[int, list[tuple[int, float, float]]] = {}
     for name in os.listdir(gc_dir):
         lines = Path(gc_dir, name).read_text().split("\n")
-        rows = [
-            (int(g), float(t), float(s)) for g, t, s, *_ in (line.split() for line in lines if line.strip())
-        ]
+        fields = [line.split() for line in lines if line.strip() and not line.startswith("f ")]
+        rows = [(int(g), float(t), float(s)) for g, t, s, *_ in fields]
         found[int(name.split(".")[0])] = [row for row in rows if since <= row[1] <= until]
     return found
 
