@@ -324,13 +324,15 @@ async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> di
 async def storm(groups: list[tuple[str, int, str | None]], sizes: Sizes, timeout_s: float) -> dict[str, Any]:
     clients = await Clients.start(groups, procs=sizes.procs, hold=True, concurrency=0, timeout_s=timeout_s)
     try:
+        overflows = harness.listen_overflows()
         go = time.monotonic()
         lines = await clients.connect(timeout_s)
         seconds = max(line["t"] for line in lines) - go
+        dropped = (harness.listen_overflows() or 0) - (overflows or 0)
         stats = await clients.done(timeout_s)
     finally:
         await clients.close()
-    return {**stats, "seconds": seconds}
+    return {**stats, "seconds": seconds, "listen_overflows": dropped}
 
 
 # --- the floor's side --------------------------------------------------------------------------------
@@ -377,9 +379,11 @@ async def floor_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> dict
             groups, procs=sizes.procs, stream=True, hold=True, concurrency=0, timeout_s=timeout_s
         )
         try:
+            overflows = harness.listen_overflows()
             go = time.monotonic()  # all at once: the floor's time to open them, beside the gateway's storm
             lines = await clients.connect(timeout_s)
             result["open_s"] = max(line["t"] for line in lines) - go
+            result["listen_overflows"] = (harness.listen_overflows() or 0) - (overflows or 0)
             cpu0 = cpu_of(pids)
             async with harness.profiled(pids[0], "hundredk-floor"):
                 await publish(publishers, run_picks, versions, sizes.rate)
@@ -423,7 +427,7 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
         return
     if getattr(cfg, "side", None) == "floor":
         fl = await floor_side(sizes, timeout_s, random.Random(seed))
-        print(fl["run"], fl["base"], fl["open_s"], frames_summary(fl["frames"]))
+        print(fl["run"], fl["base"], fl["open_s"], fl["listen_overflows"], frames_summary(fl["frames"]))
         return
     if sizes.together:
         gw, fl = await asyncio.gather(
@@ -534,7 +538,10 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
     report.details.append(
         f"hundredk storm: resume frames {storm['resume']}, {storm['retries']} attempts retried, "
         f"{storm['failed']} failed; floor open: {f_frames['connected']:,} connected, {f_frames['retries']} "
-        f"retried; the workload took {took:.0f} s (gateway side {gateway_s:.0f} s)"
+        f"retried; connections dropped by a full accept queue (kernel ListenOverflows, machine-wide; "
+        f"the gateway's workers share one listening socket, backlog {harness.BACKLOG}, the floor's "
+        f"processes have one each): gateway {storm['listen_overflows']:,}, floor "
+        f"{fl['listen_overflows']:,}; the workload took {took:.0f} s (gateway side {gateway_s:.0f} s)"
         + (f"; storm errors: {'; '.join(storm['errors'][:3])}" if storm["errors"] else "")
     )
 
