@@ -109,7 +109,7 @@ async def gateway(database_url: str, workers: int, gc_dir: str) -> AsyncIterator
             process = await harness.spawn(command, env=env, stderr=log)
         try:
             await harness.wait_http(f"http://127.0.0.1:{port}", 60, process=process)
-            await every_worker(gc_dir, workers + 1)
+            await every_worker(gc_dir, workers + 1 if workers > 1 else 1)
             yield harness.Server(port, process)
         finally:
             await harness.stop(process, 40)
