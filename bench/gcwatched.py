@@ -5,11 +5,12 @@
 Each process of the gateway (the ``--workers`` parent and every child: a spawned child runs this module
 again, as ``__mp_main__``, before it runs its worker) writes ``DIR/PID.gc`` at start (so that a process
 with no full collection is seen too), then one line per full collection (generation 2) and per younger
-one that paused more than 10 ms: ``generation monotonic_end seconds frozen_objects``, and every 2 s
-``f monotonic 0 frozen_objects``. The monotonic clock
-is the machine's, so the bench compares each line with its own window. ``/metrics`` cannot do it: with
-``--workers`` it answers from whichever child accepted the connection, and a histogram says a bucket, not
-the longest pause. Nothing else changes: the gateway runs as ``gateway serve`` does.
+one that paused more than 10 ms: ``generation monotonic_end seconds frozen_objects cpu_seconds`` (the
+pause, and the CPU time of it: on a busy machine a pause is longer than the work it did), and every 2 s
+``f monotonic 0 frozen_objects``. The monotonic clock is the machine's, so the bench compares each line
+with its own window. ``/metrics`` cannot do it: with ``--workers`` it answers from whichever child
+accepted the connection, and a histogram says a bucket, not the longest pause. Nothing else changes: the
+gateway runs as ``gateway serve`` does.
 """
 
 from __future__ import annotations
@@ -30,18 +31,22 @@ def _watch(folder: str) -> None:
     path = os.path.join(folder, f"{os.getpid()}.gc")
     with open(path, "a"):
         pass
-    started = 0.0
+    started = started_cpu = 0.0
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
-        nonlocal started
+        nonlocal started, started_cpu
         if phase == "start":
             started = time.perf_counter()
+            started_cpu = time.thread_time()
             return
         took = time.perf_counter() - started
+        cpu = time.thread_time() - started_cpu
         generation = info["generation"]
         if generation == 2 or took > YOUNG_NOTED_S:
             with open(path, "a") as out:
-                out.write(f"{generation} {time.monotonic():.6f} {took:.6f} {gc.get_freeze_count()}\n")
+                out.write(
+                    f"{generation} {time.monotonic():.6f} {took:.6f} {gc.get_freeze_count()} {cpu:.6f}\n"
+                )
 
     gc.callbacks.append(on_gc)
 
