@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import needs
+from needs import Need
 
 DOCS = harness.ROOT / "docs" / "benchmarks.md"
 PACKAGES = ("uvicorn", "starlette", "websockets", "sqlalchemy", "asyncpg", "aiosqlite", "httpx", "orjson")
@@ -124,6 +126,41 @@ WORKLOADS = {
         "processes, 100 callbacks at 20/s: the server's CPU per delivered frame, every subscriber's "
         "frames checked (none lost or out of order).",
     ),
+    9: (
+        "20,000 on one process",
+        "one `gateway serve` process (on a SQLite file) holding 19,000 idle subscribers of one task, as "
+        "workload 3 measures them (RSS growth / N after the resume frame and a first event frame), beside "
+        "the raw `websockets` server holding the same sockets; then 19,000 subscribers with cursors "
+        "connecting at once to a fresh gateway, as workload 5's storm (10 tasks of 40 versions, half "
+        "`delta`, half `snapshot`), beside the raw `websockets` server opening the same 19,000. The "
+        "subscribers come from client processes of at most 18,000 sockets each, each from a loopback "
+        "address of its own (127.0.0.2, ...). 19,000 fits under the gateway's descriptor ceiling (20,000 "
+        "less `GATEWAY_FD_RESERVE`, 256): the WebSockets it refused `503 too-many-sockets` are counted.",
+    ),
+    10: (
+        "100,000 over --workers",
+        "100,000 subscribers over `gateway serve --workers 6` on a PostgreSQL database of its own "
+        "(bench/hundredk.py; 6 processes, ~16,700 sockets each on average under this machine's 20,000 "
+        "descriptors per process, though the kernel spreads the connections of their one shared listening "
+        "socket unevenly: 17,900 to 3,100 at 47,000 sockets; a worker near its limit answers 503 and the "
+        "client retries), 10 on each of 10,000 tasks, from client processes on loopback source "
+        "addresses of their own; callbacks at 200/s for 60 s, each on a task picked at random (drawn "
+        "before the run, so that each subscriber knows the version it ends at), sent when due (those of "
+        "different tasks overlap, as many workers' do). Beside raw `websockets` serving the same sockets "
+        "from as many processes (bench/sharded_floor.py: one port shared with `SO_REUSEPORT`, task -> set "
+        "of sockets in each, a publisher connection to each process sending every message to all, as the "
+        "bus tells every worker). Server CPU per delivered frame: the CPU-time clocks of the gateway's "
+        "parent and every worker, summed; a second row above the same callbacks with no subscriber (10 s "
+        "of them before the subscribers connect, their CPU per callback scaled to the run's count; the "
+        "floor's messages likewise). Callback p99 beside that of the callbacks with no subscriber. The "
+        "longest full garbage collection (generation 2) of any gateway process during the run: each "
+        "process runs bench/gcwatched.py (the `gateway` command with a `gc.callbacks` hook writing every "
+        "full collection to a file per process: `/metrics` reaches one random worker and gives buckets, not "
+        "the longest). Reconnect storm: every socket dropped, all 100,000 reconnecting at once with their "
+        "cursors (tasks with callbacks one version behind: `delta`; the others `caught-up`), until every "
+        "resume frame, beside the floor's time to open its 100,000 all at once. Frames lost or out of "
+        "order checked per subscriber in the run and the storm.",
+    ),
 }
 
 
@@ -167,6 +204,7 @@ class Report:
     details: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # the smoke checks that failed
     failures: list[str] = field(default_factory=list)  # workloads that could not run
+    needs: list[Need] = field(default_factory=list)  # per workload: time, memory, sockets
 
     def figure(self, what: str, value: float | None, positive: bool = True) -> None:
         """A figure must exist: a finite number, positive unless told otherwise."""
@@ -324,10 +362,11 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
         "`GATEWAY_SECRET` set and `GATEWAY_LOG_LEVEL=warning`, in open mode on loopback, on a SQLite file of "
         "its own (workloads 2 to 5) or a PostgreSQL database made for the run and dropped after it. The "
         "subscribers are `websockets` clients in "
-        f"{procs} separate processes under Linux's `SCHED_IDLE` policy (on this machine they stand for "
-        "clients on other machines: they take only the CPU time the server under test, gateway or floor "
-        "alike, does not want; for the latency runs they also get cores of their own, see workload 4). The "
-        "floors are measured in the same run, one after the other on "
+        f"{procs} separate processes (more where one would hold over 18,000 sockets; each connects from a "
+        "loopback address of its own, 127.0.0.2 and up) under Linux's `SCHED_IDLE` policy (on this "
+        "machine they stand for clients on other machines: they take only the CPU time the server under "
+        "test, gateway or floor alike, does not want; for the latency runs they also get cores of their "
+        "own, see workload 4). The floors are measured in the same run, one after the other on "
         "the same machine; a ratio is figure / floor. Targets are the performance issue's; they are "
         "printed, never asserted. `--smoke` runs are too short for their figures to be compared with "
         "the targets.",
@@ -342,6 +381,15 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
         TABLE_NOTE,
         "",
         *(f"- {d}" for d in report.details),
+        "",
+        "## What the run needs",
+        "",
+        "Per workload: its time; at its peak, the sum of the RSS of the bench process and every process "
+        "under it (gateways, floors, client processes, workers; not PostgreSQL's server), the machine's "
+        "used memory (MemTotal - MemAvailable) and the TCP sockets open on the machine (both ends of each "
+        "loopback connection), sampled every half second.",
+        "",
+        needs.table(report.needs),
         "",
         "## What each workload measures",
         "",

@@ -2,12 +2,19 @@
 
     python bench/subscribers.py SPEC_JSON
 
-SPEC: ``groups`` (``[url, count, expected resume frame type or null]``), ``final`` (the version at which a
-subscriber is complete), ``stream`` (read frames after the resume frame: until ``final``, or, while
+SPEC: ``groups`` (``[url, count, expected resume frame type or null]``; a url ending in ``#final=V`` gives
+its subscribers a final version of their own), ``final`` (the version at which a subscriber is complete),
+``stream`` (read frames after the resume frame: until ``final``, or, while
 ``final`` is not known yet, until the server closes the socket; without it a subscriber is complete once
 it has its resume frame), ``hold`` (a complete subscriber keeps its socket until "stop"), ``concurrency``
 (handshakes in flight; 0: all at once), ``expect_close`` (the close code the server must end a complete
-socket with; null: the client closes), ``timeout_s``.
+socket with; null: the client closes), ``timeout_s``, ``source`` (the loopback address its sockets connect
+from, or null: the kernel's choice).
+
+Its sockets are cheap: no compression, no keepalive pings, a receive queue of a few frames; from ``source``
+with ``IP_BIND_ADDRESS_NO_PORT`` (Linux), so that the kernel picks each one's port per destination at
+connect time (about 28,000 per source and destination, TIME_WAIT ports reused on loopback), not per source
+at bind time.
 
 It talks over stdin and stdout, one line each: prints ``{"state": "loaded"}``; on "go" connects every
 subscriber and prints ``{"state": "ready", "t": ...}`` once each has its first frame (or failed), ``t``
@@ -34,6 +41,7 @@ import json
 import os
 import random
 import resource
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -50,6 +58,49 @@ RETRIES = 8
 # Close codes by which the server says why it ends a stream early: the client knows to resume.
 CUT = frozenset({1001, 1011, 1013, 4008, 4400, 4401, 4403, 4404})
 
+# Linux's IP_BIND_ADDRESS_NO_PORT (the socket module has no name for it): bind the address, not a port.
+IP_BIND_ADDRESS_NO_PORT = 24
+OPEN_TIMEOUT_S = 120
+
+
+async def open_socket(url: str, source: str) -> socket.socket:
+    """A TCP socket connected to ``url``'s host and port from the address ``source``."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        sock.bind((source, 0))
+        await asyncio.get_running_loop().sock_connect(sock, (parts.hostname, parts.port or 80))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def open_connection(url: str, source: str | None) -> ClientConnection:
+    """A WebSocket to ``url`` (from ``source`` if given), as cheap in memory as websockets makes one."""
+    options: dict[str, Any] = {
+        "open_timeout": OPEN_TIMEOUT_S,
+        "ping_interval": None,
+        "compression": None,
+        "max_size": 2**22,
+        "max_queue": 4,
+        "write_limit": 4096,
+    }
+    if source is None:
+        return await connect(url, **options)
+    async with asyncio.timeout(OPEN_TIMEOUT_S):
+        sock = await open_socket(url, source)
+    try:
+        return await connect(url, sock=sock, **options)
+    except BaseException:
+        sock.close()
+        raise
+
 
 class Sub:
     __slots__ = (
@@ -59,6 +110,7 @@ class Sub:
         "deliveries",
         "error",
         "expect",
+        "final",
         "gaps",
         "last",
         "missing",
@@ -69,8 +121,9 @@ class Sub:
         "unexpected",
     )
 
-    def __init__(self, expect: str | None) -> None:
+    def __init__(self, expect: str | None, final: int | None = None) -> None:
         self.expect = expect
+        self.final = final  # its own, else the run's
         self.resume: str | None = None
         self.last = -1
         self.deliveries = 0
@@ -104,15 +157,19 @@ async def main(spec: dict[str, Any]) -> None:
         final_known.set()
     hold: bool = spec["hold"]
     expect_close: int | None = spec["expect_close"]
+    source: str | None = spec.get("source")
     gate = asyncio.Semaphore(spec["concurrency"]) if spec["concurrency"] else None
-    subs = [Sub(expect) for _, count, expect in groups for _ in range(count)]
-    urls = [url for url, count, _ in groups for _ in range(count)]
+    subs = [Sub(expect, own_final(url)[1]) for url, count, expect in groups for _ in range(count)]
+    urls = [own_final(url)[0] for url, count, _ in groups for _ in range(count)]
     pending_ready = len(subs)
     pending_done = len(subs)
     all_ready = asyncio.Event()
     all_done = asyncio.Event()
     stop = asyncio.Event()
     last_ready = 0.0
+
+    def goal(sub: Sub) -> int | None:
+        return sub.final if sub.final is not None else final
 
     def readied() -> None:
         nonlocal pending_ready, last_ready
@@ -133,9 +190,7 @@ async def main(spec: dict[str, Any]) -> None:
         for attempt in range(RETRIES + 1):
             try:
                 async with gate if gate is not None else contextlib.nullcontext():
-                    ws = await connect(
-                        url, open_timeout=120, ping_interval=None, compression=None, max_size=2**22
-                    )
+                    ws = await open_connection(url, source)
                     first = orjson.loads(await ws.recv())
             except (OSError, TimeoutError, WebSocketException) as exc:
                 if attempt == RETRIES:
@@ -164,7 +219,7 @@ async def main(spec: dict[str, Any]) -> None:
                     sub.error = f"error frame: {first.get('code')}: {first.get('message')}"[:200]
                 ready = True
                 readied()
-                while stream and (final is None or sub.last < final):
+                while stream and (goal(sub) is None or sub.last < (goal(sub) or 0)):
                     try:
                         message = orjson.loads(await ws.recv())
                     except ConnectionClosed:
@@ -186,10 +241,10 @@ async def main(spec: dict[str, Any]) -> None:
                             sub.reorders += 1
                     else:
                         sub.unexpected += 1
-                if stream:
+                if stream and sub.final is None:
                     await final_known.wait()
                     assert final is not None
-                sub.complete = not stream or sub.last >= final
+                sub.complete = not stream or sub.last >= (goal(sub) or 0)
                 if expect_close is not None and sub.complete:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(30):
@@ -252,6 +307,12 @@ async def main(spec: dict[str, Any]) -> None:
     listener.cancel()
 
 
+def own_final(url: str) -> tuple[str, int | None]:
+    """``url`` without its ``#final=V``, and V (None if it has none)."""
+    base, mark, version = url.partition("#final=")
+    return base, int(version) if mark else None
+
+
 async def until(event: asyncio.Event, watch: asyncio.Task[Any], deadline: float) -> None:
     """Wait for ``event`` until ``deadline`` (``time.monotonic()``), or until ``watch`` (the stop) ends."""
     await asyncio.wait(
@@ -294,7 +355,8 @@ def report(subs: list[Sub], final: int | None, expect_close: int | None) -> dict
             closes[str(sub.close_code)] = closes.get(str(sub.close_code), 0) + 1
         if not sub.complete:
             stats["incomplete"] += 1
-            missing = max(0, final - sub.last) if final is not None else 0
+            goal = sub.final if sub.final is not None else final
+            missing = max(0, goal - sub.last) if goal is not None else 0
             if sub.close_code is not None and sub.close_code in CUT:
                 stats["cut"] += 1
                 stats["cut_missing"] += missing
@@ -323,7 +385,12 @@ def step_aside(cores: list[int] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    spec = json.loads(sys.argv[1])
+    argument = sys.argv[1]
+    if argument.startswith("@"):  # a spec too long for an argument, in a file (harness.spec_argument)
+        with open(argument[1:]) as spec_file:
+            argument = spec_file.read()
+        os.unlink(spec_file.name)
+    spec = json.loads(argument)
     step_aside(spec.get("cores"))
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(spec))
