@@ -28,7 +28,7 @@ class Sizes:
 
 
 FULL = Sizes(subscribers=19_000, tasks=10)
-SMOKE = Sizes(subscribers=300, tasks=2)
+SMOKE = Sizes(subscribers=200, tasks=2)
 
 
 async def workload(cfg: Any, servers: held.Lender, report: Report) -> None:
