@@ -132,7 +132,9 @@ WORKLOADS = {
         "workload 3 measures them (RSS growth / N after the resume frame and a first event frame), beside "
         "the raw `websockets` server holding the same sockets; then 19,000 subscribers with cursors "
         "connecting at once to a fresh gateway, as workload 5's storm (10 tasks of 40 versions, half "
-        "`delta`, half `snapshot`), beside the raw `websockets` server opening the same 19,000. The "
+        "`delta`, half `snapshot`) but with at most 500 handshakes in flight per client process (a client "
+        "process starting thousands at once is slow to send each request, and the gateway closes a "
+        "connection silent for 5 s), beside the raw `websockets` server opening the same 19,000 alike. The "
         "subscribers come from client processes of at most 18,000 sockets each, each from a loopback "
         "address of its own (127.0.0.2, ...). 19,000 fits under the gateway's descriptor ceiling (20,000 "
         "less `GATEWAY_FD_RESERVE`, 256): the WebSockets it refused `503 too-many-sockets` are counted.",
