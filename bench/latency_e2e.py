@@ -95,9 +95,10 @@ async def run_gateway(
         )
         stack.push_async_callback(clients.close)
         await clients.connect(cfg.step_timeout_s)
-        sent, achieved = await post(http, task_id, made["callbackToken"], plan(callbacks), rate)
-        await clients.final(start + callbacks)
-        stats = await clients.done(cfg.step_timeout_s)
+        async with harness.profiled(server.pid, f"latency-e2e-gateway-{n}"):
+            sent, achieved = await post(http, task_id, made["callbackToken"], plan(callbacks), rate)
+            await clients.final(start + callbacks)
+            stats = await clients.done(cfg.step_timeout_s)
     committed = {v: at for (t, v), at in timed.read(commits).items() if t == task_id}
     received: dict[int, list[int]] = stats.pop("received")
     return {
@@ -159,12 +160,13 @@ async def run_floor(server: harness.Server, n: int, frames: int, rate: float, cf
         await clients.connect(cfg.step_timeout_s)
         out = [sample_frame(v) for v in range(1, frames + 1)]
         sent: dict[int, int] = {}
-        started = time.monotonic()
-        for i, frame in enumerate(out):
-            await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
-            sent[i + 1] = time.monotonic_ns()
-            await publisher.send(frame)
-        stats = await clients.done(cfg.step_timeout_s)
+        async with harness.profiled(server.pid, f"latency-e2e-floor-{n}"):
+            started = time.monotonic()
+            for i, frame in enumerate(out):
+                await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
+                sent[i + 1] = time.monotonic_ns()
+                await publisher.send(frame)
+            stats = await clients.done(cfg.step_timeout_s)
     received: dict[int, list[int]] = stats.pop("received")
     return {**stats, "publish": quantiles(latencies(received, sent))}
 
