@@ -28,7 +28,6 @@ import tempfile
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +36,11 @@ from typing import Any
 import callbacks
 import fanout
 import harness
+import held
 import latency_e2e
 import retention
+import scale_one
 import tags
-from harness import Clients, rss_bytes
 from report import DOCS, WORKLOADS, Report, Row, frames_summary, machine, table, write_docs
 
 TERMINATED = threading.Event()  # SIGTERM was received
@@ -61,6 +61,7 @@ class Config:
     retention_slices: int
     retention_growth: bool  # check the sizes (a smoke run's are too small to compare)
     tags: tags.Sizes
+    scale_one: scale_one.Sizes
     latency_e2e: latency_e2e.Sizes
     celery_iterations: int
     celery_runs: int
@@ -83,6 +84,7 @@ FULL = Config(
     retention_slices=retention.SLICES,
     retention_growth=True,
     tags=tags.FULL,
+    scale_one=scale_one.FULL,
     latency_e2e=latency_e2e.FULL,
     celery_iterations=10_000,
     celery_runs=5,
@@ -104,6 +106,7 @@ SMOKE = Config(
     retention_slices=retention.SMOKE_SLICES,
     retention_growth=False,
     tags=tags.SMOKE,
+    scale_one=scale_one.SMOKE,
     latency_e2e=latency_e2e.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
@@ -181,6 +184,7 @@ SMOKE_SERVERS = {
     6: (),
     7: ("gateway counting its queries",),
     8: (),  # bench/celery_progress.py starts its gateway and its workers
+    9: ("fresh gateway", "fresh floor", "gateway", "floor"),
     12: ("floor",),  # bench/latency_e2e.py starts its gateways (through bench/timed.py)
 }
 
@@ -377,84 +381,11 @@ async def workload_fanout(cfg: Config, servers: Servers, report: Report) -> None
 # --- 3. idle memory ----------------------------------------------------------------------------------
 
 
-async def warm_up(url: str) -> None:
-    """One socket opened, read and closed, so that what a first connection loads is not counted per socket."""
-    from websockets.asyncio.client import connect
-
-    async with connect(url, compression=None, ping_interval=None) as ws:
-        await asyncio.wait_for(ws.recv(), 10)
-
-
-async def idle_gateway(n: int, cfg: Config, servers: Servers) -> dict[str, Any]:
-    import httpx
-
-    task_id = f"idle-{uuid.uuid4().hex[:8]}"
-    async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(servers.use("fresh gateway"))
-        http = await stack.enter_async_context(httpx.AsyncClient(base_url=server.http, timeout=60))
-        made = await fanout.create_task(http, task_id)
-        url = f"{server.ws}/v1/tasks/{task_id}/ws?cursor=0&token={made['subscribeToken']}"
-        await warm_up(url)
-        await asyncio.sleep(0.2)
-        rss_before = rss_bytes(server.pid)
-        clients = await Clients.start(
-            [(url, n, "caught-up")],
-            procs=cfg.procs,
-            stream=True,
-            final=1,
-            hold=True,
-            timeout_s=cfg.step_timeout_s,
-        )
-        stack.push_async_callback(clients.close)
-        await clients.connect(cfg.step_timeout_s)
-        rss_resumed = rss_bytes(server.pid)
-        await fanout.post_callbacks(http, task_id, made["callbackToken"], fanout.plan(2)[:1], 1.0)
-        stats = await clients.done(cfg.step_timeout_s)
-        await asyncio.sleep(0.2)
-        rss_after = rss_bytes(server.pid)
-    return {
-        **stats,
-        "bytes_per_subscriber": (rss_after - rss_before) / n,
-        "resumed_bytes_per_subscriber": (rss_resumed - rss_before) / n,
-    }
-
-
-async def idle_floor(n: int, cfg: Config, servers: Servers) -> dict[str, Any]:
-    from websockets.asyncio.client import connect
-
-    async with contextlib.AsyncExitStack() as stack:
-        server = await stack.enter_async_context(servers.use("fresh floor"))
-        publisher = await stack.enter_async_context(connect(f"{server.ws}/publish", compression=None))
-        await warm_up(f"{server.ws}/")
-        await asyncio.sleep(0.2)
-        rss_before = rss_bytes(server.pid)
-        clients = await Clients.start(
-            [(f"{server.ws}/", n, "hello")],
-            procs=cfg.procs,
-            stream=True,
-            final=1,
-            hold=True,
-            timeout_s=cfg.step_timeout_s,
-        )
-        stack.push_async_callback(clients.close)
-        await clients.connect(cfg.step_timeout_s)
-        rss_resumed = rss_bytes(server.pid)
-        await publisher.send(fanout.sample_frame(1))
-        stats = await clients.done(cfg.step_timeout_s)
-        await asyncio.sleep(0.2)
-        rss_after = rss_bytes(server.pid)
-    return {
-        **stats,
-        "bytes_per_subscriber": (rss_after - rss_before) / n,
-        "resumed_bytes_per_subscriber": (rss_resumed - rss_before) / n,
-    }
-
-
 async def workload_memory(cfg: Config, servers: Servers, report: Report) -> None:
     n = cfg.memory_n
     need_fds(n)
-    gateway = await idle_gateway(n, cfg, servers)
-    floor = await idle_floor(n, cfg, servers)
+    gateway = await held.idle_gateway(n, servers, procs=cfg.procs, timeout_s=cfg.step_timeout_s)
+    floor = await held.idle_floor(n, servers, procs=cfg.procs, timeout_s=cfg.step_timeout_s)
     report.rows.append(
         Row(
             3,
@@ -539,55 +470,14 @@ async def workload_latency(cfg: Config, servers: Servers, report: Report) -> Non
 
 # --- 5. reconnect storm ------------------------------------------------------------------------------
 
-STORM_HISTORY = 40  # versions of each task before the storm
-STORM_BEHIND = 3  # the delta half's cursor is this many versions behind (retention keeps 8)
-
-
-async def storm(groups: list[tuple[str, int, str | None]], cfg: Config) -> dict[str, Any]:
-    clients = await Clients.start(
-        groups, procs=cfg.procs, hold=True, concurrency=0, timeout_s=cfg.step_timeout_s
-    )
-    try:
-        overflows = harness.listen_overflows()
-        go = time.monotonic()
-        lines = await clients.connect(cfg.step_timeout_s)
-        seconds = max(line["t"] for line in lines) - go
-        after = harness.listen_overflows()
-        stats = await clients.done(cfg.step_timeout_s)
-    finally:
-        await clients.close()
-    dropped = after - overflows if after is not None and overflows is not None else None
-    return {**stats, "seconds": seconds, "listen_overflows": dropped}
-
-
-async def storm_gateway(cfg: Config, servers: Servers) -> dict[str, Any]:
-    import httpx
-
-    n, tasks = cfg.storm_n, max(1, min(cfg.storm_tasks, cfg.storm_n // 2))
-    async with servers.use("gateway") as server, httpx.AsyncClient(base_url=server.http, timeout=60) as http:
-        groups: list[tuple[str, int, str | None]] = []
-        per_task = [n // tasks + (1 if i < n % tasks else 0) for i in range(tasks)]
-        for i, count in enumerate(per_task):
-            task_id = f"storm-{uuid.uuid4().hex[:8]}-{i}"
-            made = await fanout.create_task(http, task_id)
-            events = fanout.plan(STORM_HISTORY + 1)[:STORM_HISTORY]  # start, progress...: not terminal
-            await fanout.post_callbacks(http, task_id, made["callbackToken"], events, 1e9)
-            base = f"{server.ws}/v1/tasks/{task_id}/ws?token={made['subscribeToken']}&cursor="
-            groups.append((base + str(STORM_HISTORY - STORM_BEHIND), count // 2, "delta"))
-            groups.append((base + "1", count - count // 2, "snapshot"))
-        return await storm(groups, cfg)
-
-
-async def storm_floor(cfg: Config, servers: Servers) -> dict[str, Any]:
-    async with servers.use("floor") as server:
-        return await storm([(f"{server.ws}/", cfg.storm_n, "hello")], cfg)
-
 
 async def workload_storm(cfg: Config, servers: Servers, report: Report) -> None:
     n = cfg.storm_n
     need_fds(n)
-    gateway = await storm_gateway(cfg, servers)
-    floor = await storm_floor(cfg, servers)
+    gateway = await held.storm_gateway(
+        n, cfg.storm_tasks, servers, procs=cfg.procs, timeout_s=cfg.step_timeout_s
+    )
+    floor = await held.storm_floor(n, servers, procs=cfg.procs, timeout_s=cfg.step_timeout_s)
     report.rows.append(
         Row(
             5,
@@ -604,8 +494,8 @@ async def workload_storm(cfg: Config, servers: Servers, report: Report) -> None:
     report.frames("reconnect storm gateway", gateway)
     report.frames("reconnect storm floor", floor)
     report.details.append(
-        f"reconnect storm N={n:,} over {cfg.storm_tasks} tasks of {STORM_HISTORY} versions, all at once from "
-        f"{cfg.procs} client processes: gateway resume frames {gateway['resume']}, "
+        f"reconnect storm N={n:,} over {cfg.storm_tasks} tasks of {held.STORM_HISTORY} versions, all at "
+        f"once from {cfg.procs} client processes: gateway resume frames {gateway['resume']}, "
         f"{gateway['retries']} attempts retried, {gateway['failed']} failed; floor {floor['resume']}, "
         f"{floor['retries']} retried, {floor['failed']} failed; "
         f"connections dropped by a full accept queue (kernel ListenOverflows, machine-wide, retried by "
@@ -699,6 +589,7 @@ RUNNERS: dict[int, Workload] = {
     6: workload_retention,
     7: workload_tags,
     8: workload_celery,
+    9: scale_one.workload,
     12: latency_e2e.workload,
 }
 

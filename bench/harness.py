@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import ipaddress
+import itertools
 import json
 import math
 import os
@@ -29,6 +31,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 TICKS = os.sysconf("SC_CLK_TCK")
 SECRET = "bench-secret-0123456789abcdef0123456789"
@@ -510,11 +513,35 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
+# Sockets one client process holds at most: a process may open ~19,700 under this machine's limit of 20,000
+# descriptors (``ulimit -n``, hard), and a client process past ~18,000 is slow to read them anyway.
+PER_PROCESS = 18_000
+
+# Loopback source addresses handed to client processes in turn (127.0.0.2, 127.0.0.3, ...: Linux routes
+# all of 127/8 to loopback with no setup), so that no (source, destination) pair runs out of ephemeral ports
+# (32768-60999: ~28,000) however many sockets a run opens to one server.
+_sources = itertools.count()
+
+
+def next_source() -> str:
+    return str(ipaddress.IPv4Address("127.0.0.2") + next(_sources) % 16_000_000)
+
+
+def loopback(url: str) -> bool:
+    try:
+        return ipaddress.ip_address(urlsplit(url).hostname or "").is_loopback
+    except ValueError:
+        return urlsplit(url).hostname == "localhost"
+
+
 class Clients:
     """Subscriber sockets spread over client processes (``bench/subscribers.py``), each of which checks, per
     subscriber, that versions arrive as last+1 (a ``conflated`` snapshot may jump ahead).
 
     ``groups``: ``(url, count, expected resume frame type or None)``; every process gets its share of each.
+    ``procs``: client processes, at least (more if a process would hold over :data:`PER_PROCESS` sockets).
+    Where every url is on loopback, each process connects from a loopback address of its own
+    (:func:`next_source`).
     ``stream``: read the frames after the resume frame, up to ``final`` (the version at which a subscriber
     is complete; if not known yet, given later with :meth:`final`); without it a subscriber is complete
     once it has its resume frame.
@@ -544,7 +571,8 @@ class Clients:
         timed_every: int = 0,
     ) -> Clients:
         total = sum(count for _, count, _ in groups)
-        procs = max(1, min(procs, total))
+        procs = max(1, min(max(procs, math.ceil(total / PER_PROCESS)), total))
+        spread = all(loopback(url) for url, _, _ in groups)
         shares: list[list[tuple[str, int, str | None]]] = [[] for _ in range(procs)]
         for url, count, expect in groups:
             for i in range(procs):
@@ -563,6 +591,7 @@ class Clients:
                     "expect_close": expect_close,
                     "timeout_s": timeout_s,
                     "cores": sorted(cores) if cores else None,
+                    "source": next_source() if spread else None,
                     "timed_every": timed_every,
                 }
                 processes.append(

@@ -112,6 +112,17 @@ WORKLOADS = {
         "on Redis db 11): the task's time from `task_prerun` to `task_postrun` (the integration's start, "
         "progress calls, outcome and its wait for the answer included), medians of 5 runs taken in turn.",
     ),
+    9: (
+        "20,000 on one process",
+        "one `gateway serve` process (on a SQLite file) holding 19,000 idle subscribers of one task, as "
+        "workload 3 measures them (RSS growth / N after the resume frame and a first event frame), beside "
+        "the raw `websockets` server holding the same sockets; then 19,000 subscribers with cursors "
+        "connecting at once to a fresh gateway, as workload 5's storm (10 tasks of 40 versions, half "
+        "`delta`, half `snapshot`), beside the raw `websockets` server opening the same 19,000. The "
+        "subscribers come from client processes of at most 18,000 sockets each, each from a loopback "
+        "address of its own (127.0.0.2, ...). 19,000 fits under the gateway's descriptor ceiling (20,000 "
+        "less `GATEWAY_FD_RESERVE`, 256): the WebSockets it refused `503 too-many-sockets` are counted.",
+    ),
     12: (
         "latency end to end",
         "one task with N = 10, 1,000 and 10,000 subscribers on one gateway process (SQLite, run through "
