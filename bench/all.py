@@ -37,6 +37,7 @@ import callbacks
 import fanout
 import harness
 import held
+import hundredk
 import latency_e2e
 import retention
 import scale_one
@@ -61,6 +62,7 @@ class Config:
     retention_slices: int
     retention_growth: bool  # check the sizes (a smoke run's are too small to compare)
     tags: tags.Sizes
+    hundredk: hundredk.Sizes
     scale_one: scale_one.Sizes
     latency_e2e: latency_e2e.Sizes
     celery_iterations: int
@@ -84,6 +86,7 @@ FULL = Config(
     retention_slices=retention.SLICES,
     retention_growth=True,
     tags=tags.FULL,
+    hundredk=hundredk.FULL,
     scale_one=scale_one.FULL,
     latency_e2e=latency_e2e.FULL,
     celery_iterations=10_000,
@@ -106,6 +109,7 @@ SMOKE = Config(
     retention_slices=retention.SMOKE_SLICES,
     retention_growth=False,
     tags=tags.SMOKE,
+    hundredk=hundredk.SMOKE,
     scale_one=scale_one.SMOKE,
     latency_e2e=latency_e2e.SMOKE,
     celery_iterations=1000,
@@ -184,6 +188,7 @@ SMOKE_SERVERS = {
     6: (),
     7: ("gateway counting its queries",),
     8: (),  # bench/celery_progress.py starts its gateway and its workers
+    10: (),  # bench/hundredk.py starts its gateway (--workers) and floor processes
     9: ("fresh gateway", "fresh floor", "gateway", "floor"),
     12: ("floor",),  # bench/latency_e2e.py starts its gateways (through bench/timed.py)
 }
@@ -589,6 +594,7 @@ RUNNERS: dict[int, Workload] = {
     6: workload_retention,
     7: workload_tags,
     8: workload_celery,
+    10: hundredk.workload,
     9: scale_one.workload,
     12: latency_e2e.workload,
 }

@@ -492,6 +492,17 @@ COUNTS = (
 )
 
 
+def spec_argument(spec: dict[str, Any]) -> str:
+    """A client process's spec as its argument: JSON, or ``@FILE`` holding it where it is too long for one
+    (Linux takes at most 128 KiB per argument: 100,000 subscribers over 10,000 task urls are more)."""
+    text = json.dumps(spec)
+    if len(text) < 100_000:
+        return text
+    with tempfile.NamedTemporaryFile("w", prefix="gw-bench-spec-", suffix=".json", delete=False) as out:
+        out.write(text)
+    return "@" + out.name
+
+
 def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {key: 0 for key in COUNTS}
     total["resume"] = {}
@@ -596,7 +607,7 @@ class Clients:
                 }
                 processes.append(
                     await spawn(
-                        [sys.executable, str(SUBSCRIBERS), json.dumps(spec)],
+                        [sys.executable, str(SUBSCRIBERS), spec_argument(spec)],
                         stdin=asyncio.subprocess.PIPE,
                         stdout=asyncio.subprocess.PIPE,
                         limit=2**20,

@@ -112,6 +112,28 @@ WORKLOADS = {
         "on Redis db 11): the task's time from `task_prerun` to `task_postrun` (the integration's start, "
         "progress calls, outcome and its wait for the answer included), medians of 5 runs taken in turn.",
     ),
+    10: (
+        "100,000 over --workers",
+        "100,000 subscribers over `gateway serve --workers 6` on a PostgreSQL database of its own "
+        "(bench/hundredk.py; 6 processes hold ~16,700 sockets each, under this machine's 20,000 "
+        "descriptors per process), 10 on each of 10,000 tasks, from client processes on loopback source "
+        "addresses of their own; callbacks at 200/s for 60 s, each on a task picked at random (drawn "
+        "before the run, so that each subscriber knows the version it ends at), sent when due (those of "
+        "different tasks overlap, as many workers' do). Beside raw `websockets` serving the same sockets "
+        "from as many processes (bench/sharded_floor.py: one port shared with `SO_REUSEPORT`, task -> set "
+        "of sockets in each, a publisher connection to each process sending every message to all, as the "
+        "bus tells every worker). Server CPU per delivered frame: the CPU-time clocks of the gateway's "
+        "parent and every worker, summed; a second row above the same callbacks with no subscriber (20 s "
+        "of them before the subscribers connect, their CPU per callback scaled to the run's count; the "
+        "floor's messages likewise). Callback p99 beside that of the callbacks with no subscriber. The "
+        "longest full garbage collection (generation 2) of any gateway process during the run: each "
+        "process runs bench/gcwatched.py (the `gateway` command with a `gc.callbacks` hook writing every "
+        "full collection to a file per process: `/metrics` reaches one random worker and gives buckets, not "
+        "the longest). Reconnect storm: every socket dropped, all 100,000 reconnecting at once with their "
+        "cursors (tasks with callbacks one version behind: `delta`; the others `caught-up`), until every "
+        "resume frame, beside the floor's time to open its 100,000 all at once. Frames lost or out of "
+        "order checked per subscriber in the run and the storm.",
+    ),
     9: (
         "20,000 on one process",
         "one `gateway serve` process (on a SQLite file) holding 19,000 idle subscribers of one task, as "

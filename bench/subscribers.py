@@ -2,8 +2,9 @@
 
     python bench/subscribers.py SPEC_JSON
 
-SPEC: ``groups`` (``[url, count, expected resume frame type or null]``), ``final`` (the version at which a
-subscriber is complete), ``stream`` (read frames after the resume frame: until ``final``, or, while
+SPEC: ``groups`` (``[url, count, expected resume frame type or null]``; a url ending in ``#final=V`` gives
+its subscribers a final version of their own), ``final`` (the version at which a subscriber is complete),
+``stream`` (read frames after the resume frame: until ``final``, or, while
 ``final`` is not known yet, until the server closes the socket; without it a subscriber is complete once
 it has its resume frame), ``hold`` (a complete subscriber keeps its socket until "stop"), ``concurrency``
 (handshakes in flight; 0: all at once), ``expect_close`` (the close code the server must end a complete
@@ -111,6 +112,7 @@ class Sub:
         "deliveries",
         "error",
         "expect",
+        "final",
         "gaps",
         "last",
         "missing",
@@ -122,8 +124,9 @@ class Sub:
         "unexpected",
     )
 
-    def __init__(self, expect: str | None) -> None:
+    def __init__(self, expect: str | None, final: int | None = None) -> None:
         self.expect = expect
+        self.final = final  # its own, else the run's
         # (version, monotonic ns when read) of each frame, for a subscriber whose frames are timed.
         self.received: list[tuple[int, int]] | None = None
         self.resume: str | None = None
@@ -162,17 +165,20 @@ async def main(spec: dict[str, Any]) -> None:
     source: str | None = spec.get("source")
     gate = asyncio.Semaphore(spec["concurrency"]) if spec["concurrency"] else None
     every = int(spec.get("timed_every") or 0)
-    subs = [Sub(expect) for _, count, expect in groups for _ in range(count)]
+    subs = [Sub(expect, own_final(url)[1]) for url, count, expect in groups for _ in range(count)]
     if every:
         for sub in subs[::every]:
             sub.received = []
-    urls = [url for url, count, _ in groups for _ in range(count)]
+    urls = [own_final(url)[0] for url, count, _ in groups for _ in range(count)]
     pending_ready = len(subs)
     pending_done = len(subs)
     all_ready = asyncio.Event()
     all_done = asyncio.Event()
     stop = asyncio.Event()
     last_ready = 0.0
+
+    def goal(sub: Sub) -> int | None:
+        return sub.final if sub.final is not None else final
 
     def readied() -> None:
         nonlocal pending_ready, last_ready
@@ -222,7 +228,7 @@ async def main(spec: dict[str, Any]) -> None:
                     sub.error = f"error frame: {first.get('code')}: {first.get('message')}"[:200]
                 ready = True
                 readied()
-                while stream and (final is None or sub.last < final):
+                while stream and (goal(sub) is None or sub.last < (goal(sub) or 0)):
                     try:
                         raw = await ws.recv()
                         at = time.monotonic_ns()
@@ -248,10 +254,10 @@ async def main(spec: dict[str, Any]) -> None:
                             sub.reorders += 1
                     else:
                         sub.unexpected += 1
-                if stream:
+                if stream and sub.final is None:
                     await final_known.wait()
                     assert final is not None
-                sub.complete = not stream or sub.last >= final
+                sub.complete = not stream or sub.last >= (goal(sub) or 0)
                 if expect_close is not None and sub.complete:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(30):
@@ -314,6 +320,12 @@ async def main(spec: dict[str, Any]) -> None:
     listener.cancel()
 
 
+def own_final(url: str) -> tuple[str, int | None]:
+    """``url`` without its ``#final=V``, and V (None if it has none)."""
+    base, mark, version = url.partition("#final=")
+    return base, int(version) if mark else None
+
+
 async def until(event: asyncio.Event, watch: asyncio.Task[Any], deadline: float) -> None:
     """Wait for ``event`` until ``deadline`` (``time.monotonic()``), or until ``watch`` (the stop) ends."""
     await asyncio.wait(
@@ -359,7 +371,8 @@ def report(subs: list[Sub], final: int | None, expect_close: int | None) -> dict
             closes[str(sub.close_code)] = closes.get(str(sub.close_code), 0) + 1
         if not sub.complete:
             stats["incomplete"] += 1
-            missing = max(0, final - sub.last) if final is not None else 0
+            goal = sub.final if sub.final is not None else final
+            missing = max(0, goal - sub.last) if goal is not None else 0
             if sub.close_code is not None and sub.close_code in CUT:
                 stats["cut"] += 1
                 stats["cut_missing"] += missing
@@ -388,7 +401,12 @@ def step_aside(cores: list[int] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    spec = json.loads(sys.argv[1])
+    argument = sys.argv[1]
+    if argument.startswith("@"):  # a spec too long for an argument, in a file (harness.spec_argument)
+        with open(argument[1:]) as spec_file:
+            argument = spec_file.read()
+        os.unlink(spec_file.name)
+    spec = json.loads(argument)
     step_aside(spec.get("cores"))
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(spec))

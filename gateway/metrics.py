@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import gc
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -10,6 +13,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 # Expiry's and leases': around the protocol's bound (1 s) finely; a backlog after a database outage lands
 # in the last ones.
 EXPIRY_LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+# Garbage collection pauses: a young collection takes well under a millisecond; a full one walks every
+# tracked object of the process (thousands of sockets are millions of objects), which is what to watch.
+GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Metrics:
@@ -105,6 +113,13 @@ class Metrics:
         self.slow_consumers = Counter(
             "gateway_slow_consumers_closed", "Connections closed with 4008", registry=self.registry
         )
+        self.gc_pause_seconds = Histogram(
+            "gateway_gc_pause_seconds",
+            "Pauses of the cyclic garbage collector in this process, by generation (2: a full collection)",
+            ["generation"],
+            buckets=GC_PAUSE_BUCKETS,
+            registry=self.registry,
+        )
 
     def expired(self, deadlines_ms: Sequence[int], committed_ms: int) -> None:
         """Tasks with these deadlines were expired by a commit at ``committed_ms``."""
@@ -154,6 +169,27 @@ class Metrics:
             registry=self.registry,
         )
         gauge.set_function(lambda: float(in_flight()))
+
+    @contextmanager
+    def watching_gc(self) -> Iterator[None]:
+        """Observe every garbage collection of this process in ``gateway_gc_pause_seconds`` for the block
+        (``gc.callbacks``: the interpreter's, so each process of ``--workers`` observes its own)."""
+        by_generation = [self.gc_pause_seconds.labels(generation=str(g)) for g in range(3)]
+        started = 0.0
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            nonlocal started
+            if phase == "start":
+                started = time.perf_counter()
+            elif started:
+                by_generation[info["generation"]].observe(time.perf_counter() - started)
+                started = 0.0
+
+        gc.callbacks.append(on_gc)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(on_gc)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

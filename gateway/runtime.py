@@ -182,29 +182,32 @@ class Gateway:
         try:
             # The deployment's id, kept in its database: on Redis, its channel (unless one is configured).
             self.bus.join(await deployment_id(self.db.engine))
-            async with anyio.create_task_group() as tg:
-                self._background = tg
-                await tg.start(
-                    self._essential, "the bus listener", self.bus.run, self.hub.receive, self.hub.resync
-                )
-                # On a bus shared with other processes a message can be lost: check the store now and then.
-                reconcile_s = self.settings.reconcile_interval_ms / 1000 if self.bus.shared else None
-                tg.start_soon(self._essential, "the hub's catch-up", self.hub.run, reconcile_s)
-                tg.start_soon(self._essential, "the group committer", self.committer.run)
-                tg.start_soon(
-                    self._essential,
-                    "the write watchdog",
-                    self.hub.watch_writes,
-                    self.settings.write_timeout_ms / 1000,
-                )
-                if self.sweeper is not None:
-                    tg.start_soon(self._essential, "the sweeper", self.sweeper.run)
-                if self.relay is not None:
-                    tg.start_soon(self._essential, "the webhook relay", self.relay.run)
-                if self.retention is not None:
-                    tg.start_soon(self._essential, "retention", self.retention.run)
-                yield
-                self._background = None
-                tg.cancel_scope.cancel()
+            # Every garbage collection of this process, while it serves, in gateway_gc_pause_seconds.
+            with self.metrics.watching_gc():
+                async with anyio.create_task_group() as tg:
+                    self._background = tg
+                    await tg.start(
+                        self._essential, "the bus listener", self.bus.run, self.hub.receive, self.hub.resync
+                    )
+                    # On a bus shared with other processes a message can be lost: check the store now and
+                    # then.
+                    reconcile_s = self.settings.reconcile_interval_ms / 1000 if self.bus.shared else None
+                    tg.start_soon(self._essential, "the hub's catch-up", self.hub.run, reconcile_s)
+                    tg.start_soon(self._essential, "the group committer", self.committer.run)
+                    tg.start_soon(
+                        self._essential,
+                        "the write watchdog",
+                        self.hub.watch_writes,
+                        self.settings.write_timeout_ms / 1000,
+                    )
+                    if self.sweeper is not None:
+                        tg.start_soon(self._essential, "the sweeper", self.sweeper.run)
+                    if self.relay is not None:
+                        tg.start_soon(self._essential, "the webhook relay", self.relay.run)
+                    if self.retention is not None:
+                        tg.start_soon(self._essential, "retention", self.retention.run)
+                    yield
+                    self._background = None
+                    tg.cancel_scope.cancel()
         finally:
             await self.store.close()
