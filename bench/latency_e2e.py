@@ -27,12 +27,14 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import harness
 import httpx
+import hundredk
 import timed
 from fanout import attempts_for, create_task, plan, sample_frame
 from harness import Clients, percentile
@@ -43,16 +45,31 @@ TARGET = 1.5  # the gateway's p99 at most this many times the floor's
 
 
 @dataclass(frozen=True)
+class Wide:
+    """The run over several gateway processes (``gateway serve --workers``, PostgreSQL)."""
+
+    subscribers: int
+    callbacks: int
+    rate: float  # per second
+    workers: int  # gateway processes, and floor processes (bench/sharded_floor.py)
+
+
+@dataclass(frozen=True)
 class Sizes:
-    runs: tuple[tuple[int, int, float], ...]  # (subscribers, callbacks, rate per second)
+    runs: tuple[tuple[int, int, float], ...]  # (subscribers, callbacks, rate per second), one process each
     sample: int  # subscribers whose frames are timed, about (spread over the client processes)
+    wide: Wide | None  # then N over several processes
 
 
 # The rate falls as N grows, so that the frames per second stay within what the client processes, on the
 # one other core of this machine, read as they come (about 10,000/s): above that the receive times are the
 # clients' own queue, on both sides.
-FULL = Sizes(runs=((10, 200, 20.0), (1000, 100, 10.0), (10_000, 20, 1.0)), sample=500)
-SMOKE = Sizes(runs=((20, 20, 20.0),), sample=20)
+FULL = Sizes(
+    runs=((10, 200, 20.0), (1000, 100, 10.0), (10_000, 20, 1.0)),
+    sample=500,
+    wide=Wide(subscribers=100_000, callbacks=8, rate=0.25, workers=6),
+)
+SMOKE = Sizes(runs=((10, 10, 20.0),), sample=10, wide=Wide(subscribers=20, callbacks=4, rate=20.0, workers=2))
 
 
 def every(n: int, sample: int) -> int:
@@ -70,15 +87,17 @@ def quantiles(values: list[float]) -> dict[str, float]:
 
 
 async def run_gateway(
-    server: harness.Server, commits: str, n: int, callbacks: int, rate: float, cfg: Any
+    server: harness.Server, pids: list[int], commits: str, n: int, callbacks: int, rate: float, cfg: Any
 ) -> dict[str, Any]:
     """One run, on a task of its own, on ``server`` (bench/timed.py, writing its commit times to the file
-    ``commits``): the request-to-frame and commit-to-frame latencies of the timed subscribers."""
+    ``commits``; its processes ``pids``): the request-to-frame and commit-to-frame latencies of the timed
+    subscribers."""
     sizes: Sizes = cfg.latency_e2e
+    timeout_s = timeout(cfg, n)
     cores = harness.split_cores()
     async with contextlib.AsyncExitStack() as stack:
         if cores is not None:
-            stack.enter_context(harness.on_cores([server.pid, os.getpid()], cores[0]))
+            stack.enter_context(harness.on_cores([*pids, os.getpid()], cores[0]))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=server.http, timeout=60))
         task_id = f"e2e-{uuid.uuid4().hex[:8]}"
         made = await create_task(http, task_id, attempts_for(callbacks))
@@ -89,16 +108,16 @@ async def run_gateway(
             procs=cfg.procs,
             stream=True,
             expect_close=1000,
-            timeout_s=cfg.step_timeout_s,
+            timeout_s=timeout_s,
             cores=cores[1] if cores is not None else None,
             timed_every=every(n, sizes.sample),
         )
         stack.push_async_callback(clients.close)
-        await clients.connect(cfg.step_timeout_s)
+        await clients.connect(timeout_s)
         async with harness.profiled(server.pid, f"latency-e2e-gateway-{n}"):
             sent, achieved = await post(http, task_id, made["callbackToken"], plan(callbacks), rate)
             await clients.final(start + callbacks)
-            stats = await clients.done(cfg.step_timeout_s)
+            stats = await clients.done(timeout_s)
     committed = {v: at for (t, v), at in timed.read(commits).items() if t == task_id}
     received: dict[int, list[int]] = stats.pop("received")
     return {
@@ -109,6 +128,11 @@ async def run_gateway(
         "commits_timed": len(committed),
         "versions": len(sent),
     }
+
+
+def timeout(cfg: Any, n: int) -> float:
+    """A step's time bound: the run's, and more for the sockets of the run over several processes."""
+    return float(max(cfg.step_timeout_s, 300.0 if n > 20_000 else 0.0))
 
 
 async def post(
@@ -137,59 +161,141 @@ async def post(
     return sent, (len(events) - 1) / took if took > 0 and len(events) > 1 else math.nan
 
 
-async def run_floor(server: harness.Server, n: int, frames: int, rate: float, cfg: Any) -> dict[str, Any]:
-    """The same run on the raw ``websockets`` broadcast server: publish-to-receive latencies."""
-    from websockets.asyncio.client import connect
-
+async def run_floor(
+    server: harness.Server,
+    pids: list[int],
+    publishers: list[Any],
+    url: str,
+    frame: Callable[[int], str],
+    n: int,
+    frames: int,
+    rate: float,
+    cfg: Any,
+) -> dict[str, Any]:
+    """The same run on raw ``websockets`` broadcast servers (processes ``pids``), their subscribers at
+    ``url``: each ``frame(version)`` sent to every one of ``publishers`` in turn, its time noted just before
+    the first: publish-to-receive latencies."""
     sizes: Sizes = cfg.latency_e2e
+    timeout_s = timeout(cfg, n)
     cores = harness.split_cores()
     async with contextlib.AsyncExitStack() as stack:
         if cores is not None:
-            stack.enter_context(harness.on_cores([server.pid, os.getpid()], cores[0]))
-        publisher = await stack.enter_async_context(connect(f"{server.ws}/publish", compression=None))
+            stack.enter_context(harness.on_cores([*pids, os.getpid()], cores[0]))
         clients = await Clients.start(
-            [(f"{server.ws}/", n, "hello")],
+            [(url, n, "hello")],
             procs=cfg.procs,
             stream=True,
             final=frames,
-            timeout_s=cfg.step_timeout_s,
+            timeout_s=timeout_s,
             cores=cores[1] if cores is not None else None,
             timed_every=every(n, sizes.sample),
         )
         stack.push_async_callback(clients.close)
-        await clients.connect(cfg.step_timeout_s)
-        out = [sample_frame(v) for v in range(1, frames + 1)]
+        await clients.connect(timeout_s)
+        out = [frame(v) for v in range(1, frames + 1)]
         sent: dict[int, int] = {}
         async with harness.profiled(server.pid, f"latency-e2e-floor-{n}"):
             started = time.monotonic()
-            for i, frame in enumerate(out):
+            for i, message in enumerate(out):
                 await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
                 sent[i + 1] = time.monotonic_ns()
-                await publisher.send(frame)
-            stats = await clients.done(cfg.step_timeout_s)
+                for publisher in publishers:
+                    await publisher.send(message)
+            stats = await clients.done(timeout_s)
     received: dict[int, list[int]] = stats.pop("received")
     return {**stats, "publish": quantiles(latencies(received, sent))}
+
+
+async def one_process(
+    cfg: Any, servers: Any, report: Report, gateway: asyncio.Task[harness.Server], commits: str
+) -> list[str]:
+    """The runs of ``Sizes.runs``: one gateway process (SQLite), one floor server; their details."""
+    from websockets.asyncio.client import connect
+
+    details = []
+    for n, callbacks, rate in cfg.latency_e2e.runs:
+        async with (
+            servers.use("floor") as server,
+            connect(f"{server.ws}/publish", compression=None) as publisher,
+        ):
+            floor = await run_floor(
+                server, [server.pid], [publisher], f"{server.ws}/", sample_frame, n, callbacks, rate, cfg
+            )
+        gateway_server = await gateway
+        run = await run_gateway(gateway_server, [gateway_server.pid], commits, n, callbacks, rate, cfg)
+        details.append(record(report, n, callbacks, rate, run, floor, "one gateway process, SQLite"))
+    return details
+
+
+async def several_processes(
+    cfg: Any, report: Report, gateway: asyncio.Task[harness.Server], commits: str
+) -> str:
+    """The run of ``Sizes.wide``: ``gateway serve --workers W`` on PostgreSQL beside W floor processes
+    (bench/sharded_floor.py, one port); its details."""
+    wide: Wide = cfg.latency_e2e.wide
+    n = wide.subscribers
+    async with hundredk.floor(wide.workers) as (server, shards):
+        floor = await run_floor(
+            server,
+            [pid for pid, _ in shards],
+            [ws for _, ws in shards],
+            f"{server.ws}/t/0",
+            lambda v: hundredk.floor_frame("0", v),
+            n,
+            wide.callbacks,
+            wide.rate,
+            cfg,
+        )
+    gateway_server = await gateway
+    pids = hundredk.family(gateway_server.pid)
+    run = await run_gateway(gateway_server, pids, commits, n, wide.callbacks, wide.rate, cfg)
+    where = f"gateway serve --workers {wide.workers} on PostgreSQL, the floor in {wide.workers} processes"
+    return record(report, n, wide.callbacks, wide.rate, run, floor, where)
+
+
+@contextlib.asynccontextmanager
+async def workers_gateway(workers: int, commits: str) -> AsyncIterator[harness.Server]:
+    """``gateway serve --workers W`` through bench/timed.py, on a PostgreSQL database made for it."""
+    async with harness.pg_database(harness.PG_ADMIN, "gw_bench_e2e") as url:
+        port = harness.free_port()
+        command = [*harness.gateway_command(port, url, timed=True), "--workers", str(workers)]
+        with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
+            log_path = Path(tmp) / "gateway.log"
+            with log_path.open("wb") as log:
+                process = await harness.spawn(
+                    command, env=harness.gateway_env(extra={timed.ENV: commits}), stderr=log
+                )
+            try:
+                await harness.wait_http(f"http://127.0.0.1:{port}", 60, process=process)
+                async with asyncio.timeout(60):  # every worker started (each then accepts on the port)
+                    while len(hundredk.family(process.pid)) < workers + 1:  # noqa: ASYNC110
+                        await asyncio.sleep(0.1)
+                yield harness.Server(port, process)
+            finally:
+                await harness.stop(process, 40)
+                harness.summarize_log(port, log_path.read_text(errors="replace"))
 
 
 async def workload(cfg: Any, servers: Any, report: Report) -> None:
     sizes: Sizes = cfg.latency_e2e
     harness.raise_nofile(max(n for n, _, _ in sizes.runs) + 1024)
-    details = []
     async with contextlib.AsyncExitStack() as stack:
         commits = str(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gw-bench-"))) / "commits")
-        # One gateway for every N (a task each), started while the first floor run goes.
-        starting = asyncio.create_task(
+        # The gateways start while the first floor run goes.
+        single = asyncio.create_task(
             stack.enter_async_context(harness.gateway(env={timed.ENV: commits}, timed=True))
         )
-        stack.push_async_callback(settle, starting)
-        for n, callbacks, rate in sizes.runs:
-            async with servers.use("floor") as floor_server:
-                floor = await run_floor(floor_server, n, callbacks, rate, cfg)
-            gateway = await run_gateway(await starting, commits, n, callbacks, rate, cfg)
-            details.append(record(report, n, callbacks, rate, gateway, floor))
+        stack.push_async_callback(settle, single)
+        details = await one_process(cfg, servers, report, single, commits)
+        if sizes.wide is not None:
+            several = asyncio.create_task(
+                stack.enter_async_context(workers_gateway(sizes.wide.workers, commits))
+            )
+            stack.push_async_callback(settle, several)
+            details.append(await several_processes(cfg, report, several, commits))
     report.details.append(
-        "latency end to end (one gateway process on SQLite through bench/timed.py; the gateway or floor "
-        "server and the bench on one core, the subscribers on the other): " + "; ".join(details)
+        "latency end to end (the gateway or floor servers and the bench on one core, the subscribers on "
+        "the other): " + "; ".join(details)
     )
 
 
@@ -200,7 +306,13 @@ async def settle(starting: asyncio.Task[harness.Server]) -> None:
 
 
 def record(
-    report: Report, n: int, callbacks: int, rate: float, gateway: dict[str, Any], floor: dict[str, Any]
+    report: Report,
+    n: int,
+    callbacks: int,
+    rate: float,
+    gateway: dict[str, Any],
+    floor: dict[str, Any],
+    where: str,
 ) -> str:
     """One N's rows and checks; its details line."""
     for key, what in (("request", "request-to-frame"), ("commit", "commit-to-frame")):
@@ -225,7 +337,8 @@ def record(
             "versions"
         )
     return (
-        f"N={n:,}, {callbacks} callbacks at {rate:g}/s ({gateway['achieved_rate']:.1f}/s achieved): "
+        f"N={n:,} ({where}), {callbacks} callbacks at {rate:g}/s "
+        f"({gateway['achieved_rate']:.1f}/s achieved): "
         f"request-to-frame {ms(gateway['request'])}, commit-to-frame {ms(gateway['commit'])}; floor "
         f"publish-to-receive {ms(floor['publish'])}; gateway {frames_summary(gateway)}; floor "
         f"{frames_summary(floor)}"
