@@ -13,8 +13,9 @@ it read each frame (``subscribers.py``'s ``timed_every``), about ``Sizes.sample`
 spread over the processes; every (timed subscriber, version) pair is one sample. CLOCK_MONOTONIC is one
 clock for every process of the machine, so the differences need no synchronisation.
 
-The gateway, or the floor server, and this process (which sends and times) are on the first core; the
-subscriber processes on the others, under ``SCHED_IDLE`` (``harness.split_cores``, as workload 4 does).
+While frames are timed, the gateway, or the floor server, and this process (which sends and times) are on
+the first core; the subscriber processes on the others, under ``SCHED_IDLE`` (``harness.split_cores``, as
+workload 4 does); the sockets are opened before, on every core.
 Every subscriber checks its frames (versions 1 by 1; none lost or out of order).
 """
 
@@ -27,7 +28,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,10 +95,7 @@ async def run_gateway(
     subscribers."""
     sizes: Sizes = cfg.latency_e2e
     timeout_s = timeout(cfg, n)
-    cores = harness.split_cores()
     async with contextlib.AsyncExitStack() as stack:
-        if cores is not None:
-            stack.enter_context(harness.on_cores([*pids, os.getpid()], cores[0]))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=server.http, timeout=60))
         task_id = f"e2e-{uuid.uuid4().hex[:8]}"
         made = await create_task(http, task_id, attempts_for(callbacks))
@@ -109,11 +107,11 @@ async def run_gateway(
             stream=True,
             expect_close=1000,
             timeout_s=timeout_s,
-            cores=cores[1] if cores is not None else None,
             timed_every=every(n, sizes.sample),
         )
         stack.push_async_callback(clients.close)
         await clients.connect(timeout_s)
+        stack.enter_context(split(pids, clients))
         async with harness.profiled(server.pid, f"latency-e2e-gateway-{n}"):
             sent, achieved = await post(http, task_id, made["callbackToken"], plan(callbacks), rate)
             await clients.final(start + callbacks)
@@ -128,6 +126,21 @@ async def run_gateway(
         "commits_timed": len(committed),
         "versions": len(sent),
     }
+
+
+@contextlib.contextmanager
+def split(pids: list[int], clients: Clients) -> Iterator[None]:
+    """For the timed part of a run: the servers ``pids`` and this process on the first core, the client
+    processes on the others (``harness.split_cores``; the sockets are opened before, on every core)."""
+    cores = harness.split_cores()
+    if cores is None:
+        yield
+        return
+    with (
+        harness.on_cores([*pids, os.getpid()], cores[0]),
+        harness.on_cores([p.pid for p in clients.processes], cores[1]),
+    ):
+        yield
 
 
 def timeout(cfg: Any, n: int) -> float:
@@ -177,21 +190,18 @@ async def run_floor(
     the first: publish-to-receive latencies."""
     sizes: Sizes = cfg.latency_e2e
     timeout_s = timeout(cfg, n)
-    cores = harness.split_cores()
     async with contextlib.AsyncExitStack() as stack:
-        if cores is not None:
-            stack.enter_context(harness.on_cores([*pids, os.getpid()], cores[0]))
         clients = await Clients.start(
             [(url, n, "hello")],
             procs=cfg.procs,
             stream=True,
             final=frames,
             timeout_s=timeout_s,
-            cores=cores[1] if cores is not None else None,
             timed_every=every(n, sizes.sample),
         )
         stack.push_async_callback(clients.close)
         await clients.connect(timeout_s)
+        stack.enter_context(split(pids, clients))
         out = [frame(v) for v in range(1, frames + 1)]
         sent: dict[int, int] = {}
         async with harness.profiled(server.pid, f"latency-e2e-floor-{n}"):
@@ -278,7 +288,7 @@ async def workers_gateway(workers: int, commits: str) -> AsyncIterator[harness.S
 
 async def workload(cfg: Any, servers: Any, report: Report) -> None:
     sizes: Sizes = cfg.latency_e2e
-    harness.raise_nofile(max(n for n, _, _ in sizes.runs) + 1024)
+    harness.raise_nofile(max((n for n, _, _ in sizes.runs), default=0) + 1024)
     async with contextlib.AsyncExitStack() as stack:
         commits = str(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gw-bench-"))) / "commits")
         # The gateways start while the first floor run goes.
