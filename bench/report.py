@@ -155,13 +155,12 @@ WORKLOADS = {
         "commit to that moment, over every (subscriber, version) pair of about 500 subscribers spread over "
         "the client processes (p50 and p95 in the details), beside raw `websockets`' publish-to-receive "
         "at the same N and rate (a publisher connection to the `broadcast()` floor server, its send time "
-        "noted just before each frame). Then 100,000 subscribers of one task over `gateway serve "
-        "--workers 6` on PostgreSQL (the callback committed by one process, the entry reaching the others "
-        "over the bus), 8 callbacks at 0.25/s, beside 6 raw `websockets` processes on one port "
-        "(bench/sharded_floor.py), each sent every frame by the publisher. The request-to-frame time "
-        "includes the HTTP request and the commit (an fsync), which the floor does not do. The servers "
-        "and the bench on one core, the client processes on the other under `SCHED_IDLE`, as in "
-        "workload 4.",
+        "noted just before each frame). (The 100,000 row, over `gateway serve --workers 6` on PostgreSQL "
+        "beside bench/sharded_floor.py, is not in the full run yet; the smoke run keeps its path alive.) "
+        "The request-to-frame time "
+        "includes the HTTP request and the commit (an fsync), which the floor does not do. While frames "
+        "are timed, the servers and the bench are on one core, the client processes on the other under "
+        "`SCHED_IDLE`, as in workload 4 (the sockets are opened before, on both).",
     ),
 }
 
