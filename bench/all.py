@@ -38,6 +38,7 @@ import fanout
 import harness
 import held
 import hundredk
+import latency_e2e
 import needs
 import retention
 import scale_one
@@ -66,6 +67,7 @@ class Config:
     workers_cost: workers_cost.Sizes
     scale_one: scale_one.Sizes
     hundredk: hundredk.Sizes
+    latency_e2e: latency_e2e.Sizes
     celery_iterations: int
     celery_runs: int
     procs: int
@@ -90,6 +92,7 @@ FULL = Config(
     workers_cost=workers_cost.FULL,
     scale_one=scale_one.FULL,
     hundredk=hundredk.FULL,
+    latency_e2e=latency_e2e.FULL,
     celery_iterations=10_000,
     celery_runs=5,
     procs=4,
@@ -113,6 +116,7 @@ SMOKE = Config(
     workers_cost=workers_cost.SMOKE,
     scale_one=scale_one.SMOKE,
     hundredk=hundredk.SMOKE,
+    latency_e2e=latency_e2e.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
     procs=2,
@@ -192,6 +196,7 @@ SMOKE_SERVERS = {
     11: (),  # bench/workers_cost.py starts its gateways (one process, --workers 2)
     9: ("fresh gateway", "fresh floor", "gateway", "floor"),
     10: (),  # bench/hundredk.py starts its gateway (--workers) and floor processes
+    12: ("floor",),  # bench/latency_e2e.py starts its gateways (through bench/timed.py)
 }
 
 
@@ -598,6 +603,7 @@ RUNNERS: dict[int, Workload] = {
     11: workers_cost.workload,
     9: scale_one.workload,
     10: hundredk.workload,
+    12: latency_e2e.workload,
 }
 
 

@@ -9,7 +9,9 @@ its subscribers a final version of their own), ``final`` (the version at which a
 it has its resume frame), ``hold`` (a complete subscriber keeps its socket until "stop"), ``concurrency``
 (handshakes in flight; 0: all at once), ``expect_close`` (the close code the server must end a complete
 socket with; null: the client closes), ``timeout_s``, ``source`` (the loopback address its sockets connect
-from, or null: the kernel's choice).
+from, or null: the kernel's choice), ``timed_every`` (0 or absent: none; K: every K-th subscriber of this
+process, the first included, notes the ``time.monotonic_ns()`` at which each of its ``event`` frames, or
+``conflated`` snapshots, was read, reported by version as ``received``).
 
 Its sockets are cheap: no compression, no keepalive pings, a receive queue of a few frames; from ``source``
 with ``IP_BIND_ADDRESS_NO_PORT`` (Linux), so that the kernel picks each one's port per destination at
@@ -114,6 +116,7 @@ class Sub:
         "gaps",
         "last",
         "missing",
+        "received",
         "reorders",
         "resume",
         "retried",
@@ -124,6 +127,8 @@ class Sub:
     def __init__(self, expect: str | None, final: int | None = None) -> None:
         self.expect = expect
         self.final = final  # its own, else the run's
+        # (version, monotonic ns when read) of each frame, for a subscriber whose frames are timed.
+        self.received: list[tuple[int, int]] | None = None
         self.resume: str | None = None
         self.last = -1
         self.deliveries = 0
@@ -159,7 +164,11 @@ async def main(spec: dict[str, Any]) -> None:
     expect_close: int | None = spec["expect_close"]
     source: str | None = spec.get("source")
     gate = asyncio.Semaphore(spec["concurrency"]) if spec["concurrency"] else None
+    every = int(spec.get("timed_every") or 0)
     subs = [Sub(expect, own_final(url)[1]) for url, count, expect in groups for _ in range(count)]
+    if every:
+        for sub in subs[::every]:
+            sub.received = []
     urls = [own_final(url)[0] for url, count, _ in groups for _ in range(count)]
     pending_ready = len(subs)
     pending_done = len(subs)
@@ -221,13 +230,17 @@ async def main(spec: dict[str, Any]) -> None:
                 readied()
                 while stream and (goal(sub) is None or sub.last < (goal(sub) or 0)):
                     try:
-                        message = orjson.loads(await ws.recv())
+                        raw = await ws.recv()
+                        at = time.monotonic_ns()
+                        message = orjson.loads(raw)
                     except ConnectionClosed:
                         sub.close_code = ws.close_code
                         break
                     kind, version = message.get("type"), message.get("version", -1)
                     if kind == "event" or (kind == "snapshot" and message.get("reason") == "conflated"):
                         sub.deliveries += 1
+                        if sub.received is not None:
+                            sub.received.append((version, at))
                         if version == sub.last + 1:
                             sub.last = version
                         elif version > sub.last + 1:
@@ -337,7 +350,10 @@ def report(subs: list[Sub], final: int | None, expect_close: int | None) -> dict
     stats = dict.fromkeys(COUNTS, 0)
     stats["subscribers"] = len(subs)
     closes: dict[str, int] = {}
+    received: dict[str, list[int]] = {}
     for sub in subs:
+        for version, at in sub.received or ():
+            received.setdefault(str(version), []).append(at)
         stats["retries"] += sub.retries
         for error in (sub.error, sub.retried and f"retried after {sub.retried}"):
             if error and len(errors) < 5 and error not in errors:
@@ -364,7 +380,7 @@ def report(subs: list[Sub], final: int | None, expect_close: int | None) -> dict
                 stats["tail_missing"] += missing
         elif expect_close is not None and sub.close_code != expect_close:
             stats["bad_close"] += 1
-    return {**stats, "resume": resume, "closes": closes, "errors": errors}
+    return {**stats, "resume": resume, "closes": closes, "errors": errors, "received": received}
 
 
 # The client processes share this machine with the server under test, where a deployment's clients are on
