@@ -510,6 +510,7 @@ class Clients:
     once it has its resume frame.
     ``hold``: a complete subscriber keeps its socket until :meth:`close`.
     ``concurrency``: handshakes in flight per process (0: all at once).
+    ``prefix``: what runs each client process (``ip netns exec NS``: in a network namespace).
     """
 
     def __init__(self, processes: list[asyncio.subprocess.Process], started: float) -> None:
@@ -529,6 +530,7 @@ class Clients:
         expect_close: int | None = None,
         timeout_s: float = 180.0,
         cores: set[int] | None = None,
+        prefix: Sequence[str] = (),
     ) -> Clients:
         total = sum(count for _, count, _ in groups)
         procs = max(1, min(procs, total))
@@ -553,7 +555,7 @@ class Clients:
                 }
                 processes.append(
                     await spawn(
-                        [sys.executable, str(SUBSCRIBERS), json.dumps(spec)],
+                        [*prefix, sys.executable, str(SUBSCRIBERS), json.dumps(spec)],
                         stdin=asyncio.subprocess.PIPE,
                         stdout=asyncio.subprocess.PIPE,
                         limit=2**20,
