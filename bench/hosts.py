@@ -45,7 +45,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import harness
 from harness import BENCH_DIR, Clients, percentile
@@ -109,6 +109,8 @@ def remove_stale() -> list[str]:
         if match and not alive(int(match.group(1))):
             remove_namespace(match.group(0))
             ip("link", "del", f"gh{match.group(2)}br", check=False)
+            for base in Path(tempfile.gettempdir()).glob(f"gw-hosts-pg-{match.group(1)}-{match.group(2)}-*"):
+                shutil.rmtree(base, ignore_errors=True)
             removed.append(match.group(0))
     return removed
 
@@ -117,7 +119,7 @@ class Net:
     """The bridge ``gh<tag>br`` in the root namespace (address .254) and hosts ``a`` (.1), ``b`` (.2) and
     ``pg`` (.3), each a namespace joined to it by a veth pair."""
 
-    HOSTS = {"a": 1, "b": 2, "pg": 3}
+    HOSTS: ClassVar[dict[str, int]] = {"a": 1, "b": 2, "pg": 3}
 
     def __init__(self) -> None:
         self.tag = secrets.token_hex(3)
@@ -167,16 +169,6 @@ class Net:
         self.made.clear()
 
 
-@contextlib.contextmanager
-def network() -> Any:
-    net = Net()
-    try:
-        net.up()
-        yield net
-    finally:
-        net.down()
-
-
 # --- the PostgreSQL host -----------------------------------------------------------------------------
 
 
@@ -188,7 +180,7 @@ async def postgres(net: Net) -> AsyncIterator[None]:
     from tests import pgcluster
 
     bindir, prefix = pgcluster.postgres_bindir(), pgcluster.run_as()
-    base = Path(tempfile.mkdtemp(prefix="gw-hosts-pg-"))
+    base = Path(tempfile.mkdtemp(prefix=f"gw-hosts-pg-{os.getpid()}-{net.tag}-"))
     try:
         if prefix:
             owner = pwd.getpwnam("postgres")
@@ -333,25 +325,33 @@ async def probe_main(url: str, count: int, final: int) -> None:
 # --- the workload ------------------------------------------------------------------------------------
 
 
-async def run_case(net: Net, reader: Gateway, writer: Gateway, sizes: Sizes) -> dict[str, Any]:
-    """Subscribers on ``reader``'s host, callbacks to ``writer``: commit-to-frame times and frame counts."""
+@dataclass
+class Case:
+    """One run's task, on gateway ``reader``, with its subscribers and timed subscribers connected."""
+
+    reader: Gateway
+    task_id: str
+    made: dict[str, Any]
+    final: int
+    clients: Clients
+    probe: asyncio.subprocess.Process
+
+
+async def prepare(stack: contextlib.AsyncExitStack, net: Net, reader: Gateway, sizes: Sizes) -> Case:
+    """A task on ``reader`` and its subscribers (both kinds) on ``reader``'s host, connected."""
     import fanout
     import httpx
 
     task_id = f"hosts-{uuid.uuid4().hex[:8]}"
-    events = fanout.plan(sizes.callbacks)
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    async with contextlib.AsyncExitStack() as stack:
-        read_http = await stack.enter_async_context(
-            httpx.AsyncClient(base_url=reader.url, timeout=60, headers=headers)
-        )
-        write_http = await stack.enter_async_context(httpx.AsyncClient(base_url=writer.url, timeout=60))
-        made = await fanout.create_task(read_http, task_id, fanout.attempts_for(sizes.callbacks))
-        start = made["task"]["version"]
-        final = start + len(events)
-        ws = reader.url.replace("http://", "ws://")
-        url = f"{ws}/v1/tasks/{task_id}/ws?cursor={start}&token={made['subscribeToken']}"
-        clients = await Clients.start(
+    async with httpx.AsyncClient(base_url=reader.url, timeout=60, headers=headers) as http:
+        made = await fanout.create_task(http, task_id, fanout.attempts_for(sizes.callbacks))
+    start = made["task"]["version"]
+    final = start + len(fanout.plan(sizes.callbacks))
+    ws = reader.url.replace("http://", "ws://")
+    url = f"{ws}/v1/tasks/{task_id}/ws?cursor={start}&token={made['subscribeToken']}"
+    clients, probe = await asyncio.gather(
+        Clients.start(
             [(url, sizes.subscribers, "caught-up")],
             procs=sizes.procs,
             stream=True,
@@ -359,20 +359,32 @@ async def run_case(net: Net, reader: Gateway, writer: Gateway, sizes: Sizes) -> 
             expect_close=1000,
             timeout_s=sizes.timeout_s,
             prefix=net.exec(reader.host),
-        )
-        stack.push_async_callback(clients.close)
-        await clients.connect(sizes.timeout_s)
-        probe = await spawn_ready(
+        ),
+        spawn_ready(
             [*net.exec(reader.host), sys.executable, __file__, "probe", url, str(sizes.timed), str(final)],
             "the timed subscribers",
-        )
-        stack.push_async_callback(harness.stop, probe, 2)
-        posted = await fanout.post_callbacks(write_http, task_id, made["callbackToken"], events, sizes.rate)
-        stats = await clients.done(sizes.timeout_s)
-        assert probe.stdout is not None
-        line = await asyncio.wait_for(probe.stdout.readline(), sizes.timeout_s)
-        timed = json.loads(line) if line else {"times": [], "errors": ["the probe ended early"]}
-    commits = writer.commit_times(task_id)
+        ),
+    )
+    stack.push_async_callback(harness.stop, probe, 2)
+    stack.push_async_callback(clients.close)
+    await clients.connect(sizes.timeout_s)
+    return Case(reader, task_id, made, final, clients, probe)
+
+
+async def drive(case: Case, writer: Gateway, sizes: Sizes) -> dict[str, Any]:
+    """The callbacks of ``case``'s task posted to ``writer`` (from this namespace): commit-to-frame times at
+    the timed subscribers, and the subscribers' counts."""
+    import fanout
+    import httpx
+
+    async with httpx.AsyncClient(base_url=writer.url, timeout=60) as http:
+        token, events = case.made["callbackToken"], fanout.plan(sizes.callbacks)
+        posted = await fanout.post_callbacks(http, case.task_id, token, events, sizes.rate)
+    stats = await case.clients.done(sizes.timeout_s)
+    assert case.probe.stdout is not None
+    line = await asyncio.wait_for(case.probe.stdout.readline(), sizes.timeout_s)
+    timed = json.loads(line) if line else {"times": [], "errors": ["the probe ended early"]}
+    commits = writer.commit_times(case.task_id)
     latencies = [(ns - commits[v]) / 1e6 for v, ns in timed["times"] if v in commits]
     return {
         **stats,
@@ -440,19 +452,37 @@ async def measure(net: Net, sizes: Sizes) -> dict[str, dict[str, Any]]:
     relay_cmd = [*net.exec("pg"), sys.executable, __file__, "relay", net.addr("pg")]
     relay_cmd += [str(RELAY_PORT), str(PG_PORT), str(sizes.delay_ms)]
     database_url = f"postgresql://postgres@{net.addr('pg')}:{RELAY_PORT}/postgres"
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
+    phases: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal t0
+        phases[name], t0 = time.monotonic() - t0, time.monotonic()
+
+    # Whatever fails half-way (a gather whose other half is still starting) is ended by Net.down, which
+    # kills every process left in the namespaces.
     async with contextlib.AsyncExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gw-hosts-")))
         await stack.enter_async_context(postgres(net))
         relay = await spawn_ready(relay_cmd, "the delaying relay")
         stack.push_async_callback(harness.stop, relay, 2)
+        phase("PostgreSQL host")
         a, b = await asyncio.gather(
             stack.enter_async_context(gateway(net, "a", database_url, tmp)),
             stack.enter_async_context(gateway(net, "b", database_url, tmp)),
         )
+        phase("gateways")
         results["link"] = {"rtt_ms": await round_trips(database_url)}
-        results["same host"] = await run_case(net, a, a, sizes)
-        results["across hosts"] = await run_case(net, a, b, sizes)
+        # Both tasks' subscribers connect together (their processes' start is most of a smoke run's time);
+        # the callbacks of one run are posted after the other's are done.
+        same, across = await asyncio.gather(prepare(stack, net, a, sizes), prepare(stack, net, a, sizes))
+        phase("subscribers")
+        results["same host"] = await drive(same, a, sizes)
+        results["across hosts"] = await drive(across, b, sizes)
+        phase("callbacks")
+    phase("stopping")
+    results["phases"] = phases
     return results
 
 
@@ -487,7 +517,8 @@ def add_rows(report: Report, sizes: Sizes, results: dict[str, dict[str, Any]]) -
         f"across hosts: the link's stand-in (a TCP relay delaying each chunk {sizes.delay_ms:g} ms each way; "
         f"tc netem is not in this kernel): a `SELECT 1` round trip to the PostgreSQL host through it took "
         f"p50 {percentile(rtt, 0.5):.2f} ms, p99 {percentile(rtt, 0.99):.2f} ms ({len(rtt)} of them); "
-        f"{sizes.subscribers:,} subscribers in {sizes.procs} client processes on host A"
+        f"{sizes.subscribers:,} subscribers in {sizes.procs} client processes on host A; time taken: "
+        + ", ".join(f"{name} {took:.1f} s" for name, took in results["phases"].items())
     )
     for name in ("same host", "across hosts"):
         result = results[name]
@@ -498,12 +529,13 @@ def add_rows(report: Report, sizes: Sizes, results: dict[str, dict[str, Any]]) -
                 f"across hosts {name}: {result['untimed']} timed frames with no commit time; "
                 f"probe errors {result['probe_errors']}"
             )
+        times = result["latencies_ms"]
         report.details.append(
             f"across hosts, {name}: {result['posted']} callbacks at {sizes.rate:g}/s, "
-            f"{len(result['latencies_ms']):,} frames timed at {sizes.timed} timed subscribers, "
-            f"p50 {percentile(result['latencies_ms'], 0.5):.2f} ms, p99 "
-            f"{percentile(result['latencies_ms'], 0.99):.2f} ms, max {max(result['latencies_ms'], default=0):.2f}"
-            f" ms; callback p99 {result['callback_p99_ms']:.1f} ms; {frames_summary(result)}"
+            f"{len(times):,} frames timed at {sizes.timed} timed subscribers, commit-to-frame "
+            f"p50 {percentile(times, 0.5):.2f} ms, p99 {percentile(times, 0.99):.2f} ms, "
+            f"max {max(times, default=0):.2f} ms; callback p99 {result['callback_p99_ms']:.1f} ms; "
+            f"{frames_summary(result)}"
         )
 
 
