@@ -38,6 +38,7 @@ import callbacks
 import fanout
 import harness
 import hosts
+import latency_e2e
 import retention
 import tags
 from harness import Clients, rss_bytes
@@ -61,6 +62,7 @@ class Config:
     retention_slices: int
     retention_growth: bool  # check the sizes (a smoke run's are too small to compare)
     tags: tags.Sizes
+    latency_e2e: latency_e2e.Sizes
     hosts: hosts.Sizes
     celery_iterations: int
     celery_runs: int
@@ -83,6 +85,7 @@ FULL = Config(
     retention_slices=retention.SLICES,
     retention_growth=True,
     tags=tags.FULL,
+    latency_e2e=latency_e2e.FULL,
     hosts=hosts.FULL,
     celery_iterations=10_000,
     celery_runs=5,
@@ -104,6 +107,7 @@ SMOKE = Config(
     retention_slices=retention.SMOKE_SLICES,
     retention_growth=False,
     tags=tags.SMOKE,
+    latency_e2e=latency_e2e.SMOKE,
     hosts=hosts.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
@@ -181,6 +185,7 @@ SMOKE_SERVERS = {
     6: (),
     7: ("gateway counting its queries",),
     8: (),  # bench/celery_progress.py starts its gateway and its workers
+    12: ("floor",),  # bench/latency_e2e.py starts its gateways (through bench/timed.py)
     13: (),  # bench/hosts.py starts its namespaces, its PostgreSQL and its gateways
 }
 
@@ -699,6 +704,7 @@ RUNNERS: dict[int, Workload] = {
     6: workload_retention,
     7: workload_tags,
     8: workload_celery,
+    12: latency_e2e.workload,
     13: hosts.workload,
 }
 

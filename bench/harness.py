@@ -328,10 +328,14 @@ def gateway_env(bus: str | None = None, extra: dict[str, str] | None = None) -> 
     return env
 
 
-def gateway_command(port: int, database_url: str, *, counted: bool = False) -> list[str]:
+def gateway_command(port: int, database_url: str, *, counted: bool = False, timed: bool = False) -> list[str]:
     """``gateway serve`` as a user runs it (this interpreter's, so that the venv's gateway runs); ``counted``:
-    through bench/counted.py, which counts the store's queries on /metrics and changes nothing else."""
-    program = [str(BENCH_DIR / "counted.py")] if counted else ["-m", "gateway.cli"]
+    through bench/counted.py, which counts the store's queries on /metrics and changes nothing else;
+    ``timed``: through bench/timed.py, which writes each entry's commit time to the file named by
+    ``BENCH_COMMIT_TIMES`` in its environment and changes nothing else."""
+    program = ["-m", "gateway.cli"]
+    if counted or timed:
+        program = [str(BENCH_DIR / ("counted.py" if counted else "timed.py"))]
     return [sys.executable, *program, "serve", "--port", str(port), "--database-url", database_url]
 
 
@@ -381,17 +385,20 @@ async def gateway(
     bus: str | None = None,
     env: dict[str, str] | None = None,
     counted: bool = False,
+    timed: bool = False,
 ) -> AsyncIterator[Server]:
     """``gateway serve`` on a free loopback port, on ``database_url`` or a SQLite file of its own
-    (``counted``: see :func:`gateway_command`). Its log goes to a file; what it logged is summed up in
-    :data:`GATEWAY_LOGS` and on stderr once it stopped."""
+    (``counted``, ``timed``: see :func:`gateway_command`). Its log goes to a file; what it logged is summed
+    up in :data:`GATEWAY_LOGS` and on stderr once it stopped."""
     with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
         port = free_port()
         url = database_url or f"sqlite:///{tmp}/bench.db"
         log_path = Path(tmp) / "gateway.log"
         with log_path.open("wb") as log:
             process = await spawn(
-                gateway_command(port, url, counted=counted), env=gateway_env(bus, env), stderr=log
+                gateway_command(port, url, counted=counted, timed=timed),
+                env=gateway_env(bus, env),
+                stderr=log,
             )
         try:
             await wait_http(f"http://127.0.0.1:{port}", process=process)
@@ -487,7 +494,10 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     total["resume"] = {}
     total["closes"] = {}
     total["errors"] = []
+    total["received"] = {}
     for part in parts:
+        for version, times in part.get("received", {}).items():
+            total["received"].setdefault(int(version), []).extend(times)
         for key in COUNTS:
             total[key] += part.get(key, 0)
         for group in ("resume", "closes"):
@@ -510,6 +520,8 @@ class Clients:
     once it has its resume frame.
     ``hold``: a complete subscriber keeps its socket until :meth:`close`.
     ``concurrency``: handshakes in flight per process (0: all at once).
+    ``timed_every``: every K-th subscriber of each process notes when it read each frame; :meth:`done`'s
+    ``received`` gives those times by version (``time.monotonic_ns()``), 0: none.
     ``prefix``: what runs each client process (``ip netns exec NS``: in a network namespace).
     """
 
@@ -530,6 +542,7 @@ class Clients:
         expect_close: int | None = None,
         timeout_s: float = 180.0,
         cores: set[int] | None = None,
+        timed_every: int = 0,
         prefix: Sequence[str] = (),
     ) -> Clients:
         total = sum(count for _, count, _ in groups)
@@ -552,6 +565,7 @@ class Clients:
                     "expect_close": expect_close,
                     "timeout_s": timeout_s,
                     "cores": sorted(cores) if cores else None,
+                    "timed_every": timed_every,
                 }
                 processes.append(
                     await spawn(

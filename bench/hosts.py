@@ -13,8 +13,8 @@ root namespace over the bridge, and the subscribers sit on gateway host A, so ne
 Gateway A and gateway B (``gateway serve`` through bench/timed.py, which writes down each entry's commit
 time on ``CLOCK_MONOTONIC``, one clock for every namespace of a machine) run on that PostgreSQL with the
 LISTEN/NOTIFY bus. The subscribers (bench/subscribers.py via ``harness.Clients``, which checks per
-subscriber that versions arrive 1 by 1) and a few timed subscribers (``python bench/hosts.py probe``, which
-notes when each event frame arrives) run in namespace A. Two runs, each on a task of its own: the callbacks
+subscriber that versions arrive 1 by 1, and in which every K-th subscriber notes when it read each frame)
+run in namespace A (``ip netns exec``). Two runs, each on a task of its own: the callbacks
 posted to gateway A (same host: the commit and the subscribers on one gateway), then to gateway B (across
 hosts: the entry reaches A over the bus). Figure: commit-to-frame p99 across hosts, beside the same-host p99.
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import pwd
 import queue
@@ -61,7 +60,7 @@ NAME = re.compile(r"^gwh-(\d+)-([0-9a-f]{6})-(a|b|pg)$")
 @dataclass(frozen=True)
 class Sizes:
     subscribers: int  # on gateway A, checked for order by harness.Clients
-    timed: int  # timed subscribers (the probe), also on gateway A
+    timed_every: int  # every K-th subscriber of a client process notes when it read each frame
     callbacks: int  # per run (same host, then across hosts)
     rate: float
     delay_ms: float  # each way, between a gateway host and the PostgreSQL host
@@ -69,8 +68,10 @@ class Sizes:
     timeout_s: float
 
 
-FULL = Sizes(subscribers=1000, timed=20, callbacks=1000, rate=50.0, delay_ms=1.0, procs=2, timeout_s=120.0)
-SMOKE = Sizes(subscribers=20, timed=2, callbacks=40, rate=100.0, delay_ms=1.0, procs=1, timeout_s=30.0)
+FULL = Sizes(
+    subscribers=1000, timed_every=10, callbacks=1000, rate=50.0, delay_ms=1.0, procs=2, timeout_s=120.0
+)
+SMOKE = Sizes(subscribers=20, timed_every=5, callbacks=40, rate=100.0, delay_ms=1.0, procs=1, timeout_s=30.0)
 
 
 # --- the network -------------------------------------------------------------------------------------
@@ -291,37 +292,6 @@ async def gateway(net: Net, host: str, database_url: str, tmp: Path) -> AsyncIte
         harness.summarize_log(GATEWAY_PORT, log_path.read_text(errors="replace"))
 
 
-async def probe_main(url: str, count: int, final: int) -> None:
-    """``count`` timed subscribers of ``url``: prints "ready" once each has its resume frame, then, once
-    each has version ``final`` (or the socket closed), the arrival times of every event frame as JSON
-    ``{"times": [[version, monotonic ns], ...], "errors": [...]}``."""
-    from websockets.asyncio.client import connect
-
-    times: list[tuple[int, int]] = []
-    errors: list[str] = []
-    sockets = [await connect(url, ping_interval=None, compression=None) for _ in range(count)]
-    for ws in sockets:
-        await ws.recv()
-    print("ready", flush=True)
-
-    async def read(ws: Any) -> None:
-        try:
-            async for raw in ws:
-                now = time.monotonic_ns()
-                message = json.loads(raw)
-                if message.get("type") == "event":
-                    times.append((message["version"], now))
-                    if message["version"] >= final:
-                        break
-        except Exception as exc:
-            errors.append(f"{type(exc).__name__}: {exc}"[:200])
-        finally:
-            await ws.close()
-
-    await asyncio.gather(*(read(ws) for ws in sockets))
-    print(json.dumps({"times": times, "errors": errors}), flush=True)
-
-
 # --- the workload ------------------------------------------------------------------------------------
 
 
@@ -334,7 +304,6 @@ class Case:
     made: dict[str, Any]
     final: int
     clients: Clients
-    probe: asyncio.subprocess.Process
 
 
 async def prepare(stack: contextlib.AsyncExitStack, net: Net, reader: Gateway, sizes: Sizes) -> Case:
@@ -350,25 +319,19 @@ async def prepare(stack: contextlib.AsyncExitStack, net: Net, reader: Gateway, s
     final = start + len(fanout.plan(sizes.callbacks))
     ws = reader.url.replace("http://", "ws://")
     url = f"{ws}/v1/tasks/{task_id}/ws?cursor={start}&token={made['subscribeToken']}"
-    clients, probe = await asyncio.gather(
-        Clients.start(
-            [(url, sizes.subscribers, "caught-up")],
-            procs=sizes.procs,
-            stream=True,
-            final=final,
-            expect_close=1000,
-            timeout_s=sizes.timeout_s,
-            prefix=net.exec(reader.host),
-        ),
-        spawn_ready(
-            [*net.exec(reader.host), sys.executable, __file__, "probe", url, str(sizes.timed), str(final)],
-            "the timed subscribers",
-        ),
+    clients = await Clients.start(
+        [(url, sizes.subscribers, "caught-up")],
+        procs=sizes.procs,
+        stream=True,
+        final=final,
+        expect_close=1000,
+        timeout_s=sizes.timeout_s,
+        prefix=net.exec(reader.host),
+        timed_every=sizes.timed_every,
     )
-    stack.push_async_callback(harness.stop, probe, 2)
     stack.push_async_callback(clients.close)
     await clients.connect(sizes.timeout_s)
-    return Case(reader, task_id, made, final, clients, probe)
+    return Case(reader, task_id, made, final, clients)
 
 
 async def drive(case: Case, writer: Gateway, sizes: Sizes) -> dict[str, Any]:
@@ -381,16 +344,14 @@ async def drive(case: Case, writer: Gateway, sizes: Sizes) -> dict[str, Any]:
         token, events = case.made["callbackToken"], fanout.plan(sizes.callbacks)
         posted = await fanout.post_callbacks(http, case.task_id, token, events, sizes.rate)
     stats = await case.clients.done(sizes.timeout_s)
-    assert case.probe.stdout is not None
-    line = await asyncio.wait_for(case.probe.stdout.readline(), sizes.timeout_s)
-    timed = json.loads(line) if line else {"times": [], "errors": ["the probe ended early"]}
     commits = writer.commit_times(case.task_id)
-    latencies = [(ns - commits[v]) / 1e6 for v, ns in timed["times"] if v in commits]
+    received: dict[int, list[int]] = stats.pop("received", {})
+    latencies = [(ns - commits[v]) / 1e6 for v, times in received.items() if v in commits for ns in times]
     return {
         **stats,
         "latencies_ms": latencies,
-        "untimed": len(timed["times"]) - len(latencies),
-        "probe_errors": timed["errors"],
+        "timed": sum(len(times) for times in received.values()),
+        "untimed": sum(len(times) for v, times in received.items() if v not in commits),
         "posted": posted["posted"],
         "callback_p99_ms": posted["callback_p99_ms"],
     }
@@ -524,15 +485,15 @@ def add_rows(report: Report, sizes: Sizes, results: dict[str, dict[str, Any]]) -
         result = results[name]
         report.figure(f"across hosts {name} commit-to-frame p99", percentile(result["latencies_ms"], 0.99))
         report.frames(f"across hosts {name}", result)
-        if result["untimed"] or result["probe_errors"]:
+        if result["untimed"]:
             report.problems.append(
-                f"across hosts {name}: {result['untimed']} timed frames with no commit time; "
-                f"probe errors {result['probe_errors']}"
+                f"across hosts {name}: {result['untimed']} frames read with no commit time"
             )
         times = result["latencies_ms"]
         report.details.append(
             f"across hosts, {name}: {result['posted']} callbacks at {sizes.rate:g}/s, "
-            f"{len(times):,} frames timed at {sizes.timed} timed subscribers, commit-to-frame "
+            f"{len(times):,} frames timed (every {sizes.timed_every}th subscriber of a client process), "
+            f"commit-to-frame "
             f"p50 {percentile(times, 0.5):.2f} ms, p99 {percentile(times, 0.99):.2f} ms, "
             f"max {max(times, default=0):.2f} ms; callback p99 {result['callback_p99_ms']:.1f} ms; "
             f"{frames_summary(result)}"
@@ -540,12 +501,9 @@ def add_rows(report: Report, sizes: Sizes, results: dict[str, dict[str, Any]]) -
 
 
 def main(argv: Sequence[str]) -> None:
-    if argv[:1] == ["relay"]:
-        relay_main(argv[1], int(argv[2]), int(argv[3]), float(argv[4]))
-    elif argv[:1] == ["probe"]:
-        asyncio.run(probe_main(argv[1], int(argv[2]), int(argv[3])))
-    else:
-        sys.exit("usage: hosts.py relay LISTEN PORT TARGET_PORT DELAY_MS | probe URL COUNT FINAL")
+    if argv[:1] != ["relay"] or len(argv) != 5:
+        sys.exit("usage: hosts.py relay LISTEN PORT TARGET_PORT DELAY_MS (the stand-in for netem; see above)")
+    relay_main(argv[1], int(argv[2]), int(argv[3]), float(argv[4]))
 
 
 if __name__ == "__main__":

@@ -112,6 +112,20 @@ WORKLOADS = {
         "on Redis db 11): the task's time from `task_prerun` to `task_postrun` (the integration's start, "
         "progress calls, outcome and its wait for the answer included), medians of 5 runs taken in turn.",
     ),
+    12: (
+        "latency end to end",
+        "one task with N = 10, 1,000 and 10,000 subscribers on one gateway process (SQLite, run through "
+        "bench/timed.py, which notes the CLOCK_MONOTONIC time at which each entry's transaction committed), "
+        "callbacks one at a time at 20/s, 10/s and 1/s (so that the frames per second stay within what the "
+        "client processes, on the other core, read as they come): p99 of the time from just before a "
+        "callback's request is sent to the moment a subscriber has read its frame, and from the entry's "
+        "commit to that moment, over every (subscriber, version) pair of about 500 subscribers spread over "
+        "the client processes (p50 and p95 in the details), beside raw `websockets`' publish-to-receive "
+        "at the same N and rate (a publisher connection to the `broadcast()` floor server, its send time "
+        "noted just before each frame). The request-to-frame time includes the HTTP request and the "
+        "commit (an fsync), which the floor does not do. The server and the bench on one core, the "
+        "client processes on the other under `SCHED_IDLE`, as in workload 4.",
+    ),
     13: (
         "across hosts",
         "two gateway hosts and a PostgreSQL host as network namespaces of this machine (bench/hosts.py: "

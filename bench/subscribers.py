@@ -7,7 +7,9 @@ subscriber is complete), ``stream`` (read frames after the resume frame: until `
 ``final`` is not known yet, until the server closes the socket; without it a subscriber is complete once
 it has its resume frame), ``hold`` (a complete subscriber keeps its socket until "stop"), ``concurrency``
 (handshakes in flight; 0: all at once), ``expect_close`` (the close code the server must end a complete
-socket with; null: the client closes), ``timeout_s``.
+socket with; null: the client closes), ``timeout_s``, ``timed_every`` (0 or absent: none; K: every K-th
+subscriber of this process, the first included, notes the ``time.monotonic_ns()`` at which each of its
+``event`` frames, or ``conflated`` snapshots, was read, reported by version as ``received``).
 
 It talks over stdin and stdout, one line each: prints ``{"state": "loaded"}``; on "go" connects every
 subscriber and prints ``{"state": "ready", "t": ...}`` once each has its first frame (or failed), ``t``
@@ -62,6 +64,7 @@ class Sub:
         "gaps",
         "last",
         "missing",
+        "received",
         "reorders",
         "resume",
         "retried",
@@ -71,6 +74,8 @@ class Sub:
 
     def __init__(self, expect: str | None) -> None:
         self.expect = expect
+        # (version, monotonic ns when read) of each frame, for a subscriber whose frames are timed.
+        self.received: list[tuple[int, int]] | None = None
         self.resume: str | None = None
         self.last = -1
         self.deliveries = 0
@@ -105,7 +110,11 @@ async def main(spec: dict[str, Any]) -> None:
     hold: bool = spec["hold"]
     expect_close: int | None = spec["expect_close"]
     gate = asyncio.Semaphore(spec["concurrency"]) if spec["concurrency"] else None
+    every = int(spec.get("timed_every") or 0)
     subs = [Sub(expect) for _, count, expect in groups for _ in range(count)]
+    if every:
+        for sub in subs[::every]:
+            sub.received = []
     urls = [url for url, count, _ in groups for _ in range(count)]
     pending_ready = len(subs)
     pending_done = len(subs)
@@ -166,13 +175,17 @@ async def main(spec: dict[str, Any]) -> None:
                 readied()
                 while stream and (final is None or sub.last < final):
                     try:
-                        message = orjson.loads(await ws.recv())
+                        raw = await ws.recv()
+                        at = time.monotonic_ns()
+                        message = orjson.loads(raw)
                     except ConnectionClosed:
                         sub.close_code = ws.close_code
                         break
                     kind, version = message.get("type"), message.get("version", -1)
                     if kind == "event" or (kind == "snapshot" and message.get("reason") == "conflated"):
                         sub.deliveries += 1
+                        if sub.received is not None:
+                            sub.received.append((version, at))
                         if version == sub.last + 1:
                             sub.last = version
                         elif version > sub.last + 1:
@@ -276,7 +289,10 @@ def report(subs: list[Sub], final: int | None, expect_close: int | None) -> dict
     stats = dict.fromkeys(COUNTS, 0)
     stats["subscribers"] = len(subs)
     closes: dict[str, int] = {}
+    received: dict[str, list[int]] = {}
     for sub in subs:
+        for version, at in sub.received or ():
+            received.setdefault(str(version), []).append(at)
         stats["retries"] += sub.retries
         for error in (sub.error, sub.retried and f"retried after {sub.retried}"):
             if error and len(errors) < 5 and error not in errors:
@@ -302,7 +318,7 @@ def report(subs: list[Sub], final: int | None, expect_close: int | None) -> dict
                 stats["tail_missing"] += missing
         elif expect_close is not None and sub.close_code != expect_close:
             stats["bad_close"] += 1
-    return {**stats, "resume": resume, "closes": closes, "errors": errors}
+    return {**stats, "resume": resume, "closes": closes, "errors": errors, "received": received}
 
 
 # The client processes share this machine with the server under test, where a deployment's clients are on

@@ -1,0 +1,234 @@
+"""Workload 12, latency end to end: from a callback's request to the frame at the subscriber, and from the
+entry's commit to that frame, beside raw ``websockets``' publish-to-receive at the same N.
+
+    python bench/all.py --only 12 [--smoke]
+
+For each N of ``Sizes.runs``: one task with N subscribers on one gateway process on a SQLite file of its
+own, run through bench/timed.py (which writes each entry's commit time); the bench posts callbacks one at a
+time at the rate asked (each sent when due, or as soon as the previous one is answered), noting each
+request's ``time.monotonic_ns()`` just before it is sent. Then the same N on the raw ``websockets``
+broadcast server (``harness.floor_server``): a publisher connection sends frames of the gateway's size at
+the same rate, noting each send time the same way. Every K-th subscriber of each client process notes when
+it read each frame (``subscribers.py``'s ``timed_every``), about ``Sizes.sample`` subscribers in all,
+spread over the processes; every (timed subscriber, version) pair is one sample. CLOCK_MONOTONIC is one
+clock for every process of the machine, so the differences need no synchronisation.
+
+The gateway, or the floor server, and this process (which sends and times) are on the first core; the
+subscriber processes on the others, under ``SCHED_IDLE`` (``harness.split_cores``, as workload 4 does).
+Every subscriber checks its frames (versions 1 by 1; none lost or out of order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import harness
+import httpx
+import timed
+from fanout import attempts_for, create_task, plan, sample_frame
+from harness import Clients, percentile
+from report import Report, Row, frames_summary
+
+QUANTILES = (0.5, 0.95, 0.99)
+TARGET = 1.5  # the gateway's p99 at most this many times the floor's
+
+
+@dataclass(frozen=True)
+class Sizes:
+    runs: tuple[tuple[int, int, float], ...]  # (subscribers, callbacks, rate per second)
+    sample: int  # subscribers whose frames are timed, about (spread over the client processes)
+
+
+# The rate falls as N grows, so that the frames per second stay within what the client processes, on the
+# one other core of this machine, read as they come (about 10,000/s): above that the receive times are the
+# clients' own queue, on both sides.
+FULL = Sizes(runs=((10, 200, 20.0), (1000, 100, 10.0), (10_000, 20, 1.0)), sample=500)
+SMOKE = Sizes(runs=((20, 20, 20.0),), sample=20)
+
+
+def every(n: int, sample: int) -> int:
+    """``timed_every`` for ``n`` subscribers: about ``sample`` of them timed, spread over the processes."""
+    return max(1, n // max(1, sample))
+
+
+def latencies(received: dict[int, list[int]], sent: dict[int, int]) -> list[float]:
+    """Milliseconds from each version's time in ``sent`` to each time it was received."""
+    return [(at - sent[v]) / 1e6 for v, times in received.items() if v in sent for at in times]
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    return {f"p{round(q * 100)}": percentile(values, q) for q in QUANTILES} | {"samples": len(values)}
+
+
+async def run_gateway(
+    server: harness.Server, commits: str, n: int, callbacks: int, rate: float, cfg: Any
+) -> dict[str, Any]:
+    """One run, on a task of its own, on ``server`` (bench/timed.py, writing its commit times to the file
+    ``commits``): the request-to-frame and commit-to-frame latencies of the timed subscribers."""
+    sizes: Sizes = cfg.latency_e2e
+    cores = harness.split_cores()
+    async with contextlib.AsyncExitStack() as stack:
+        if cores is not None:
+            stack.enter_context(harness.on_cores([server.pid, os.getpid()], cores[0]))
+        http = await stack.enter_async_context(httpx.AsyncClient(base_url=server.http, timeout=60))
+        task_id = f"e2e-{uuid.uuid4().hex[:8]}"
+        made = await create_task(http, task_id, attempts_for(callbacks))
+        start = made["task"]["version"]
+        url = f"{server.ws}/v1/tasks/{task_id}/ws?cursor={start}&token={made['subscribeToken']}"
+        clients = await Clients.start(
+            [(url, n, "caught-up")],
+            procs=cfg.procs,
+            stream=True,
+            expect_close=1000,
+            timeout_s=cfg.step_timeout_s,
+            cores=cores[1] if cores is not None else None,
+            timed_every=every(n, sizes.sample),
+        )
+        stack.push_async_callback(clients.close)
+        await clients.connect(cfg.step_timeout_s)
+        sent, achieved = await post(http, task_id, made["callbackToken"], plan(callbacks), rate)
+        await clients.final(start + callbacks)
+        stats = await clients.done(cfg.step_timeout_s)
+    committed = {v: at for (t, v), at in timed.read(commits).items() if t == task_id}
+    received: dict[int, list[int]] = stats.pop("received")
+    return {
+        **stats,
+        "achieved_rate": achieved,
+        "request": quantiles(latencies(received, sent)),
+        "commit": quantiles(latencies(received, committed)),
+        "commits_timed": len(committed),
+        "versions": len(sent),
+    }
+
+
+async def post(
+    http: httpx.AsyncClient, task_id: str, token: str, events: list[dict[str, object]], rate: float
+) -> tuple[dict[int, int], float]:
+    """Post ``events`` one at a time, each when due at ``rate`` (or once the previous one is answered):
+    each version's request time (monotonic ns, just before it was sent), and the rate achieved."""
+    headers = {"Authorization": f"Bearer {token}"}
+    run = uuid.uuid4().hex[:8]
+    sent: dict[int, int] = {}
+    started = time.monotonic()
+    for i, event in enumerate(events):
+        await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
+        at = time.monotonic_ns()
+        answer = await http.post(
+            f"/v1/tasks/{task_id}/callbacks",
+            json={"callbackId": f"{run}-{i}", "event": event},
+            headers=headers,
+        )
+        answer.raise_for_status()
+        body = answer.json()
+        if not body.get("changed"):
+            raise RuntimeError(f"callback {i} ({event['type']}) changed nothing: {answer.text}")
+        sent[body["task"]["version"]] = at
+    took = time.monotonic() - started
+    return sent, (len(events) - 1) / took if took > 0 and len(events) > 1 else math.nan
+
+
+async def run_floor(server: harness.Server, n: int, frames: int, rate: float, cfg: Any) -> dict[str, Any]:
+    """The same run on the raw ``websockets`` broadcast server: publish-to-receive latencies."""
+    from websockets.asyncio.client import connect
+
+    sizes: Sizes = cfg.latency_e2e
+    cores = harness.split_cores()
+    async with contextlib.AsyncExitStack() as stack:
+        if cores is not None:
+            stack.enter_context(harness.on_cores([server.pid, os.getpid()], cores[0]))
+        publisher = await stack.enter_async_context(connect(f"{server.ws}/publish", compression=None))
+        clients = await Clients.start(
+            [(f"{server.ws}/", n, "hello")],
+            procs=cfg.procs,
+            stream=True,
+            final=frames,
+            timeout_s=cfg.step_timeout_s,
+            cores=cores[1] if cores is not None else None,
+            timed_every=every(n, sizes.sample),
+        )
+        stack.push_async_callback(clients.close)
+        await clients.connect(cfg.step_timeout_s)
+        out = [sample_frame(v) for v in range(1, frames + 1)]
+        sent: dict[int, int] = {}
+        started = time.monotonic()
+        for i, frame in enumerate(out):
+            await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
+            sent[i + 1] = time.monotonic_ns()
+            await publisher.send(frame)
+        stats = await clients.done(cfg.step_timeout_s)
+    received: dict[int, list[int]] = stats.pop("received")
+    return {**stats, "publish": quantiles(latencies(received, sent))}
+
+
+async def workload(cfg: Any, servers: Any, report: Report) -> None:
+    sizes: Sizes = cfg.latency_e2e
+    harness.raise_nofile(max(n for n, _, _ in sizes.runs) + 1024)
+    details = []
+    async with contextlib.AsyncExitStack() as stack:
+        commits = str(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gw-bench-"))) / "commits")
+        # One gateway for every N (a task each), started while the first floor run goes.
+        starting = asyncio.create_task(
+            stack.enter_async_context(harness.gateway(env={timed.ENV: commits}, timed=True))
+        )
+        stack.push_async_callback(settle, starting)
+        for n, callbacks, rate in sizes.runs:
+            async with servers.use("floor") as floor_server:
+                floor = await run_floor(floor_server, n, callbacks, rate, cfg)
+            gateway = await run_gateway(await starting, commits, n, callbacks, rate, cfg)
+            details.append(record(report, n, callbacks, rate, gateway, floor))
+    report.details.append(
+        "latency end to end (one gateway process on SQLite through bench/timed.py; the gateway or floor "
+        "server and the bench on one core, the subscribers on the other): " + "; ".join(details)
+    )
+
+
+async def settle(starting: asyncio.Task[harness.Server]) -> None:
+    """The gateway's start, if the workload ended before it did: cut short (which stops the gateway)."""
+    starting.cancel()
+    await asyncio.gather(starting, return_exceptions=True)
+
+
+def record(
+    report: Report, n: int, callbacks: int, rate: float, gateway: dict[str, Any], floor: dict[str, Any]
+) -> str:
+    """One N's rows and checks; its details line."""
+    for key, what in (("request", "request-to-frame"), ("commit", "commit-to-frame")):
+        report.rows.append(
+            Row(
+                12,
+                f"{what} p99 at N={n:,}, {rate:g}/s (floor: raw websockets publish-to-receive)",
+                gateway[key]["p99"],
+                floor["publish"]["p99"],
+                "ms",
+                f"<= {TARGET:g}x",
+                digits=2,
+            )
+        )
+        report.figure(f"{what} p99 at N={n}", gateway[key]["p99"])
+    report.figure(f"publish-to-receive p99 at N={n}", floor["publish"]["p99"])
+    report.frames(f"latency end to end, gateway, N={n}", gateway)
+    report.frames(f"latency end to end, floor, N={n}", floor)
+    if gateway["commits_timed"] < gateway["versions"]:
+        report.problems.append(
+            f"latency end to end N={n}: {gateway['commits_timed']} commit times for {gateway['versions']} "
+            "versions"
+        )
+    return (
+        f"N={n:,}, {callbacks} callbacks at {rate:g}/s ({gateway['achieved_rate']:.1f}/s achieved): "
+        f"request-to-frame {ms(gateway['request'])}, commit-to-frame {ms(gateway['commit'])}; floor "
+        f"publish-to-receive {ms(floor['publish'])}; gateway {frames_summary(gateway)}; floor "
+        f"{frames_summary(floor)}"
+    )
+
+
+def ms(q: dict[str, float]) -> str:
+    return f"p50 {q['p50']:.2f} / p95 {q['p95']:.2f} / p99 {q['p99']:.2f} ms ({q['samples']:,} samples)"
