@@ -110,7 +110,7 @@ def remove_stale() -> list[str]:
         if match and not alive(int(match.group(1))):
             remove_namespace(match.group(0))
             ip("link", "del", f"gh{match.group(2)}br", check=False)
-            for base in Path(tempfile.gettempdir()).glob(f"gw-hosts-pg-{match.group(1)}-{match.group(2)}-*"):
+            for base in Path(tempfile.gettempdir()).glob(f"gw-hosts-*-{match.group(1)}-{match.group(2)}-*"):
                 shutil.rmtree(base, ignore_errors=True)
             removed.append(match.group(0))
     return removed
@@ -363,6 +363,14 @@ def why_not() -> str | None:
         return "not root: network namespaces need root (ip netns add)"
     if shutil.which("ip") is None:
         return "no `ip` command (iproute2)"
+    if str(harness.ROOT) not in sys.path:
+        sys.path.insert(0, str(harness.ROOT))
+    from tests import pgcluster
+
+    try:
+        pgcluster.check()
+    except pgcluster.ClusterUnavailable as exc:
+        return f"no PostgreSQL cluster can be made here: {exc}"
     return None
 
 
@@ -424,7 +432,8 @@ async def measure(net: Net, sizes: Sizes) -> dict[str, dict[str, Any]]:
     # Whatever fails half-way (a gather whose other half is still starting) is ended by Net.down, which
     # kills every process left in the namespaces.
     async with contextlib.AsyncExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gw-hosts-")))
+        prefix = f"gw-hosts-run-{os.getpid()}-{net.tag}-"  # a killed run's: removed by remove_stale
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
         await stack.enter_async_context(postgres(net))
         relay = await spawn_ready(relay_cmd, "the delaying relay")
         stack.push_async_callback(harness.stop, relay, 2)
