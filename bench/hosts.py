@@ -58,20 +58,28 @@ NAME = re.compile(r"^gwh-(\d+)-([0-9a-f]{6})-(a|b|pg)$")
 
 
 @dataclass(frozen=True)
-class Sizes:
+class Run:
     subscribers: int  # on gateway A, checked for order by harness.Clients
-    timed_every: int  # every K-th subscriber of a client process notes when it read each frame
-    callbacks: int  # per run (same host, then across hosts)
+    callbacks: int  # posted to A (same host), then as many to B (across hosts)
     rate: float
+
+    @property
+    def timed_every(self) -> int:
+        """About 100 subscribers note when they read each frame (every K-th of a client process)."""
+        return max(1, self.subscribers // 100)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    runs: tuple[Run, ...]
     delay_ms: float  # each way, between a gateway host and the PostgreSQL host
     procs: int
     timeout_s: float
 
 
-FULL = Sizes(
-    subscribers=1000, timed_every=10, callbacks=1000, rate=50.0, delay_ms=1.0, procs=2, timeout_s=120.0
-)
-SMOKE = Sizes(subscribers=20, timed_every=5, callbacks=40, rate=100.0, delay_ms=1.0, procs=1, timeout_s=30.0)
+# N = 10: the bus's hop, little fan-out; N = 1,000: with the fan-out of one process (10,000 frames/s).
+FULL = Sizes(runs=(Run(10, 200, 20.0), Run(1000, 200, 10.0)), delay_ms=1.0, procs=2, timeout_s=120.0)
+SMOKE = Sizes(runs=(Run(20, 40, 100.0),), delay_ms=1.0, procs=1, timeout_s=30.0)
 
 
 # --- the network -------------------------------------------------------------------------------------
@@ -306,7 +314,9 @@ class Case:
     clients: Clients
 
 
-async def prepare(stack: contextlib.AsyncExitStack, net: Net, reader: Gateway, sizes: Sizes) -> Case:
+async def prepare(
+    stack: contextlib.AsyncExitStack, net: Net, reader: Gateway, run: Run, sizes: Sizes
+) -> Case:
     """A task on ``reader`` and its subscribers (both kinds) on ``reader``'s host, connected."""
     import fanout
     import httpx
@@ -314,35 +324,35 @@ async def prepare(stack: contextlib.AsyncExitStack, net: Net, reader: Gateway, s
     task_id = f"hosts-{uuid.uuid4().hex[:8]}"
     headers = {"Authorization": f"Bearer {API_KEY}"}
     async with httpx.AsyncClient(base_url=reader.url, timeout=60, headers=headers) as http:
-        made = await fanout.create_task(http, task_id, fanout.attempts_for(sizes.callbacks))
+        made = await fanout.create_task(http, task_id, fanout.attempts_for(run.callbacks))
     start = made["task"]["version"]
-    final = start + len(fanout.plan(sizes.callbacks))
+    final = start + len(fanout.plan(run.callbacks))
     ws = reader.url.replace("http://", "ws://")
     url = f"{ws}/v1/tasks/{task_id}/ws?cursor={start}&token={made['subscribeToken']}"
     clients = await Clients.start(
-        [(url, sizes.subscribers, "caught-up")],
+        [(url, run.subscribers, "caught-up")],
         procs=sizes.procs,
         stream=True,
         final=final,
         expect_close=1000,
         timeout_s=sizes.timeout_s,
         prefix=net.exec(reader.host),
-        timed_every=sizes.timed_every,
+        timed_every=run.timed_every,
     )
     stack.push_async_callback(clients.close)
     await clients.connect(sizes.timeout_s)
     return Case(reader, task_id, made, final, clients)
 
 
-async def drive(case: Case, writer: Gateway, sizes: Sizes) -> dict[str, Any]:
+async def drive(case: Case, writer: Gateway, run: Run, sizes: Sizes) -> dict[str, Any]:
     """The callbacks of ``case``'s task posted to ``writer`` (from this namespace): commit-to-frame times at
     the timed subscribers, and the subscribers' counts."""
     import fanout
     import httpx
 
     async with httpx.AsyncClient(base_url=writer.url, timeout=60) as http:
-        token, events = case.made["callbackToken"], fanout.plan(sizes.callbacks)
-        posted = await fanout.post_callbacks(http, case.task_id, token, events, sizes.rate)
+        token, events = case.made["callbackToken"], fanout.plan(run.callbacks)
+        posted = await fanout.post_callbacks(http, case.task_id, token, events, run.rate)
     stats = await case.clients.done(sizes.timeout_s)
     commits = writer.commit_times(case.task_id)
     received: dict[int, list[int]] = stats.pop("received", {})
@@ -403,7 +413,7 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
 async def round_trips(database_url: str, count: int = 50) -> list[float]:
     """``SELECT 1`` through the relay from the root namespace (over the bridge, undelayed): what a round trip
     to the PostgreSQL host costs, in ms (2 x the delay, plus the relay's own scheduling)."""
-    import asyncpg  # type: ignore[import-untyped]
+    import asyncpg
 
     conn = await asyncpg.connect(database_url, timeout=10)
     try:
@@ -444,69 +454,75 @@ async def measure(net: Net, sizes: Sizes) -> dict[str, dict[str, Any]]:
         )
         phase("gateways")
         results["link"] = {"rtt_ms": await round_trips(database_url)}
-        # Both tasks' subscribers connect together (their processes' start is most of a smoke run's time);
-        # the callbacks of one run are posted after the other's are done.
-        same, across = await asyncio.gather(prepare(stack, net, a, sizes), prepare(stack, net, a, sizes))
-        phase("subscribers")
-        results["same host"] = await drive(same, a, sizes)
-        results["across hosts"] = await drive(across, b, sizes)
-        phase("callbacks")
+        for run in sizes.runs:
+            # Both tasks' subscribers connect together (their processes' start is most of a smoke run's
+            # time) and stay until the end; the callbacks of one are posted after the other's are done.
+            async with contextlib.AsyncExitStack() as clients:
+                same, across = await asyncio.gather(
+                    prepare(clients, net, a, run, sizes), prepare(clients, net, a, run, sizes)
+                )
+                phase(f"N={run.subscribers} subscribers")
+                results[f"{run.subscribers} same host"] = await drive(same, a, run, sizes)
+                results[f"{run.subscribers} across hosts"] = await drive(across, b, run, sizes)
+            phase(f"N={run.subscribers} callbacks")
     phase("stopping")
     results["phases"] = phases
     return results
 
 
 def add_rows(report: Report, sizes: Sizes, results: dict[str, dict[str, Any]]) -> None:
-    same, across, rtt = results["same host"], results["across hosts"], results["link"]["rtt_ms"]
-    for q in (0.5, 0.99):
-        report.rows.append(
-            Row(
-                13,
-                f"across hosts: commit-to-frame p{q * 100:g}, commit on B, frame at A's subscriber "
-                f"(floor: commit and subscriber on A; {sizes.delay_ms:g} ms each way to PostgreSQL)",
-                percentile(across["latencies_ms"], q),
-                percentile(same["latencies_ms"], q),
-                "ms",
-                "(reported beside the same-host figure)",
-                2,
-            )
-        )
-    report.rows.append(
-        Row(
-            13,
-            "across hosts: frames lost + out of order (floor: same host)",
-            across["lost"] + across["out_of_order"],
-            same["lost"] + same["out_of_order"],
-            "",
-            "0",
-            0,
-            ratio=float("nan"),
-        )
-    )
+    rtt = results["link"]["rtt_ms"]
     report.details.append(
         f"across hosts: the link's stand-in (a TCP relay delaying each chunk {sizes.delay_ms:g} ms each way; "
         f"tc netem is not in this kernel): a `SELECT 1` round trip to the PostgreSQL host through it took "
         f"p50 {percentile(rtt, 0.5):.2f} ms, p99 {percentile(rtt, 0.99):.2f} ms ({len(rtt)} of them); "
-        f"{sizes.subscribers:,} subscribers in {sizes.procs} client processes on host A; time taken: "
+        f"subscribers in {sizes.procs} client processes on host A; time taken: "
         + ", ".join(f"{name} {took:.1f} s" for name, took in results["phases"].items())
     )
-    for name in ("same host", "across hosts"):
-        result = results[name]
-        report.figure(f"across hosts {name} commit-to-frame p99", percentile(result["latencies_ms"], 0.99))
-        report.frames(f"across hosts {name}", result)
-        if result["untimed"]:
-            report.problems.append(
-                f"across hosts {name}: {result['untimed']} frames read with no commit time"
+    for run in sizes.runs:
+        n = run.subscribers
+        same, across = results[f"{n} same host"], results[f"{n} across hosts"]
+        for q in (0.5, 0.99):
+            report.rows.append(
+                Row(
+                    13,
+                    f"across hosts N={n:,}: commit-to-frame p{q * 100:g}, commit on B, frame at A's "
+                    f"subscriber (floor: commit and subscriber on A; {sizes.delay_ms:g} ms each way to "
+                    "PostgreSQL)",
+                    percentile(across["latencies_ms"], q),
+                    percentile(same["latencies_ms"], q),
+                    "ms",
+                    "(reported beside the same-host figure)",
+                    2,
+                )
             )
-        times = result["latencies_ms"]
-        report.details.append(
-            f"across hosts, {name}: {result['posted']} callbacks at {sizes.rate:g}/s, "
-            f"{len(times):,} frames timed (every {sizes.timed_every}th subscriber of a client process), "
-            f"commit-to-frame "
-            f"p50 {percentile(times, 0.5):.2f} ms, p99 {percentile(times, 0.99):.2f} ms, "
-            f"max {max(times, default=0):.2f} ms; callback p99 {result['callback_p99_ms']:.1f} ms; "
-            f"{frames_summary(result)}"
+        report.rows.append(
+            Row(
+                13,
+                f"across hosts N={n:,}: frames lost + out of order (floor: same host)",
+                across["lost"] + across["out_of_order"],
+                same["lost"] + same["out_of_order"],
+                "",
+                "0",
+                0,
+                ratio=float("nan"),
+            )
         )
+        for name, result in (("same host", same), ("across hosts", across)):
+            what = f"across hosts N={n} {name}"
+            report.figure(f"{what} commit-to-frame p99", percentile(result["latencies_ms"], 0.99))
+            report.frames(what, result)
+            if result["untimed"]:
+                report.problems.append(f"{what}: {result['untimed']} frames read with no commit time")
+            times = result["latencies_ms"]
+            who = "every subscriber" if run.timed_every == 1 else f"every {run.timed_every}th subscriber"
+            report.details.append(
+                f"across hosts N={n:,}, {name}: {result['posted']} callbacks at {run.rate:g}/s, "
+                f"{len(times):,} frames timed ({who} of a client process notes when it read each), "
+                f"commit-to-frame p50 {percentile(times, 0.5):.2f} ms, p99 "
+                f"{percentile(times, 0.99):.2f} ms, max {max(times, default=0):.2f} ms; callback p99 "
+                f"{result['callback_p99_ms']:.1f} ms; {frames_summary(result)}"
+            )
 
 
 def main(argv: Sequence[str]) -> None:
