@@ -14,9 +14,11 @@ Gateway A and gateway B (``gateway serve`` through bench/timed.py, which writes 
 time on ``CLOCK_MONOTONIC``, one clock for every namespace of a machine) run on that PostgreSQL with the
 LISTEN/NOTIFY bus. The subscribers (bench/subscribers.py via ``harness.Clients``, which checks per
 subscriber that versions arrive 1 by 1, and in which every K-th subscriber notes when it read each frame)
-run in namespace A (``ip netns exec``). Two runs, each on a task of its own: the callbacks
+run in namespace A (``ip netns exec``). At each N, two runs, each on a task of its own: the callbacks
 posted to gateway A (same host: the commit and the subscribers on one gateway), then to gateway B (across
 hosts: the entry reaches A over the bus). Figure: commit-to-frame p99 across hosts, beside the same-host p99.
+
+    python bench/all.py --only 13          (as root; or --smoke)
 
 Everything it makes (namespaces, veths, the bridge, the cluster, processes) is removed at the end, however
 the run ends; a run killed with SIGKILL leaves them, and the next run removes those of a process that is
