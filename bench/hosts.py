@@ -352,10 +352,14 @@ async def drive(case: Case, writer: Gateway, run: Run, sizes: Sizes) -> dict[str
     import fanout
     import httpx
 
-    async with httpx.AsyncClient(base_url=writer.url, timeout=60) as http:
+    side = "same-host" if writer is case.reader else "across-hosts"
+    async with (
+        harness.profiled(case.reader.process.pid, f"hosts-{run.subscribers}-{side}-gateway-a"),
+        httpx.AsyncClient(base_url=writer.url, timeout=60) as http,
+    ):
         token, events = case.made["callbackToken"], fanout.plan(run.callbacks)
         posted = await fanout.post_callbacks(http, case.task_id, token, events, run.rate)
-    stats = await case.clients.done(sizes.timeout_s)
+        stats = await case.clients.done(sizes.timeout_s)
     commits = writer.commit_times(case.task_id)
     received: dict[int, list[int]] = stats.pop("received", {})
     latencies = [(ns - commits[v]) / 1e6 for v, times in received.items() if v in commits for ns in times]
