@@ -37,6 +37,7 @@ import callbacks
 import fanout
 import harness
 import held
+import hosts
 import hundredk
 import latency_e2e
 import needs
@@ -68,6 +69,7 @@ class Config:
     scale_one: scale_one.Sizes
     hundredk: hundredk.Sizes
     latency_e2e: latency_e2e.Sizes
+    hosts: hosts.Sizes
     celery_iterations: int
     celery_runs: int
     procs: int
@@ -93,6 +95,7 @@ FULL = Config(
     scale_one=scale_one.FULL,
     hundredk=hundredk.FULL,
     latency_e2e=latency_e2e.FULL,
+    hosts=hosts.FULL,
     celery_iterations=10_000,
     celery_runs=5,
     procs=4,
@@ -117,6 +120,7 @@ SMOKE = Config(
     scale_one=scale_one.SMOKE,
     hundredk=hundredk.SMOKE,
     latency_e2e=latency_e2e.SMOKE,
+    hosts=hosts.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
     procs=2,
@@ -197,6 +201,7 @@ SMOKE_SERVERS = {
     9: ("fresh gateway", "fresh floor", "gateway", "floor"),
     10: (),  # bench/hundredk.py starts its gateway (--workers) and floor processes
     12: ("floor",),  # bench/latency_e2e.py starts its gateways (through bench/timed.py)
+    13: (),  # bench/hosts.py starts its namespaces, its PostgreSQL and its gateways
 }
 
 
@@ -604,6 +609,7 @@ RUNNERS: dict[int, Workload] = {
     9: scale_one.workload,
     10: hundredk.workload,
     12: latency_e2e.workload,
+    13: hosts.workload,
 }
 
 

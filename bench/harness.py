@@ -560,6 +560,7 @@ class Clients:
     ``concurrency``: handshakes in flight per process (0: all at once).
     ``timed_every``: every K-th subscriber of each process notes when it read each frame; :meth:`done`'s
     ``received`` gives those times by version (``time.monotonic_ns()``), 0: none.
+    ``prefix``: what runs each client process (``ip netns exec NS``: in a network namespace).
     """
 
     def __init__(self, processes: list[asyncio.subprocess.Process], started: float) -> None:
@@ -580,6 +581,7 @@ class Clients:
         timeout_s: float = 180.0,
         cores: set[int] | None = None,
         timed_every: int = 0,
+        prefix: Sequence[str] = (),
     ) -> Clients:
         total = sum(count for _, count, _ in groups)
         procs = max(1, min(max(procs, math.ceil(total / PER_PROCESS)), total))
@@ -607,7 +609,7 @@ class Clients:
                 }
                 processes.append(
                     await spawn(
-                        [sys.executable, str(SUBSCRIBERS), spec_argument(spec)],
+                        [*prefix, sys.executable, str(SUBSCRIBERS), spec_argument(spec)],
                         stdin=asyncio.subprocess.PIPE,
                         stdout=asyncio.subprocess.PIPE,
                         limit=2**20,

@@ -180,6 +180,29 @@ WORKLOADS = {
         "are timed, the servers and the bench are on one core, the client processes on the other under "
         "`SCHED_IDLE`, as in workload 4 (the sockets are opened before, on both).",
     ),
+    13: (
+        "across hosts",
+        "two gateway hosts and a PostgreSQL host as network namespaces of this machine (bench/hosts.py: "
+        "veth pairs to a bridge), gateway A and gateway B (`gateway serve` through bench/timed.py, which "
+        "notes each entry's commit time on CLOCK_MONOTONIC, one clock for every namespace) on a throwaway "
+        "cluster of the PostgreSQL host with the LISTEN/NOTIFY bus, N = 10 and 1,000 subscribers on host A "
+        "(their client processes run there, `ip netns exec`), the callbacks from the root namespace: the "
+        "commit-to-frame p50/p99 with the callbacks posted to B (the entry reaches A's subscribers over the "
+        "bus) beside the same with the callbacks posted to A (commit and subscribers on one gateway), each "
+        "run on a task of its own, about 100 subscribers noting when they read each frame, and the frames "
+        "lost or out of order, checked per subscriber. The commit is the moment the writing gateway has "
+        "PostgreSQL's answer to its COMMIT: that answer and the NOTIFY (which carries the frame) leave "
+        "PostgreSQL together and each crosses one delayed link, so the bus adds no round trip; what A "
+        "does not do across hosts is answer the callbacks, whose turn comes before the fan-out's in a "
+        "process that does both. The issue asks for `tc netem` 1 ms delay on the links: netem does not "
+        "exist in this kernel (nor `fq` or `etf`, so no departure-time pacing; only `pfifo`, `htb` and "
+        "`tbf`, none of which delays a packet by a fixed time), so a userspace TCP relay on the "
+        "PostgreSQL host stands in for it: every chunk either way between a gateway and PostgreSQL is "
+        "carried 1 ms after it was read (2 ms round trip), in order, with no bandwidth limit. Unlike netem "
+        "it does not delay TCP's handshake or ACKs, and its own scheduling adds to the delay on a busy "
+        "machine (the details give a `SELECT 1` round trip through it). Not root, or no `ip netns`: the row "
+        "says the workload was skipped, and why.",
+    ),
 }
 
 
