@@ -37,6 +37,7 @@ from typing import Any
 import callbacks
 import fanout
 import harness
+import pg_ceiling
 import retention
 import tags
 from harness import Clients, rss_bytes
@@ -60,6 +61,7 @@ class Config:
     retention_slices: int
     retention_growth: bool  # check the sizes (a smoke run's are too small to compare)
     tags: tags.Sizes
+    pg_ceiling: pg_ceiling.Sizes
     celery_iterations: int
     celery_runs: int
     procs: int
@@ -81,6 +83,7 @@ FULL = Config(
     retention_slices=retention.SLICES,
     retention_growth=True,
     tags=tags.FULL,
+    pg_ceiling=pg_ceiling.FULL,
     celery_iterations=10_000,
     celery_runs=5,
     procs=4,
@@ -101,6 +104,7 @@ SMOKE = Config(
     retention_slices=retention.SMOKE_SLICES,
     retention_growth=False,
     tags=tags.SMOKE,
+    pg_ceiling=pg_ceiling.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
     procs=2,
@@ -177,6 +181,7 @@ SMOKE_SERVERS = {
     6: (),
     7: ("gateway counting its queries",),
     8: (),  # bench/celery_progress.py starts its gateway and its workers
+    14: (),  # bench/pg_ceiling.py starts its cluster and its gateways
 }
 
 
@@ -694,6 +699,7 @@ RUNNERS: dict[int, Workload] = {
     6: workload_retention,
     7: workload_tags,
     8: workload_celery,
+    14: pg_ceiling.workload,
 }
 
 

@@ -76,11 +76,12 @@ class Sizes:
     seconds: float  # per measurement
     repeats: int  # gateway and pgbench alternate this many times at each step
     # Backends send their statistics (pg_stat_database, pg_stat_wal) at most once a second, when idle: they
-    # are read that long after the load stopped (and before it starts). Not the figures: CPU and WAL.
+    # are read that long after the load stopped (which the next load's first reading follows). Not the
+    # figures': CPU and WAL are read at once.
     settle_s: float
 
 
-FULL = Sizes(workers=(1, 2), connections=(8, 32, 128), seconds=4.0, repeats=3, settle_s=1.1)
+FULL = Sizes(workers=(1, 2), connections=(8, 32, 128), seconds=3.0, repeats=3, settle_s=1.1)
 SMOKE = Sizes(workers=(1,), connections=(8,), seconds=0.5, repeats=1, settle_s=0.0)
 
 
@@ -203,7 +204,6 @@ class Cluster:
     ) -> Step:
         """``run()`` (the load; answers per_s, done, errors) with the readings around it."""
         database = DATABASE
-        await asyncio.sleep(settle_s)
         await self.admin.execute("SELECT pg_stat_statements_reset()")
         before = await self.reading(database, gateway_pid)
         per_s, done, errors = await run()
