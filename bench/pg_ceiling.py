@@ -394,8 +394,8 @@ async def workload(cfg: Any, servers: Any, report: Report, say: Any = lambda lin
     report.rows.append(
         Row(
             14,
-            f"one PostgreSQL: callbacks/s at saturation ({where}; floor: pgbench, UPDATE + INSERT per "
-            f"transaction, {best.connections} clients)",
+            f"one PostgreSQL: callbacks/s at saturation, {where} (floor: pgbench, UPDATE + INSERT, "
+            f"{best.connections} clients)",
             best.per_s,
             floor.per_s,
             "/s",
