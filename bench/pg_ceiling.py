@@ -14,7 +14,8 @@ connections C (bench/callbacks.py's client: each connection drives tasks of its 
 progress 1..100, every callback a real change), for ``seconds``, then pgbench at C clients for as long on a
 database of its own in the same cluster, one transaction per callback of the shape the issue names (one
 ``UPDATE`` of the client's task row, one ``INSERT`` of its entry, ``COMMIT``): the database's own ceiling
-for that write. The two alternate, ``repeats`` times; figures are medians. Read around each measurement:
+for that write. The two alternate, ``repeats`` times; figures are medians. The connections are raised
+until callbacks/s stop rising (by ``RISE``); the best median is the saturation. Read around each measurement:
 
 - CPU (from /proc, ``utime + stime``, reaped children included): the cluster's processes (the postmaster's
   tree), the gateway's (its tree), the client's (this process's reaped children);
@@ -53,6 +54,8 @@ SERVER_SETTINGS = {
     "max_connections": "400",
     "pg_stat_statements.track_utility": "on",
 }
+# A step whose callbacks/s is under this times the best before it ends the raising of connections.
+RISE = 1.05
 # The database both write to (the cluster's own: a CREATE DATABASE would cost its template's copy in WAL
 # and in the checkpoint at the end); pgbench's tables are in a schema of their own.
 DATABASE = "postgres"
@@ -72,7 +75,7 @@ ENTRY = '{"type":"progress","progress":42,"cursor":"c","atMs":1764646387000,"mes
 @dataclass(frozen=True)
 class Sizes:
     workers: tuple[int, ...]  # gateway processes (``--workers``)
-    connections: tuple[int, ...]  # keep-alive callback connections, and pgbench's clients
+    connections: tuple[int, ...]  # keep-alive callback connections, and pgbench's clients, raised in turn
     seconds: float  # per measurement
     repeats: int  # gateway and pgbench alternate this many times at each step
     # Backends send their statistics (pg_stat_database, pg_stat_wal) at most once a second, when idle: they
@@ -81,7 +84,7 @@ class Sizes:
     settle_s: float
 
 
-FULL = Sizes(workers=(1, 2), connections=(8, 32, 128), seconds=3.0, repeats=3, settle_s=1.1)
+FULL = Sizes(workers=(1, 2), connections=(8, 32, 128, 256), seconds=3.0, repeats=3, settle_s=1.1)
 SMOKE = Sizes(workers=(1,), connections=(8,), seconds=0.5, repeats=1, settle_s=0.0)
 
 
@@ -312,25 +315,28 @@ def median_step(steps: list[Step]) -> Step:
 
 
 async def measure_all(sizes: Sizes, say: Any = print) -> dict[str, Any]:
-    """Every step, alternating gateway and pgbench; the medians, and what was checked."""
+    """For each number of processes, the connections raised step by step until callbacks/s stop rising
+    (a step's median under ``RISE`` times the best so far), each step ``repeats`` gateway runs alternating
+    with as many pgbench runs; the medians, and what was checked."""
     runs: dict[tuple[str, int, int], list[Step]] = {}
     problems: list[str] = []
     acknowledged = stored = 0
     async with cluster() as pg:
         script = await prepare_floor(pg.url(DATABASE), max(sizes.connections), pg.cluster.base)
         gateway_url = pg.url(DATABASE)
-        for repeat in range(sizes.repeats):
-            for workers in sizes.workers:
-                env = {"GATEWAY_WORKERS": str(workers)}
-                async with harness.gateway(gateway_url, env=env) as server:
-                    for connections in sizes.connections:
+        for workers in sizes.workers:
+            env = {"GATEWAY_WORKERS": str(workers)}
+            async with harness.gateway(gateway_url, env=env) as server:
+                best = 0.0
+                for connections in sizes.connections:
 
-                        async def gateway_run(c: int = connections) -> tuple[float, int, dict[str, int]]:
-                            return await callbacks_load(server.port, c, sizes.seconds)
+                    async def gateway_run(c: int = connections) -> tuple[float, int, dict[str, int]]:
+                        return await callbacks_load(server.port, c, sizes.seconds)
 
-                        async def floor_run(c: int = connections) -> tuple[float, int, dict[str, int]]:
-                            return await pgbench_load(pg, script, c, sizes.seconds)
+                    async def floor_run(c: int = connections) -> tuple[float, int, dict[str, int]]:
+                        return await pgbench_load(pg, script, c, sizes.seconds)
 
+                    for repeat in range(sizes.repeats):
                         step = await pg.measure(
                             "gateway", workers, connections, server.pid, gateway_run, sizes.settle_s
                         )
@@ -339,13 +345,16 @@ async def measure_all(sizes: Sizes, say: Any = print) -> dict[str, Any]:
                         floor = await pg.measure("pgbench", 0, connections, None, floor_run, sizes.settle_s)
                         runs.setdefault(("pgbench", workers, connections), []).append(floor)
                         say(
-                            f"  repeat {repeat + 1}: {workers} process(es), {connections} connections: "
-                            f"gateway "
+                            f"  {workers} process(es), {connections} connections, run {repeat + 1}: gateway "
                             f"{step.per_s:,.0f} callbacks/s, pgbench {floor.per_s:,.0f} tps"
                         )
                         for s in (step, floor):
                             if s.errors:
                                 problems.append(f"{s.kind} at {connections} connections: errors {s.errors}")
+                    median = median_step(runs[("gateway", workers, connections)]).per_s
+                    if median < best * RISE:
+                        break  # saturated: more connections did not raise callbacks/s
+                    best = max(best, median)
         import asyncpg
 
         conn = await asyncpg.connect(gateway_url, timeout=10)
@@ -437,11 +446,13 @@ async def workload(cfg: Any, servers: Any, report: Report, say: Any = lambda lin
         f"(pgbench {medians[('pgbench', w, c)].per_s:,.0f})"
         for w in sizes.workers
         for c in sizes.connections
+        if ("gateway", w, c) in medians
     )
     report.details.append(
         f"past one PostgreSQL: a cluster of the bench's own (autovacuum off as the shared server's, "
-        f"pg_stat_statements loaded), gateway processes x callback connections, median of {sizes.repeats} "
-        f"runs of {sizes.seconds:g} s each, alternating with pgbench at as many clients: {steps}. "
+        f"pg_stat_statements loaded), gateway processes x callback connections (raised until callbacks/s "
+        f"rose less than {RISE - 1:.0%}), median of {sizes.repeats} runs of {sizes.seconds:g} s each, "
+        f"alternating with pgbench at as many clients: {steps}. "
         f"{result['acknowledged']:,} callbacks acknowledged, {result['stored']:,} callback ids stored "
         f"(nothing acknowledged lost); no subscriber, so no frame to lose"
     )
