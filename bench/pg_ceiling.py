@@ -461,8 +461,12 @@ async def workload(cfg: Any, servers: Any, report: Report, say: Any = lambda lin
         f"{result['acknowledged']:,} callbacks acknowledged, {result['stored']:,} callback ids stored "
         f"(nothing acknowledged lost); no subscriber, so no frame to lose"
     )
+    floors = [step for (kind, _, _), step in medians.items() if kind == "pgbench"]
+    top_floor = max(floors, key=lambda s: s.per_s)
     report.details.append(
         f"past one PostgreSQL at saturation ({where}): CPU per callback {cpu_line(best)}; {db_line(best)}. "
+        f"pgbench's best median: {top_floor.per_s:,.0f} tps at {top_floor.connections} clients (it opens a "
+        f"connection per client, the gateway at most 20 per process). "
         f"pgbench at {best.connections} clients: CPU per transaction {cpu_line(floor)}; {db_line(floor)}. "
         f"On paper, PostgreSQL alone on these {cores} cores at {postgres_us:,.0f} us per callback: "
         f"{cores * 1e6 / postgres_us if postgres_us else float('nan'):,.0f} callbacks/s"
