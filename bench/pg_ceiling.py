@@ -84,7 +84,7 @@ class Sizes:
     settle_s: float
 
 
-FULL = Sizes(workers=(1, 2), connections=(8, 32, 128, 256), seconds=3.0, repeats=3, settle_s=1.1)
+FULL = Sizes(workers=(1, 2), connections=(16, 64, 256), seconds=3.0, repeats=3, settle_s=1.1)
 SMOKE = Sizes(workers=(1,), connections=(8,), seconds=0.5, repeats=1, settle_s=0.0)
 
 
