@@ -41,6 +41,7 @@ import hosts
 import hundredk
 import latency_e2e
 import needs
+import pg_ceiling
 import retention
 import scale_one
 import tags
@@ -70,6 +71,7 @@ class Config:
     hundredk: hundredk.Sizes
     latency_e2e: latency_e2e.Sizes
     hosts: hosts.Sizes
+    pg_ceiling: pg_ceiling.Sizes
     celery_iterations: int
     celery_runs: int
     procs: int
@@ -96,6 +98,7 @@ FULL = Config(
     hundredk=hundredk.FULL,
     latency_e2e=latency_e2e.FULL,
     hosts=hosts.FULL,
+    pg_ceiling=pg_ceiling.FULL,
     celery_iterations=10_000,
     celery_runs=5,
     procs=4,
@@ -121,6 +124,7 @@ SMOKE = Config(
     hundredk=hundredk.SMOKE,
     latency_e2e=latency_e2e.SMOKE,
     hosts=hosts.SMOKE,
+    pg_ceiling=pg_ceiling.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
     procs=2,
@@ -202,6 +206,7 @@ SMOKE_SERVERS = {
     10: (),  # bench/hundredk.py starts its gateway (--workers) and floor processes
     12: ("floor",),  # bench/latency_e2e.py starts its gateways (through bench/timed.py)
     13: (),  # bench/hosts.py starts its namespaces, its PostgreSQL and its gateways
+    14: (),  # bench/pg_ceiling.py starts its cluster and its gateways
 }
 
 
@@ -610,6 +615,7 @@ RUNNERS: dict[int, Workload] = {
     10: hundredk.workload,
     12: latency_e2e.workload,
     13: hosts.workload,
+    14: pg_ceiling.workload,
 }
 
 

@@ -193,7 +193,7 @@ async def client_main(port: int, connections: int, seconds: float) -> None:
     started = time.monotonic()
     await asyncio.gather(*(one(c) for c in range(connections)))
     elapsed = time.monotonic() - started
-    print(json.dumps({"per_s": done[0] / elapsed, "errors": errors}), flush=True)
+    print(json.dumps({"per_s": done[0] / elapsed, "done": done[0], "errors": errors}), flush=True)
 
 
 async def measure(port: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -203,6 +203,20 @@ WORKLOADS = {
         "machine (the details give a `SELECT 1` round trip through it). Not root, or no `ip netns`: the row "
         "says the workload was skipped, and why.",
     ),
+    14: (
+        "past one PostgreSQL",
+        "the ceiling of one PostgreSQL here (bench/pg_ceiling.py), on a cluster of the bench's own "
+        "(tests/pgcluster.py; PostgreSQL's defaults and `autovacuum = off` as the shared server's, "
+        "`pg_stat_statements` loaded): callbacks/s of `gateway serve --workers W` (1, 2) driven by "
+        "bench/callbacks.py's client at C keep-alive connections (16, 64, 256, raised until "
+        "callbacks/s rise less than 5%), the best median taken as saturation, beside pgbench at C clients "
+        "writing one `UPDATE` of the client's task row and one `INSERT` of an entry per transaction (the "
+        "database's own ceiling for that write), the two alternating, 3 runs of 3 s each at each step, "
+        "medians. Around each run: the CPU of PostgreSQL's processes, of the gateway's and of the client "
+        "(/proc), WAL bytes (`pg_current_wal_lsn`) and flushes (`pg_stat_wal`), commits and rows "
+        "(`pg_stat_database`), write commits and each statement's time (`pg_stat_statements`). Checked: "
+        "every acknowledged callback's id is in the database.",
+    ),
 }
 
 
