@@ -49,8 +49,6 @@ def tune_interpreter() -> None:
       of 5,000 sockets met several of those passes of 100-300 ms each. A young threshold of 10,000
       allocations (at most that many objects of cyclic garbage waiting) made that storm 20% faster
       (3.7 s -> 2.9 s). What is loaded at start (modules, the app) is set aside for good (``gc.freeze``);
-    - what survives a full collection is set aside as well (:func:`freeze_survivors`): full collections
-      walk only the objects that arrived since the last one, not every socket's again;
     - a thread that needs the interpreter lock gets it within 1 ms, not 5: the SQLite writer's thread,
       back from its commit's fsync while fan-out holds the lock, answered the callback up to 5 ms late
       (commit p99 at 1,000 subscribers 2.4 -> 1.2-2.9 ms)."""
@@ -61,33 +59,7 @@ def tune_interpreter() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
-    freeze_survivors()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-
-
-def _freeze_after_full(phase: str, info: dict[str, int]) -> None:
-    if phase == "stop" and info["generation"] == 2:
-        import gc
-
-        gc.freeze()
-
-
-def freeze_survivors() -> Callable[[str, dict[str, int]], None]:
-    """After each full collection, what survived it is set aside (``gc.freeze``): the next full collection
-    walks only what arrived since, not every socket's objects again. Returns the hook (``gc.callbacks``).
-
-    A full collection walks every tracked object of the process: at 16,000 sockets a process tracks
-    millions, and each full collection paused it for hundreds of milliseconds to a second (workload 10 of
-    bench/). What survived a full collection is what lives long in a gateway: its sockets, subscriptions
-    and caches. It is still freed when nothing refers to it any more (reference counting does not look at
-    generations); what freezing gives up is the collection of reference cycles among such objects, which
-    a closed connection's objects do not form (bench/hundredk.py: the frozen count falls back as sockets
-    close)."""
-    import gc
-
-    if _freeze_after_full not in gc.callbacks:
-        gc.callbacks.append(_freeze_after_full)
-    return _freeze_after_full
 
 
 def server_config(app: Starlette, host: str, port: int, **options: Any) -> uvicorn.Config:
