@@ -103,7 +103,7 @@ FULL = Config(
     celery_runs=5,
     procs=4,
     step_timeout_s=180.0,
-    total_timeout_s=1800.0,
+    total_timeout_s=5400.0,
 )
 SMOKE = Config(
     callback_seconds=0.2,
@@ -129,7 +129,7 @@ SMOKE = Config(
     celery_runs=1,
     procs=2,
     step_timeout_s=30.0,
-    total_timeout_s=120.0,
+    total_timeout_s=300.0,
 )
 
 
