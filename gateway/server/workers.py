@@ -81,9 +81,9 @@ def serve_workers(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def start(index: int) -> tuple[BaseProcess, float]:
-        # A child of its own listening socket: made here, listening before the child starts (the port
-        # stays taken while children start), and passed to it; this process's copy is closed at once, so
-        # that the socket lives and dies with its child (a restarted child gets a new one).
+        # Each child gets a listening socket of its own, made here (listening before the child starts, so
+        # the port stays taken while children start) and passed to it; this process's copy is closed at
+        # once, so that the socket lives and dies with its child (a restarted child gets a new one).
         listener = reuseport_listener(sock) if spread else sock
         try:
             child = context.Process(target=_child, args=(settings, listener), name=f"gateway-worker-{index}")
