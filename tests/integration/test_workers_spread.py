@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -172,5 +173,53 @@ async def test_workers_of_a_killed_parent_stop_saying_1001(pg_url: str, tmp_path
         raise
     finally:
         await parent.stop()
+        if failed:
+            print_tails([parent])
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The worker processes ``pid`` has spawned so far (not multiprocessing's resource tracker)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [int(c) for c in children if b"spawn_main" in _cmdline(int(c))]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+async def test_workers_of_a_parent_killed_while_they_start_are_gone_too(pg_url: str, tmp_path: Path) -> None:
+    """SIGKILL the parent as soon as its workers are spawned, before they have set anything up: they are
+    gone within ``ORPHAN_S`` all the same (a death signal a worker asks for once it runs would be missed)."""
+    parent = await spawn_gateway("workers", pg_url, tmp_path / "workers.log", port=0, args=["--workers", "2"])
+    pids: list[int] = []
+    failed = False
+    try:
+
+        async def spawned() -> list[int]:
+            return spawned_children(parent.pid)
+
+        pids = await eventually(
+            spawned, lambda found: len(found) == 2, "two workers spawned", TEST_S, poll_s=0.002
+        )
+        await parent.kill()
+
+        async def living() -> list[int]:
+            return [pid for pid in pids if alive(pid)]
+
+        await eventually(living, lambda left: left == [], "the workers of the killed parent gone", ORPHAN_S)
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        await parent.stop()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         if failed:
             print_tails([parent])
