@@ -187,6 +187,7 @@ class GatewayServer(uvicorn.Server):
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """The listening socket that ``--workers`` children share (uvicorn binds it the same way)."""
+    """The socket of a ``--workers`` parent: bound to the port, not listened on (uvicorn binds it the same
+    way); where the workers cannot each listen on a socket of their own, they share it."""
     config = uvicorn.Config(app=None, host=host, port=port)  # type: ignore[arg-type]
     return config.bind_socket()

@@ -1,16 +1,26 @@
-"""``gateway serve --workers N``: N gateway processes accepting on one listening socket.
+"""``gateway serve --workers N``: N gateway processes accepting on one port.
 
-The parent binds the socket once and starts N children (spawned, so each builds its own event loop,
+The parent binds the port once and starts N children (spawned, so each builds its own event loop,
 database pool and bus listener); each child is a whole gateway, and news of commits travels between them
 on the bus. A child that dies is started again; SIGTERM or SIGINT stops them all, each saying ``1001`` to
-its subscribers first, who reconnect to another process (or the next deployment) with their cursors.
+its subscribers first, who reconnect to another process (or the next deployment) with their cursors. A
+child whose parent is gone (killed with SIGKILL) stops too, the same way.
+
+On Linux each child accepts on a listening socket of its own, bound to the port with ``SO_REUSEPORT``: the
+kernel hands each new connection to one of them by a hash of its addresses, so the children hold even
+shares. (On one shared socket, whichever child woke first took the connection: at 47,000 sockets over 6
+children one held 17,889 and another 3,084, so one reached its descriptor limit while others idled.) The
+parent's own socket holds the port and is never listened on: it takes no connections, and a second
+``gateway serve`` on the port fails at start (its bound socket, without ``SO_REUSEPORT``, conflicts with
+the children's listening ones). Elsewhere the children share the parent's socket.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
+import os
 import secrets
 import signal
 import socket
@@ -36,6 +46,8 @@ WATCH_S = 0.5
 RESTART_DELAY_S = (1.0, 30.0)
 # The exit code of a process that could not start (uvicorn's).
 STARTUP_FAILED = 3
+# The accept queue of each child's listening socket (uvicorn's default; its server listens again with it).
+BACKLOG = 2048
 
 
 def serve_workers(
@@ -55,8 +67,9 @@ def serve_workers(
             "working when the gateway restarts (set GATEWAY_SECRET to keep them)",
             workers,
         )
-    sock = bind_socket(settings.host, settings.port)
+    sock = bind_socket(settings.host, settings.port)  # bound, never listened on: it holds the port
     host, port = sock.getsockname()[:2]
+    spread = reuseport_available()
     log.info("%d worker processes on http://%s:%d", workers, host, port)
     announce(settings, secret_source, host, port, deployment_id=deployment_id)
     context = multiprocessing.get_context("spawn")
@@ -68,8 +81,16 @@ def serve_workers(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def start(index: int) -> tuple[BaseProcess, float]:
-        child = context.Process(target=_child, args=(settings, sock), name=f"gateway-worker-{index}")
-        child.start()
+        # Each child gets a listening socket of its own, made here (listening before the child starts, so
+        # the port stays taken while children start) and passed to it; this process's copy is closed at
+        # once, so that the socket lives and dies with its child (a restarted child gets a new one).
+        listener = reuseport_listener(sock) if spread else sock
+        try:
+            child = context.Process(target=_child, args=(settings, listener), name=f"gateway-worker-{index}")
+            child.start()
+        finally:
+            if listener is not sock:
+                listener.close()
         return child, time.monotonic()
 
     children = [start(i) for i in range(workers)]
@@ -149,8 +170,30 @@ class RestartBackoff:
         return delay
 
 
+def reuseport_available() -> bool:
+    """Whether the children can each listen on a socket of their own that the kernel balances (Linux's
+    ``SO_REUSEPORT``; the BSDs' and macOS's lets several sockets bind but hands the connections to one)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
+def reuseport_listener(holder: socket.socket) -> socket.socket:
+    """A listening socket on ``holder``'s address (its port, also one picked for port 0) in the port's
+    ``SO_REUSEPORT`` group. ``holder`` (``SO_REUSEADDR``, bound, not listening) is no member: it takes no
+    connections, and it does not keep this one from binding."""
+    listener = socket.socket(holder.family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener.bind(holder.getsockname())
+        listener.listen(BACKLOG)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
 def _child(settings: Settings, sock: socket.socket) -> None:
-    _die_with_parent()
+    _stop_with_parent()
     from gateway.server.serve import GatewayServer, server_config, setup_logging, tune_interpreter
     from gateway.web.app import create_app
 
@@ -168,13 +211,29 @@ def _child(settings: Settings, sock: socket.socket) -> None:
         sys.exit(1)
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to send this child SIGTERM if the parent dies (killed with SIGKILL, say), so that no
-    orphan keeps the port; elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+def _stop_with_parent() -> None:
+    """Stop this child when its parent is gone (killed with SIGKILL, say), so that no orphan keeps the port
+    and the database: as on SIGTERM (each subscriber told ``1001``), and at once if it has not stopped
+    ``STOP_GRACE_S`` later, as the parent would have killed it.
 
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    A thread waits on ``multiprocessing.parent_process().sentinel``: under 'spawn' it is the read end of a
+    pipe whose other end only the parent holds, so it is readable once the parent has died, however it
+    died, even before this thread started (Linux's ``prctl(PR_SET_PDEATHSIG)`` is missed if the parent died
+    before the child asked for it, follows the parent's thread rather than its process, and exists on Linux
+    only; and either way the child must bound its own stop, which no signal does)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        multiprocessing.connection.wait([sentinel])
+        log.warning("worker pid %d: its parent (pid %s) is gone; stopping", os.getpid(), parent.pid)
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown, or the end before it runs
+        time.sleep(STOP_GRACE_S)
+        log.error(
+            "worker pid %d: not stopped %.0f s after its parent died; exiting", os.getpid(), STOP_GRACE_S
+        )
+        os._exit(1)
+
+    threading.Thread(target=watch, name="gateway-parent-watch", daemon=True).start()

@@ -350,7 +350,7 @@ async def sweeper_count(client: httpx.AsyncClient, url: str) -> int:
 
 @pytest.mark.postgres
 async def test_workers_flag_runs_several_processes(pg_url: str, tmp_path: Path) -> None:
-    # With --workers the children share the parent's socket, so port 0 cannot be learned: pick a free port.
+    # A free port picked here (--port 0 works too: tests/integration/test_workers_spread.py).
     port = free_port()
     url, ws_base = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
     task_id = unique("workers")
