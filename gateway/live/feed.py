@@ -73,6 +73,15 @@ class Feed:
     @writing_since.setter
     def writing_since(self, value: float | None) -> None:
         self.peer.writing_since = value
+        if value is not None:
+            self.hub.watch(self)  # the watchdog times this send
+
+    def hold_to(self, deadline_s: float, max_refusals: int) -> None:
+        """From now on (the hub's clock) the connection is closed when it holds no subscription for
+        ``deadline_s``, or at its ``max_refusals``-th refused message while it holds none
+        (``Peer.hold_to``); the hub's watchdog looks at it."""
+        self.peer.hold_to(self.hub.monotonic(), deadline_s, max_refusals)
+        self.hub.watch(self)
 
     async def subscribe(self, task_id: str, cursor: int) -> Subscription[Connection]:
         """Subscribe (replacing an earlier subscription to the same task) and queue the resume frame.

@@ -158,6 +158,10 @@ class Hub:
         self.fanout: Fanout[Connection] = Fanout()
         self.tagging: Tagging[Connection] = Tagging(self.fanout)
         self.feeds: set[Connection] = set()
+        # The connections the watchdog looks at: those that began a send, or were held to having a
+        # subscription (:meth:`watch`); it lets go of those with neither. Not every connection: a sweep of
+        # every socket each second cost as much as their keepalive pings (bench/hundredk.py).
+        self.watched: set[Connection] = set()
         self.conflations = 0
         self.catch_ups = 0
         self.direct_writes = 0
@@ -344,7 +348,7 @@ class Hub:
     def remove(self, sub: Subscription[Connection]) -> None:
         self.fanout.remove(sub)
         self._forget(sub.task_id)
-        sub.peer.let_go(self.monotonic())
+        self._let_go(sub.peer)
 
     # --- tag subscriptions: subscribe, buffer, read, merge (gateway.live.tagging) ----------------------
 
@@ -380,7 +384,13 @@ class Hub:
     def _removed(self, peer: Peer[Connection], subs: Sequence[Subscription[Connection]]) -> None:
         for sub in subs:
             self._forget(sub.task_id)
+        self._let_go(peer)
+
+    def _let_go(self, peer: Peer[Connection]) -> None:
+        """A subscription of ``peer`` ended: its deadline may run again, for the watchdog to look at."""
         peer.let_go(self.monotonic())
+        if peer.idle_since is not None:
+            self.watch(peer.handle)
 
     def stats(self) -> dict[str, int]:
         """Queue sizes, so that tests and metrics can see that memory stays bounded."""
@@ -405,6 +415,7 @@ class Hub:
         self._idle.clear()
 
     def detach(self, feed: Connection) -> None:
+        self.watched.discard(feed)
         if feed in self.feeds:
             self.feeds.discard(feed)
             self.conflations += feed.peer.conflations
@@ -416,17 +427,27 @@ class Hub:
         """Wait until no connection is left."""
         await self._idle.wait()
 
+    def watch(self, feed: Connection) -> None:
+        """The watchdog looks at ``feed`` from now on: it began a send, or is held to having a subscription
+        (``Feed`` says so); it stops once the connection has neither, or is detached."""
+        if feed in self.feeds:
+            self.watched.add(feed)
+
     async def watch_writes(self, timeout_s: float) -> None:
         """Close every connection whose send has made no progress for ``timeout_s`` (``4008``), and every one
-        held to having a subscription that has held none for its deadline (``4408``)."""
+        held to having a subscription that has held none for its deadline (``4408``). Only the connections
+        :meth:`watch` named are looked at."""
         while True:
             await asyncio.sleep(min(1.0, timeout_s / 4))
             now = self.monotonic()
-            for feed in tuple(self.feeds):
-                if feed.peer.stalled(now, timeout_s):
+            for feed in tuple(self.watched):
+                peer = feed.peer
+                if peer.stalled(now, timeout_s):
                     feed.stall()
-                elif feed.peer.idle_overdue(now):
+                elif peer.idle_overdue(now):
                     feed.close_idle()
+                if peer.writing_since is None and peer.idle_since is None:
+                    self.watched.discard(feed)  # in no send, held to nothing: nothing to look at
 
     def shutdown(self, code: int) -> None:
         for feed in tuple(self.feeds):

@@ -261,7 +261,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         feed = new_feed()
         feed.direct = direct_socket(ws.scope)
         # Held to having a subscription: one with no credential costs a bounded time and work.
-        feed.peer.hold_to(gw.hub.monotonic(), settings.ws_auth_deadline_s, MAX_REFUSALS)
+        feed.hold_to(settings.ws_auth_deadline_s, MAX_REFUSALS)
         try:
             await pump(ws, feed, single=False)
         finally:
