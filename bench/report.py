@@ -143,9 +143,10 @@ WORKLOADS = {
         "100,000 over --workers",
         "100,000 subscribers over `gateway serve --workers 6` on a PostgreSQL database of its own "
         "(bench/hundredk.py; 6 processes, ~16,700 sockets each on average under this machine's 20,000 "
-        "descriptors per process, though the kernel spreads the connections of their one shared listening "
-        "socket unevenly: 17,900 to 3,100 at 47,000 sockets; a worker near its limit answers 503 and the "
-        "client retries), 10 on each of 10,000 tasks, from client processes on loopback source "
+        "descriptors per process, each worker accepting on a listening socket of its own in the port's "
+        "`SO_REUSEPORT` group, so that the kernel spreads the connections evenly; a worker near its limit "
+        "answers 503 and the client retries), 10 on each of 10,000 tasks, from client processes on loopback "
+        "source "
         "addresses of their own; callbacks at 200/s for 60 s, each on a task picked at random (drawn "
         "before the run, so that each subscriber knows the version it ends at), sent when due (those of "
         "different tasks overlap, as many workers' do). Beside raw `websockets` serving the same sockets "
