@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import harness
-from harness import BENCH_DIR, Clients, percentile
+from harness import BENCH_DIR, Clients, alive, percentile
 from report import Report, Row, frames_summary
 
 API_KEY = "bench-hosts-key-0123456789abcdef"
@@ -92,16 +92,6 @@ def ip(*args: str, check: bool = True) -> str:
     if check and result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip() or result.returncode}")
     return result.stdout
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_namespace(ns: str) -> None:
