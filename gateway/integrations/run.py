@@ -270,6 +270,15 @@ class Run:
             pending = not self.ended and (self.latest is not None or self.outcome is not None)
             return self.finished and self.inflight is None and not pending
 
+    def reporting(self) -> bool:
+        """Progress of the running job is still to be sent or answered (a cancel waits for it)."""
+        with self.lock:
+            return (
+                self.phase == RUNNING
+                and not self.ended
+                and (self.inflight is not None or self.latest is not None)
+            )
+
     def unsent(self) -> int:
         """How many of its reports wait: its start (or create), the callback on its way, its latest progress
         and its outcome (none once handed to another process)."""

@@ -240,8 +240,12 @@ class Sender:
         if time.time() * 1000 >= cancel.expires_at_ms:
             log.warning("task-gateway: could not cancel task %s before its deadline", cancel.task_id)
             return None
-        if cancel.after is not None and cancel.after.phase in (CREATE, START, WAIT):
-            return now + WAIT_POLL_S  # its run has not started: the task may not even be made yet
+        if cancel.after is not None and (
+            cancel.after.phase in (CREATE, START, WAIT) or cancel.after.reporting()
+        ):
+            # Its run has not started (the task may not even be made yet), or has progress still to send,
+            # which the cancel would refuse: the cancel goes after what the job reported before it.
+            return now + WAIT_POLL_S
         if now < cancel.retry_at:
             return cancel.retry_at
         body = {} if cancel.reason is None else {"reason": cancel.reason}
