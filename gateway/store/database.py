@@ -40,6 +40,9 @@ from gateway.store.sqlite_writer import SqliteWriter, apply_pragmas, disk_full
 # Free space on a SQLite file's filesystem after which a disk that filled counts as having room again
 # (a checkpoint of SQLite's default WAL copies up to about 4 MiB into the file).
 ROOM_AGAIN_BYTES = 4 * 1024 * 1024
+# Of the pool's kept connections, those the reads leave to the writes: the group commit's batches in flight
+# (at most gateway.runtime.COMMITS_IN_FLIGHT a process).
+WRITES_KEPT = 3
 DISK_FULL = "the disk holding the database is full"
 
 
@@ -87,7 +90,13 @@ class Database:
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         # PostgreSQL's writes go on asyncpg itself, on connections of the engine's pool.
         self.pg_writer = (
-            None if self.is_sqlite else PgWriter(self.engine, pool_capacity=pool_size + max_overflow)
+            None
+            if self.is_sqlite
+            else PgWriter(
+                self.engine,
+                pool_capacity=pool_size + max_overflow,
+                reads_at_once=max(1, pool_size - WRITES_KEPT),
+            )
         )
         if self.is_sqlite:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)

@@ -22,6 +22,13 @@ caller is told what PostgreSQL did (as the SQLite writer's ``transact`` does). A
 broken, or cannot roll back in time, is invalidated (the pool opens another), and one found closed when
 taken (PostgreSQL restarted meanwhile) is replaced before the transaction starts.
 
+Reads at once: at most ``reads_at_once`` (the pool's kept connections less the group commit's), the others
+waiting their turn. A burst of reads (a reconnect storm: a read per task resumed) would otherwise take
+every connection the pool may open, and one above its kept size is opened for one read and closed after
+it: a new PostgreSQL connection (a process forked on its side, the driver's setup on this one) per read
+for as long as the burst lasts, and past ``max_connections`` the reads fail. Waiting, they are fewer:
+resumes of one task share a read that has not started (``gateway.book``).
+
 One deadline for the whole transaction: the caller's (the book's database deadline, the cancel scope it
 writes in), read when the transaction starts. Its statements, its ``COMMIT`` and its rollback all end by
 then: a network that stopped answering (a partition: packets dropped, no reset) is not waited on for a
@@ -59,10 +66,11 @@ _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.Interna
 class PgWriter:
     """Transactions on the raw asyncpg connections of ``engine``'s pool."""
 
-    def __init__(self, engine: AsyncEngine, *, pool_capacity: int) -> None:
+    def __init__(self, engine: AsyncEngine, *, pool_capacity: int, reads_at_once: int) -> None:
         self.engine = engine
         # Connections the pool may hold: how many closed ones a checkout may find before an open one.
         self._capacity = pool_capacity
+        self._reads = anyio.Semaphore(reads_at_once)  # see the module's docstring
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[PgTx]:
@@ -99,15 +107,16 @@ class PgWriter:
         cut short in the middle of a statement only by its deadline, when PostgreSQL did not answer: its
         connection is then given up at once, rather than kept at the price of waiting (asyncpg would, for
         the statement's cancellation) on the network that did not answer."""
-        conn, driver = await self._checkout()
-        tx = PgTx(driver)
-        try:
-            yield tx
-        finally:
-            with anyio.CancelScope(shield=True):
-                if tx.unanswered:
-                    driver.terminate()
-                await self._checkin(conn, driver, committed=True)
+        async with self._reads:
+            conn, driver = await self._checkout()
+            tx = PgTx(driver)
+            try:
+                yield tx
+            finally:
+                with anyio.CancelScope(shield=True):
+                    if tx.unanswered:
+                        driver.terminate()
+                    await self._checkin(conn, driver, committed=True)
 
     async def _checkout(self) -> tuple[AsyncConnection, Any]:
         """A pooled connection and its asyncpg connection, open (as far as can be told without a query)."""

@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy
 
 import gateway.book
+import gateway.store.database
 import gateway.store.pg_writer
 from gateway.book import Book
 from gateway.machine import Start, create_task
@@ -275,5 +276,43 @@ async def test_a_read_holds_no_transaction_and_one_cut_short_gives_its_connectio
                 task = create_task(id="t", now_ms=1_000, ttl_ms=60_000, max_attempts=3)
                 await written.insert_task(task, 60_000, 1_000)
             assert await version(store, "t") == 0
+    finally:
+        await store.close()
+
+
+async def test_a_burst_of_reads_waits_for_kept_connections_instead_of_opening_new_ones(url: str) -> None:
+    """A reconnect storm is a burst of reads. Past the pool's kept connections a read would open one of
+    its own, used once and closed (a PostgreSQL process forked for it), over and over while the burst
+    lasts, and past ``max_connections`` the reads would fail: they wait for a kept one instead."""
+    db = Database(url, pool_size=5, max_overflow=10)
+    opened_connections = 0
+
+    def count(*_: Any) -> None:
+        nonlocal opened_connections
+        opened_connections += 1
+
+    sqlalchemy.event.listen(db.engine.sync_engine, "connect", count)
+    store = SqlStore(db)
+    await store.open()
+    try:
+        before = opened_connections
+        at_once = 0
+        most = 0
+
+        async def read() -> None:
+            nonlocal at_once, most
+            async with store.read() as tx:
+                at_once += 1
+                most = max(most, at_once)
+                assert isinstance(tx, SqlTx)
+                await tx.fetch("SELECT pg_sleep(0.02)")
+                at_once -= 1
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for _ in range(60):
+                    tg.start_soon(read)
+        assert most == 5 - gateway.store.database.WRITES_KEPT  # the rest waited their turn
+        assert opened_connections - before <= most, "reads opened connections past the kept ones"
     finally:
         await store.close()
