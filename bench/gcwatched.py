@@ -5,15 +5,15 @@
 Each process of the gateway (the ``--workers`` parent and every child: a spawned child runs this module
 again, as ``__mp_main__``, before it runs its worker) writes ``DIR/PID.gc`` at start (so that a process
 with no full collection is seen too), then one line per full collection (generation 2) and per younger
-one that paused more than 10 ms: ``generation monotonic_end seconds frozen_objects cpu_seconds`` (the
-pause, and the CPU time of it: on a busy machine a pause is longer than the work it did), and with
-``BENCH_GC_FROZEN_S=S`` every S seconds ``f monotonic 0 frozen_objects``. Off unless asked: counting the
-frozen objects walks every one of them holding the interpreter lock (``gc.get_freeze_count``: 116 ms at 3
-million objects here, and a process with 16,000 sockets tracks millions), a pause of the event loop and
-CPU time the bench would count as the gateway's. The monotonic clock is the machine's, so the bench
-compares each line with its own window. ``/metrics`` cannot do it: with ``--workers`` it answers from
-whichever child accepted the connection, and a histogram says a bucket, not the longest pause. Nothing
-else changes: the gateway runs as ``gateway serve`` does.
+one that paused more than 10 ms: ``generation monotonic_end seconds 0 cpu_seconds`` (the pause, and the
+CPU time of it: on a busy machine a pause is longer than the work it did), and with
+``BENCH_GC_FROZEN_S=S`` every S seconds ``f monotonic 0 frozen_objects``. Not after each collection, and
+off unless asked: counting the frozen objects walks every one of them holding the interpreter lock
+(``gc.get_freeze_count``: 116 ms at 3 million objects here, and a process with 16,000 sockets tracks
+millions), a pause of the event loop and CPU time the bench would count as the gateway's. The monotonic
+clock is the machine's, so the bench compares each line with its own window. ``/metrics`` cannot do it:
+with ``--workers`` it answers from whichever child accepted the connection, and a histogram says a
+bucket, not the longest pause. Nothing else changes: the gateway runs as ``gateway serve`` does.
 """
 
 from __future__ import annotations
@@ -47,9 +47,7 @@ def _watch(folder: str) -> None:
         generation = info["generation"]
         if generation == 2 or took > YOUNG_NOTED_S:
             with open(path, "a") as out:
-                out.write(
-                    f"{generation} {time.monotonic():.6f} {took:.6f} {gc.get_freeze_count()} {cpu:.6f}\n"
-                )
+                out.write(f"{generation} {time.monotonic():.6f} {took:.6f} 0 {cpu:.6f}\n")
 
     gc.callbacks.append(on_gc)
 

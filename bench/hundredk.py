@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import shutil
@@ -32,12 +33,15 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import held
+from callbacks import exchange, request_bytes
 from harness import Clients, percentile
 from report import Report, Row, frames_summary
 
 GCWATCHED = harness.BENCH_DIR / "gcwatched.py"
 FLOOR = harness.BENCH_DIR / "sharded_floor.py"
-CREATE_CONCURRENCY = 96
+# Requests in flight at once (creations, callbacks): the connections of :class:`RawHttp`.
+HTTP_CONNECTIONS = 64
 GC_TARGET_S = 0.050
 
 
@@ -146,6 +150,53 @@ async def floor(workers: int) -> AsyncIterator[tuple[harness.Server, list[Any]]]
 # --- the callbacks -----------------------------------------------------------------------------------
 
 
+class RawHttp:
+    """Keep-alive HTTP/1.1 connections to the gateway, a request at a time on each (bench/callbacks.py's
+    raw client), in place of httpx: its pool scans every waiting request at each request and answer, and
+    once the callbacks queued for a moment that scan took this process's core (py-spy: 40% of its samples),
+    so it never caught up with the rate it was to hold. A connection the gateway closed while it was idle
+    (``GATEWAY_IDLE_TIMEOUT_MS``, while the sockets open) is opened again before it is used."""
+
+    def __init__(self, port: int, connections: int) -> None:
+        self.port = port
+        self.connections = connections
+        self._idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._open.add(writer)
+        return reader, writer
+
+    def _drop(self, writer: asyncio.StreamWriter) -> None:
+        self._open.discard(writer)
+        writer.close()
+
+    async def __aenter__(self) -> RawHttp:
+        for _ in range(self.connections):
+            self._idle.put_nowait(await self._connect())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        for writer in list(self._open):
+            self._drop(writer)
+
+    async def post(self, path: str, body: dict[str, object], token: str = "none") -> tuple[int, Any]:
+        """The answer's status and JSON body; a connection of the pool, waited for if all are busy."""
+        reader, writer = await self._idle.get()
+        if reader.at_eof() or writer.is_closing():  # closed by the gateway while idle
+            self._drop(writer)
+            reader, writer = await self._connect()
+        try:
+            status, raw = await exchange(reader, writer, request_bytes(path, body, token))
+        except BaseException:
+            self._drop(writer)  # its answer may be half read: not put back
+            self._idle.put_nowait(await self._connect())
+            raise
+        self._idle.put_nowait((reader, writer))
+        return status, json.loads(raw)
+
+
 @dataclass
 class Task:
     id: str
@@ -155,21 +206,18 @@ class Task:
     calls: int = 0  # callbacks sent so far: the next is a start (0) or progress N
 
 
-async def create_tasks(http: Any, count: int) -> list[Task]:
+async def create_tasks(http: RawHttp, count: int) -> list[Task]:
     run = uuid.uuid4().hex[:6]
     tasks: list[Task | None] = [None] * count
-    gate = asyncio.Semaphore(CREATE_CONCURRENCY)
 
     async def one(i: int) -> None:
-        async with gate:
-            body = {"id": f"hk-{run}-{i}", "ttlMs": 3_600_000, "maxAttempts": 1}
-            answer = await http.post("/v1/tasks", json=body)
-            if answer.status_code != 201:
-                raise RuntimeError(f"creating a task: {answer.status_code} {answer.text}")
-            made = answer.json()
-            tasks[i] = Task(
-                made["task"]["id"], made["callbackToken"], made["subscribeToken"], made["task"]["version"]
-            )
+        body = {"id": f"hk-{run}-{i}", "ttlMs": 3_600_000, "maxAttempts": 1}
+        status, made = await http.post("/v1/tasks", body)
+        if status != 201:
+            raise RuntimeError(f"creating a task: {status} {made}")
+        tasks[i] = Task(
+            made["task"]["id"], made["callbackToken"], made["subscribeToken"], made["task"]["version"]
+        )
 
     await asyncio.gather(*(one(i) for i in range(count)))
     return [t for t in tasks if t is not None]
@@ -181,9 +229,10 @@ def event(calls: int) -> dict[str, object]:
     return {"type": "progress", "progress": min(calls, 99), "cursor": f"row-{calls}"}
 
 
-async def drive(http: Any, tasks: list[Task], picks: list[int], rate: float) -> dict[str, Any]:
+async def drive(http: RawHttp, tasks: list[Task], picks: list[int], rate: float) -> dict[str, Any]:
     """One callback per pick, each sent when due (``i / rate``: callbacks of different tasks overlap, as
-    those of many workers do; a task's callbacks one after the other). Latencies from send to answer."""
+    those of many workers do; a task's callbacks one after the other). Latencies from when it could be sent
+    (due, and its task's previous callback answered) to its answer, a wait for a connection included."""
     locks = [asyncio.Lock() for _ in tasks]
     latencies: list[float] = []
     run = uuid.uuid4().hex[:8]
@@ -193,28 +242,26 @@ async def drive(http: Any, tasks: list[Task], picks: list[int], rate: float) -> 
         task = tasks[index]
         async with locks[index]:
             t0 = time.perf_counter()
-            answer = await http.post(
+            status, answer = await http.post(
                 f"/v1/tasks/{task.id}/callbacks",
-                json={"callbackId": f"{run}-{i}", "event": event(task.calls)},
-                headers={"Authorization": f"Bearer {task.callback_token}"},
+                {"callbackId": f"{run}-{i}", "event": event(task.calls)},
+                task.callback_token,
             )
             latencies.append(time.perf_counter() - t0)
-            answer.raise_for_status()
-            if not answer.json().get("changed"):
-                raise RuntimeError(f"a callback to {task.id} changed nothing: {answer.text}")
+            if status != 200 or not answer.get("changed"):
+                raise RuntimeError(f"a callback to {task.id} was answered {status}: {answer}")
             task.calls += 1
             task.version += 1
 
     started = time.perf_counter()
-    pending = set()
+    pending = []
     for i, index in enumerate(picks):
         delay = started + i / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         elif delay < -0.1:
             late += 1
-        pending.add(asyncio.create_task(one(i, index)))
-        pending = {p for p in pending if not p.done() or p.result()}
+        pending.append(asyncio.create_task(one(i, index)))
     await asyncio.gather(*pending)
     took = time.perf_counter() - started
     return {
@@ -263,15 +310,12 @@ def longest_full(pauses: Pauses) -> tuple[float, int, float]:
 
 
 async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> dict[str, Any]:
-    import httpx
-
     result: dict[str, Any] = {}
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     with tempfile.TemporaryDirectory(prefix="gw-bench-gc-") as gc_dir:
         async with (
             harness.pg_database(harness.PG_ADMIN, "gw_bench_hk") as url,
             gateway(url, sizes.workers, gc_dir) as server,
-            httpx.AsyncClient(base_url=server.http, timeout=120, limits=limits) as http,
+            RawHttp(server.port, HTTP_CONNECTIONS) as http,
         ):
             t0 = up = time.monotonic()
             tasks = await create_tasks(http, sizes.tasks)
@@ -322,27 +366,14 @@ async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> di
                 behind = 1 if t.calls and t.version == finals[i] and finals[i] > 1 else 0
                 base = f"{server.ws}/v1/tasks/{t.id}/ws?cursor={t.version - behind}&token={t.subscribe_token}"
                 storm_groups.append((base, per_task, "delta" if behind else "caught-up"))
-            result["storm"] = await storm(storm_groups, sizes, timeout_s)
+            # At most held.IN_FLIGHT handshakes at a time per client process, on both sides (see there).
+            result["storm"] = await held.storm(storm_groups, sizes.procs, timeout_s, in_flight=held.IN_FLIGHT)
             result["gc_all"] = gc_pauses(gc_dir, up, time.monotonic())
             if os.environ.get("BENCH_GC_KEEP"):  # every process's collections, for a look after the run
                 shutil.copytree(gc_dir, os.environ["BENCH_GC_KEEP"], dirs_exist_ok=True)
             result["phases"] = {"up": up, "connected": since, "run_end": until}
             stats["versions_checked"] = sum(finals)
     return result
-
-
-async def storm(groups: list[tuple[str, int, str | None]], sizes: Sizes, timeout_s: float) -> dict[str, Any]:
-    clients = await Clients.start(groups, procs=sizes.procs, hold=True, concurrency=0, timeout_s=timeout_s)
-    try:
-        overflows = harness.listen_overflows()
-        go = time.monotonic()
-        lines = await clients.connect(timeout_s)
-        seconds = max(line["t"] for line in lines) - go
-        dropped = (harness.listen_overflows() or 0) - (overflows or 0)
-        stats = await clients.done(timeout_s)
-    finally:
-        await clients.close()
-    return {**stats, "seconds": seconds, "listen_overflows": dropped}
 
 
 # --- the floor's side --------------------------------------------------------------------------------
@@ -386,7 +417,7 @@ async def floor_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> dict
             (f"{server.ws}/t/{i}#final={finals[i]}", per_task, "hello") for i in range(sizes.tasks)
         ]
         clients = await Clients.start(
-            groups, procs=sizes.procs, stream=True, hold=True, concurrency=0, timeout_s=timeout_s
+            groups, procs=sizes.procs, stream=True, hold=True, concurrency=held.IN_FLIGHT, timeout_s=timeout_s
         )
         try:
             overflows = harness.listen_overflows()
@@ -423,7 +454,9 @@ def above_base(side: dict[str, Any]) -> float:
 async def workload(cfg: Any, servers: Any, report: Report) -> None:
     sizes: Sizes = cfg.hundredk
     started = time.monotonic()
-    timeout_s = max(cfg.step_timeout_s, 300.0 if sizes.subscribers > 10_000 else 0.0)
+    # Each step (opening the sockets, a storm, every frame delivered) within 10 ms a subscriber: opening the
+    # 100,000 takes this machine's two cores 4-5 minutes, client processes included.
+    timeout_s = max(cfg.step_timeout_s, sizes.subscribers / 100)
     seed = random.randrange(2**32)
     if getattr(cfg, "side", None) == "gateway":  # bench/hundredk.py --side: one side alone, nothing judged
         gw = await gateway_side(sizes, timeout_s, random.Random(seed))
@@ -550,9 +583,10 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
     report.details.append(
         f"hundredk storm: resume frames {storm['resume']}, {storm['retries']} attempts retried, "
         f"{storm['failed']} failed; floor open: {f_frames['connected']:,} connected, {f_frames['retries']} "
-        f"retried; connections dropped by a full accept queue (kernel ListenOverflows, machine-wide; "
-        f"the gateway's workers share one listening socket, backlog {harness.BACKLOG}, the floor's "
-        f"processes have one each): gateway {storm['listen_overflows']:,}, floor "
+        f"retried; at most {held.IN_FLIGHT} handshakes in flight per client process, on both sides; "
+        f"connections dropped by a full accept queue (kernel ListenOverflows, machine-wide; each process "
+        f"of either side has a listening socket of its own, backlog {harness.BACKLOG}): gateway "
+        f"{storm['listen_overflows'] or 0:,}, floor "
         f"{fl['listen_overflows']:,}; the workload took {took:.0f} s (gateway side {gateway_s:.0f} s)"
         + (f"; storm errors: {'; '.join(storm['errors'][:3])}" if storm["errors"] else "")
     )

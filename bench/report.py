@@ -161,8 +161,9 @@ WORKLOADS = {
         "full collection to a file per process: `/metrics` reaches one random worker and gives buckets, not "
         "the longest). Reconnect storm: every socket dropped, all 100,000 reconnecting at once with their "
         "cursors (tasks with callbacks one version behind: `delta`; the others `caught-up`), until every "
-        "resume frame, beside the floor's time to open its 100,000 all at once. Frames lost or out of "
-        "order checked per subscriber in the run and the storm.",
+        "resume frame, beside the floor's time to open its 100,000 the same way; in both, at most 500 "
+        "handshakes in flight per client process, as in workload 9. Frames lost or out of order checked "
+        "per subscriber in the run and the storm.",
     ),
     12: (
         "latency end to end",
@@ -174,9 +175,11 @@ WORKLOADS = {
         "commit to that moment, over every (subscriber, version) pair of about 500 subscribers spread over "
         "the client processes (p50 and p95 in the details), beside raw `websockets`' publish-to-receive "
         "at the same N and rate (a publisher connection to the `broadcast()` floor server, its send time "
-        "noted just before each frame). (The 100,000 row, over `gateway serve --workers 6` on PostgreSQL "
-        "beside bench/sharded_floor.py, is not in the full run yet; the smoke run keeps its path alive.) "
-        "The request-to-frame time "
+        "noted just before each frame). At N = 100,000: `gateway serve --workers 6` on PostgreSQL (the "
+        "callback committed by one process, its entry reaching the others over the bus), 6 callbacks at "
+        "one every 10 s (100,000 frames take the client processes about 10 s to read), beside 6 raw "
+        "`websockets` processes on one port (bench/sharded_floor.py), each sent every frame by the "
+        "publisher. The request-to-frame time "
         "includes the HTTP request and the commit (an fsync), which the floor does not do. While frames "
         "are timed, the servers and the bench are on one core, the client processes on the other under "
         "`SCHED_IDLE`, as in workload 4 (the sockets are opened before, on both).",

@@ -74,8 +74,9 @@ RETAIN_S = 10
 ROUNDS = 3
 # Steps of a round (of the retention): each adds its tasks, while the retention loop deletes older ones.
 SLICES = 10
-# A smoke run's: each step waits for a pass of the retention loop (a second), so fewer.
+# A smoke run's: each step waits for a pass of the retention loop, so fewer, and passes more often.
 SMOKE_SLICES = 2
+SMOKE_PASS_S = 0.1
 # Tasks finished after the last round and not drained: kept past the retention, until they are.
 HELD = 20
 # Writes per transaction (creations, callbacks, receipts).
@@ -395,12 +396,15 @@ async def churn(
     growth: bool = True,
     scale_factor: float | None = SCALE_FACTOR,
     each_step: bool = False,
+    pass_s: float | None = None,
     say: Callable[[str], None] = print,
 ) -> Result:
     """The rounds on the database at ``url`` (new and empty), with their checks; see the module's text.
     ``slices``: steps per round. ``growth``: check the sizes too (a run too small for them, a smoke run,
     checks the rest). ``scale_factor``: PostgreSQL's tables' ``autovacuum_vacuum_scale_factor``;
-    ``each_step``: wait for autovacuum to catch up after each step's deletes, not only at a round's end."""
+    ``each_step``: wait for autovacuum to catch up after each step's deletes, not only at a round's end.
+    ``pass_s``: the retention loop's pass interval, if not the gateway's (a smoke run's steps each wait
+    for a pass)."""
     backend = "SQLite" if url.startswith("sqlite") else "PostgreSQL"
     per_slice = max(1, tasks // rounds // slices)
     step_ms = RETAIN_S * 1000 // slices
@@ -414,6 +418,8 @@ async def churn(
     gateway = Gateway(settings, clock)
     retention = gateway.retention
     assert retention is not None
+    if pass_s is not None:
+        retention.interval_s = pass_s
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(gateway.running())
         book, store = gateway.book, gateway.store
@@ -602,6 +608,7 @@ async def main_async(args: argparse.Namespace) -> int:
                     args.rounds,
                     slices=slices,
                     growth=not args.smoke,
+                    pass_s=SMOKE_PASS_S if args.smoke else None,
                     scale_factor=args.scale_factor,
                     each_step=args.autovacuum_each_step,
                 )
