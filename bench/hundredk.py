@@ -83,6 +83,15 @@ def family(pid: int) -> list[int]:
     return found
 
 
+def a_worker(children: list[int]) -> int:
+    """A ``--workers`` child among ``children`` of the parent: not multiprocessing's resource tracker."""
+    for pid in children:
+        with contextlib.suppress(OSError):
+            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    raise RuntimeError(f"no worker among {children}")
+
+
 def cpu_of(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -154,46 +163,62 @@ class RawHttp:
     """Keep-alive HTTP/1.1 connections to the gateway, a request at a time on each (bench/callbacks.py's
     raw client), in place of httpx: its pool scans every waiting request at each request and answer, and
     once the callbacks queued for a moment that scan took this process's core (py-spy: 40% of its samples),
-    so it never caught up with the rate it was to hold. A connection the gateway closed while it was idle
-    (``GATEWAY_IDLE_TIMEOUT_MS``, while the sockets open) is opened again before it is used."""
+    so it never caught up with the rate it was to hold.
 
-    def __init__(self, port: int, connections: int) -> None:
+    ``connections`` slots, the last used first; a slot's connection is opened when it has none, or when the
+    gateway closed it while it was idle (``GATEWAY_IDLE_TIMEOUT_MS``, while the sockets open). A request
+    that a reused connection failed before any answer came (a close not seen yet) is sent once more on a
+    new one: a callback's id makes a second copy harmless (``duplicateCallback``)."""
+
+    Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+    def __init__(self, port: int, connections: int, timeout_s: float = 120.0) -> None:
         self.port = port
-        self.connections = connections
-        self._idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+        self.timeout_s = timeout_s
+        self._slots: asyncio.LifoQueue[RawHttp.Conn | None] = asyncio.LifoQueue()
+        for _ in range(connections):
+            self._slots.put_nowait(None)
         self._open: set[asyncio.StreamWriter] = set()
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        self._open.add(writer)
-        return reader, writer
-
-    def _drop(self, writer: asyncio.StreamWriter) -> None:
-        self._open.discard(writer)
-        writer.close()
-
     async def __aenter__(self) -> RawHttp:
-        for _ in range(self.connections):
-            self._idle.put_nowait(await self._connect())
         return self
 
     async def __aexit__(self, *_: object) -> None:
         for writer in list(self._open):
-            self._drop(writer)
+            self._close(writer)
+
+    def _close(self, writer: asyncio.StreamWriter) -> None:
+        self._open.discard(writer)
+        writer.close()
+
+    async def _exchange(self, conn: RawHttp.Conn | None, request: bytes) -> tuple[RawHttp.Conn, int, bytes]:
+        if conn is None or conn[0].at_eof() or conn[1].is_closing():
+            if conn is not None:
+                self._close(conn[1])
+            conn = await asyncio.open_connection("127.0.0.1", self.port)
+            self._open.add(conn[1])
+        try:
+            status, raw = await exchange(*conn, request)
+        except BaseException:
+            self._close(conn[1])  # its answer may be half read: not used again
+            raise
+        return conn, status, raw
 
     async def post(self, path: str, body: dict[str, object], token: str = "none") -> tuple[int, Any]:
-        """The answer's status and JSON body; a connection of the pool, waited for if all are busy."""
-        reader, writer = await self._idle.get()
-        if reader.at_eof() or writer.is_closing():  # closed by the gateway while idle
-            self._drop(writer)
-            reader, writer = await self._connect()
+        """The answer's status and JSON body; a slot of the pool, waited for if all are busy."""
+        request = request_bytes(path, body, token)
+        conn = await self._slots.get()
+        kept: RawHttp.Conn | None = None
         try:
-            status, raw = await exchange(reader, writer, request_bytes(path, body, token))
-        except BaseException:
-            self._drop(writer)  # its answer may be half read: not put back
-            self._idle.put_nowait(await self._connect())
-            raise
-        self._idle.put_nowait((reader, writer))
+            async with asyncio.timeout(self.timeout_s):
+                try:
+                    kept, status, raw = await self._exchange(conn, request)
+                except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                    if conn is None or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                        raise
+                    kept, status, raw = await self._exchange(None, request)
+        finally:
+            self._slots.put_nowait(kept)
         return status, json.loads(raw)
 
 
@@ -254,15 +279,28 @@ async def drive(http: RawHttp, tasks: list[Task], picks: list[int], rate: float)
             task.version += 1
 
     started = time.perf_counter()
-    pending = []
-    for i, index in enumerate(picks):
-        delay = started + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -0.1:
-            late += 1
-        pending.append(asyncio.create_task(one(i, index)))
-    await asyncio.gather(*pending)
+    pending: list[asyncio.Task[None]] = []
+    failed: list[asyncio.Task[None]] = []
+
+    def noted(done: asyncio.Task[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            failed.append(done)
+
+    try:
+        for i, index in enumerate(picks):
+            if failed:
+                break
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -0.1:
+                late += 1
+            pending.append(asyncio.create_task(one(i, index)))
+            pending[-1].add_done_callback(noted)
+        await asyncio.gather(*pending)
+    finally:
+        for left in pending:
+            left.cancel()
     took = time.perf_counter() - started
     return {
         "callbacks": len(latencies),
@@ -350,7 +388,7 @@ async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> di
                 result["connect_s"] = time.monotonic() - t0
                 pids = family(server.pid)
                 cpu0, since = cpu_of(pids), time.monotonic()
-                async with harness.profiled(pids[-1], "hundredk-gateway-worker"):  # a worker, not the parent
+                async with harness.profiled(a_worker(pids[1:]), "hundredk-gateway-worker"):
                     result["run"] = await drive(http, tasks, run_picks, sizes.rate)
                     result["frames"] = stats = await clients.done(timeout_s)
                 until = time.monotonic()
@@ -580,13 +618,14 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
         f"the run {longest * 1e3:.0f} ms, {longest_cpu * 1e3:.0f} ms on the CPU: the rest is the process "
         f"waiting for a core)"
     )
+    overflows = "unknown" if storm["listen_overflows"] is None else f"{storm['listen_overflows']:,}"
     report.details.append(
         f"hundredk storm: resume frames {storm['resume']}, {storm['retries']} attempts retried, "
         f"{storm['failed']} failed; floor open: {f_frames['connected']:,} connected, {f_frames['retries']} "
         f"retried; at most {held.IN_FLIGHT} handshakes in flight per client process, on both sides; "
         f"connections dropped by a full accept queue (kernel ListenOverflows, machine-wide; each process "
         f"of either side has a listening socket of its own, backlog {harness.BACKLOG}): gateway "
-        f"{storm['listen_overflows'] or 0:,}, floor "
+        f"{overflows}, floor "
         f"{fl['listen_overflows']:,}; the workload took {took:.0f} s (gateway side {gateway_s:.0f} s)"
         + (f"; storm errors: {'; '.join(storm['errors'][:3])}" if storm["errors"] else "")
     )

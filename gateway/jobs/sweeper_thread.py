@@ -103,7 +103,7 @@ class SweeperThread:
 
     async def _sweep(self) -> None:
         # Each overlapping pass (and its read of the next deadline) has a connection ready for it.
-        db = Database(self.url, pool_size=MAX_PASSES, max_overflow=0)
+        db = Database(self.url, pool_size=MAX_PASSES, max_overflow=0, reads_at_once=MAX_PASSES)
         bus = self.book.bus
         assert self._main is not None
         # The thread's own book: its expiries' lateness goes to the metrics, its notifications wake the

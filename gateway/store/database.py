@@ -69,8 +69,11 @@ def async_url(url: str) -> str:
 
 
 class Database:
-    def __init__(self, url: str, *, pool_size: int = 10, max_overflow: int = 10) -> None:
-        """``pool_size`` and ``max_overflow``: PostgreSQL's connections, kept open and opened on demand."""
+    def __init__(
+        self, url: str, *, pool_size: int = 10, max_overflow: int = 10, reads_at_once: int | None = None
+    ) -> None:
+        """``pool_size`` and ``max_overflow``: PostgreSQL's connections, kept open and opened on demand;
+        ``reads_at_once``: reads on them at once (default: ``pool_size`` less :data:`WRITES_KEPT`)."""
         self.url = async_url(url)
         path = sqlite_path(self.url)
         self.is_sqlite = path is not None
@@ -95,7 +98,7 @@ class Database:
             else PgWriter(
                 self.engine,
                 pool_capacity=pool_size + max_overflow,
-                reads_at_once=max(1, pool_size - WRITES_KEPT),
+                reads_at_once=reads_at_once or max(1, pool_size - WRITES_KEPT),
             )
         )
         if self.is_sqlite:
