@@ -587,11 +587,17 @@ class Clients:
         procs = max(1, min(max(procs, math.ceil(total / PER_PROCESS)), total))
         spread = all(loopback(url) for url, _, _ in groups)
         shares: list[list[tuple[str, int, str | None]]] = [[] for _ in range(procs)]
+        # A group's remainder goes to the processes after the last one that had one: the processes' totals
+        # differ by at most one (always to the first ones, 10 a task over 6 processes gave the first four
+        # 2 of each task and 20,000 sockets, over their descriptor limit).
+        first = 0
         for url, count, expect in groups:
-            for i in range(procs):
-                n = count // procs + (1 if i < count % procs else 0)
+            for k in range(procs):
+                i = (first + k) % procs
+                n = count // procs + (1 if k < count % procs else 0)
                 if n:
                     shares[i].append((url, n, expect))
+            first = (first + count % procs) % procs
         processes = []
         try:
             for share in shares:

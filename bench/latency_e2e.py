@@ -118,7 +118,9 @@ async def run_gateway(
         stack.push_async_callback(clients.close)
         await clients.connect(timeout_s)
         stack.enter_context(split(pids, clients))
-        async with harness.profiled(server.pid, f"latency-e2e-gateway-{n}"):
+        # A worker of a --workers gateway, not its parent (which serves no socket).
+        profiled = hundredk.a_worker(pids[1:]) if len(pids) > 1 else server.pid
+        async with harness.profiled(profiled, f"latency-e2e-gateway-{n}"):
             sent, achieved = await post(http, task_id, made["callbackToken"], plan(callbacks), rate)
             await clients.final(start + callbacks)
             stats = await clients.done(timeout_s)
