@@ -32,6 +32,7 @@ from gateway.rate import RateLimiter
 from gateway.secret_file import with_secret
 from gateway.settings import Settings
 from gateway.store import Database
+from gateway.store.database import COMMITS_IN_FLIGHT as COMMITS_IN_FLIGHT
 from gateway.store.deployment import deployment_id
 from gateway.store.sql import SqlStore
 from gateway.tag_reads import TagReads
@@ -41,13 +42,6 @@ log = logging.getLogger("gateway")
 
 Clock = Callable[[], int]
 MAX_DEMO_WORKERS = 50
-# Callback batches committing at once on PostgreSQL (of the pool's 10 connections, and 10 more on demand),
-# by the processes of one `gateway serve --workers N` together: each commits its share, and at least one.
-# Every batch costs its round trips and its commit whatever its size, and batches grow when fewer commit at
-# once: N processes each committing 3 would commit N times as many batches, each smaller (measured on two
-# processes: 6-10 callbacks a batch where one process made 16, and 1.35x its CPU per callback; one batch
-# each, 1.13x, the throughput kept: bench/workers_cost.py).
-COMMITS_IN_FLIGHT = 3
 
 
 def commits_in_flight(workers: int) -> int:

@@ -40,9 +40,14 @@ from gateway.store.sqlite_writer import SqliteWriter, apply_pragmas, disk_full
 # Free space on a SQLite file's filesystem after which a disk that filled counts as having room again
 # (a checkpoint of SQLite's default WAL copies up to about 4 MiB into the file).
 ROOM_AGAIN_BYTES = 4 * 1024 * 1024
-# Of the pool's kept connections, those the reads leave to the writes: the group commit's batches in flight
-# (at most gateway.runtime.COMMITS_IN_FLIGHT a process).
-WRITES_KEPT = 3
+# Callback batches committing at once on PostgreSQL (of the pool's 10 connections, and 10 more on demand),
+# by the processes of one `gateway serve --workers N` together: each commits its share, and at least one.
+# Every batch costs its round trips and its commit whatever its size, and batches grow when fewer commit at
+# once: N processes each committing 3 would commit N times as many batches, each smaller (measured on two
+# processes: 6-10 callbacks a batch where one process made 16, and 1.35x its CPU per callback; one batch
+# each, 1.13x, the throughput kept: bench/workers_cost.py).
+# The pool's kept connections the reads leave to them (see PgWriter).
+COMMITS_IN_FLIGHT = 3
 DISK_FULL = "the disk holding the database is full"
 
 
@@ -73,7 +78,7 @@ class Database:
         self, url: str, *, pool_size: int = 10, max_overflow: int = 10, reads_at_once: int | None = None
     ) -> None:
         """``pool_size`` and ``max_overflow``: PostgreSQL's connections, kept open and opened on demand;
-        ``reads_at_once``: reads on them at once (default: ``pool_size`` less :data:`WRITES_KEPT`)."""
+        ``reads_at_once``: reads on them at once (default: ``pool_size`` less :data:`COMMITS_IN_FLIGHT`)."""
         self.url = async_url(url)
         path = sqlite_path(self.url)
         self.is_sqlite = path is not None
@@ -98,7 +103,9 @@ class Database:
             else PgWriter(
                 self.engine,
                 pool_capacity=pool_size + max_overflow,
-                reads_at_once=reads_at_once or max(1, pool_size - WRITES_KEPT),
+                reads_at_once=(
+                    max(1, pool_size - COMMITS_IN_FLIGHT) if reads_at_once is None else reads_at_once
+                ),
             )
         )
         if self.is_sqlite:
