@@ -46,7 +46,7 @@ import retention
 import scale_one
 import tags
 import workers_cost
-from report import DOCS, WORKLOADS, Report, Row, frames_summary, machine, table, write_docs
+from report import DOCS, WORKLOADS, Report, Row, cpu_probe, frames_summary, machine, table, write_docs
 
 TERMINATED = threading.Event()  # SIGTERM was received
 
@@ -639,6 +639,7 @@ async def run(args: argparse.Namespace) -> int:
         max(cfg.memory_n, cfg.storm_n, cfg.tags.tags, *cfg.latency_n, *(n for n, _, _ in cfg.fanout)) + 1024
     )
     report = Report()
+    probe_start = cpu_probe()
     started = time.monotonic()
     try:
         pg_version = await harness.postgres_version(args.pg_admin_url)
@@ -706,7 +707,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.only:
         print("(--only: docs/benchmarks.md not written)")
     else:
-        write_docs(report, cfg.procs, machine(pg_version), elapsed)
+        write_docs(report, cfg.procs, machine(pg_version, (probe_start, cpu_probe())), elapsed)
         print(f"wrote {DOCS.relative_to(harness.ROOT)} ({elapsed:.0f} s)")
     return 1 if report.failures else 0
 

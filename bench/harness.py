@@ -524,6 +524,19 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
+# A step of many thousand sockets (opening them, a storm, every frame delivered): its time bound is
+# SOCKET_BOUND_S a socket (100,000: 50 minutes), and it fails once no subscriber moved on for STALL_S. On a
+# quiet day 100,000 open here in about 3 minutes; on a day this shared machine ran 3 times slower, past the
+# 10 ms a socket the bound used to be.
+SOCKET_BOUND_S = 0.03
+STALL_S = 120.0
+
+
+def socket_bound(n: int, at_least: float) -> float:
+    """The time bound of a step of ``n`` sockets (see :data:`SOCKET_BOUND_S`)."""
+    return float(max(at_least, n * SOCKET_BOUND_S))
+
+
 # Sockets one client process holds at most: a process may open ~19,700 under this machine's limit of 20,000
 # descriptors (``ulimit -n``, hard), and a client process past ~18,000 is slow to read them anyway.
 PER_PROCESS = 18_000
@@ -561,11 +574,19 @@ class Clients:
     ``timed_every``: every K-th subscriber of each process notes when it read each frame; :meth:`done`'s
     ``received`` gives those times by version (``time.monotonic_ns()``), 0: none.
     ``prefix``: what runs each client process (``ip netns exec NS``: in a network namespace).
+    ``stall_s``: a step (:meth:`expect`) also fails once no subscriber moved on for this long.
     """
 
-    def __init__(self, processes: list[asyncio.subprocess.Process], started: float) -> None:
+    def __init__(
+        self, processes: list[asyncio.subprocess.Process], started: float, stall_s: float | None = None
+    ) -> None:
         self.processes = processes
         self.started = started
+        self.stall_s = stall_s
+        # Each process's latest progress line (its subscribers with a resume frame, and complete), and
+        # when the sum of them last moved (time.monotonic()).
+        self.progress: dict[int, tuple[int, int]] = {}
+        self.moved = started
 
     @classmethod
     async def start(
@@ -582,6 +603,7 @@ class Clients:
         cores: set[int] | None = None,
         timed_every: int = 0,
         prefix: Sequence[str] = (),
+        stall_s: float | None = None,
     ) -> Clients:
         total = sum(count for _, count, _ in groups)
         procs = max(1, min(max(procs, math.ceil(total / PER_PROCESS)), total))
@@ -621,7 +643,7 @@ class Clients:
                         limit=2**20,
                     )
                 )
-            clients = cls(processes, time.monotonic())
+            clients = cls(processes, time.monotonic(), stall_s)
             await clients.expect("loaded", 60)
             return clients
         except BaseException:
@@ -631,19 +653,48 @@ class Clients:
 
     async def _line(self, process: asyncio.subprocess.Process, state: str) -> dict[str, Any]:
         assert process.stdout is not None
-        raw = await process.stdout.readline()
-        if not raw:
-            raise RuntimeError(f"a client process ended (exit {await process.wait()}) before {state!r}")
-        message: dict[str, Any] = json.loads(raw)
+        while True:
+            raw = await process.stdout.readline()
+            if not raw:
+                raise RuntimeError(f"a client process ended (exit {await process.wait()}) before {state!r}")
+            message: dict[str, Any] = json.loads(raw)
+            if message.get("state") != "progress":
+                break
+            counts = (message["ready"], message["done"])
+            if self.progress.get(process.pid) != counts:
+                self.progress[process.pid] = counts
+                self.moved = time.monotonic()
         if message.get("state") != state:
             raise RuntimeError(f"a client process said {message} where {state!r} was expected")
         return message
 
     async def expect(self, state: str, timeout_s: float) -> list[dict[str, Any]]:
-        """The next line of every process, which must be ``state``."""
-        return list(
-            await asyncio.wait_for(asyncio.gather(*(self._line(p, state) for p in self.processes)), timeout_s)
-        )
+        """The next line of every process, which must be ``state``, within ``timeout_s``; with the clients'
+        ``stall_s``, also failing once no subscriber of any process got its resume frame or completed for
+        that long (the processes say how many have every ``subscribers.PROGRESS_S``): a slow machine gets
+        all the time it makes progress in, a stuck step fails early."""
+        stall_s = self.stall_s
+        lines = asyncio.ensure_future(asyncio.gather(*(self._line(p, state) for p in self.processes)))
+        now = time.monotonic()
+        deadline, self.moved = now + timeout_s, now
+        try:
+            while not lines.done():
+                now = time.monotonic()
+                left = deadline - now if stall_s is None else min(deadline, self.moved + stall_s) - now
+                if left <= 0:
+                    stalled = stall_s is not None and now < deadline
+                    raise TimeoutError(
+                        f"no client process progressed for {stall_s:.0f} s (ready, complete: {self.progress})"
+                        if stalled
+                        else f"client processes not {state!r} within {timeout_s:.0f} s ({self.progress})"
+                    )
+                await asyncio.wait([lines], timeout=left)
+            return list(lines.result())
+        finally:
+            if not lines.done():
+                lines.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await lines
 
     async def tell(self, command: str) -> None:
         for process in self.processes:
@@ -666,7 +717,8 @@ class Clients:
         await self.tell(f"final {version}")
 
     async def done(self, timeout_s: float) -> dict[str, Any]:
-        """Wait until every subscriber is complete (or, past ``timeout_s``, stop them); merged counts."""
+        """Wait until every subscriber is complete (or, past ``timeout_s`` or a stall: see :meth:`expect`,
+        stop them); merged counts."""
         try:
             parts = await self.expect("done", timeout_s)
         except TimeoutError:
@@ -678,12 +730,24 @@ class Clients:
         return merge_stats([p["stats"] for p in parts])
 
     async def close(self) -> None:
-        """Tell held sockets to close; wait for the processes to exit."""
+        """Tell held sockets to close; wait for the processes to exit, and kill those that have not within
+        30 s. Never raises: a process still exiting 60 s after its SIGKILL (the kernel closing its thousands
+        of sockets on a busy machine) is left to :func:`kill_all`, and the others are stopped all the same
+        (one that timed out used to leave the rest running through the next workloads)."""
         await self.tell("stop")
+        waits = [asyncio.ensure_future(process.wait()) for process in self.processes]
+        await asyncio.wait(waits, timeout=30)
         for process in self.processes:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), 30)
-            await stop(process, 5)
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+        await asyncio.wait(waits, timeout=60)
+        for process, wait in zip(self.processes, waits, strict=True):
+            if wait.done():
+                _processes.discard(process)
+            else:
+                wait.cancel()
+                print(f"client process {process.pid} has not exited 60 s after SIGKILL", file=sys.stderr)
 
 
 def listen_overflows() -> int | None:

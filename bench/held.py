@@ -114,11 +114,17 @@ async def idle_floor(
 
 
 async def storm(
-    groups: list[tuple[str, int, str | None]], procs: int, timeout_s: float, in_flight: int = 0
+    groups: list[tuple[str, int, str | None]],
+    procs: int,
+    timeout_s: float,
+    in_flight: int = 0,
+    stall_s: float | None = None,
 ) -> dict[str, Any]:
     """Every client process opens all its sockets at the same instant; with ``in_flight``, at most that
-    many handshakes at a time per process (see :data:`IN_FLIGHT`)."""
-    clients = await Clients.start(groups, procs=procs, hold=True, concurrency=in_flight, timeout_s=timeout_s)
+    many handshakes at a time per process (see :data:`IN_FLIGHT`); ``stall_s``: see ``harness.Clients``."""
+    clients = await Clients.start(
+        groups, procs=procs, hold=True, concurrency=in_flight, timeout_s=timeout_s, stall_s=stall_s
+    )
     try:
         overflows = harness.listen_overflows()
         go = time.monotonic()

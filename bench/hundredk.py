@@ -381,7 +381,12 @@ async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> di
             ]
             t0 = time.monotonic()
             clients = await Clients.start(
-                groups, procs=sizes.procs, stream=True, hold=True, timeout_s=timeout_s
+                groups,
+                procs=sizes.procs,
+                stream=True,
+                hold=True,
+                timeout_s=timeout_s,
+                stall_s=harness.STALL_S,
             )
             try:
                 await clients.connect(timeout_s)
@@ -405,7 +410,9 @@ async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> di
                 base = f"{server.ws}/v1/tasks/{t.id}/ws?cursor={t.version - behind}&token={t.subscribe_token}"
                 storm_groups.append((base, per_task, "delta" if behind else "caught-up"))
             # At most held.IN_FLIGHT handshakes at a time per client process, on both sides (see there).
-            result["storm"] = await held.storm(storm_groups, sizes.procs, timeout_s, in_flight=held.IN_FLIGHT)
+            result["storm"] = await held.storm(
+                storm_groups, sizes.procs, timeout_s, in_flight=held.IN_FLIGHT, stall_s=harness.STALL_S
+            )
             result["gc_all"] = gc_pauses(gc_dir, up, time.monotonic())
             if os.environ.get("BENCH_GC_KEEP"):  # every process's collections, for a look after the run
                 shutil.copytree(gc_dir, os.environ["BENCH_GC_KEEP"], dirs_exist_ok=True)
@@ -455,7 +462,13 @@ async def floor_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> dict
             (f"{server.ws}/t/{i}#final={finals[i]}", per_task, "hello") for i in range(sizes.tasks)
         ]
         clients = await Clients.start(
-            groups, procs=sizes.procs, stream=True, hold=True, concurrency=held.IN_FLIGHT, timeout_s=timeout_s
+            groups,
+            procs=sizes.procs,
+            stream=True,
+            hold=True,
+            concurrency=held.IN_FLIGHT,
+            timeout_s=timeout_s,
+            stall_s=harness.STALL_S,
         )
         try:
             overflows = harness.listen_overflows()
@@ -492,9 +505,9 @@ def above_base(side: dict[str, Any]) -> float:
 async def workload(cfg: Any, servers: Any, report: Report) -> None:
     sizes: Sizes = cfg.hundredk
     started = time.monotonic()
-    # Each step (opening the sockets, a storm, every frame delivered) within 10 ms a subscriber: opening the
-    # 100,000 takes this machine's two cores 4-5 minutes, client processes included.
-    timeout_s = max(cfg.step_timeout_s, sizes.subscribers / 100)
+    # Each step (opening the sockets, a storm, every frame delivered) within harness.socket_bound, and
+    # while its subscribers move on (harness.STALL_S).
+    timeout_s = harness.socket_bound(sizes.subscribers, cfg.step_timeout_s)
     seed = random.randrange(2**32)
     if getattr(cfg, "side", None) == "gateway":  # bench/hundredk.py --side: one side alone, nothing judged
         gw = await gateway_side(sizes, timeout_s, random.Random(seed))

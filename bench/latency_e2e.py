@@ -113,6 +113,7 @@ async def run_gateway(
             stream=True,
             expect_close=1000,
             timeout_s=timeout_s,
+            stall_s=harness.STALL_S,
             timed_every=every(n, sizes.sample),
         )
         stack.push_async_callback(clients.close)
@@ -153,7 +154,7 @@ def split(pids: list[int], clients: Clients) -> Iterator[None]:
 
 def timeout(cfg: Any, n: int) -> float:
     """A step's time bound: the run's, and more for the sockets of the run over several processes."""
-    return float(max(cfg.step_timeout_s, n / 100))  # 10 ms a socket: 100,000 open in 4-5 minutes here
+    return harness.socket_bound(n, cfg.step_timeout_s)
 
 
 async def post(
@@ -205,6 +206,7 @@ async def run_floor(
             stream=True,
             final=frames,
             timeout_s=timeout_s,
+            stall_s=harness.STALL_S,
             timed_every=every(n, sizes.sample),
         )
         stack.push_async_callback(clients.close)

@@ -336,7 +336,20 @@ def table(rows: list[Row], markdown: bool) -> str:
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *(line(c) for c in cells)])
 
 
-def machine(pg_version: str) -> list[tuple[str, str]]:
+PROBE_ADDITIONS = 10_000_000
+
+
+def cpu_probe() -> float:
+    """CPU seconds of a pure-Python loop of :data:`PROBE_ADDITIONS` additions: how fast this shared machine's
+    core is now (a run on a day it is several times slower takes that much longer, its ratios alike)."""
+    t0 = time.process_time()
+    total = 0
+    for i in range(PROBE_ADDITIONS):
+        total += i
+    return time.process_time() - t0
+
+
+def machine(pg_version: str, probes: tuple[float, float] | None = None) -> list[tuple[str, str]]:
     memory = "?"
     with contextlib.suppress(OSError):
         for text in Path("/proc/meminfo").read_text().splitlines():
@@ -383,6 +396,18 @@ def machine(pg_version: str) -> list[tuple[str, str]]:
         ("packages", ", ".join(versions)),
         ("PostgreSQL", pg_version),
         ("file descriptors", f"soft limit {harness.raise_nofile(0)} (raised by the bench)"),
+        *(
+            [
+                (
+                    "CPU speed",
+                    f"a pure-Python loop of {PROBE_ADDITIONS:,} additions took {probes[0]:.2f} s of CPU at "
+                    f"the run's start, {probes[1]:.2f} s at its end (this shared machine's speed varies from "
+                    "day to day: runs of different days compare by their ratios, and by this)",
+                )
+            ]
+            if probes is not None
+            else []
+        ),
         ("commit", commit),
     ]
 

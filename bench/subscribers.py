@@ -22,7 +22,8 @@ It talks over stdin and stdout, one line each: prints ``{"state": "loaded"}``; o
 subscriber and prints ``{"state": "ready", "t": ...}`` once each has its first frame (or failed), ``t``
 being the monotonic time of the last one; takes "final V" (the last version, once the bench knows it);
 prints ``{"state": "done", "stats": {...}}`` once each is complete (or on "stop"); then, holding, closes
-every socket on "stop" and exits.
+every socket on "stop" and exits. Between "go" and "done" it prints ``{"state": "progress", "ready": R,
+"done": D}`` every ``PROGRESS_S``.
 
 A subscription refused with "try again" (an ``unavailable`` error frame, close 1013) or a connection that
 failed is retried after a backoff, as a client would, up to ``RETRIES`` times, and counted.
@@ -64,6 +65,9 @@ CUT = frozenset({1001, 1011, 1013, 4008, 4400, 4401, 4403, 4404})
 # Linux's IP_BIND_ADDRESS_NO_PORT (the socket module has no name for it): bind the address, not a port.
 IP_BIND_ADDRESS_NO_PORT = 24
 OPEN_TIMEOUT_S = 120
+# While connecting and reading, a process says this often how many of its subscribers have their resume
+# frame and how many are complete (a "progress" line): the bench tells a slow step from a stuck one.
+PROGRESS_S = 5.0
 
 
 async def open_socket(url: str, source: str) -> socket.socket:
@@ -298,6 +302,11 @@ async def main(spec: dict[str, Any]) -> None:
         stop.set()  # stdin closed: the bench is gone
         go.set()
 
+    async def report_progress() -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_S)
+            write({"state": "progress", "ready": len(subs) - pending_ready, "done": len(subs) - pending_done})
+
     go = asyncio.Event()
     listener = asyncio.create_task(commands())
     write({"state": "loaded"})
@@ -306,11 +315,13 @@ async def main(spec: dict[str, Any]) -> None:
     started = time.monotonic()
     tasks = [asyncio.create_task(one(url, sub)) for url, sub in zip(urls, subs, strict=True)]
     watch = asyncio.create_task(stop.wait())
+    progress = asyncio.create_task(report_progress())
     await until(all_ready, watch, deadline)
     write({"state": "ready", "t": last_ready or time.monotonic(), "t_go": started})
     await until(all_done, watch, deadline)
     if not all_done.is_set():  # stopped or timed out: what has not arrived by now is missing
         await cancel_incomplete(tasks, subs)
+    progress.cancel()
     stats = report(subs, final if final_known.is_set() else None, expect_close)
     write({"state": "done", "stats": stats})
     with contextlib.suppress(TimeoutError):
