@@ -144,6 +144,10 @@ class RawWebSocket:
         """Every message in one write, so that the server reads them together."""
         await self.stream.send(b"".join(self.frame(m) for m in messages))
 
+    async def receive_frames(self) -> list[Frame]:
+        """The frames of the next bytes that arrive (pings among them, answered already)."""
+        return [e for e in await self._receive() if isinstance(e, Frame)]
+
     async def _receive(self) -> list[Any]:
         try:
             data = await self.stream.receive()

@@ -26,6 +26,7 @@ from typing import Any
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from gateway.server.http_protocol import AddressSlots, drop
+from gateway.server.keepalive import KeepaliveWheel, Pinged, wheel_for
 from gateway.web.extensions import DIRECT
 
 # A transport holding more than this unsent is not written to directly: the connection's queue takes over.
@@ -146,9 +147,12 @@ class _Flag:
 
 class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's protocol with the memory of an idle socket kept small: a light inbox and ``writable``
-    flag, and the handshake's request and response let go once the handshake is answered; a peer that
+    flag, and the handshake's request and response let go once the handshake is answered; keep-alive
+    pings sent by the loop's wheel (``server.keepalive``) rather than two timers a socket; a peer that
     misses its keepalive pong is cut at once."""
 
+    keepalive_bucket: dict[Pinged, None] | None = None  # its place in the wheel (server.keepalive)
+    _wheel: KeepaliveWheel | None = None
     _slot: tuple[AddressSlots, str] | None = None  # its client address's count (http_protocol)
     _on_lost: Callable[[], None] | None = None  # its count among the process's sockets (http_protocol)
 
@@ -173,6 +177,22 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
             request.headers.clear()
             self.request = None  # type: ignore[assignment]
             self.response = None  # type: ignore[assignment]
+
+    def start_keepalive(self) -> None:
+        """Join the loop's wheel: pinged every interval, dropped when a pong is an interval late. uvicorn's
+        own timers when pings are off or their timeout is not the interval (options of one's own)."""
+        interval = self.ping_interval
+        if interval and self.ping_timeout == interval:
+            self._wheel = wheel_for(self.loop, interval)
+            if self._wheel is not None:
+                self._wheel.join(self)
+                return
+        super().start_keepalive()
+
+    def stop_keepalive(self) -> None:
+        if self._wheel is not None:
+            self._wheel.leave(self)
+        super().stop_keepalive()
 
     def keepalive_timeout(self) -> None:
         """No pong in time: the peer is gone (no FIN ever came). uvicorn sends a close frame and closes the

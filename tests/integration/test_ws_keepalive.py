@@ -1,0 +1,74 @@
+"""The server's keep-alive pings of WebSockets (``GATEWAY_WS_PING_INTERVAL_MS``, sent by the loop's wheel,
+``gateway.server.keepalive``), seen from raw clients over a real server: one that answers is pinged every
+interval and kept, one that never answers is dropped within two intervals."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+from websockets.frames import Opcode
+
+from gateway.server.keepalive import wheel_for
+from tests.integration.test_live_support import wait_until
+from tests.rawsocket import RawWebSocket, read_until_closed, tcp
+from tests.support import Running, running_gateway
+
+PING_S = 0.25
+SLACK_S = 1.0  # a slow machine's delays, on top of the two intervals
+
+
+def port(gw: Running) -> int:
+    found = urlsplit(gw.url).port
+    assert found is not None
+    return found
+
+
+def connections(gw: Running) -> int:
+    count: int = gw.gateway.hub.stats()["connections"]
+    return count
+
+
+@pytest.mark.anyio
+async def test_a_client_that_answers_pings_is_pinged_every_interval_and_kept(sqlite_url: str) -> None:
+    held_s = 6 * PING_S
+    async with (
+        running_gateway(sqlite_url, ws_ping_interval_ms=int(PING_S * 1000), ws_auth_deadline_s=60) as gw,
+        tcp(port(gw)) as stream,
+    ):
+        ws = RawWebSocket(stream, "/v1/ws")
+        await ws.open()  # its client protocol answers each ping with a pong
+        pings: list[bytes] = []
+        with anyio.move_on_after(held_s):  # the behaviour under test is over time: held for six intervals
+            while True:
+                frames = await ws.receive_frames()
+                assert all(f.opcode in (Opcode.PING, Opcode.PONG) for f in frames), frames
+                pings += [bytes(f.data) for f in frames if f.opcode == Opcode.PING]
+        assert len(pings) >= 4, f"pinged {len(pings)} times in {held_s} s at an interval of {PING_S} s"
+        assert len(set(pings)) == len(pings), "each ping has a payload of its own"
+        assert connections(gw) == 1
+        # Pinged by the loop's wheel (the server runs on the test's loop), not by timers of its own.
+        wheel = wheel_for(asyncio.get_running_loop(), PING_S)
+        assert wheel is not None and len(wheel) == 1 and wheel.running
+        await ws.send('{"type": "ping"}')
+        assert await ws.recv() == {"type": "pong"}
+
+
+@pytest.mark.anyio
+async def test_a_client_that_never_answers_a_ping_is_dropped_within_two_intervals(sqlite_url: str) -> None:
+    async with (
+        running_gateway(sqlite_url, ws_ping_interval_ms=int(PING_S * 1000), ws_auth_deadline_s=60) as gw,
+        tcp(port(gw)) as stream,
+    ):
+        ws = RawWebSocket(stream, "/v1/ws")
+        await ws.open()
+        opened = anyio.current_time()
+        await wait_until(lambda: connections(gw) == 1, "the connection counted")
+        # Reads what comes (its kernel buffer never fills) but never answers: the pings are not parsed.
+        received = await read_until_closed(stream, within_s=2 * PING_S + SLACK_S)
+        lasted = anyio.current_time() - opened
+        assert b"\x89\x04" in received, "pinged before being dropped"
+        assert lasted >= PING_S, f"dropped after {lasted:.3f} s: before its pong was even due"
+        await wait_until(lambda: connections(gw) == 0, "the dropped connection let go", within_s=SLACK_S)
