@@ -17,7 +17,10 @@ it clears the pending payload when the pong comes and, with no ``pong_timer``, s
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Protocol
+
+log = logging.getLogger("gateway")
 
 # A tick serves one bucket, its pings written in one go: small enough a batch not to hold up the loop (at
 # 16,000 sockets pinged every 20 s, 40 pings a tick), few enough ticks to cost nothing (20 a second).
@@ -101,15 +104,19 @@ class KeepaliveWheel:
             now = self._loop.time()
             # A copy: a connection that is timed out leaves its bucket meanwhile.
             for member in list(bucket):
-                if member.close_sent or member.disconnected or member.transport.is_closing():
+                try:
+                    if member.close_sent or member.disconnected or member.transport.is_closing():
+                        self.leave(member)
+                    elif member.pending_ping_payload is not None:  # no pong to the last ping, an interval ago
+                        self.leave(member)
+                        member.keepalive_timeout()
+                    else:
+                        member.pending_ping_payload = payload
+                        member.ping_sent_at = now
+                        member.transport.write(frame)
+                except Exception:  # one connection's failure must not stop the pings of every other
+                    log.exception("keep-alive: pinging a WebSocket failed; it is no longer pinged")
                     self.leave(member)
-                elif member.pending_ping_payload is not None:  # no pong to the last ping, an interval ago
-                    self.leave(member)
-                    member.keepalive_timeout()
-                else:
-                    member.pending_ping_payload = payload
-                    member.ping_sent_at = now
-                    member.transport.write(frame)
         if self._size and self._timer is None:
             # Each tick a step after the last one was due, so the wheel does not drift; after a stall of
             # the loop, the next one at once and then a step apart (the ticks missed are not run in a burst).

@@ -199,6 +199,26 @@ def test_connections_that_leave_or_close_are_not_pinged_and_the_timer_stops_with
     assert len(again.pings) == 1
 
 
+def test_a_connection_whose_ping_fails_is_let_go_and_the_others_are_still_pinged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = FakeLoop()
+    w = wheel(loop)
+    conns = join(w, loop, 3)
+
+    def broken(data: bytes) -> None:
+        raise RuntimeError("transport gone wrong")
+
+    conns[1].fake_transport.write = broken  # type: ignore[method-assign]
+    for _ in range(3):
+        loop.advance(INTERVAL_S)
+        for c in (conns[0], conns[2]):
+            c.pong()
+    assert len(conns[0].pings) == len(conns[2].pings) == 3
+    assert conns[1].keepalive_bucket is None and len(w) == 2 and len(loop.pending()) == 1
+    assert "pinging a WebSocket failed" in caplog.text
+
+
 def test_a_stalled_loop_does_not_run_the_missed_ticks_in_a_burst() -> None:
     loop = FakeLoop()
     w = wheel(loop)
