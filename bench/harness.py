@@ -529,7 +529,7 @@ def merge_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # quiet day 100,000 open here in about 3 minutes; on a day this shared machine ran 3 times slower, past the
 # 10 ms a socket the bound used to be.
 SOCKET_BOUND_S = 0.03
-STALL_S = 120.0
+STALL_S = 300.0  # past a handshake's own time bound (subscribers.OPEN_TIMEOUT_S, 120 s) and its retry
 
 
 def socket_bound(n: int, at_least: float) -> float:
@@ -583,10 +583,13 @@ class Clients:
         self.processes = processes
         self.started = started
         self.stall_s = stall_s
-        # Each process's latest progress line (its subscribers with a resume frame, and complete), and
+        # Each process's latest progress line (its subscribers with a resume frame, the frames they read,
+        # its subscribers complete), and
         # when the sum of them last moved (time.monotonic()).
-        self.progress: dict[int, tuple[int, int]] = {}
+        self.progress: dict[int, tuple[int, int, int]] = {}
         self.moved = started
+        # Lines read by an expect that then failed (a stall, a timeout): the next expect returns them.
+        self._early: dict[int, dict[str, Any]] = {}
 
     @classmethod
     async def start(
@@ -660,7 +663,7 @@ class Clients:
             message: dict[str, Any] = json.loads(raw)
             if message.get("state") != "progress":
                 break
-            counts = (message["ready"], message["done"])
+            counts = (message["ready"], message["frames"], message["done"])
             if self.progress.get(process.pid) != counts:
                 self.progress[process.pid] = counts
                 self.moved = time.monotonic()
@@ -670,31 +673,46 @@ class Clients:
 
     async def expect(self, state: str, timeout_s: float) -> list[dict[str, Any]]:
         """The next line of every process, which must be ``state``, within ``timeout_s``; with the clients'
-        ``stall_s``, also failing once no subscriber of any process got its resume frame or completed for
-        that long (the processes say how many have every ``subscribers.PROGRESS_S``): a slow machine gets
-        all the time it makes progress in, a stuck step fails early."""
+        ``stall_s``, also failing once no subscriber of any process got its resume frame, a frame or
+        completed for that long (the processes say how many every ``subscribers.PROGRESS_S``): a slow
+        machine gets all the time it makes progress in, a stuck step fails early. The lines of processes
+        that had answered when it failed are kept for the next ``expect`` of the same state."""
         stall_s = self.stall_s
-        lines = asyncio.ensure_future(asyncio.gather(*(self._line(p, state) for p in self.processes)))
+        readers = {
+            process.pid: asyncio.ensure_future(self._line(process, state))
+            for process in self.processes
+            if self._early.get(process.pid, {}).get("state") != state
+        }
         now = time.monotonic()
         deadline, self.moved = now + timeout_s, now
         try:
-            while not lines.done():
+            while pending := [r for r in readers.values() if not r.done()]:
                 now = time.monotonic()
                 left = deadline - now if stall_s is None else min(deadline, self.moved + stall_s) - now
                 if left <= 0:
                     stalled = stall_s is not None and now < deadline
                     raise TimeoutError(
-                        f"no client process progressed for {stall_s:.0f} s (ready, complete: {self.progress})"
+                        f"no client process progressed for {stall_s:.0f} s ({self.progress})"
                         if stalled
                         else f"client processes not {state!r} within {timeout_s:.0f} s ({self.progress})"
                     )
-                await asyncio.wait([lines], timeout=left)
-            return list(lines.result())
-        finally:
-            if not lines.done():
-                lines.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await lines
+                done, _ = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_EXCEPTION)
+                for reader in done:
+                    reader.result()  # a process that ended or said something else: fail now
+            lines = [
+                readers[p.pid].result() if p.pid in readers else self._early.pop(p.pid)
+                for p in self.processes
+            ]
+            readers.clear()
+            return lines
+        finally:  # failed: the lines read are kept, the reads still waiting cancelled
+            for pid, reader in readers.items():
+                if not reader.done():
+                    reader.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reader
+                elif not reader.cancelled() and reader.exception() is None:
+                    self._early[pid] = reader.result()
 
     async def tell(self, command: str) -> None:
         for process in self.processes:
@@ -721,11 +739,11 @@ class Clients:
         stop them); merged counts."""
         try:
             parts = await self.expect("done", timeout_s)
-        except TimeoutError:
+        except TimeoutError as exc:
             await self.tell("stop")
             parts = await self.expect("done", 30)
             merged = merge_stats([p["stats"] for p in parts])
-            merged["timed_out"] = True
+            merged["timed_out"] = str(exc) or True
             return merged
         return merge_stats([p["stats"] for p in parts])
 

@@ -295,7 +295,9 @@ class Report:
             if stats.get(key):
                 self.problems.append(f"{what}: {key} = {stats[key]} {stats.get('errors') or ''}".rstrip())
         if stats.get("timed_out"):
-            self.problems.append(f"{what}: the subscribers did not all finish in time")
+            why = stats["timed_out"]
+            reason = f": {why}" if isinstance(why, str) else ""
+            self.problems.append(f"{what}: the subscribers did not all finish in time{reason}")
 
 
 def frames_summary(stats: dict[str, Any]) -> str:
@@ -339,17 +341,21 @@ def table(rows: list[Row], markdown: bool) -> str:
 PROBE_ADDITIONS = 10_000_000
 
 
-def cpu_probe() -> float:
-    """CPU seconds of a pure-Python loop of :data:`PROBE_ADDITIONS` additions: how fast this shared machine's
-    core is now (a run on a day it is several times slower takes that much longer, its ratios alike)."""
-    t0 = time.process_time()
+def cpu_probe() -> tuple[float, float]:
+    """CPU and wall seconds of a pure-Python loop of :data:`PROBE_ADDITIONS` additions: how fast this shared
+    machine's core is now (a run on a day it is several times slower takes that much longer, its ratios
+    alike); wall above CPU is time the process waited for a core."""
+    t0, w0 = time.process_time(), time.perf_counter()
     total = 0
     for i in range(PROBE_ADDITIONS):
         total += i
-    return time.process_time() - t0
+    return time.process_time() - t0, time.perf_counter() - w0
 
 
-def machine(pg_version: str, probes: tuple[float, float] | None = None) -> list[tuple[str, str]]:
+Probe = tuple[float, float]
+
+
+def machine(pg_version: str, probes: tuple[Probe, Probe] | None = None) -> list[tuple[str, str]]:
     memory = "?"
     with contextlib.suppress(OSError):
         for text in Path("/proc/meminfo").read_text().splitlines():
@@ -400,9 +406,10 @@ def machine(pg_version: str, probes: tuple[float, float] | None = None) -> list[
             [
                 (
                     "CPU speed",
-                    f"a pure-Python loop of {PROBE_ADDITIONS:,} additions took {probes[0]:.2f} s of CPU at "
-                    f"the run's start, {probes[1]:.2f} s at its end (this shared machine's speed varies from "
-                    "day to day: runs of different days compare by their ratios, and by this)",
+                    f"a pure-Python loop of {PROBE_ADDITIONS:,} additions took {probes[0][0]:.2f} s of CPU "
+                    f"({probes[0][1]:.2f} s wall) at the run's start, {probes[1][0]:.2f} s "
+                    f"({probes[1][1]:.2f} s) at its end (this shared machine's speed varies from day to day: "
+                    "runs of different days compare by their ratios, and by this)",
                 )
             ]
             if probes is not None

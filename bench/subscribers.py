@@ -23,7 +23,7 @@ subscriber and prints ``{"state": "ready", "t": ...}`` once each has its first f
 being the monotonic time of the last one; takes "final V" (the last version, once the bench knows it);
 prints ``{"state": "done", "stats": {...}}`` once each is complete (or on "stop"); then, holding, closes
 every socket on "stop" and exits. Between "go" and "done" it prints ``{"state": "progress", "ready": R,
-"done": D}`` every ``PROGRESS_S``.
+"frames": F, "done": D}`` every ``PROGRESS_S``.
 
 A subscription refused with "try again" (an ``unavailable`` error frame, close 1013) or a connection that
 failed is retried after a backoff, as a client would, up to ``RETRIES`` times, and counted.
@@ -66,7 +66,8 @@ CUT = frozenset({1001, 1011, 1013, 4008, 4400, 4401, 4403, 4404})
 IP_BIND_ADDRESS_NO_PORT = 24
 OPEN_TIMEOUT_S = 120
 # While connecting and reading, a process says this often how many of its subscribers have their resume
-# frame and how many are complete (a "progress" line): the bench tells a slow step from a stuck one.
+# frame, the frames they read and how many are complete (a "progress" line): the bench tells a slow step
+# from a stuck one.
 PROGRESS_S = 5.0
 
 
@@ -305,7 +306,9 @@ async def main(spec: dict[str, Any]) -> None:
     async def report_progress() -> None:
         while True:
             await asyncio.sleep(PROGRESS_S)
-            write({"state": "progress", "ready": len(subs) - pending_ready, "done": len(subs) - pending_done})
+            frames = sum(sub.deliveries for sub in subs)
+            ready, done = len(subs) - pending_ready, len(subs) - pending_done
+            write({"state": "progress", "ready": ready, "frames": frames, "done": done})
 
     go = asyncio.Event()
     listener = asyncio.create_task(commands())

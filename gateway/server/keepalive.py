@@ -17,6 +17,7 @@ it clears the pending payload when the pong comes and, with no ``pong_timer``, s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Protocol
 
@@ -70,7 +71,7 @@ class KeepaliveWheel:
         return self._timer is not None
 
     def join(self, member: Pinged) -> None:
-        """Ping ``member`` from one interval on (or once it was served last, if it is already in)."""
+        """Ping ``member`` from one interval on (nothing if it is already in)."""
         if member.keepalive_bucket is not None:
             return
         if self._timer is None:
@@ -115,8 +116,11 @@ class KeepaliveWheel:
                         member.ping_sent_at = now
                         member.transport.write(frame)
                 except Exception:  # one connection's failure must not stop the pings of every other
-                    log.exception("keep-alive: pinging a WebSocket failed; it is no longer pinged")
+                    log.exception("keep-alive: pinging a WebSocket failed; dropping it")
                     self.leave(member)
+                    # Fail closed: a socket no longer pinged would outlive a peer that vanished.
+                    with contextlib.suppress(Exception):
+                        member.transport.abort()
         if self._size and self._timer is None:
             # Each tick a step after the last one was due, so the wheel does not drift; after a stall of
             # the loop, the next one at once and then a step apart (the ticks missed are not run in a burst).

@@ -62,9 +62,13 @@ class FakeTransport:
     def __init__(self) -> None:
         self.written: list[bytes] = []
         self.closing = False
+        self.aborted = False
 
     def is_closing(self) -> bool:
         return self.closing
+
+    def abort(self) -> None:
+        self.aborted = self.closing = True
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
@@ -199,7 +203,7 @@ def test_connections_that_leave_or_close_are_not_pinged_and_the_timer_stops_with
     assert len(again.pings) == 1
 
 
-def test_a_connection_whose_ping_fails_is_let_go_and_the_others_are_still_pinged(
+def test_a_connection_whose_ping_fails_is_dropped_and_the_others_are_still_pinged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     loop = FakeLoop()
@@ -216,6 +220,8 @@ def test_a_connection_whose_ping_fails_is_let_go_and_the_others_are_still_pinged
             c.pong()
     assert len(conns[0].pings) == len(conns[2].pings) == 3
     assert conns[1].keepalive_bucket is None and len(w) == 2 and len(loop.pending()) == 1
+    assert conns[1].fake_transport.aborted, "not pinged any more: dropped, not left open unwatched"
+    assert not conns[0].fake_transport.aborted and not conns[2].fake_transport.aborted
     assert "pinging a WebSocket failed" in caplog.text
 
 
