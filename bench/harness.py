@@ -584,8 +584,7 @@ class Clients:
         self.started = started
         self.stall_s = stall_s
         # Each process's latest progress line (its subscribers with a resume frame, the frames they read,
-        # its subscribers complete), and
-        # when the sum of them last moved (time.monotonic()).
+        # its subscribers complete), and when any of them last moved (time.monotonic()).
         self.progress: dict[int, tuple[int, int, int]] = {}
         self.moved = started
         # Lines read by an expect that then failed (a stall, a timeout): the next expect returns them.

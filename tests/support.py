@@ -23,6 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
+from gateway.client.worker import KEEPALIVE_S
 from gateway.runtime import Gateway
 from gateway.server.serve import GatewayServer, server_config
 from gateway.store.base import Store, WriteTx
@@ -201,8 +202,16 @@ async def running_gateway(
     values: dict[str, Any] = {"database_url": database_url, "secret": SECRET}
     values.update(overrides)
     app = create_app(Settings(**values), clock=clock)
-    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with serve(app) as url, http_client(base_url=url, timeout=30) as client:
         yield Running(url, app, client)
+
+
+def http_client(**options: Any) -> httpx.AsyncClient:
+    """An httpx client as README.md tells a gateway's clients to make one: it lets go of a kept-alive
+    connection after ``KEEPALIVE_S`` (2 s) idle, before the gateway closes it (``GATEWAY_IDLE_TIMEOUT_MS``,
+    5 s). httpx's default expiry is those same 5 s, so a request sent as the gateway closes the connection
+    is reset unanswered (``RemoteProtocolError: Server disconnected``)."""
+    return httpx.AsyncClient(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S), **options)
 
 
 # --- tasks through the HTTP API -----------------------------------------------------------------------------

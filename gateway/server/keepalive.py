@@ -21,6 +21,8 @@ import contextlib
 import logging
 from typing import Protocol
 
+from gateway.server.http_protocol import drop
+
 log = logging.getLogger("gateway")
 
 # A tick serves one bucket, its pings written in one go: small enough a batch not to hold up the loop (at
@@ -120,7 +122,7 @@ class KeepaliveWheel:
                     self.leave(member)
                     # Fail closed: a socket no longer pinged would outlive a peer that vanished.
                     with contextlib.suppress(Exception):
-                        member.transport.abort()
+                        drop(member.transport)
         if self._size and self._timer is None:
             # Each tick a step after the last one was due, so the wheel does not drift; after a stall of
             # the loop, the next one at once and then a step apart (the ticks missed are not run in a burst).

@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 from tests.browser.conftest import Console
 from tests.processes import SERVING, GatewayProcess, free_port, spawn_gateway, unavailable
-from tests.support import bearer, eventually
+from tests.support import bearer, eventually, http_client
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "celery"
@@ -173,8 +172,8 @@ async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
         async with (
             example_process("worker", WORKER, env, tmp_path) as worker,
             example_process("app", [*APP, str(app_port), "--host", "127.0.0.1"], env, tmp_path) as app,
-            httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=10) as api,
-            httpx.AsyncClient(base_url=origin, timeout=30) as site,
+            http_client(base_url=gw.url, headers=bearer(API_KEY), timeout=10) as api,
+            http_client(base_url=origin, timeout=30) as site,
         ):
             await worker.wait_for(WORKER_READY, timeout_s=START_S)
             await app.wait_for(SERVING, timeout_s=START_S)

@@ -27,7 +27,7 @@ import pytest
 
 from gateway.client import Worker
 from tests.processes import GatewayProcess, gateway_processes
-from tests.support import STEP_S, TcpProxy, postgres_database
+from tests.support import STEP_S, TcpProxy, http_client, postgres_database
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Console
@@ -132,7 +132,7 @@ async def test_a_tag_link_shows_its_tasks_live_and_exact_after_a_silent_link(
     run = uuid.uuid4().hex[:8]
     tag = f"owner:u{run}"
     ids = [f"tagged-{run}-{i}" for i in range(6)]
-    async with httpx.AsyncClient(timeout=STEP_S) as client, AsyncExitStack() as stack:
+    async with http_client(timeout=STEP_S) as client, AsyncExitStack() as stack:
         tags = TagPage(page, client, far.url)
         workers: dict[str, Worker] = {}
 

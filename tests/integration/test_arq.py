@@ -32,7 +32,7 @@ from tests.queue_runs import (
     start_worker,
     worker_environ,
 )
-from tests.support import eventually, running_gateway, wait_until
+from tests.support import eventually, http_client, running_gateway, wait_until
 
 LEASE_MS = 2_000
 MAX_TRIES = 2  # tests/arq_jobs.py's WorkerSettings.max_tries
@@ -73,7 +73,7 @@ async def test_arq_jobs_end_on_the_gateway_as_arq_ended_them(tmp_path: Path, sql
     async with (
         running_gateway(sqlite_url, api_key=API_KEY) as gw,
         redis_space(ARQ_DB) as space,
-        httpx.AsyncClient(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
+        http_client(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
     ):
         gateway_arq.configure(url=gw.url, api_key=API_KEY, timeout=5.0)
         redis = await create_pool(RedisSettings(host="127.0.0.1", port=6379, database=ARQ_DB))

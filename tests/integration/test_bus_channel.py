@@ -26,7 +26,6 @@ from typing import Any
 
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -46,7 +45,7 @@ from tests.integration.test_live_support import (
     ws_url,
 )
 from tests.processes import gateway_processes
-from tests.support import Running, postgres_database, wait_until
+from tests.support import Running, http_client, postgres_database, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -230,7 +229,7 @@ async def test_processes_started_together_on_a_new_database_share_its_channel(
         for gw in (first, second):
             said = BUS_LINE.findall(gw.output())
             assert said == [("127.0.0.1:6379/0", deployment_channel(made))], gw.output()
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client(timeout=10) as client:
             answer = await client.post(
                 f"{first.url}/v1/tasks", json={"id": TASK_ID, "ttlMs": 60_000, "maxAttempts": 1}
             )

@@ -44,7 +44,7 @@ from tests.celery_processes import (
 from tests.celery_tasks import make_app
 from tests.history import History
 from tests.processes import SECRET, ResumingSubscriber, free_port
-from tests.support import bearer, eventually, mint_tag
+from tests.support import bearer, eventually, http_client, mint_tag
 
 # The whole scenario's bound: every task at its end (a loaded machine included).
 SCENARIO_S = 240.0
@@ -169,7 +169,7 @@ async def test_celery_tasks_end_on_the_gateway_as_celery_ended_them(broker: Brok
     history = History()
     async with (
         keyed_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
     ):
         app = make_app(
             broker=broker.url,
@@ -309,7 +309,7 @@ async def test_a_task_cancelled_on_the_gateway_stops_and_a_producer_without_gate
     with redis_broker() as broker:
         async with (
             keyed_gateway(tmp_path) as gw,
-            httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
+            http_client(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
             celery_worker(broker, gw.url, shared),
         ):
             settings: dict[str, Any] = {

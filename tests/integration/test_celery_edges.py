@@ -30,7 +30,7 @@ from tests.celery_processes import (
     redis_broker,
 )
 from tests.celery_tasks import HARD_LIMIT_S, make_app
-from tests.support import bearer, eventually
+from tests.support import bearer, eventually, http_client
 
 LEASE_MS = 2000
 # Every task at its end: the time limits (seconds) and a loaded machine's slack.
@@ -74,7 +74,7 @@ async def test_time_limits_ignore_and_reject_end_the_gateway_task_as_celery_ends
     shared.mkdir()
     async with (
         keyed_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
         celery_worker(broker, gw.url, shared),
     ):
         app = make_app(

@@ -21,7 +21,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 from celery import Celery, signals
 
@@ -31,7 +30,7 @@ from gateway.integrations.report import GatewayConfig, Reporter, Run
 from gateway.integrations.ticket import result_hash
 from tests.celery_processes import API_KEY, keyed_gateway, read_history
 from tests.processes import free_port
-from tests.support import bearer, eventually
+from tests.support import bearer, eventually, http_client
 
 # A min_interval no test outlasts: every progress after the first must wait for the outcome.
 FOREVER_S = 3600.0
@@ -64,7 +63,7 @@ def unanswering() -> Iterator[str]:
 async def test_progress_is_coalesced_and_its_latest_value_goes_before_the_outcome(tmp_path: Path) -> None:
     async with (
         keyed_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         reporter = _reporter(gw.url, min_interval_s=FOREVER_S)
         task_id = f"coalesced-{uuid.uuid4().hex[:8]}"
@@ -112,7 +111,7 @@ async def test_a_job_finishes_while_the_gateway_is_down_and_its_outcome_arrives_
     assert not run.settled.is_set()
     async with (
         keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         history = await eventually(
             lambda: read_history(client, task_id),
@@ -155,7 +154,7 @@ def test_a_create_with_no_gateway_listening_says_it_could_not_create_the_task(
 async def test_a_cancel_on_the_gateway_makes_the_next_progress_raise(tmp_path: Path) -> None:
     async with (
         keyed_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         reporter = _reporter(gw.url, min_interval_s=0.05)
         task_id = f"cancelled-{uuid.uuid4().hex[:8]}"
@@ -186,7 +185,7 @@ async def test_a_run_that_takes_over_an_attempt_reports_apart_from_the_run_befor
     for repeats of the first run's, nor refused as ids reused with another body)."""
     async with (
         keyed_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         task_id = f"taken-over-{uuid.uuid4().hex[:8]}"
         killed = _reporter(gw.url, min_interval_s=0.05)  # the first worker's process
@@ -255,7 +254,7 @@ async def test_a_revoke_with_the_gateway_down_returns_at_once_and_cancels_once_i
             )
         async with (
             keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
-            httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+            http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
         ):
             history = await eventually(
                 lambda: read_history(client, task_id),
@@ -275,7 +274,7 @@ async def test_a_runs_cancel_goes_after_the_task_it_makes_and_does_not_wait(tmp_
     after the create and the start, not before (it would be refused: ``404 unknown-task``)."""
     async with (
         keyed_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         reporter = _reporter(gw.url)
         task_id = f"aborted-{uuid.uuid4().hex[:8]}"
@@ -323,7 +322,7 @@ async def test_a_lost_run_is_failed_without_waiting_for_a_gateway_that_is_down(t
             await anyio.to_thread.run_sync(reporter.lost, task_id, its_ticket, error, abandon_on_cancel=True)
     async with (
         keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         for task_id in (running, requeued):
             history = await eventually(

@@ -17,14 +17,21 @@ from importlib.metadata import version
 from pathlib import Path
 
 import anyio
-import httpx
 import jwt
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
 from tests.processes import spawn_gateway
-from tests.support import GATEWAY_CLI, bearer, create_task, eventually, postgres_database, running_gateway
+from tests.support import (
+    GATEWAY_CLI,
+    bearer,
+    create_task,
+    eventually,
+    http_client,
+    postgres_database,
+    running_gateway,
+)
 
 SECRET = "cli-test-secret-0123456789abcdef0123456789"
 RUN_S = 60
@@ -174,7 +181,7 @@ async def test_serve_says_on_stderr_what_it_runs_on_zero_config(tmp_path: Path) 
             f"{tmp_path}/gateway.db.secret; open mode (no API key: management API open, loopback only)"
         ), lines
         assert dashboard == f"{gw.url}/"
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client(timeout=10) as client:
             page = await client.get(dashboard)
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert start_lines(out.read_text()) == []  # stderr only
@@ -190,7 +197,7 @@ async def test_ctrl_c_stops_serve_cleanly_without_a_traceback(tmp_path: Path) ->
     gw = await spawn_gateway("ctrl-c", "sqlite:///gateway.db", err, env={"GATEWAY_SECRET": SECRET})
     try:
         await gw.serving()
-        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        async with http_client(base_url=gw.url, timeout=10) as client:
             started = await client.post("/v1/demo/tasks")
             assert started.status_code == 201, started.text
             task_id = started.json()["task"]["id"]
@@ -261,7 +268,7 @@ async def test_tokens_of_the_zero_config_gateway_survive_a_restart(tmp_path: Pat
     before = await spawn_gateway("before", url, tmp_path / "before.log", env=no_secret)
     try:
         await before.serving()
-        async with httpx.AsyncClient(base_url=before.url, timeout=10) as client:
+        async with http_client(base_url=before.url, timeout=10) as client:
             made = await create_task(client, "kept-1", ttl_ms=600_000)
     finally:
         await before.stop()
@@ -273,7 +280,7 @@ async def test_tokens_of_the_zero_config_gateway_survive_a_restart(tmp_path: Pat
         await after.serving()
         frame = await subscribe_once(after.url, "kept-1", made.subscribe_token)
         assert frame["type"] == "caught-up", frame
-        async with httpx.AsyncClient(base_url=after.url, timeout=10) as client:
+        async with http_client(base_url=after.url, timeout=10) as client:
             answer = await client.post(
                 "/v1/tasks/kept-1/callbacks",
                 json={"event": {"type": "start", "worker": "w"}},

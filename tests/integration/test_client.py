@@ -13,14 +13,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 from anyio.abc import ByteReceiveStream, Process
 
 from gateway.client import Worker, watch
 from gateway.client.backoff import Backoff
 from gateway.client.watch import LinkStatus, WatchError
-from tests.support import Running, TcpProxy, create_task, running_gateway, wait_until
+from tests.support import Running, TcpProxy, create_task, http_client, running_gateway, wait_until
 
 TERMINAL = {"succeeded", "failed", "expired"}
 
@@ -120,7 +119,7 @@ async def test_watch_survives_five_drops_gapless_and_without_duplicates(sqlite_u
 async def test_worker_retries_after_lost_answers_change_the_task_once(sqlite_url: str) -> None:
     async with running_gateway(sqlite_url) as gw, TcpProxy(port_of(gw)) as proxy:
         made = await create_task(gw, "job-1", ttl_ms=120_000, max_attempts=2)
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with http_client(timeout=5) as client:
             worker = Worker(proxy.url, "job-1", made["callbackToken"], client=client)
             await worker.start("w1")
             # The gateway commits the next two callbacks, but their answers never reach the worker.

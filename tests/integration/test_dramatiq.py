@@ -17,7 +17,6 @@ from typing import Any, cast
 
 import anyio
 import dramatiq
-import httpx
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 from redis import Redis
@@ -34,7 +33,7 @@ from tests.queue_runs import (
     redis_space,
     worker_environ,
 )
-from tests.support import eventually, running_gateway, wait_until
+from tests.support import eventually, http_client, running_gateway, wait_until
 
 LEASE_MS = 2_000
 WITHIN_S = 120.0
@@ -84,7 +83,7 @@ async def test_dramatiq_messages_end_on_the_gateway_as_dramatiq_ended_them(
     async with (
         running_gateway(sqlite_url, api_key=API_KEY) as gw,
         redis_space(RQ_DB) as space,
-        httpx.AsyncClient(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
+        http_client(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
     ):
         redis = Redis.from_url(space.url)
         # The producer's broker: the workers' namespace and queue, the actor declared by name only.

@@ -41,7 +41,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.processes import GatewayProcess, print_tails, spawn_gateway
-from tests.support import eventually
+from tests.support import eventually, http_client
 
 TASKS = 300
 TTL_MS = 2_000
@@ -183,7 +183,7 @@ async def test_every_task_expires_within_a_second_of_its_deadline_under_twenty_b
     async with (
         gateway(database_url, tmp_path) as gw,
         busy_workers(gw.url, tmp_path),
-        httpx.AsyncClient(base_url=gw.url, timeout=30) as client,
+        http_client(base_url=gw.url, timeout=30) as client,
     ):
         all_committed = anyio.Event()
 

@@ -9,13 +9,12 @@ import logging
 import resource
 
 import anyio
-import httpx
 import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from tests.support import Running, create_task, post_callback, running_gateway
+from tests.support import Running, create_task, http_client, post_callback, running_gateway
 
 CEILING = 4  # connections the gateway process may hold before a new WebSocket is refused
 
@@ -60,7 +59,7 @@ async def test_past_its_descriptors_a_process_refuses_websockets_and_still_answe
                 assert orjson.loads(await ws.recv())["type"] == "caught-up"
 
             # Plain requests go on, on connections of their own: a health check and a callback.
-            async with httpx.AsyncClient(base_url=gw.url, timeout=10) as fresh:
+            async with http_client(base_url=gw.url, timeout=10) as fresh:
                 assert (await fresh.get("/healthz")).status_code == 200
             answer = await post_callback(gw, "t", made["callbackToken"], {"type": "start", "worker": "w"})
             assert answer["reason"] == "started"

@@ -23,7 +23,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import httpx
 import pytest
 from websockets.asyncio.client import connect
 
@@ -37,7 +36,7 @@ from tests.integration.test_expiry_load import (
     gateway,
     wall_ms,
 )
-from tests.support import bearer
+from tests.support import bearer, http_client
 
 LEASES = 300
 HEARTBEAT_MS = 2_000
@@ -56,7 +55,7 @@ async def test_every_lease_ends_within_a_second_of_its_end_under_twenty_busy_wor
     async with (
         gateway(database_url, tmp_path) as gw,
         busy_workers(gw.url, tmp_path),
-        httpx.AsyncClient(base_url=gw.url, timeout=30) as client,
+        http_client(base_url=gw.url, timeout=30) as client,
     ):
 
         async def follow(task_id: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:

@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect
 
 from tests.processes import gateway_processes
 from tests.rawsocket import RawWebSocket, read_until_closed, tcp
-from tests.support import bearer
+from tests.support import bearer, http_client
 
 MIB = 1024 * 1024
 
@@ -36,7 +36,7 @@ async def create(client: httpx.AsyncClient, task_id: str) -> dict[str, str]:
 async def test_logs_carry_no_token_and_no_traceback_for_a_hang_up(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     async with gateway_processes(1, url, tmp_path) as (gw,):
-        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        async with http_client(base_url=gw.url, timeout=10) as client:
             made = await create(client, "t")
             sub = made["subscribeToken"]
             # Tokens in query strings: a read route, a dashboard link, an encoded parameter name, a socket.
@@ -67,7 +67,7 @@ async def test_an_api_key_sent_in_a_url_is_refused_and_kept_out_of_the_log(tmp_p
     key = "api-key-sent-in-a-url-0123456789"
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     async with gateway_processes(1, url, tmp_path, env={"GATEWAY_API_KEY": key}) as (gw,):
-        async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        async with http_client(base_url=gw.url, timeout=10) as client:
             answer = await client.post(
                 "/v1/tasks", json={"id": "t", "ttlMs": 600_000, "maxAttempts": 3}, headers=bearer(key)
             )
@@ -190,7 +190,7 @@ async def test_a_flood_of_unfinished_frames_headers_and_slowloris_costs_little(t
     env = {"GATEWAY_MAX_CONNECTIONS_PER_ADDRESS": "2000"}
     async with (
         gateway_processes(1, url, tmp_path, env=env) as (gw,),
-        httpx.AsyncClient(base_url=gw.url, timeout=10) as client,
+        http_client(base_url=gw.url, timeout=10) as client,
     ):
         until = anyio.Event()
         rounds: list[str] = []

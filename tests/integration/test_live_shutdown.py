@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 from websockets.asyncio.client import connect
 
@@ -20,7 +19,7 @@ from tests.integration.test_live_support import (
     sse_frames,
     ws_url,
 )
-from tests.support import create_task, post_callback
+from tests.support import create_task, http_client, post_callback
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +30,7 @@ async def test_open_subscribers_get_1001_when_the_server_stops(database_url: str
     sse_open = anyio.Event()
     sse_ended = anyio.Event()
     with anyio.fail_after(30):
-        async with httpx.AsyncClient(timeout=10) as sse_client, anyio.create_task_group() as tg:
+        async with http_client(timeout=10) as sse_client, anyio.create_task_group() as tg:
             async with live_gateway(database_url) as gw:
                 made = await create_task(gw, "open")
                 await post_callback(gw, "open", made["callbackToken"], {"type": "start", "worker": "w1"})

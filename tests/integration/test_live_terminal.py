@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 
 from gateway.jobs.sweeper import sweep_once
@@ -28,7 +27,7 @@ from tests.integration.test_live_support import (
     sse_frames,
     ws_url,
 )
-from tests.support import FakeClock, Running, create_task, post_callback
+from tests.support import FakeClock, Running, create_task, http_client, post_callback
 
 TTL_MS = 60_000
 
@@ -139,7 +138,7 @@ async def test_a_subscriber_that_connects_as_the_task_finishes_still_gets_1000(
                 assert frames == []
                 assert closed == 1000
             else:
-                client = httpx.AsyncClient(base_url=gw.url, timeout=STEP_S)
+                client = http_client(base_url=gw.url, timeout=STEP_S)
                 async with client, client.stream("GET", "/v1/tasks/edge/stream", params={"cursor": 1}) as r:
                     events = sse_frames(r)
                     check.feed((await anext(events))[2])

@@ -33,6 +33,7 @@ from tests.processes import (
     task_callbacks,
     throwaway_postgres,
 )
+from tests.support import http_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -76,7 +77,7 @@ async def test_gateways_recover_from_a_postgresql_restart_by_themselves(tmp_path
         async with (
             throwaway_postgres() as pg,
             gateway_processes(2, pg.url, tmp_path, env={"GATEWAY_RETENTION_VERSIONS": "1000"}) as gws,
-            httpx.AsyncClient(timeout=STEP_S) as client,
+            http_client(timeout=STEP_S) as client,
         ):
             pids = [gw.pid for gw in gws]
             made: list[dict[str, Any]] = []

@@ -31,7 +31,7 @@ from tests.queue_runs import (
     redis_space,
     worker_environ,
 )
-from tests.support import eventually, running_gateway
+from tests.support import eventually, http_client, running_gateway
 
 WITHIN_S = 60.0
 
@@ -57,7 +57,7 @@ async def test_rq_unreachable_producer_time_limit_and_returned_retry(
     async with (
         running_gateway(sqlite_url, api_key=API_KEY) as gw,
         redis_space(RQ_DB) as space,
-        httpx.AsyncClient(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
+        http_client(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
     ):
         redis = Redis.from_url(space.url)
         queue = Queue(space.token, connection=redis)
@@ -131,7 +131,7 @@ async def test_arq_unreachable_producer_and_time_limit(
     async with (
         running_gateway(sqlite_url, api_key=API_KEY) as gw,
         redis_space(ARQ_DB) as space,
-        httpx.AsyncClient(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
+        http_client(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
     ):
         redis = await create_pool(RedisSettings(host="127.0.0.1", port=6379, database=ARQ_DB))
         try:

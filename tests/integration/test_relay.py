@@ -35,6 +35,7 @@ from tests.support import (
     create_task,
     drain_all,
     eventually,
+    http_client,
     post_callback,
     postgres_database,
     running_gateway,
@@ -356,7 +357,7 @@ async def test_two_processes_relay_each_notification_and_never_the_same_one_at_o
             "GATEWAY_NOTIFY_POLL_MS": "50",
         }
         async with gateway_processes(2, postgres_url, tmp_path, env=env) as gateways:
-            clients = [httpx.AsyncClient(base_url=gw.url, timeout=30) for gw in gateways]
+            clients = [http_client(base_url=gw.url, timeout=30) for gw in gateways]
             try:
 
                 async def work(i: int) -> None:

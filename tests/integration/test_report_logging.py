@@ -10,13 +10,12 @@ import uuid
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from gateway.integrations.report import GatewayConfig, Reporter
 from tests.celery_processes import API_KEY, keyed_gateway, read_history
 from tests.processes import free_port
-from tests.support import bearer, eventually
+from tests.support import bearer, eventually, http_client
 
 # The retries to see (logged at DEBUG) while the gateway is away, before it comes back.
 RETRIES = 3
@@ -55,7 +54,7 @@ async def test_an_unreachable_gateway_is_said_once_and_its_return_once(
     await eventually(retries, lambda n: n >= RETRIES, f"{RETRIES} retries while the gateway is away", 30)
     async with (
         keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         await eventually(
             lambda: read_history(client, task_id),

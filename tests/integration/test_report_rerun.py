@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import anyio
-import httpx
 import pytest
 
 from gateway.integrations.report import GatewayConfig, Reporter
 from tests.celery_processes import API_KEY, keyed_gateway, read_history
-from tests.support import bearer, eventually
+from tests.support import bearer, eventually, http_client
 
 T = TypeVar("T")
 
@@ -43,7 +42,7 @@ def _now_ms() -> int:
 async def test_a_rerun_waits_out_the_lease_of_a_killed_run_without_renewing_it(tmp_path: Path) -> None:
     async with (
         keyed_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         task_id = f"rerun-{uuid.uuid4().hex[:8]}"
         killed, redelivered = _reporter(gw.url), _reporter(gw.url)  # two worker processes
@@ -96,7 +95,7 @@ async def test_a_rerun_of_a_requeued_task_starts_the_next_attempt(tmp_path: Path
     """A retry (the run before it failed retryable, so the task is queued): one read, then its start."""
     async with (
         keyed_gateway(tmp_path) as gw,
-        httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+        http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
     ):
         task_id = f"retried-{uuid.uuid4().hex[:8]}"
         reporter = _reporter(gw.url)

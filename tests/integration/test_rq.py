@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import anyio
-import httpx
 import pytest
 from redis import Redis
 from rq import Queue, Retry
@@ -33,7 +32,7 @@ from tests.queue_runs import (
     redis_space,
     worker_environ,
 )
-from tests.support import eventually, running_gateway, wait_until
+from tests.support import eventually, http_client, running_gateway, wait_until
 
 LEASE_MS = 2_000
 WITHIN_S = 120.0
@@ -105,7 +104,7 @@ async def test_rq_jobs_end_on_the_gateway_as_rq_ended_them(tmp_path: Path, sqlit
     async with (
         running_gateway(sqlite_url, api_key=API_KEY) as gw,
         redis_space(RQ_DB) as space,
-        httpx.AsyncClient(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
+        http_client(base_url=gw.url, headers=gateway_headers(), timeout=30) as client,
     ):
         gateway_rq.install(url=gw.url, api_key=API_KEY, timeout=5.0)
         redis = Redis.from_url(space.url)

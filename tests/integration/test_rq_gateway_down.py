@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import anyio
-import httpx
 import pytest
 from redis import Redis
 from rq import Queue, Retry
@@ -23,7 +22,7 @@ from gateway.integrations import rq as gateway_rq
 from tests.celery_processes import API_KEY, keyed_gateway, read_history
 from tests.processes import free_port
 from tests.queue_runs import ENV_KEY, RQ_DB, queue_workers, redis_space, worker_environ
-from tests.support import bearer, eventually
+from tests.support import bearer, eventually, http_client
 
 WITHIN_S = 60.0
 
@@ -136,7 +135,7 @@ async def test_rq_jobs_run_while_the_gateway_is_down_end_on_it_once_it_is_back(t
             assert seen == {job_id: p.status for job_id, p in jobs.items()}
             async with (
                 keyed_gateway(tmp_path, port=port, name="gw-again") as gw,
-                httpx.AsyncClient(base_url=gw.url, headers=bearer(API_KEY)) as client,
+                http_client(base_url=gw.url, headers=bearer(API_KEY)) as client,
             ):
                 for job_id, (_, _, _, state, attempts, error, shape) in jobs.items():
                     history = await eventually(

@@ -51,7 +51,7 @@ from tests.processes import (
     spawn_gateway,
     task_callbacks,
 )
-from tests.support import GATEWAY_CLI, eventually, postgres_database
+from tests.support import GATEWAY_CLI, eventually, http_client, postgres_database
 
 pytestmark = pytest.mark.anyio
 
@@ -122,7 +122,7 @@ async def test_three_processes_fan_out_exactly(bus: str | None, pg_url: str, tmp
     with anyio.fail_after(TEST_S):
         async with (
             gateway_processes(3, pg_url, tmp_path, env=env) as gws,
-            httpx.AsyncClient(timeout=STEP_S) as client,
+            http_client(timeout=STEP_S) as client,
         ):
             made = [await create(client, gws[i % 3].url, f"{run}-{i}") for i in range(10)]
             # Subscriber i watches task i % 10 on process i % 3: every task is watched on every process.
@@ -179,7 +179,7 @@ async def test_a_process_killed_mid_run_loses_nothing(bus: str | None, pg_url: s
         async with (
             gateway_processes(3, pg_url, tmp_path, env=env) as gws,
             round_robin_balancer([gw.port for gw in gws]) as lb,
-            httpx.AsyncClient(timeout=STEP_S) as client,
+            http_client(timeout=STEP_S) as client,
         ):
             made = [await create(client, gws[0].url, f"{run}-{i}") for i in range(tasks)]
             for m in made:
@@ -198,7 +198,7 @@ async def test_a_process_killed_mid_run_loses_nothing(bus: str | None, pg_url: s
                 for j in range(per_task)
             ]
             # A client per worker, so that their keep-alive connections spread over the processes too.
-            worker_clients = [httpx.AsyncClient() for _ in made]
+            worker_clients = [http_client() for _ in made]
             posters = [
                 CallbackPoster(
                     c, m["task"]["id"], m["callbackToken"], lambda: lb.url, timeout_s=5.0, history=seen
@@ -278,7 +278,7 @@ async def test_short_ttls_expire_once_across_three_processes(pg_url: str, tmp_pa
     with anyio.fail_after(TEST_S):
         async with (
             gateway_processes(3, pg_url, tmp_path) as gws,
-            httpx.AsyncClient(timeout=STEP_S) as client,
+            http_client(timeout=STEP_S) as client,
         ):
             made = [
                 await create(client, gws[i % 3].url, f"{run}-{i}", ttl_ms=1000 + 50 * i) for i in range(10)
@@ -375,7 +375,7 @@ async def test_workers_flag_runs_several_processes(pg_url: str, tmp_path: Path) 
             assert said == [f"INFO:     gateway: dashboard at {url}/"], parent.output()
             assert parent.output().count("gateway: database PostgreSQL") == 1, parent.output()
 
-            async with httpx.AsyncClient(timeout=STEP_S) as client:
+            async with http_client(timeout=STEP_S) as client:
                 made = await create(client, url, task_id)
             sub_url = f"{ws_base}/v1/tasks/{task_id}/ws?cursor=0&token={made['subscribeToken']}"
             async with connect(sub_url, open_timeout=STEP_S, close_timeout=2) as ws:
@@ -392,7 +392,7 @@ async def test_workers_flag_runs_several_processes(pg_url: str, tmp_path: Path) 
                 client_port = 0
                 try:
                     for _ in range(100):
-                        candidate = httpx.AsyncClient(base_url=url, timeout=STEP_S)
+                        candidate = http_client(base_url=url, timeout=STEP_S)
                         clients.append(candidate)
                         answer = await candidate.get("/healthz")
                         client_port = answer.extensions["network_stream"].get_extra_info("client_addr")[1]

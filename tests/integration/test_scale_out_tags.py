@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 
 from tests.integration.test_live_support import STEP_S, TagWatch, loads, tag_subscribe
 from tests.processes import gateway_processes, redis_or_skip
-from tests.support import postgres_database
+from tests.support import http_client, postgres_database
 
 pytestmark = pytest.mark.anyio
 
@@ -71,7 +71,7 @@ async def test_a_task_created_through_one_process_reaches_a_tag_subscriber_on_an
     with anyio.fail_after(TEST_S):
         async with (
             gateway_processes(2, pg_url, tmp_path, env=env) as (a, b),
-            httpx.AsyncClient(timeout=STEP_S) as client,
+            http_client(timeout=STEP_S) as client,
         ):
             old = await create(client, a.url, unique("old"), tag)
             watch = TagWatch(tag)

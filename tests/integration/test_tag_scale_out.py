@@ -42,7 +42,7 @@ from tests.processes import (
     gateway_processes,
     task_callbacks,
 )
-from tests.support import postgres_database
+from tests.support import http_client, postgres_database
 from tests.tag_subscriber import TagSubscriber
 
 pytestmark = pytest.mark.anyio
@@ -117,7 +117,7 @@ async def test_tag_subscribers_follow_every_task_through_a_process_kill(
     with anyio.fail_after(TEST_S):
         async with (
             gateway_processes(3, pg_url, tmp_path, env=env) as gws,
-            httpx.AsyncClient(timeout=STEP_S) as client,
+            http_client(timeout=STEP_S) as client,
         ):
 
             def live() -> str:

@@ -15,7 +15,7 @@ from gateway.client import (
     Worker,
     WorkerError,
 )
-from tests.support import FakeClock, create_task, running_gateway
+from tests.support import FakeClock, create_task, http_client, running_gateway
 
 
 @pytest.mark.anyio
@@ -125,7 +125,7 @@ async def test_a_worker_over_its_tasks_callback_rate_waits_and_every_callback_is
 
     async with (
         running_gateway(sqlite_url, callback_rate_per_s=2) as gw,
-        httpx.AsyncClient(timeout=10, event_hooks={"response": [seen]}) as client,
+        http_client(timeout=10, event_hooks={"response": [seen]}) as client,
     ):
         made = await create_task(gw, "fast-1", ttl_ms=120_000, max_attempts=1)
         worker = Worker(gw.url, "fast-1", made.callback_token, client=client)

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from tests.processes import (
@@ -26,7 +25,7 @@ from tests.processes import (
     spawn_gateway,
     throwaway_postgres,
 )
-from tests.support import STEP_S, bearer, postgres_database
+from tests.support import STEP_S, bearer, http_client, postgres_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -119,7 +118,7 @@ async def test_a_worker_that_starts_while_postgres_is_down_says_so_in_one_line(t
         try:
             with anyio.fail_after(TEST_S):
                 await parent.wait_for(STARTUP_COMPLETE, count=2)
-                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=STEP_S) as client:
+                async with http_client(base_url=f"http://127.0.0.1:{port}", timeout=STEP_S) as client:
                     made = await client.post(
                         "/v1/tasks", json={"id": "t", "ttlMs": 600_000, "maxAttempts": 1}
                     )

@@ -20,12 +20,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.processes import STARTUP_COMPLETE, alive, print_tails, spawn_gateway
-from tests.support import GATEWAY_CLI, STEP_S, eventually, postgres_database
+from tests.support import GATEWAY_CLI, STEP_S, eventually, http_client, postgres_database
 
 pytestmark = [
     pytest.mark.anyio,
@@ -73,7 +72,7 @@ async def subscribe(
     url: str, ws_url: str, count: int, stack: contextlib.AsyncExitStack
 ) -> list[ClientConnection]:
     """``count`` WebSockets on one new task, each with its first frame read (served, not merely queued)."""
-    async with httpx.AsyncClient(timeout=STEP_S) as client:
+    async with http_client(timeout=STEP_S) as client:
         made = await client.post(f"{url}/v1/tasks", json={"id": "spread", "ttlMs": 600_000, "maxAttempts": 1})
     assert made.status_code == 201, made.text
     sub_url = f"{ws_url}/v1/tasks/spread/ws?cursor=0&token={made.json()['subscribeToken']}"

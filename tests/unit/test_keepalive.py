@@ -67,6 +67,9 @@ class FakeTransport:
     def is_closing(self) -> bool:
         return self.closing
 
+    def get_extra_info(self, name: str) -> None:  # no socket: drop() only aborts
+        return None
+
     def abort(self) -> None:
         self.aborted = self.closing = True
 
