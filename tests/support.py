@@ -23,7 +23,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from gateway import Settings, create_app
-from gateway.client.worker import KEEPALIVE_S
+from gateway.client.backend import LIMITS
 from gateway.runtime import Gateway
 from gateway.server.serve import GatewayServer, server_config
 from gateway.store.base import Store, WriteTx
@@ -207,11 +207,12 @@ async def running_gateway(
 
 
 def http_client(**options: Any) -> httpx.AsyncClient:
-    """An httpx client as README.md tells a gateway's clients to make one: it lets go of a kept-alive
-    connection after ``KEEPALIVE_S`` (2 s) idle, before the gateway closes it (``GATEWAY_IDLE_TIMEOUT_MS``,
-    5 s). httpx's default expiry is those same 5 s, so a request sent as the gateway closes the connection
-    is reset unanswered (``RemoteProtocolError: Server disconnected``)."""
-    return httpx.AsyncClient(limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S), **options)
+    """An httpx client with the limits of the project's own clients (``gateway.client.backend.LIMITS``), as
+    README.md tells a gateway's clients to make one: it lets go of a kept-alive connection after 2 s idle,
+    before the gateway closes it (``GATEWAY_IDLE_TIMEOUT_MS``, 5 s). httpx's default expiry is those same
+    5 s, so a request sent as the gateway closes the connection is reset unanswered
+    (``RemoteProtocolError: Server disconnected``)."""
+    return httpx.AsyncClient(limits=LIMITS, **options)
 
 
 # --- tasks through the HTTP API -----------------------------------------------------------------------------
