@@ -19,7 +19,7 @@ import uuid
 
 import asyncpg
 
-from gateway.book import EXPIRY_BATCH, Book
+from gateway.book.book import EXPIRY_BATCH, Book
 from gateway.jobs.sweeper import sweep_once
 from gateway.store import Database
 from gateway.store.sql import SqlStore

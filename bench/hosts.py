@@ -1,7 +1,7 @@
 """Workload 13, across hosts: two gateway hosts and a PostgreSQL host as network namespaces of this machine.
 
 Three namespaces (``gwh-<pid>-<tag>-a``, ``-b``, ``-pg``), each with a veth pair to a bridge in the root
-namespace, on a /24 of their own. The PostgreSQL host runs a throwaway cluster (tests/pgcluster.py's
+namespace, on a /24 of their own. The PostgreSQL host runs a throwaway cluster (tests/support/pgcluster.py's
 initdb and pg_ctl, as the ``postgres`` user) on its loopback and, on its bridge address, the link's delay:
 ``tc qdisc ... netem`` does not exist in this kernel (neither do ``fq`` or ``etf``, so no departure-time
 pacing either: the only qdiscs here are ``pfifo``, ``htb`` and ``tbf``, none of which delays a packet by a
@@ -175,10 +175,11 @@ class Net:
 
 @contextlib.asynccontextmanager
 async def postgres(net: Net) -> AsyncIterator[None]:
-    """A throwaway cluster on the PostgreSQL host's loopback (tests/pgcluster.py, run in its namespace)."""
+    """A throwaway cluster on the PostgreSQL host's loopback (tests/support/pgcluster.py, run in its
+    namespace)."""
     if str(harness.ROOT) not in sys.path:
         sys.path.insert(0, str(harness.ROOT))
-    from tests import pgcluster
+    from tests.support import pgcluster
 
     bindir, prefix = pgcluster.postgres_bindir(), pgcluster.run_as()
     base = Path(tempfile.mkdtemp(prefix=f"gw-hosts-pg-{os.getpid()}-{net.tag}-"))
@@ -371,7 +372,7 @@ def why_not() -> str | None:
         return "no `ip` command (iproute2)"
     if str(harness.ROOT) not in sys.path:
         sys.path.insert(0, str(harness.ROOT))
-    from tests import pgcluster
+    from tests.support import pgcluster
 
     try:
         pgcluster.check()

@@ -3,8 +3,8 @@ the CPU goes, beside pgbench writing the same shape of transaction at the same c
 
     python bench/pg_ceiling.py [--smoke]
 
-Everything runs on a PostgreSQL cluster of the bench's own (tests/pgcluster.py: initdb and pg_ctl on a free
-loopback port, removed after), never the shared server: its WAL position and its processes' CPU are then
+Everything runs on a PostgreSQL cluster of the bench's own (tests/support/pgcluster.py: initdb and pg_ctl on a
+free loopback port, removed after), never the shared server: its WAL position and its processes' CPU are then
 this run's alone, and ``pg_stat_statements`` can be loaded (``shared_preload_libraries``, which the shared
 server does not set and whose settings are not ours to change). Its other settings are the shared
 server's (PostgreSQL's defaults, ``autovacuum = off``), with room for the clients (``max_connections``).
@@ -243,8 +243,8 @@ async def cluster() -> AsyncIterator[Cluster]:
     import asyncpg
 
     if str(harness.ROOT) not in sys.path:
-        sys.path.insert(0, str(harness.ROOT))  # tests/pgcluster.py, shared with the tests
-    from tests.pgcluster import throwaway_postgres
+        sys.path.insert(0, str(harness.ROOT))  # tests/support/pgcluster.py, shared with the tests
+    from tests.support.pgcluster import throwaway_postgres
 
     async with throwaway_postgres(SERVER_SETTINGS) as made:
         admin = await asyncpg.connect(made.url, timeout=10)

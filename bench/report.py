@@ -210,7 +210,7 @@ WORKLOADS = {
     14: (
         "past one PostgreSQL",
         "the ceiling of one PostgreSQL here (bench/pg_ceiling.py), on a cluster of the bench's own "
-        "(tests/pgcluster.py; PostgreSQL's defaults and `autovacuum = off` as the shared server's, "
+        "(tests/support/pgcluster.py; PostgreSQL's defaults and `autovacuum = off` as the shared server's, "
         "`pg_stat_statements` loaded): callbacks/s of `gateway serve --workers W` (1, 2) driven by "
         "bench/callbacks.py's client at C keep-alive connections (16, 64, 256, raised until "
         "callbacks/s rise less than 5%), the best median taken as saturation, beside pgbench at C clients "

@@ -18,9 +18,9 @@ checkpointed; the file and the WAL on disk are printed beside), PostgreSQL's ``p
 of the gateway's tables (their indexes, TOAST and free space maps included).
 
 SQLite's database is a file in a temporary directory. PostgreSQL's is a cluster of the bench's own
-(tests/pgcluster.py: ``initdb`` and ``pg_ctl`` on a free loopback port, stopped and removed after) whose
-autovacuum does the work, nothing standing in for it: autovacuum on, its cycle compressed as the retention
-is (``autovacuum_naptime`` a second, its least, for a minute by default), each table's
+(tests/support/pgcluster.py: ``initdb`` and ``pg_ctl`` on a free loopback port, stopped and removed after)
+whose autovacuum does the work, nothing standing in for it: autovacuum on, its cycle compressed as the
+retention is (``autovacuum_naptime`` a second, its least, for a minute by default), each table's
 ``autovacuum_vacuum_scale_factor`` the gateway's own (0.02, set by its migration 0006; ``--scale-factor`` to
 measure another);
 ``pg_stat_user_tables.autovacuum_count`` says how often it ran. Each round's size is read once autovacuum
@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.book import Book, CallbackRequest
+from gateway.book.book import Book, CallbackRequest
 from gateway.errors import UnknownTask
 from gateway.machine import Progress, Start, Succeed, create_task
 from gateway.runtime import Gateway
@@ -553,8 +553,8 @@ async def check(
 @contextlib.asynccontextmanager
 async def database(backend: str, admin_url: str | None = None) -> AsyncIterator[str]:
     """A new, empty database for ``backend``: a SQLite file in a temporary directory; for PostgreSQL, a
-    cluster of the bench's own with ``SERVER_SETTINGS`` (tests/pgcluster.py: initdb and pg_ctl, stopped and
-    removed after), or, given ``admin_url``, a database made on that server and dropped after (its
+    cluster of the bench's own with ``SERVER_SETTINGS`` (tests/support/pgcluster.py: initdb and pg_ctl,
+    stopped and removed after), or, given ``admin_url``, a database made on that server and dropped after (its
     autovacuum as it is set there)."""
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="gw-retention-") as tmp:
@@ -562,8 +562,8 @@ async def database(backend: str, admin_url: str | None = None) -> AsyncIterator[
         return
     if admin_url is None:
         if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))  # tests/pgcluster.py, shared with the tests
-        from tests.pgcluster import throwaway_postgres
+            sys.path.insert(0, str(ROOT))  # tests/support/pgcluster.py, shared with the tests
+        from tests.support.pgcluster import throwaway_postgres
 
         async with throwaway_postgres(SERVER_SETTINGS) as cluster:
             yield cluster.url

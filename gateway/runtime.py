@@ -18,9 +18,10 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup, TaskStatus
 
-from gateway.book import Book, Listeners
+from gateway.book.book import Book, Listeners
+from gateway.book.committer import Committer
+from gateway.book.tag_reads import TagReads
 from gateway.bus import Bus, bus_for
-from gateway.committer import Committer
 from gateway.jobs.demo import run_demo_worker
 from gateway.jobs.relay import Relay
 from gateway.jobs.retention import Retention
@@ -35,7 +36,6 @@ from gateway.store import Database
 from gateway.store.database import COMMITS_IN_FLIGHT as COMMITS_IN_FLIGHT
 from gateway.store.deployment import deployment_id
 from gateway.store.sql import SqlStore
-from gateway.tag_reads import TagReads
 from gateway.tokens import Tokens
 
 log = logging.getLogger("gateway")

@@ -37,12 +37,12 @@ import httpx
 import orjson
 from anyio.abc import TaskGroup
 
-from gateway.db_deadline import DB_DEADLINE_S
 from gateway.errors import one_line
 from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.store.base import Notification, Outgoing, Store
 from gateway.store.database import database_unavailable, unavailable_reason
+from gateway.store.db_deadline import DB_DEADLINE_S
 
 log = logging.getLogger("gateway.relay")
 

@@ -28,10 +28,10 @@ from collections.abc import Callable
 
 import anyio
 
-from gateway.db_deadline import DB_DEADLINE_S
 from gateway.metrics import Metrics
 from gateway.store.base import Store, WriteTx
 from gateway.store.database import database_unavailable
+from gateway.store.db_deadline import DB_DEADLINE_S
 
 log = logging.getLogger("gateway.retention")
 

@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 from prometheus_client import Counter
 
-from gateway.book import EXPIRY_BATCH, Book
+from gateway.book.book import EXPIRY_BATCH, Book
 from gateway.errors import one_line
 from gateway.metrics import Metrics
 from gateway.store.database import database_unavailable, unavailable_reason

@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from gateway.book import Book, Listeners
+from gateway.book.book import Book, Listeners
 from gateway.bus.base import Bus, News, OnNews, OnResync
 from gateway.jobs.sweeper import MAX_PASSES, Sweeper
 from gateway.metrics import Metrics

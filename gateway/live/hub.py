@@ -22,7 +22,7 @@ bus too (:meth:`Hub.receive`), and :meth:`Hub.reconcile` also lists the watched 
 whose news was lost.
 
 The store is reached through :class:`BookReads`, the four reads of ``gateway.book.Book`` this needs, and
-:class:`TagStore`, the three of ``gateway.tag_reads.TagReads``, so that tests drive the hub with an
+:class:`TagStore`, the three of ``gateway.book.tag_reads.TagReads``, so that tests drive the hub with an
 in-memory book.
 """
 
@@ -78,7 +78,7 @@ class BookReads(Protocol):
 
 
 class TagStore(Protocol):
-    """The reads of tags the hub and its feeds make (``gateway.tag_reads.TagReads`` has them)."""
+    """The reads of tags the hub and its feeds make (``gateway.book.tag_reads.TagReads`` has them)."""
 
     async def resume_many(self, cursors: Mapping[str, int]) -> dict[str, Resume]: ...
 

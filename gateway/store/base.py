@@ -60,7 +60,7 @@ class Notification:
 
 @dataclass(frozen=True, slots=True)
 class DrainBatch:
-    """The answer of a drain made with an ``Idempotency-Key``, as it was sent (``gateway.drain``)."""
+    """The answer of a drain made with an ``Idempotency-Key``, as it was sent (``gateway.book.drain``)."""
 
     idempotency_key: str
     made_at_ms: int

@@ -224,7 +224,7 @@ class DeliveryRow(SQLModel, table=True):
 
 class DrainBatchRow(SQLModel, table=True):
     """The answer of a drain made with an ``Idempotency-Key``, kept so that the same key answers it again
-    (``gateway.drain``). The answer itself is kept, as the bytes that were sent, not the outbox rows it
+    (``gateway.book.drain``). The answer itself is kept, as the bytes that were sent, not the outbox rows it
     listed: those may be deleted meanwhile (retention), and the answer must not change."""
 
     __tablename__ = "drain_batches"

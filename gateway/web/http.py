@@ -16,7 +16,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from gateway.book import CallbackRequest
+from gateway.book.book import CallbackRequest
 from gateway.errors import (
     InvalidRequest,
     NotFound,

@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
+from gateway.book.outcomes import CallbackOutcome, Delivery
 from gateway.lease import Lease
 from gateway.machine import Resume, Transition, task_to_json
-from gateway.outcomes import CallbackOutcome, Delivery
 from gateway.store.base import Notification
 
 

@@ -30,8 +30,8 @@ from pydantic_core import PydanticCustomError
 from starlette.datastructures import QueryParams
 from starlette.responses import Response
 
-from gateway.drain import DEFAULT_LIMIT as DRAIN_DEFAULT_LIMIT
-from gateway.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
+from gateway.book.drain import DEFAULT_LIMIT as DRAIN_DEFAULT_LIMIT
+from gateway.book.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
 from gateway.errors import InvalidRequest
 from gateway.lease import MIN_HEARTBEAT_MS
 from gateway.machine import Event, Fail, Progress, Start, Succeed

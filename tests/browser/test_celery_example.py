@@ -31,8 +31,8 @@ import anyio
 import pytest
 
 from tests.browser.conftest import Console
-from tests.processes import SERVING, GatewayProcess, free_port, spawn_gateway, unavailable
 from tests.support import bearer, eventually, http_client
+from tests.support.processes import SERVING, GatewayProcess, free_port, spawn_gateway, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "celery"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gateway.client import Worker
-from tests.tagged import Handed, create_tagged, tag_token
+from tests.support.tagged import Handed, create_tagged, tag_token
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Console, Dashboard

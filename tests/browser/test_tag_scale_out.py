@@ -1,6 +1,6 @@
 """The dashboard on a tag link, in headless Chromium: issue 18's browser acceptance test.
 
-Two ``gateway serve`` processes on one PostgreSQL database (tests/processes.py). The page is opened on
+Two ``gateway serve`` processes on one PostgreSQL database (tests/support/processes.py). The page is opened on
 ``/?tag=T&token=K`` (``K`` a tag token from ``POST /v1/tokens``) through a relay to the first process
 (``TcpProxy``, which can make the link die silently); every task is created and driven through the second.
 What a user of the link sees:
@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from gateway.client import Worker
-from tests.processes import GatewayProcess, gateway_processes
 from tests.support import STEP_S, TcpProxy, http_client, postgres_database
+from tests.support.processes import GatewayProcess, gateway_processes
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Console

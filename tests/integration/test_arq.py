@@ -19,7 +19,8 @@ from arq.connections import ArqRedis, RedisSettings, create_pool
 from arq.jobs import Job
 
 from gateway.integrations import arq as gateway_arq
-from tests.queue_runs import (
+from tests.support import eventually, http_client, running_gateway, wait_until
+from tests.support.queue_runs import (
     API_KEY,
     ARQ_DB,
     Expected,
@@ -32,10 +33,9 @@ from tests.queue_runs import (
     start_worker,
     worker_environ,
 )
-from tests.support import eventually, http_client, running_gateway, wait_until
 
 LEASE_MS = 2_000
-MAX_TRIES = 2  # tests/arq_jobs.py's WorkerSettings.max_tries
+MAX_TRIES = 2  # tests/jobs/arq_jobs.py's WorkerSettings.max_tries
 # The killed job's queue: its workers' time limit, so that arq's in-progress key (the limit + 10 s) lets
 # the job run again within the test.
 KILL_QUEUE_TIMEOUT_S = 10
@@ -65,7 +65,7 @@ def _worker(
 ) -> tuple[str, list[str], dict[str, str]]:
     environ = worker_environ(gateway_url, space, queue)
     environ.update(env)
-    return name, ["-m", "arq", "tests.arq_jobs.WorkerSettings"], environ
+    return name, ["-m", "arq", "tests.jobs.arq_jobs.WorkerSettings"], environ
 
 
 @pytest.mark.anyio

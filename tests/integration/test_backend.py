@@ -26,7 +26,7 @@ from gateway.client import (
     Worker,
 )
 from tests.support import Running, TcpProxy, bearer, running_gateway
-from tests.threaded import Threaded, threaded_gateway
+from tests.support.threaded import Threaded, threaded_gateway
 
 API_KEY = "backend-test-key-0123456789"
 TAGS = ["owner:u1", "project:7"]

@@ -44,8 +44,8 @@ from tests.integration.test_live_support import (
     socket,
     ws_url,
 )
-from tests.processes import gateway_processes
 from tests.support import Running, http_client, postgres_database, wait_until
+from tests.support.processes import gateway_processes
 
 pytestmark = pytest.mark.anyio
 

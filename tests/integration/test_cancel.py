@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from gateway.client import CallbackIgnored, TaskCancelled, Worker
-from tests.history import History
 from tests.integration.test_live_support import (
     StreamCheck,
     live_gateway,
@@ -25,7 +24,6 @@ from tests.integration.test_live_support import (
     ws_url,
 )
 from tests.integration.test_relay import FAST, SECRET, expected, relay_metric, relayed
-from tests.receiver import Receiver, serving_receiver
 from tests.support import (
     STEP_S,
     FakeClock,
@@ -36,6 +34,8 @@ from tests.support import (
     post_callback,
     running_gateway,
 )
+from tests.support.history import History
+from tests.support.receiver import Receiver, serving_receiver
 
 pytestmark = pytest.mark.anyio
 

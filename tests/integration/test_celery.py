@@ -31,7 +31,9 @@ from redis import Redis
 from gateway.integrations.celery import uninstall
 from gateway.integrations.ticket import result_hash
 from gateway.machine import TERMINAL
-from tests.celery_processes import (
+from tests.jobs.celery_tasks import make_app
+from tests.support import bearer, eventually, http_client, mint_tag
+from tests.support.celery_processes import (
     API_KEY,
     Broker,
     celery_worker,
@@ -41,10 +43,8 @@ from tests.celery_processes import (
     read_task,
     redis_broker,
 )
-from tests.celery_tasks import make_app
-from tests.history import History
-from tests.processes import SECRET, ResumingSubscriber, free_port
-from tests.support import bearer, eventually, http_client, mint_tag
+from tests.support.history import History
+from tests.support.processes import SECRET, ResumingSubscriber, free_port
 
 # The whole scenario's bound: every task at its end (a loaded machine included).
 SCENARIO_S = 240.0

@@ -20,7 +20,9 @@ import pytest
 from gateway.integrations.celery import uninstall
 from gateway.integrations.ticket import result_hash
 from gateway.machine import TERMINAL
-from tests.celery_processes import (
+from tests.jobs.celery_tasks import HARD_LIMIT_S, make_app
+from tests.support import bearer, eventually, http_client
+from tests.support.celery_processes import (
     API_KEY,
     Broker,
     celery_worker,
@@ -29,8 +31,6 @@ from tests.celery_processes import (
     read_history,
     redis_broker,
 )
-from tests.celery_tasks import HARD_LIMIT_S, make_app
-from tests.support import bearer, eventually, http_client
 
 LEASE_MS = 2000
 # Every task at its end: the time limits (seconds) and a loaded machine's slack.

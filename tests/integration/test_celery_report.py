@@ -28,9 +28,9 @@ from gateway.client import TaskCancelled
 from gateway.integrations.celery import install, uninstall
 from gateway.integrations.report import GatewayConfig, Reporter, Run
 from gateway.integrations.ticket import result_hash
-from tests.celery_processes import API_KEY, keyed_gateway, read_history
-from tests.processes import free_port
 from tests.support import bearer, eventually, http_client
+from tests.support.celery_processes import API_KEY, keyed_gateway, read_history
+from tests.support.processes import free_port
 
 # A min_interval no test outlasts: every progress after the first must wait for the outcome.
 FOREVER_S = 3600.0

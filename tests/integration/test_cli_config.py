@@ -22,7 +22,6 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.processes import spawn_gateway
 from tests.support import (
     GATEWAY_CLI,
     bearer,
@@ -32,6 +31,7 @@ from tests.support import (
     postgres_database,
     running_gateway,
 )
+from tests.support.processes import spawn_gateway
 
 SECRET = "cli-test-secret-0123456789abcdef0123456789"
 RUN_S = 60

@@ -17,7 +17,7 @@ from gateway.client import WatchError, Worker, watch_tag
 from gateway.client.backoff import Backoff
 from tests.integration.test_client import _killed_on_failure, port_of
 from tests.support import TcpProxy, running_gateway, wait_until
-from tests.tagged import Handed, create_tagged, tag_token
+from tests.support.tagged import Handed, create_tagged, tag_token
 
 TAG = "owner:u42"
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.processes import unavailable
 from tests.support import bearer, eventually, running_gateway
+from tests.support.processes import unavailable
 
 pytestmark = pytest.mark.anyio
 

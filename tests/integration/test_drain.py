@@ -15,8 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.drain import KEEP_MS, MAX_LIMIT
-from tests.lossy_proxy import LossyProxy
+from gateway.book.drain import KEEP_MS, MAX_LIMIT
 from tests.support import (
     FakeClock,
     Running,
@@ -26,6 +25,7 @@ from tests.support import (
     running_gateway,
     wait_until,
 )
+from tests.support.lossy_proxy import LossyProxy
 
 pytestmark = pytest.mark.anyio
 

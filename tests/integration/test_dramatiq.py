@@ -22,7 +22,8 @@ from dramatiq.brokers.redis import RedisBroker
 from redis import Redis
 
 from gateway.integrations import dramatiq as gateway_dramatiq
-from tests.queue_runs import (
+from tests.support import eventually, http_client, running_gateway, wait_until
+from tests.support.queue_runs import (
     API_KEY,
     RQ_DB,
     Expected,
@@ -33,7 +34,6 @@ from tests.queue_runs import (
     redis_space,
     worker_environ,
 )
-from tests.support import eventually, http_client, running_gateway, wait_until
 
 LEASE_MS = 2_000
 WITHIN_S = 120.0
@@ -61,11 +61,12 @@ PLANS: list[tuple[str, int, Expected, bool]] = [
 
 
 def _work(plan: str) -> None:
-    """The producer's declaration of the workers' actor (tests/dramatiq_actors.py): its name and queue."""
+    """The producer's declaration of the workers' actor (tests/jobs/dramatiq_actors.py): its name and
+    queue."""
 
 
 def _worker(name: str, space: RedisSpace, gateway_url: str) -> tuple[str, list[str], dict[str, str]]:
-    argv = ["-m", "dramatiq", "tests.dramatiq_actors", "--processes", "1", "--threads", "2"]
+    argv = ["-m", "dramatiq", "tests.jobs.dramatiq_actors", "--processes", "1", "--threads", "2"]
     return name, argv, worker_environ(gateway_url, space, space.token)
 
 

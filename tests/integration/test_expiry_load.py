@@ -1,9 +1,9 @@
 """Expiry on time under load (protocol.md, "Time and expiry": within 1 s of the deadline), against
 ``gateway serve`` on SQLite and on PostgreSQL.
 
-300 tasks with 2 s TTLs are created while 20 busy workers (tests/busy_workers.py, a process of their own)
-post callbacks as fast as the gateway answers them and a subscriber follows every one of their tasks. Each
-of the 300 must be seen expired within 1 s of its own ``expiresAtMs``, measured on this machine's wall
+300 tasks with 2 s TTLs are created while 20 busy workers (tests/support/busy_workers.py, a process of their
+own) post callbacks as fast as the gateway answers them and a subscriber follows every one of their tasks.
+Each of the 300 must be seen expired within 1 s of its own ``expiresAtMs``, measured on this machine's wall
 clock two ways, both asserted:
 
 - **committed**: a poller lists the expired tasks (``GET /v1/tasks?state=expired``) every 50 ms; a task's
@@ -40,8 +40,8 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.processes import GatewayProcess, print_tails, spawn_gateway
 from tests.support import eventually, http_client
+from tests.support.processes import GatewayProcess, print_tails, spawn_gateway
 
 TASKS = 300
 TTL_MS = 2_000
@@ -77,11 +77,12 @@ async def gateway(database_url: str, directory: Path) -> AsyncIterator[GatewayPr
 
 @asynccontextmanager
 async def busy_workers(url: str, directory: Path) -> AsyncIterator[anyio.abc.Process]:
-    """tests/busy_workers.py against ``url``, at full speed when the block begins; stopped at its end."""
+    """tests/support/busy_workers.py against ``url``, at full speed when the block begins; stopped at its
+    end."""
     log = directory / "workers.log"
     with log.open("wb") as out:
         process = await anyio.open_process(
-            [sys.executable, "-m", "tests.busy_workers", url, str(WORKERS), str(CURSOR_BYTES)],
+            [sys.executable, "-m", "tests.support.busy_workers", url, str(WORKERS), str(CURSOR_BYTES)],
             stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,

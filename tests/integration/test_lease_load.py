@@ -3,8 +3,8 @@
 whose gateway, busy workers and histogram reader this reuses).
 
 300 tasks with 2 s leases (and an hour to live) are created and started while 20 busy workers
-(tests/busy_workers.py, a process of their own) post callbacks as fast as the gateway answers them; then
-their workers vanish (nothing renews the leases). Each lease must be seen ended within 1 s of its own end
+(tests/support/busy_workers.py, a process of their own) post callbacks as fast as the gateway answers them;
+then their workers vanish (nothing renews the leases). Each lease must be seen ended within 1 s of its own end
 (the start's ``leaseUntilMs``), measured two ways, both asserted:
 
 - **pushed**: a subscriber per task on a real WebSocket; a task's time is the arrival of the ``fail`` entry

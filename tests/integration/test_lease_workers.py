@@ -27,8 +27,8 @@ from anyio.streams.text import TextReceiveStream
 from websockets.asyncio.client import connect
 
 from gateway.client import AttemptOver, Worker
-from tests.history import History
 from tests.support import STEP_S, Running, bearer, eventually, post_callback, running_gateway
+from tests.support.history import History
 
 pytestmark = pytest.mark.anyio
 
@@ -76,7 +76,7 @@ class Subscriber:
 
 
 class WorkerProcess:
-    """``tests/lease_worker.py`` in a process of its own, its output read line by line."""
+    """``tests/support/lease_worker.py`` in a process of its own, its output read line by line."""
 
     def __init__(self, process: anyio.abc.Process) -> None:
         self.process = process
@@ -103,7 +103,7 @@ async def worker_process(
     command = [
         sys.executable,
         "-m",
-        "tests.lease_worker",
+        "tests.support.lease_worker",
         gw.url,
         created["task"]["id"],
         created["callbackToken"],

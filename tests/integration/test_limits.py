@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from tests.integration.test_live_support import STEP_S, live_gateway, wait_until
-from tests.rawsocket import RawStream, RawWebSocket, http_error, read_until_closed, tcp
 from tests.support import Running, bearer, create_task, error, post_callback, running_gateway
+from tests.support.rawsocket import RawStream, RawWebSocket, http_error, read_until_closed, tcp
 
 
 async def first_bytes(stream: RawStream) -> bytes:

@@ -15,9 +15,9 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.processes import gateway_processes
-from tests.rawsocket import RawWebSocket, read_until_closed, tcp
 from tests.support import bearer, http_client
+from tests.support.processes import gateway_processes
+from tests.support.rawsocket import RawWebSocket, read_until_closed, tcp
 
 MIB = 1024 * 1024
 

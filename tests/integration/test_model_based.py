@@ -1,4 +1,5 @@
-"""Model-based test: the real HTTP API against the in-memory model (tests/model.py), on SQLite and PostgreSQL.
+"""Model-based test: the real HTTP API against the in-memory model (tests/support/model.py), on SQLite and
+PostgreSQL.
 
 A seeded random driver sends the same operations to a running gateway and to the model built on the pure
 machine, and compares every answer; after every operation it also compares, for every task either side
@@ -51,8 +52,8 @@ from gateway.machine import task_to_json
 from gateway.store.tables import TASK_COLUMNS, task_from_row
 from gateway.store.tables import entries as entries_table
 from gateway.store.tables import tasks as tasks_table
-from tests.model import FENCED, RETENTION, Answer, Model, json_equal
 from tests.support import FakeClock, Running, running_gateway
+from tests.support.model import FENCED, RETENTION, Answer, Model, json_equal
 
 pytestmark = pytest.mark.anyio
 

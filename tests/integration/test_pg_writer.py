@@ -18,10 +18,10 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 import sqlalchemy
 
-import gateway.book
+import gateway.book.book
 import gateway.store.database
 import gateway.store.pg_writer
-from gateway.book import Book
+from gateway.book.book import Book
 from gateway.machine import Start, create_task
 from gateway.store import Database
 from gateway.store.base import StoreRace, WriteTx

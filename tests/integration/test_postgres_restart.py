@@ -1,8 +1,8 @@
 """Gateways recover from a PostgreSQL restart by themselves.
 
 Two ``gateway serve`` processes share a throwaway PostgreSQL cluster of the test's own
-(tests/processes.py), never this machine's shared one. Mid-run the test stops PostgreSQL for a few seconds
-and starts it again on the same port and data directory. Meanwhile a callback is answered ``503
+(tests/support/processes.py), never this machine's shared one. Mid-run the test stops PostgreSQL for a few
+seconds and starts it again on the same port and data directory. Meanwhile a callback is answered ``503
 unavailable`` with ``Retry-After`` (never a 500), ``/readyz`` is not 200; afterwards ``/readyz`` is 200 again,
 every callback answered 2xx is in its task's history once, every subscriber ends at its task's exact final
 state with no gap, and neither gateway process was restarted: their pools and bus listeners reconnect.
@@ -22,9 +22,10 @@ import anyio
 import httpx
 import pytest
 
-from tests.history import History
 from tests.integration.test_live_support import STEP_S
-from tests.processes import (
+from tests.support import http_client
+from tests.support.history import History
+from tests.support.processes import (
     CallbackPoster,
     GatewayProcess,
     ResumingSubscriber,
@@ -33,7 +34,6 @@ from tests.processes import (
     task_callbacks,
     throwaway_postgres,
 )
-from tests.support import http_client
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -71,7 +71,7 @@ async def wait_ready(
 
 async def test_gateways_recover_from_a_postgresql_restart_by_themselves(tmp_path: Path) -> None:
     run = f"pgr-{uuid.uuid4().hex[:8]}"
-    seen = History()  # tests/history.py: every frame and answer the clients saw, checked at the end
+    seen = History()  # tests/support/history.py: every frame and answer the clients saw, checked at the end
     started = time.monotonic()
     with anyio.fail_after(TEST_S):
         async with (

@@ -21,8 +21,9 @@ from rq.job import Job, JobStatus
 
 from gateway.integrations import arq as gateway_arq
 from gateway.integrations import rq as gateway_rq
-from tests.processes import free_port
-from tests.queue_runs import (
+from tests.support import eventually, http_client, running_gateway
+from tests.support.processes import free_port
+from tests.support.queue_runs import (
     API_KEY,
     ARQ_DB,
     RQ_DB,
@@ -31,7 +32,6 @@ from tests.queue_runs import (
     redis_space,
     worker_environ,
 )
-from tests.support import eventually, http_client, running_gateway
 
 WITHIN_S = 60.0
 
@@ -67,7 +67,7 @@ async def test_rq_unreachable_producer_time_limit_and_returned_retry(
             await anyio.to_thread.run_sync(
                 lambda: gateway_rq.enqueue(
                     queue,
-                    "tests.rq_jobs.work",
+                    "tests.jobs.rq_jobs.work",
                     "ok",
                     job_id=orphan,
                     retry=Retry(max=2),
@@ -77,11 +77,11 @@ async def test_rq_unreachable_producer_time_limit_and_returned_retry(
         assert f"could not create task {orphan}" in caplog.text
         gateway_rq.install(url=gw.url, api_key=API_KEY, timeout=5.0)
         await anyio.to_thread.run_sync(
-            lambda: gateway_rq.enqueue(queue, "tests.rq_jobs.work", "slow", job_id=slow, job_timeout=1)
+            lambda: gateway_rq.enqueue(queue, "tests.jobs.rq_jobs.work", "slow", job_id=slow, job_timeout=1)
         )
         await anyio.to_thread.run_sync(
             lambda: gateway_rq.enqueue(
-                queue, "tests.rq_jobs.work", "again", job_id=again, gateway={"maxAttempts": 2}
+                queue, "tests.jobs.rq_jobs.work", "again", job_id=again, gateway={"maxAttempts": 2}
             )
         )
         argv = [
@@ -153,7 +153,7 @@ async def test_arq_unreachable_producer_and_time_limit(
             env = worker_environ(gw.url, space, queue)
             env["TG_TEST_JOB_TIMEOUT_S"] = "1"
             async with queue_workers(
-                [("arq", ["-m", "arq", "tests.arq_jobs.WorkerSettings"], env)], tmp_path
+                [("arq", ["-m", "arq", "tests.jobs.arq_jobs.WorkerSettings"], env)], tmp_path
             ):
                 made = await _ended(client, orphan)
                 timed_out = await _ended(client, slow)

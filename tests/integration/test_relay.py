@@ -3,7 +3,8 @@ signed the Standard Webhooks way (each verified here with the ``standardwebhooks
 the same ``webhook-id`` until a 2xx, through a receiver that fails, hangs, or is killed and restarted;
 independent of the drain; with two gateway processes on PostgreSQL, never sent by both at once.
 
-Each receiver is a real HTTP server on loopback (tests/receiver.py), each gateway a real uvicorn server.
+Each receiver is a real HTTP server on loopback (tests/support/receiver.py), each gateway a real uvicorn
+server.
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from gateway.jobs.relay import webhook_id
 from gateway.store.base import Notification
-from tests.history import History
-from tests.processes import GatewayProcess, free_port, gateway_environ, gateway_processes
-from tests.receiver import Receiver, Try, read_log, serving_receiver
 from tests.support import (
     GATEWAY_CLI,
     Running,
@@ -41,6 +39,9 @@ from tests.support import (
     running_gateway,
     wait_until,
 )
+from tests.support.history import History
+from tests.support.processes import GatewayProcess, free_port, gateway_environ, gateway_processes
+from tests.support.receiver import Receiver, Try, read_log, serving_receiver
 
 pytestmark = pytest.mark.anyio
 
@@ -221,11 +222,11 @@ async def test_a_stopped_gateway_hands_back_what_it_was_sending(sqlite_url: str)
 
 @asynccontextmanager
 async def receiver_process(port: int, log: Path, output: Path) -> AsyncIterator[GatewayProcess]:
-    """tests/receiver.py as a process of its own on ``port``, serving when the block begins."""
+    """tests/support/receiver.py as a process of its own on ``port``, serving when the block begins."""
     command = [
         sys.executable,
         "-m",
-        "tests.receiver",
+        "tests.support.receiver",
         "--port",
         str(port),
         "--secret",
@@ -306,7 +307,8 @@ async def test_every_notification_of_200_tasks_arrives_through_a_receiver_killed
     assert by_id == dict(expected(item) for item in drained)  # every notification, exactly its fields
     assert len(by_id) == 200 and restarts == 2
     assert Counter(b["state"] for b in by_id.values()) == {"succeeded": 140, "failed": 40, "expired": 20}
-    seen = History()  # tests/history.py: at most one notification per terminal state, deduplicated by id
+    # tests/support/history.py: at most one notification per terminal state, deduplicated by id
+    seen = History()
     for t in answered:
         seen.notification(t.body, t.msg_id)
     for item in drained:

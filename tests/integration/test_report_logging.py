@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 from gateway.integrations.report import GatewayConfig, Reporter
-from tests.celery_processes import API_KEY, keyed_gateway, read_history
-from tests.processes import free_port
 from tests.support import bearer, eventually, http_client
+from tests.support.celery_processes import API_KEY, keyed_gateway, read_history
+from tests.support.processes import free_port
 
 # The retries to see (logged at DEBUG) while the gateway is away, before it comes back.
 RETRIES = 3

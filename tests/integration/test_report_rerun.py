@@ -20,8 +20,8 @@ import anyio
 import pytest
 
 from gateway.integrations.report import GatewayConfig, Reporter
-from tests.celery_processes import API_KEY, keyed_gateway, read_history
 from tests.support import bearer, eventually, http_client
+from tests.support.celery_processes import API_KEY, keyed_gateway, read_history
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ import anyio
 import orjson
 import pytest
 
-from gateway.book import Book
+from gateway.book.book import Book
 from gateway.jobs.relay import webhook_id
 from gateway.jobs.retention import Retention
 from gateway.machine import Start, Succeed
@@ -38,8 +38,6 @@ from tests.integration.test_live_support import (
     socket,
     ws_url,
 )
-from tests.processes import throwaway_postgres
-from tests.receiver import Receiver, serving_receiver
 from tests.support import (
     FakeClock,
     Running,
@@ -51,6 +49,8 @@ from tests.support import (
     post_callback,
     postgres_database,
 )
+from tests.support.processes import throwaway_postgres
+from tests.support.receiver import Receiver, serving_receiver
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,8 @@ from rq.command import send_stop_job_command
 from rq.job import Job, JobStatus
 
 from gateway.integrations import rq as gateway_rq
-from tests.queue_runs import (
+from tests.support import eventually, http_client, running_gateway, wait_until
+from tests.support.queue_runs import (
     API_KEY,
     RQ_DB,
     Expected,
@@ -32,7 +33,6 @@ from tests.queue_runs import (
     redis_space,
     worker_environ,
 )
-from tests.support import eventually, http_client, running_gateway, wait_until
 
 LEASE_MS = 2_000
 WITHIN_S = 120.0
@@ -117,7 +117,7 @@ async def test_rq_jobs_end_on_the_gateway_as_rq_ended_them(tmp_path: Path, sqlit
             def publish(job_id: str = job_id, plan: str = plan, retries: int = retries) -> Job:
                 return gateway_rq.enqueue(
                     queue,
-                    "tests.rq_jobs.work",
+                    "tests.jobs.rq_jobs.work",
                     plan,
                     job_id=job_id,
                     retry=Retry(max=retries) if retries else None,

@@ -19,16 +19,16 @@ from rq import Queue, Retry
 from rq.job import Job, JobStatus
 
 from gateway.integrations import rq as gateway_rq
-from tests.celery_processes import API_KEY, keyed_gateway, read_history
-from tests.processes import free_port
-from tests.queue_runs import ENV_KEY, RQ_DB, queue_workers, redis_space, worker_environ
 from tests.support import bearer, eventually, http_client
+from tests.support.celery_processes import API_KEY, keyed_gateway, read_history
+from tests.support.processes import free_port
+from tests.support.queue_runs import ENV_KEY, RQ_DB, queue_workers, redis_space, worker_environ
 
 WITHIN_S = 60.0
 
 
 class Plan(NamedTuple):
-    """A job (``tests/rq_jobs.py``'s plan, its RQ retries), what RQ ends it as, and its gateway task: its
+    """A job (``tests/jobs/rq_jobs.py``'s plan, its RQ retries), what RQ ends it as, and its gateway task: its
     state, attempts, error (a prefix) and entries (:func:`_shape`)."""
 
     plan: str
@@ -111,7 +111,7 @@ async def test_rq_jobs_run_while_the_gateway_is_down_end_on_it_once_it_is_back(t
 
             def publish(job_id: str, plan: str, retries: int) -> Job:
                 retry = Retry(max=retries) if retries else None
-                return gateway_rq.enqueue(queue, "tests.rq_jobs.work", plan, job_id=job_id, retry=retry)
+                return gateway_rq.enqueue(queue, "tests.jobs.rq_jobs.work", plan, job_id=job_id, retry=retry)
 
             for job_id, p in jobs.items():
                 await anyio.to_thread.run_sync(publish, job_id, p.plan, p.retries)

@@ -18,7 +18,7 @@ from rq import Queue, Retry
 
 from gateway.integrations import rq as gateway_rq
 from gateway.integrations.report import GatewayConfig, Ticket
-from tests.queue_runs import RQ_DB, redis_space
+from tests.support.queue_runs import RQ_DB, redis_space
 
 
 def add(a: int, b: int) -> int:

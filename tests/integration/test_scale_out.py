@@ -1,7 +1,8 @@
 """Scale-out: several gateway processes on one PostgreSQL database.
 
-Each gateway here is a real ``gateway serve`` process (tests/processes.py). News of each committed entry
-travels between them on the bus (LISTEN/NOTIFY on the database, or Redis pub/sub), and each process's hub
+Each gateway here is a real ``gateway serve`` process (tests/support/processes.py). News of each committed
+entry travels between them on the bus (LISTEN/NOTIFY on the database, or Redis pub/sub), and each process's
+hub
 fills from the store whatever the bus missed. What is asserted:
 
 - fan-out is exact across processes: a subscriber on any process sees every entry of its task once, in
@@ -32,9 +33,10 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.history import History
 from tests.integration.test_live_support import STEP_S, StreamCheck, loads, read_to_close
-from tests.processes import (
+from tests.support import GATEWAY_CLI, eventually, http_client, postgres_database
+from tests.support.history import History
+from tests.support.processes import (
     STARTUP_COMPLETE,
     CallbackPoster,
     GatewayProcess,
@@ -51,7 +53,6 @@ from tests.processes import (
     spawn_gateway,
     task_callbacks,
 )
-from tests.support import GATEWAY_CLI, eventually, http_client, postgres_database
 
 pytestmark = pytest.mark.anyio
 
@@ -246,7 +247,7 @@ async def test_a_process_killed_mid_run_loses_nothing(bus: str | None, pg_url: s
 
     for task_id, entries in histories.items():
         seen.final(task_id, entries)
-    seen.check()  # tests/history.py: the invariants over every frame and answer the clients saw
+    seen.check()  # tests/support/history.py: the invariants over every frame and answer the clients saw
     assert victim_sockets >= 1
     assert applied_at_kill < sum(len(p.applied) for p in posters), "the kill came after the run"
     for poster in posters:

@@ -1,5 +1,5 @@
-"""Tag subscriptions across gateway processes: two ``gateway serve`` processes (tests/processes.py) on one
-PostgreSQL database, joined by LISTEN/NOTIFY or by Redis.
+"""Tag subscriptions across gateway processes: two ``gateway serve`` processes (tests/support/processes.py) on
+one PostgreSQL database, joined by LISTEN/NOTIFY or by Redis.
 
 A subscriber of a tag on one process hears of every task created with the tag through the other (the
 creation is news on the bus, as an entry is): ``added``, its ``snapshot`` ``new``, then every entry posted
@@ -20,8 +20,8 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.integration.test_live_support import STEP_S, TagWatch, loads, tag_subscribe
-from tests.processes import gateway_processes, redis_or_skip
 from tests.support import http_client, postgres_database
+from tests.support.processes import gateway_processes, redis_or_skip
 
 pytestmark = pytest.mark.anyio
 

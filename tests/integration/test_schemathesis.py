@@ -35,7 +35,7 @@ from gateway.web import task_ids
 from gateway.web.http import _version
 from gateway.web.openapi import openapi_document
 from tests.support import bearer
-from tests.threaded import ErrorLog, threaded_gateway
+from tests.support.threaded import ErrorLog, threaded_gateway
 
 API_KEY = "schemathesis-api-key"
 MAX_EXAMPLES = 40

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from gateway.book import Book
+from gateway.book.book import Book
 from gateway.machine import Start
 from gateway.machine import create_task as new_task
 from gateway.store import Database

@@ -20,8 +20,9 @@ import orjson
 import pytest
 import sqlalchemy
 
-from gateway.book import EXPIRY_BATCH, Book, CallbackRequest
-from gateway.drain import KEEP_MS, Drained
+from gateway.book.book import EXPIRY_BATCH, Book, CallbackRequest
+from gateway.book.drain import KEEP_MS, Drained
+from gateway.book.tag_reads import TagReads
 from gateway.errors import GatewayError
 from gateway.jobs.retention import Retention
 from gateway.jobs.sweeper import sweep_once
@@ -40,7 +41,6 @@ from gateway.store.base import DrainBatch, Receipt, Store, StoreRace, WriteTx
 from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
 from gateway.store.transaction import SqlTx
-from gateway.tag_reads import TagReads
 from gateway.web.render import notifications_body
 from tests.support import FakeClock, opened, postgres_database
 

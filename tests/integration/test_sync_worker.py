@@ -19,7 +19,7 @@ from gateway.client import (
     Worker,
 )
 from tests.support import running_gateway
-from tests.threaded import Threaded, threaded_gateway, until
+from tests.support.threaded import Threaded, threaded_gateway, until
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
 """Tag subscriptions across processes: issue 18's acceptance test.
 
-Three ``gateway serve`` processes on one PostgreSQL database (tests/processes.py), with each bus. Twenty
-clients follow four tags on ``/v1/ws`` (five per tag, spread over the processes; some tasks carry two tags),
-each keeping its cursors map and reconnecting with it, to another process, when its socket drops
-(tests/tag_subscriber.py checks every frame as it comes). Tasks are created and driven through processes
-picked at random, and creates go on during the run, so that every process announces tasks (``added``)
-created on the others. The process serving the most of these clients is SIGKILLed mid-run. What is
+Three ``gateway serve`` processes on one PostgreSQL database (tests/support/processes.py), with each bus.
+Twenty clients follow four tags on ``/v1/ws`` (five per tag, spread over the processes; some tasks carry two
+tags), each keeping its cursors map and reconnecting with it, to another process, when its socket drops
+(tests/support/tag_subscriber.py checks every frame as it comes). Tasks are created and driven through
+processes picked at random, and creates go on during the run, so that every process announces tasks
+(``added``) created on the others. The process serving the most of these clients is SIGKILLed mid-run. What is
 asserted:
 
 - every client ends holding every task of its tag, each exactly as the store has it at its final version;
@@ -13,7 +13,8 @@ asserted:
   repeat, and each connection's frames keep the contract's order (listing, resume frames in its order,
   then ``added`` and events); each task is ``added`` at most once per subscription, and every task a
   client knows was listed or added;
-- tests/history.py's invariants hold for every task (callbacks answered 2xx in the history exactly once,
+- tests/support/history.py's invariants hold for every task (callbacks answered 2xx in the history exactly
+once,
   one terminal state, one notification).
 """
 
@@ -32,18 +33,18 @@ import anyio.abc
 import httpx
 import pytest
 
-from tests.history import History
 from tests.integration.test_live_support import STEP_S
 from tests.integration.test_scale_out import BUSES, bus_environ, drain, get_task, history, unique
-from tests.processes import (
+from tests.support import http_client, postgres_database
+from tests.support.history import History
+from tests.support.processes import (
     CallbackPoster,
     GatewayProcess,
     assert_history_is,
     gateway_processes,
     task_callbacks,
 )
-from tests.support import http_client, postgres_database
-from tests.tag_subscriber import TagSubscriber
+from tests.support.tag_subscriber import TagSubscriber
 
 pytestmark = pytest.mark.anyio
 
@@ -205,7 +206,8 @@ async def test_tag_subscribers_follow_every_task_through_a_process_kill(
     for task_id, entries in histories.items():
         seen.final(task_id, entries)
     assert victim is not None
-    seen.check()  # tests/history.py: every stream gapless across connections, and the store's invariants
+    # tests/support/history.py: every stream gapless across connections, and the store's invariants
+    seen.check()
     assert applied_at_kill < sum(len(p.applied) for p in posters.values()), "the kill came after the run"
     for k, task_id in enumerate(ids):
         poster = posters[task_id]

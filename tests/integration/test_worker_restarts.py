@@ -1,7 +1,7 @@
 """``gateway serve --workers N`` as an operator meets it when workers die: each worker slot is restarted
 on a backoff of its own, and a worker that starts while PostgreSQL is down says so in one line.
 
-Real processes: the parent and its workers (tests/processes.py), on this machine's PostgreSQL or on a
+Real processes: the parent and its workers (tests/support/processes.py), on this machine's PostgreSQL or on a
 throwaway cluster of the test's own that it stops and starts.
 """
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.processes import (
+from tests.support import STEP_S, bearer, http_client, postgres_database
+from tests.support.processes import (
     STARTUP_COMPLETE,
     GatewayProcess,
     alive,
@@ -25,7 +26,6 @@ from tests.processes import (
     spawn_gateway,
     throwaway_postgres,
 )
-from tests.support import STEP_S, bearer, http_client, postgres_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 

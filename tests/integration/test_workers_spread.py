@@ -6,7 +6,7 @@ at 47,000 sockets over 6 workers one held 17,889, another 3,084); the parent sti
 ``--port 0`` works and a second gateway on the port is refused. A worker whose parent is SIGKILLed stops,
 saying ``1001`` to its subscribers.
 
-Real processes on this machine's PostgreSQL (tests/processes.py).
+Real processes on this machine's PostgreSQL (tests/support/processes.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import anyio
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.processes import STARTUP_COMPLETE, alive, print_tails, spawn_gateway
 from tests.support import GATEWAY_CLI, STEP_S, eventually, http_client, postgres_database
+from tests.support.processes import STARTUP_COMPLETE, alive, print_tails, spawn_gateway
 
 pytestmark = [
     pytest.mark.anyio,

@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.support import SECRET, bearer
-from tests.threaded import Threaded, threaded_gateway
+from tests.support.threaded import Threaded, threaded_gateway
 
 API_KEY = "fuzz-api-key"
 MAX_EXAMPLES = 150

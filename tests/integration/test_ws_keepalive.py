@@ -14,8 +14,8 @@ from websockets.protocol import State
 
 from gateway.server.keepalive import wheel_for
 from tests.integration.test_live_support import wait_until
-from tests.rawsocket import RawWebSocket, read_until_closed, tcp
 from tests.support import Running, running_gateway
+from tests.support.rawsocket import RawWebSocket, read_until_closed, tcp
 
 PING_S = 0.25
 SLACK_S = 1.0  # a slow machine's delays, on top of the two intervals

@@ -12,7 +12,7 @@ it is a ``gateway.live.hub.BookReads`` (mypy checks that it fits, with no ignore
 - ``entries_between(task_id, after, upto)``: the entries ``after < version <= upto``, in order;
 - ``versions(task_ids)``: the current version of each task that exists;
 
-and the reads of tags (``gateway.live.hub.TagStore``, as ``gateway.tag_reads.TagReads`` answers them):
+and the reads of tags (``gateway.live.hub.TagStore``, as ``gateway.book.tag_reads.TagReads`` answers them):
 
 - ``list(tag, limit)``: the ids of the tasks carrying ``tag``, newest first (createdAtMs, then id,
   descending), at most ``limit``, and whether more were left out;

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.book import Book, Listeners
+from gateway.book.book import Book, Listeners
 from gateway.errors import Conflict
 from gateway.machine import Start, Succeed
 from gateway.store.memory import MemoryStore

@@ -10,7 +10,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from gateway.book import Book
+from gateway.book.book import Book
 from gateway.errors import UnknownTask
 from gateway.machine import Event, Progress, Resume, Start
 from gateway.store.memory import MemoryStore, MemoryTx

@@ -1,4 +1,4 @@
-"""Group commit (``gateway.committer`` over ``Book.callbacks``), on the in-memory store: no socket.
+"""Group commit (``gateway.book.committer`` over ``Book.callbacks``), on the in-memory store: no socket.
 
 What a worker would notice: every callback gets its own answer (one refused callback never fails its
 neighbours), duplicates inside one batch are still duplicates, answers come only after the commit, a
@@ -14,8 +14,8 @@ import anyio
 import orjson
 import pytest
 
-from gateway.book import Book, CallbackOutcome, CallbackRequest
-from gateway.committer import Committer
+from gateway.book.book import Book, CallbackOutcome, CallbackRequest
+from gateway.book.committer import Committer
 from gateway.errors import Conflict, GatewayError, InvalidRequest, UnknownTask
 from gateway.machine import Event, Progress, Start, Succeed
 from gateway.store.memory import MemoryStore

@@ -43,7 +43,7 @@ def machine_reasons() -> set[str]:
     """Every reason the state machine and the book can answer a callback with."""
     machine = ROOT / "gateway" / "machine.py"
     reasons = _strings_in_calls(machine, {"_unchanged"}) | _strings_in_calls(machine, {"_advance"}, 2)
-    reasons |= _strings_in_calls(ROOT / "gateway" / "book.py", {"Transition"})
+    reasons |= _strings_in_calls(ROOT / "gateway" / "book" / "book.py", {"Transition"})
     return reasons
 
 
@@ -53,7 +53,7 @@ def error_codes() -> set[str]:
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.GatewayError) and cls is not errors.Conflict
     }
-    for module in ("book.py", "lease.py", "web/http.py", "web/wire.py"):
+    for module in ("book/book.py", "lease.py", "web/http.py", "web/wire.py"):
         codes |= _strings_in_calls(ROOT / "gateway" / module, {"Conflict"}, 0)
     return codes
 

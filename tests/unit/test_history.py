@@ -1,4 +1,4 @@
-"""The history checker (tests/history.py) passes a history that keeps the invariants and names each
+"""The history checker (tests/support/history.py) passes a history that keeps the invariants and names each
 violation of one: a checker that cannot fail would prove nothing in the fault tests that use it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.history import History
+from tests.support.history import History
 
 BASE = {"id": "t", "state": "queued", "expiresAtMs": 10**13, "attempts": 0, "maxAttempts": 1,
         "progress": 0, "version": 0}  # fmt: skip

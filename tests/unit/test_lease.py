@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import orjson
 import pytest
 
-from gateway.book import Book, CallbackRequest
+from gateway.book.book import Book, CallbackRequest
+from gateway.book.listeners import Listeners
 from gateway.errors import Conflict
 from gateway.lease import Lease, heartbeat, lease_of, renewal, timed_out
-from gateway.listeners import Listeners
 from gateway.machine import (
     Fail,
     Progress,

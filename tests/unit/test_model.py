@@ -1,4 +1,5 @@
-"""Tests of the in-memory model of the HTTP API (tests/model.py), the oracle of the model-based tests."""
+"""Tests of the in-memory model of the HTTP API (tests/support/model.py), the oracle of the model-based
+tests."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.machine import apply_event, create_task, event_from_json, task_to_json
-from tests.model import Model, json_equal
+from tests.support.model import Model, json_equal
 
 TTL = 10_000
 

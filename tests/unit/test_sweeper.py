@@ -10,7 +10,7 @@ import anyio
 import orjson
 import pytest
 
-from gateway.book import Book
+from gateway.book.book import Book
 from gateway.jobs.sweeper import Sweeper
 from gateway.machine import Start, create_task
 from gateway.store.memory import MemoryStore, MemoryTx

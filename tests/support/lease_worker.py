@@ -1,5 +1,5 @@
 """A worker as a process of its own, for the tests that kill or stop it:
-``python -m tests.lease_worker URL TASK_ID CALLBACK_TOKEN NAME MODE``.
+``python -m tests.support.lease_worker URL TASK_ID CALLBACK_TOKEN NAME MODE``.
 
 It runs the task's job with the Python ``Worker`` (which heartbeats in the background while the task has
 a lease): ``start``, print ``started ATTEMPT LEASE_UNTIL_MS HEARTBEAT_MS``, then the job, for as long as it

@@ -1,4 +1,4 @@
-"""Busy workers, as a process of their own: ``python -m tests.busy_workers URL COUNT CURSOR_BYTES``.
+"""Busy workers, as a process of their own: ``python -m tests.support.busy_workers URL COUNT CURSOR_BYTES``.
 
 Each of ``COUNT`` workers runs tasks back to back as fast as the gateway answers: it creates a task (an hour
 to live), starts it, reports progress 1..100 one callback at a time (each with a ``callbackId`` and a

@@ -2,8 +2,8 @@
 directory, run by ``pg_ctl`` on a free loopback port (trust auth, user ``postgres``), stopped and removed,
 files and all, when its block ends.
 
-For the tests that stop and start PostgreSQL under a gateway (through tests/processes.py, which skips a
-test where no cluster can be made) and for bench/retention.py, which measures PostgreSQL under autovacuum
+For the tests that stop and start PostgreSQL under a gateway (through tests/support/processes.py, which skips
+a test where no cluster can be made) and for bench/retention.py, which measures PostgreSQL under autovacuum
 with settings of its own (the shared server runs with ``autovacuum = off``, and its configuration is not
 ours to change). Nothing here imports pytest: what is missing raises :class:`ClusterUnavailable`.
 """

@@ -1,6 +1,6 @@
 """The RQ jobs of tests/integration/test_rq.py, run by real ``rq worker`` processes. Importing it in a
 worker installs the integration with the gateway the test started (its URL and key in the environment:
-tests/queue_runs.py); the test process enqueues the jobs by name and never imports it.
+tests/support/queue_runs.py); the test process enqueues the jobs by name and never imports it.
 
 ``work(plan)`` does what ``plan`` says, counting its runs in Redis (``<token>:runs:<job id>``) so that a
 job can behave differently on its second run:

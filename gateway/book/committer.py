@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import anyio
 
-from gateway.book import Book, CallbackOutcome, CallbackRequest
+from gateway.book.book import Book, CallbackOutcome, CallbackRequest
 from gateway.errors import GatewayError, Unavailable
 
 # Callbacks one batch applies at most (one transaction's worth of locks and statements).

@@ -1,5 +1,5 @@
 """A tag subscriber over ``/v1/ws`` that outlives the process it is connected to, for the tests that run the
-gateway as it is deployed (tests/processes.py).
+gateway as it is deployed (tests/support/processes.py).
 
 :class:`TagSubscriber` keeps what a client of a tag keeps: the tasks it knows, each at the version it holds
 (its cursors map). It subscribes with ``{"type": "subscribe", "tag", "token", "cursors"}``; when its socket
@@ -17,9 +17,9 @@ connection is checked as it arrives (the tag subscription's contract, docs/proto
   is followed by that task's ``snapshot`` (``new``); each frame names a task listed or added;
 - then each task's ``event`` frames at exactly last + 1, each replayed on the state machine.
 
-Every frame also goes to a :class:`~tests.history.History` (``history``), which checks the streams across
-connections (no gap, no repeat, nothing after a terminal state). A violation fails at once, saying which
-subscriber, which connection and which frame.
+Every frame also goes to a :class:`~tests.support.history.History` (``history``), which checks the streams
+across connections (no gap, no repeat, nothing after a terminal state). A violation fails at once, saying
+which subscriber, which connection and which frame.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import orjson
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from tests.history import History
 from tests.integration.test_live_support import RESUME_TYPES, STEP_S, StreamCheck, loads
-from tests.processes import RECONNECT_CODES, GatewayProcess
+from tests.support.history import History
+from tests.support.processes import RECONNECT_CODES, GatewayProcess
 
 # A reconnect's backoff: the subscriber waits this long before connecting again after a drop.
 RECONNECT_DELAY_S = 0.1

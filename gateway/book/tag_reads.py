@@ -3,7 +3,7 @@ since a time, and the resumes of many tasks at once, each as :meth:`gateway.book
 
 Beside the book, not in it: each is one read transaction whose statements (``gateway.store.queries``) do
 the work set-based, so that resuming the 200 tasks of a tag costs one query, not 200. Every method runs
-within the database deadline, whatever cancels its caller (``gateway.db_deadline``).
+within the database deadline, whatever cancels its caller (``gateway.store.db_deadline``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import builtins
 from collections.abc import Mapping, Sequence
 
-from gateway.db_deadline import DB_DEADLINE_S, shielded
 from gateway.machine import Resume, Task, resume_mode
 from gateway.store.base import Store
+from gateway.store.db_deadline import DB_DEADLINE_S, shielded
 
 
 class TagReads:

@@ -6,9 +6,9 @@ as the test tells it: a status, or a hang. It notes when two tries of one ``webh
 the same time (the relay must never do that, even from several processes).
 
 In the test's process (:func:`serving_receiver`) the test reads :class:`Receiver` directly; as a process
-of its own (``python -m tests.receiver --port P --secret S --log F``), which a test kills and restarts, it
-appends each try to the JSON-lines file ``F`` before it answers, so the test reads what it received
-before it died.
+of its own (``python -m tests.support.receiver --port P --secret S --log F``), which a test kills and
+restarts, it appends each try to the JSON-lines file ``F`` before it answers, so the test reads what it
+received before it died.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The arq jobs of tests/integration/test_arq.py, run by real ``arq`` worker processes
-(``arq tests.arq_jobs.WorkerSettings``). The settings read this test's queue name and gateway from the
-environment (tests/queue_runs.py) and are installed with the integration at import.
+(``arq tests.jobs.arq_jobs.WorkerSettings``). The settings read this test's queue name and gateway from the
+environment (tests/support/queue_runs.py) and are installed with the integration at import.
 
 ``work(plan)`` does what ``plan`` says, counting its tries in Redis (``<token>:runs:<job id>``):
 

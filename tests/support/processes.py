@@ -4,7 +4,7 @@
   database, or one with ``--workers N``), each one's output in a file under the test's ``tmp_path``;
 - :class:`RoundRobinBalancer`: a loopback TCP load balancer in front of several gateways;
 - :func:`throwaway_postgres`: a PostgreSQL cluster of the test's own that it may stop and start (never this
-  machine's shared one; tests/pgcluster.py makes it);
+  machine's shared one; tests/support/pgcluster.py makes it);
 - :class:`ResumingSubscriber` and :class:`CallbackPoster`: a subscriber that reconnects by itself with its
   cursor, and a worker that posts each callback again, same id and body, until it is answered.
 
@@ -36,12 +36,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from gateway.machine import TERMINAL
-from tests import pgcluster
-from tests.history import History
 from tests.integration.test_live_support import STEP_S, StreamCheck, loads
-from tests.pgcluster import ThrowawayPostgres
-from tests.pgcluster import free_port as free_port  # the tests take it from here
-from tests.support import GATEWAY_CLI, bearer
+from tests.support import GATEWAY_CLI, bearer, pgcluster
+from tests.support.history import History
+from tests.support.pgcluster import ThrowawayPostgres
+from tests.support.pgcluster import free_port as free_port  # the tests take it from here
 
 # One secret for every process of a test: a token any of them issued works on all of them.
 SECRET = "process-test-secret-0123456789abcdef0123"
@@ -383,8 +382,8 @@ async def round_robin_balancer(ports: Sequence[int]) -> AsyncIterator[RoundRobin
 
 @asynccontextmanager
 async def throwaway_postgres(settings: Mapping[str, str] | None = None) -> AsyncIterator[ThrowawayPostgres]:
-    """:func:`tests.pgcluster.throwaway_postgres`, the test skipped (failed in CI) where no cluster can be
-    made."""
+    """:func:`tests.support.pgcluster.throwaway_postgres`, the test skipped (failed in CI) where no cluster
+    can be made."""
     try:
         pgcluster.check()
     except pgcluster.ClusterUnavailable as exc:

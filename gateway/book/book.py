@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 
 import orjson
 
+from gateway.book.drain import DEFAULT_LIMIT, Drained, Encode, drain
+from gateway.book.listeners import Listeners
+from gateway.book.outcomes import CallbackOutcome, CallbackRequest, Delivery
 from gateway.bus.base import Bus, News
-from gateway.db_deadline import DB_DEADLINE_S, shielded
-from gateway.drain import DEFAULT_LIMIT, Drained, Encode, drain
 from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.frames import event_frame
 from gateway.lease import heartbeat, lease_of, renewal, timed_out
-from gateway.listeners import Listeners
 from gateway.machine import (
     Event,
     Resume,
@@ -37,8 +37,8 @@ from gateway.machine import (
     is_blank,
     resume_mode,
 )
-from gateway.outcomes import CallbackOutcome, CallbackRequest, Delivery
 from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
+from gateway.store.db_deadline import DB_DEADLINE_S, shielded
 
 __all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Listeners", "Notification", "Receipt"]
 
@@ -412,7 +412,7 @@ class Book:
         self, encode: Encode, *, limit: int = DEFAULT_LIMIT, idempotency_key: str | None = None
     ) -> Drained:
         """``drainNotifications``, a batch of at most ``limit`` at a time; the same ``idempotency_key``
-        answers its batch again (``gateway.drain``). ``encode`` makes the answer's body."""
+        answers its batch again (``gateway.book.drain``). ``encode`` makes the answer's body."""
         if idempotency_key is not None and is_blank(idempotency_key):
             raise fail("idempotencyKey must not be blank")
         now = self.clock()

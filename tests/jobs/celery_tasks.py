@@ -1,9 +1,9 @@
 """The Celery app of the Celery tests: the tasks their ``celery worker`` processes run, reported to the
 gateway by ``gateway.integrations.celery``.
 
-A worker loads it through ``celery -A tests.celery_worker worker``, which makes the app from its environment;
-the test process makes its own with :func:`make_app` and the same settings, to publish. Each task's
-progress values rise and end at a value the test knows, so the history can be checked.
+A worker loads it through ``celery -A tests.jobs.celery_worker worker``, which makes the app from its
+environment; the test process makes its own with :func:`make_app` and the same settings, to publish. Each
+task's progress values rise and end at a value the test knows, so the history can be checked.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def make_app(
     shared: Path | None = None,
     timeout: float = 2.0,
 ) -> Celery:
-    app = Celery("tests.celery_tasks", broker=broker, backend=backend)
+    app = Celery("tests.jobs.celery_tasks", broker=broker, backend=backend)
     app.conf.update(
         task_default_queue=queue,
         worker_prefetch_multiplier=1,

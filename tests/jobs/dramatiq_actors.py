@@ -1,11 +1,11 @@
 """The Dramatiq actors of tests/integration/test_dramatiq.py, run by real ``dramatiq`` worker processes.
 The broker lives in Redis db 12 under a namespace of the test's own (its token), and is installed with the
-integration for the gateway the test started (its URL and key in the environment: tests/queue_runs.py).
-The test process imports this module too, as the producer.
+integration for the gateway the test started (its URL and key in the environment:
+tests/support/queue_runs.py). The test process imports this module too, as the producer.
 
 ``work(plan)`` does what ``plan`` says, counting its runs in Redis (``<token>:runs:<message id>``):
 ``ok``, ``ok-dict``, ``retry``, ``fail``, ``kill`` (its pid in ``<token>:pid:<message id>``), ``slow`` and
-``cancel``, as in tests/rq_jobs.py.
+``cancel``, as in tests/jobs/rq_jobs.py.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ Redis, a real gateway, a subscriber per task, and the checks every queue shares.
 - :class:`QueueWorker`: one worker process (``rq worker``, ``arq``) with its output in a file; stopped when
   its block ends, its output's tail printed when the test failed;
 - :class:`Followed`: each task read at version 0 (before any worker runs it), followed by a
-  :class:`~tests.processes.ResumingSubscriber` recording into a :class:`~tests.history.History`, and the
-  checks of the end: each task as the queue ended it, its attempts, its progress entries rising within
-  each attempt and the last one sent, its result, and the history checker.
+  :class:`~tests.support.processes.ResumingSubscriber` recording into a
+  :class:`~tests.support.history.History`, and the checks of the end: each task as the queue ended it, its
+  attempts, its progress entries rising within each attempt and the last one sent, its result, and the history
+  checker.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ import httpx
 from redis.asyncio import Redis
 
 from gateway.machine import TERMINAL
-from tests.history import History
-from tests.processes import ResumingSubscriber, redis_or_skip
 from tests.support import STEP_S, bearer, eventually, mint
+from tests.support.history import History
+from tests.support.processes import ResumingSubscriber, redis_or_skip
 
 REDIS = "redis://127.0.0.1:6379"
 # One db per helper (the contract of issue 19): RQ's tests and arq's tests, nobody else's.
@@ -46,12 +47,12 @@ API_KEY = "queue-test-api-key-0123456789abcdef"
 # A worker's time to import, connect and stop.
 WORKER_START_S = 30.0
 WORKER_STOP_S = 15.0
-# The environment the job modules read (tests/rq_jobs.py, tests/arq_jobs.py).
+# The environment the job modules read (tests/jobs/rq_jobs.py, tests/jobs/arq_jobs.py).
 ENV_URL = "TG_TEST_GATEWAY_URL"
 ENV_KEY = "TG_TEST_GATEWAY_KEY"
 ENV_TOKEN = "TG_TEST_TOKEN"
 ENV_QUEUE = "TG_TEST_QUEUE"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -204,7 +205,7 @@ class Expected:
 
     def for_job(self, job_id: str, scheme: str) -> Expected:
         """With the result of the job ``job_id`` filled in, as the test jobs return them
-        (tests/rq_jobs.py, tests/arq_jobs.py): ``result_ref=""`` stands for the string
+        (tests/jobs/rq_jobs.py, tests/jobs/arq_jobs.py): ``result_ref=""`` stands for the string
         ``s3://results/<id>``, ``result_ref=scheme`` for the dict ``{"rows": 3, "job": <id>}``, referred to
         as ``<scheme>://<id>``; the hash is the SHA-256 of the result's canonical JSON (docs: resultHash)."""
         value: Any

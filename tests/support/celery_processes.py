@@ -27,7 +27,7 @@ import httpx
 from redis import Redis
 from redis.exceptions import RedisError
 
-from tests.processes import GatewayProcess, gateway_environ, print_tails, spawn_gateway, unavailable
+from tests.support.processes import GatewayProcess, gateway_environ, print_tails, spawn_gateway, unavailable
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672"
 # The Celery tests' own Redis database (queue-contract.md: one per helper, so no cleanup hurts another's).
@@ -36,7 +36,7 @@ API_KEY = "celery-tests-api-key-0123456789"
 # How long a worker may take to say it is ready on a busy machine, and to stop.
 READY_S = 60.0
 STOP_S = 15.0
-CHECKOUT = Path(__file__).resolve().parents[1]  # where ``tests.celery_worker`` is imported from
+CHECKOUT = Path(__file__).resolve().parents[2]  # where ``tests.jobs.celery_worker`` is imported from
 READY = re.compile(rb"@\S+ ready\.")
 
 
@@ -165,7 +165,7 @@ async def celery_worker(
     tags: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
 ) -> AsyncIterator[CeleryWorker]:
-    """A Celery worker process of ``tests.celery_worker``'s app, ready when the block begins."""
+    """A Celery worker process of ``tests.jobs.celery_worker``'s app, ready when the block begins."""
     environ = gateway_environ(
         {
             "TG_BROKER": broker.url,
@@ -184,7 +184,7 @@ async def celery_worker(
         "-m",
         "celery",
         "-A",
-        "tests.celery_worker",
+        "tests.jobs.celery_worker",
         "worker",
         "--pool",
         "prefork",
