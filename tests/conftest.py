@@ -5,20 +5,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import FakeClock, drop_postgres_template, empty_postgres_databases, postgres_database
+from tests.support import FakeClock
+from tests.support.databases import (
+    close_postgres_databases,
+    empty_databases,
+    postgres_database,
+    sqlite_database,
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "empty_database: every PostgreSQL database this test makes is empty (not a copy of the template "
-        "database at head), e.g. to test the migrations",
+        "empty_database: every database this test makes (SQLite and PostgreSQL) is empty (not a copy of "
+        "the template database at head), e.g. to test the migrations",
     )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # However the tests ended: the template database of this process (tests.support.postgres_template).
-    drop_postgres_template()
+    # However the tests ended: every PostgreSQL database of this process (tests/support/databases.py).
+    close_postgres_databases()
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +33,7 @@ def _empty_databases_where_marked(request: pytest.FixtureRequest) -> Iterator[No
     if request.node.get_closest_marker("empty_database") is None:
         yield
         return
-    with empty_postgres_databases():
+    with empty_databases():
         yield
 
 
@@ -42,7 +48,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     """Each test that takes this runs once on a SQLite file and once on this machine's PostgreSQL (a copy
     of the template database, already migrated; an empty one for tests marked ``empty_database``)."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'gateway.db'}"
+        yield sqlite_database(tmp_path / "gateway.db")
     else:
         with postgres_database() as url:
             yield url
@@ -50,7 +56,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'gateway.db'}"
+    """A SQLite file at the newest schema (empty for tests marked ``empty_database``)."""
+    return sqlite_database(tmp_path / "gateway.db")
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ models.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
 from pathlib import Path
@@ -58,8 +59,10 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+@functools.cache
 def head_revision() -> str:
-    """The newest revision this gateway knows."""
+    """The newest revision this gateway knows (read once a process: Alembic parses every revision's module
+    to find it, and they do not change while the process runs)."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:
         raise RuntimeError(f"no revision in {MIGRATIONS_DIR / 'versions'}")

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
@@ -31,7 +30,7 @@ from gateway.runtime import Gateway
 from gateway.store.database import DISK_FULL
 from gateway.web import render, task_list, wire
 from gateway.web.auth import Guard
-from gateway.web.openapi import openapi_document
+from gateway.web.openapi import openapi_bytes
 from gateway.web.tag_tokens import parse_token_body
 from gateway.web.task_ids import task_id_problem
 
@@ -270,7 +269,7 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
     async def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html")
 
-    document = orjson.dumps(openapi_document(_version(), open_mode=settings.open_mode))
+    document = openapi_bytes(_version(), open_mode=settings.open_mode)
 
     async def openapi_json(request: Request) -> Response:
         return wire.JSON(document)

@@ -9,8 +9,11 @@ in OpenAPI 3.1: they are listed under ``x-websockets``, and ``docs/protocol.md``
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -150,10 +153,25 @@ def _operation(op: Operation, open_mode: bool) -> dict[str, Any]:
     return out
 
 
+@functools.cache
+def _schemas() -> dict[str, Any]:
+    """The JSON schemas of every model the operations name: the same for every app of a process, and the
+    dearest part of the document to make (pydantic walks every model), so made once."""
+    _, schemas = models_json_schema([(m, "validation") for m in _models()], ref_template=REF)
+    return schemas
+
+
+@functools.lru_cache(maxsize=4)
+def openapi_bytes(version: str, *, open_mode: bool = False) -> bytes:
+    """:func:`openapi_document` as the bytes ``/openapi.json`` answers: the same for every app of a process
+    with the same version and mode, so made once."""
+    return orjson.dumps(openapi_document(version, open_mode=open_mode))
+
+
 def openapi_document(version: str, *, open_mode: bool = False) -> dict[str, Any]:
     """The whole document: every operation, and the schemas of every model they name; ``open_mode``: as a
     gateway with no API key serves it (its routes' credentials are not those of a keyed one)."""
-    _, schemas = models_json_schema([(m, "validation") for m in _models()], ref_template=REF)
+    schemas = copy.deepcopy(_schemas())
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op, open_mode)

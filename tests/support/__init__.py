@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import atexit
-import os
+import functools
+import ssl
 import sys
-import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import anyio
-import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 import httpx
 import jwt
-import pytest
 import uvicorn
 from starlette.applications import Starlette
 
@@ -27,11 +23,11 @@ from gateway.client.backend import LIMITS
 from gateway.runtime import Gateway
 from gateway.server.serve import GatewayServer, server_config
 from gateway.store.base import Store, WriteTx
-from gateway.store.database import Database
-from gateway.store.migrate import migrate
+from tests.support.databases import PG_ADMIN_URL as PG_ADMIN_URL
+from tests.support.databases import pg_admin as pg_admin
+from tests.support.databases import postgres_database as postgres_database
+from tests.support.databases import postgres_or_skip as postgres_or_skip
 
-# The PostgreSQL of this machine (trust auth); tests make a database of their own in it and drop it.
-PG_ADMIN_URL = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 SECRET = "test-secret-0123456789abcdef0123456789"
 
 # The ``gateway`` command of the interpreter running the tests (its venv), never a path of one machine.
@@ -206,13 +202,20 @@ async def running_gateway(
         yield Running(url, app, client)
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for every client of the tests: httpx makes one per client otherwise, loading the
+    system's certificates each time (tens of milliseconds), for connections that are all plain HTTP."""
+    return ssl.create_default_context()
+
+
 def http_client(**options: Any) -> httpx.AsyncClient:
     """An httpx client with the limits of the project's own clients (``gateway.client.backend.LIMITS``), as
     README.md tells a gateway's clients to make one: it lets go of a kept-alive connection after 2 s idle,
     before the gateway closes it (``GATEWAY_IDLE_TIMEOUT_MS``, 5 s). httpx's default expiry is those same
     5 s, so a request sent as the gateway closes the connection is reset unanswered
     (``RemoteProtocolError: Server disconnected``)."""
-    return httpx.AsyncClient(limits=LIMITS, **options)
+    return httpx.AsyncClient(limits=LIMITS, verify=_tls(), **options)
 
 
 # --- tasks through the HTTP API -----------------------------------------------------------------------------
@@ -401,129 +404,6 @@ async def transact_cut_short(
         await anyio.wait_all_tasks_blocked()
         await finish_commit()
     return outcome
-
-
-# --- PostgreSQL -------------------------------------------------------------------------------------------
-
-
-def _pg_dsn(url: str) -> str:
-    return url.replace("postgresql+asyncpg://", "postgresql://")
-
-
-def postgres_or_skip() -> None:
-    """Skip, saying why, where this machine has no PostgreSQL; in CI, fail instead of skipping."""
-    try:
-        asyncio.run(_pg_ping())
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        message = f"PostgreSQL is not reachable at {PG_ADMIN_URL} ({exc}); start it to run this test"
-        if os.environ.get("CI"):
-            pytest.fail(message + " (CI must run every PostgreSQL test)")
-        pytest.skip(message)
-
-
-async def _pg_ping() -> None:
-    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
-    await conn.close()
-
-
-async def pg_admin(sql: str, *args: Any) -> None:
-    """Run one statement on the admin database (``PG_ADMIN_URL``)."""
-    conn = await asyncpg.connect(PG_ADMIN_URL, timeout=5)
-    try:
-        await conn.execute(sql, *args)
-    finally:
-        await conn.close()
-
-
-def _database_url(name: str) -> str:
-    return f"{PG_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
-
-
-# This process's template database: (its name, the process that made it), once made. A forked child
-# inherits the variable, not the duty to drop the database.
-_template: tuple[str, int] | None = None
-_template_lock = threading.Lock()
-# Set by :func:`empty_postgres_databases`: every database made meanwhile is empty, whatever is asked for.
-_empty_only = False
-
-
-def postgres_template() -> str:
-    """The name of this process's template database, migrated to head: made on first use, then copied by
-    each :func:`postgres_database`, so that a test does not pay for running every migration. Dropped by
-    :func:`drop_postgres_template` (tests/conftest.py, at the end of the session; at exit otherwise)."""
-    global _template
-    with _template_lock:
-        if _template is None or _template[1] != os.getpid():
-            name = f"gw_template_{uuid.uuid4().hex[:12]}"
-            asyncio.run(_make_template(name))
-            _template = (name, os.getpid())
-            atexit.register(drop_postgres_template)
-        return _template[0]
-
-
-async def _make_template(name: str) -> None:
-    await pg_admin(f'CREATE DATABASE "{name}"')
-    try:
-        engine = Database(_database_url(name)).engine
-        try:
-            await migrate(engine)
-        finally:
-            await engine.dispose()
-        # CREATE DATABASE ... TEMPLATE refuses a template anyone is connected to: from now on nobody can be.
-        await pg_admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-        await pg_admin(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = $1 AND pid <> pg_backend_pid()",
-            name,
-        )
-    except BaseException:
-        await pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        raise
-
-
-def drop_postgres_template() -> None:
-    """Drop this process's template database, if it made one (idempotent; never raises)."""
-    global _template
-    with _template_lock:
-        made, _template = _template, None
-    if made is None or made[1] != os.getpid():
-        return
-    try:
-        asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{made[0]}" WITH (FORCE)'))
-    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        print(f"tests: could not drop the template database {made[0]}: {exc}", file=sys.stderr)
-
-
-@contextmanager
-def empty_postgres_databases() -> Iterator[None]:
-    """Within the block, :func:`postgres_database` makes empty databases only, even asked for a copy of the
-    template (tests/conftest.py: tests marked ``empty_database``)."""
-    global _empty_only
-    before, _empty_only = _empty_only, True
-    try:
-        yield
-    finally:
-        _empty_only = before
-
-
-@contextmanager
-def postgres_database(template: bool = True) -> Iterator[str]:
-    """A new database on this machine's PostgreSQL, dropped afterwards; yields its URL.
-
-    By default it is a copy of :func:`postgres_template`, already at the newest revision (the gateway's
-    migration at start finds nothing to do); ``template=False`` makes an empty one, for tests of the
-    migrations themselves.
-    """
-    postgres_or_skip()
-    name = f"gw_test_{uuid.uuid4().hex[:12]}"
-    if template and not _empty_only:
-        asyncio.run(pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template()}"'))
-    else:
-        asyncio.run(pg_admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield _database_url(name)
-    finally:
-        asyncio.run(pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 class TcpProxy:
