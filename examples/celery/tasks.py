@@ -4,9 +4,11 @@
 published task is created on the gateway, with the Celery task id as its id; in the worker each run is
 reported (start, coalesced progress, result or error). The job itself only calls ``progress``.
 
-Configured from the environment, as the README runs it: ``CELERY_BROKER_URL`` (this machine's RabbitMQ by
-default), ``GATEWAY_URL`` (``http://127.0.0.1:8000``) and ``GATEWAY_API_KEY`` (the gateway's API key; none
-for a gateway in open mode).
+Configured from the environment, as the README runs it: ``CELERY_BROKER_URL`` (the broker and its vhost,
+the URL's path: this machine's RabbitMQ, vhost ``/``, by default), ``REPORT_QUEUE`` (the queue the reports
+go through and the worker takes, ``task-gateway-example`` by default: not Celery's ``celery``, which other
+apps on the same vhost use), ``GATEWAY_URL`` (``http://127.0.0.1:8000``) and ``GATEWAY_API_KEY`` (the
+gateway's API key; none for a gateway in open mode).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from celery import Celery, Task
 from gateway.integrations.celery import install, progress
 
 BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+# The example's own queue: the app publishes the reports to it, and the worker takes nothing else.
+QUEUE = os.environ.get("REPORT_QUEUE", "task-gateway-example")
 GATEWAY_URL = os.environ.get("GATEWAY_URL", "http://127.0.0.1:8000")
 API_KEY = os.environ.get("GATEWAY_API_KEY") or None
 # How long the report works on one row: 40 rows take about 4 s, long enough to watch.
@@ -28,6 +32,7 @@ ROW_S = float(os.environ.get("REPORT_ROW_S", "0.1"))
 app = Celery("reports", broker=BROKER_URL)
 # No result backend: the gateway keeps each report's state and result, and the page reads it from there.
 app.conf.update(
+    task_default_queue=QUEUE,
     task_ignore_result=True,
     # A worker killed mid-report gives the message back to RabbitMQ; the report runs again as a new attempt
     # once its gateway lease (heartbeatMs, set by app.py) has run out.

@@ -19,6 +19,17 @@ from gateway.client.exchange import problem
 
 T = TypeVar("T")
 
+# What a create takes (protocol.md, Create), stated on the client's side, which imports nothing of the server,
+# so that a client can refuse at once what the gateway would refuse at every create;
+# tests/unit/test_integrations_install.py holds them to the server's own.
+MIN_TTL_MS = 1
+MAX_TTL_MS = 2**52  # about 142,800 years
+MIN_HEARTBEAT_MS = 1_000
+MAX_HEARTBEAT_MS = MAX_TTL_MS
+MAX_TAGS = 16
+TAG_PATTERN = "^[A-Za-z0-9:._@-]{1,128}$"
+TAG_RULE = "1 to 128 characters of A-Z, a-z, 0-9 and : . _ @ -"
+
 
 @dataclass(frozen=True)
 class Created:

@@ -105,7 +105,8 @@ def configure(
     deadline, a day by default), ``timeout`` (the bound on the producer's create and on any wait of a job
     for the gateway, off the event loop), ``min_interval`` (between two progress callbacks), ``heartbeat``
     (every task's lease, unless its ``_gateway`` option says), ``tags``. Returns the reporter (one per
-    process)."""
+    process). An option the gateway would refuse (a heartbeat under a second, say) raises ``ValueError``
+    naming it, and configures nothing (:func:`install` then wraps nothing)."""
     global _reporter
     _reporter = Reporter(
         gateway_config(

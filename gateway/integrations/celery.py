@@ -51,7 +51,6 @@ from celery.backends.base import BaseKeyValueStoreBackend
 from celery.exceptions import Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from gateway.integrations.report import (
-    GatewayConfig,
     Reporter,
     Run,
     Ticket,
@@ -60,7 +59,7 @@ from gateway.integrations.report import (
     current_run,
     progress,
 )
-from gateway.integrations.ticket import DEFAULT_TTL_MS, HEADER, requested
+from gateway.integrations.ticket import HEADER, gateway_config, requested
 
 __all__ = ["aprogress", "current_run", "install", "progress", "uninstall"]
 
@@ -91,16 +90,17 @@ def install(
     day by default); ``timeout`` bounds the producer's create and any wait of a task for the gateway;
     ``min_interval`` is the least time between two progress callbacks; ``heartbeat`` (seconds) gives every
     task a lease (a killed worker's task is then requeued) and ``tags`` every task's tags, unless its
-    ``headers={"gateway": {"tags": [...], "heartbeatMs": ...}}`` say otherwise. Returns the reporter."""
-    ttl_s = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
-    config = GatewayConfig(
+    ``headers={"gateway": {"tags": [...], "heartbeatMs": ...}}`` say otherwise. Returns the reporter.
+    Raises ``ValueError``, connecting nothing, for an option the gateway would refuse (a heartbeat under a
+    second, say)."""
+    config = gateway_config(
         url=url,
         api_key=api_key,
-        ttl_ms=round(ttl_s * 1000) if ttl_s is not None else DEFAULT_TTL_MS,
-        heartbeat_ms=round(heartbeat * 1000) if heartbeat is not None else None,
-        min_interval_s=min_interval,
-        timeout_s=timeout,
-        tags=tuple(tags),
+        ttl=ttl,
+        timeout=timeout,
+        min_interval=min_interval,
+        heartbeat=heartbeat,
+        tags=tags,
     )
     hooks = _Hooks(app, Reporter(config))
     uid = _uid(app)

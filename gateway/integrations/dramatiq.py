@@ -174,7 +174,8 @@ def install(
 ) -> GatewayMiddleware:
     """Report ``broker``'s messages to the gateway at ``url``: call it where the broker is made, so that it
     runs in the producer and in the worker. The options are Celery's ``install()``'s, in seconds. Returns
-    the middleware (added last, after ``Retries``)."""
+    the middleware (added last, after ``Retries``). An option the gateway would refuse (a heartbeat under a
+    second, say) raises ``ValueError`` naming it, and adds nothing."""
     config = gateway_config(
         url=url,
         api_key=api_key,

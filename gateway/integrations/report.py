@@ -3,7 +3,9 @@ when a job is published, and each run of the job, in whatever worker process, re
 
 - :meth:`Reporter.create` (producer side): ``POST /v1/tasks`` with the job's id, bounded by
   ``timeout_s``; a gateway that cannot be reached costs the producer that long at most, and a WARNING says
-  which task could not be created and why (the job is published anyway: its run creates the task).
+  which task could not be created and why (the job is published anyway: its run creates the task). A
+  create the gateway refuses (a 4xx: its run's would be refused too) is an ERROR: which job is not shown,
+  why, and what to do.
 - :meth:`Reporter.begin` (worker side): a :class:`Run` of the job, whose ``start`` goes at once (waited for
   at most ``timeout_s``); its ``progress()``, ``succeed()``, ``fail()`` never block, and ``finish()`` waits
   a bounded time. A background thread of the process (made lazily, after a fork too: a Celery prefork
@@ -115,7 +117,19 @@ class Reporter:
         call = self._wire.create(
             task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
         )
-        created = self._within(f"create task {task_id}", call)
+        try:
+            created = self._within(f"create task {task_id}", call)
+        except BackendError as refused:
+            log.error(
+                "task-gateway: job %s is not shown on the gateway: the gateway refused to create its task "
+                "(%s %s: %s); the job runs all the same, unreported. %s",
+                task_id,
+                refused.status,
+                refused.code,
+                refused.message,
+                _remedy(refused.code),
+            )
+            return None
         if created is None:
             return None
         return Ticket(created.callback_token, ttl_ms, max_attempts, heartbeat_ms, tuple(tags))
@@ -137,7 +151,11 @@ class Reporter:
                 deadline_ms = time.time() * 1000 + self.config.ttl_ms
             self._sender_here().add(Cancel(task_id, reason, deadline_ms))
             return None
-        return self._within(f"cancel task {task_id}", self._wire.cancel(task_id, reason))
+        try:
+            return self._within(f"cancel task {task_id}", self._wire.cancel(task_id, reason))
+        except BackendError as refused:
+            log.warning("task-gateway: could not cancel task %s: %s", task_id, refused)
+            return None
 
     def _cancel_run(self, run: Run, reason: str | None) -> None:
         """:meth:`Run.cancel`: after the run's start, until the task's deadline, without waiting."""
@@ -181,7 +199,7 @@ class Reporter:
     def _within(self, what: str, call: Call[T]) -> T | None:
         """``call``'s answer, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed, each
         try bounded by what is left; ``None``, with a WARNING saying what could not be done and why, when
-        there is no answer by then or the gateway refused (a 4xx)."""
+        there is no answer by then. A refusal (a 4xx) raises its :class:`BackendError`."""
         client = self._client_here()
         deadline = time.monotonic() + self.config.timeout_s
         why, delay = "no answer", 0.05
@@ -194,11 +212,7 @@ class Reporter:
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:
                 if response.status_code < 500 and response.status_code != 429:
-                    try:
-                        return call.answer(response)
-                    except BackendError as exc:
-                        why = str(exc)
-                        break
+                    return call.answer(response)
                 why = f"HTTP {response.status_code}"
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # the backoff itself
             delay = min(delay * 2, 0.5)
@@ -241,6 +255,19 @@ class Reporter:
         if wait:
             run.started.wait(self.config.timeout_s)
         return run
+
+
+# What to do about a refused create, by the gateway's error code (protocol.md, Errors).
+_REMEDIES = {
+    "invalid-request": "Correct the value it names, in the job's gateway options or in install()'s.",
+    "unauthorized": "Give install() the gateway's API key (api_key=, the gateway's GATEWAY_API_KEY).",
+    "forbidden": "Give install() the gateway's API key (api_key=, the gateway's GATEWAY_API_KEY).",
+    "task-exists": "A task of this id exists, made with other parameters: give each job an id of its own.",
+}
+
+
+def _remedy(code: str) -> str:
+    return _REMEDIES.get(code, "See the gateway's error codes (docs/protocol.md, Errors).")
 
 
 def quiet_httpx() -> None:

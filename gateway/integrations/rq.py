@@ -108,7 +108,8 @@ def install(
     ``install()``'s, in seconds: ``ttl`` (a task's deadline, a day by default), ``timeout`` (the bound on
     the producer's create and on any wait of a job for the gateway), ``min_interval`` (between two progress
     callbacks), ``heartbeat`` (every task's lease, unless its ``gateway`` option says), ``tags``. Returns
-    the reporter (one per process; a second install replaces it)."""
+    the reporter (one per process; a second install replaces it). An option the gateway would refuse (a
+    heartbeat under a second, say) raises ``ValueError`` naming it, and installs nothing."""
     global _reporter
     _reporter = Reporter(
         gateway_config(

@@ -1,9 +1,11 @@
 """What a queue integration is configured with, and what a queued job carries to its worker.
 
-``GatewayConfig`` is read once by ``install()``; a ``Ticket`` travels in the job's message headers (under
-``"gateway"``, the key the user also puts a job's tags and heartbeat under), from the producer that created
-the gateway task to the worker that runs it: the callback token and the parameters the task was made with,
-so a worker that must create the task itself (the producer could not) makes the same one.
+``GatewayConfig`` is read once by ``install()``, which refuses at once what the gateway would refuse at
+every create (its bounds as ``gateway.client.backend_wire`` states them); a ``Ticket`` travels in the job's
+message headers (under ``"gateway"``, the key the user also puts a job's tags and heartbeat under), from
+the producer that created the gateway task to the worker that runs it: the callback token and the
+parameters the task was made with, so a worker that must create the task itself (the producer could not)
+makes the same one.
 
 The words a job's outcome becomes on the wire (``resultRef``, ``resultHash``, ``error``) are made here too,
 once for every queue.
@@ -13,10 +15,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+
+import httpx
+
+from gateway.client.backend_wire import (
+    MAX_HEARTBEAT_MS,
+    MAX_TAGS,
+    MAX_TTL_MS,
+    MIN_HEARTBEAT_MS,
+    MIN_TTL_MS,
+    TAG_PATTERN,
+    TAG_RULE,
+)
 
 # The message header a ticket travels in.
 HEADER = "gateway"
@@ -127,14 +143,94 @@ def gateway_config(
     ``ttl``), as a :class:`GatewayConfig`: ``ttl`` is a task's deadline unless its job says (a day by
     default); ``timeout`` bounds the producer's create and any wait of a job for the gateway;
     ``min_interval`` is the least time between two progress callbacks; ``heartbeat`` gives every task a
-    lease (a killed worker's task is then requeued); ``tags`` are every task's tags."""
+    lease (a killed worker's task is then requeued); ``tags`` are every task's tags.
+
+    Checked here, when ``install()`` is called: a value the gateway would refuse at every create (a
+    heartbeat under a second, a tag with a space) raises ``ValueError`` naming the option and what it
+    takes, before anything is installed, rather than leave every job unshown."""
     ttl_s = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
-    return GatewayConfig(
-        url=url,
-        api_key=api_key,
-        ttl_ms=round(ttl_s * 1000) if ttl_s is not None else DEFAULT_TTL_MS,
-        heartbeat_ms=round(heartbeat * 1000) if heartbeat is not None else None,
-        min_interval_s=min_interval,
-        timeout_s=timeout,
-        tags=tuple(tags),
+    ttl_ms = DEFAULT_TTL_MS if ttl_s is None else _milliseconds("ttl", ttl_s, "ttlMs", MIN_TTL_MS, MAX_TTL_MS)
+    heartbeat_ms = (
+        None
+        if heartbeat is None
+        else _milliseconds("heartbeat", heartbeat, "heartbeatMs", MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS)
     )
+    return GatewayConfig(
+        url=_url(url),
+        api_key=_api_key(api_key),
+        ttl_ms=ttl_ms,
+        heartbeat_ms=heartbeat_ms,
+        min_interval_s=_seconds("min_interval", min_interval, zero=True),
+        timeout_s=_seconds("timeout", timeout, zero=False),
+        tags=_tags(tags),
+    )
+
+
+def _number(value: object) -> float | None:
+    """``value`` if it is a finite number (not a boolean), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
+
+
+def _milliseconds(option: str, seconds: object, field: str, low_ms: int, high_ms: int) -> int:
+    """``seconds`` as the whole milliseconds the gateway's ``field`` takes, from ``low_ms`` to ``high_ms``."""
+    number = _number(seconds)
+    ms = round(number * 1000) if number is not None else None
+    if ms is None or not low_ms <= ms <= high_ms:
+        raise ValueError(
+            f"{option}: must be from {low_ms / 1000:g} s to {high_ms // 1000:,} s (the gateway's {field}: "
+            f"{low_ms} to {high_ms} ms), got {seconds!r}"
+        )
+    return ms
+
+
+def _seconds(option: str, value: object, *, zero: bool) -> float:
+    number = _number(value)
+    if number is None or number < 0 or (number == 0 and not zero):
+        least = "0 or more" if zero else "above 0"
+        raise ValueError(f"{option}: must be a number of seconds, {least}, got {value!r}")
+    return number
+
+
+def _url(url: object) -> str:
+    if isinstance(url, str):
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL:
+            pass
+        else:
+            if parsed.scheme in ("http", "https") and parsed.host:
+                return url
+    raise ValueError(
+        f"url: must be the gateway's address, http:// or https:// and a host (http://127.0.0.1:8000), "
+        f"got {url!r}"
+    )
+
+
+def _api_key(api_key: object) -> str | None:
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        raise ValueError(
+            f"api_key: must be the gateway's API key (GATEWAY_API_KEY), or None for a gateway in open mode, "
+            f"got {api_key!r}"
+        )
+    return api_key
+
+
+_TAG = re.compile(TAG_PATTERN)
+
+
+def _tags(tags: object) -> tuple[str, ...]:
+    """Every task's tags, as a create takes them: at most ``MAX_TAGS``, each a tag, each once."""
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
+        raise ValueError(f"tags: must be a list of tags (tags=['owner:u42']), got {tags!r}")
+    given = tuple(tags)
+    if len(given) > MAX_TAGS:
+        raise ValueError(f"tags: at most {MAX_TAGS} tags per task, got {len(given)}")
+    for tag in given:
+        if not isinstance(tag, str) or _TAG.fullmatch(tag) is None:
+            raise ValueError(f"tags: {tag!r} is not a tag: a tag is {TAG_RULE}")
+    if len(set(given)) < len(given):
+        twice = next(tag for tag in given if given.count(tag) > 1)
+        raise ValueError(f"tags: {twice!r} is given more than once (each tag once)")
+    return given

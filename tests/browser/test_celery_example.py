@@ -2,8 +2,10 @@
 integrations.
 
 Everything is real and its own: a ``gateway serve`` process (SQLite, an API key, the app's origin allowed),
-a Celery worker process (``celery -A tasks worker``, prefork) on a RabbitMQ vhost made for this test and
-deleted after it, and the example app under uvicorn. The page follows its user's reports through one tag
+a Celery worker process (``celery -A tasks worker``, prefork) on a RabbitMQ vhost and queue made for this
+test (the vhost deleted after it, as the README's commands make and delete one), and the example app under
+uvicorn. Another app's message waits on Celery's default queue, ``celery``, of the same vhost: the worker
+takes nothing from it. The page follows its user's reports through one tag
 subscription; the test clicks "Start a report" twice and waits until both cards have shown progress
 between 0 and 100 and then the result, as a user would see them, while another user's report never shows;
 then a third, cancelled through the gateway, stops in the worker and reads Cancelled (a card of the class
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -29,6 +32,7 @@ from typing import Any
 
 import anyio
 import pytest
+from celery import Celery
 
 from tests.browser.conftest import Console
 from tests.support import bearer, eventually, http_client
@@ -42,6 +46,12 @@ API_KEY = "example-key-for-the-browser-test"
 WORKER = ["celery", "-A", "tasks", "worker", "--loglevel", "INFO", "--concurrency", "2"]
 APP = ["uvicorn", "app:app", "--port"]
 WORKER_READY = re.compile(rb"celery@\S+ ready\.")
+# The README's commands that give the example a vhost of its own (``rabbitmqctl`` and these words, for the
+# README's vhost or the test's own), and the variables that take the example there.
+VHOST_COMMANDS = (["add_vhost", "{vhost}"], ["set_permissions", "-p", "{vhost}", "guest", ".*", ".*", ".*"])
+README_VHOST = "task-gateway-example"
+# Where another app on the same vhost publishes: Celery's default queue.
+CELERY_DEFAULT_QUEUE = "celery"
 # Two reports of 40 rows at 0.1 s each run side by side; the rest is room for a loaded machine.
 REPORT_TIMEOUT_MS = 60_000
 START_S = 60.0
@@ -81,28 +91,70 @@ def rabbitmqctl(*args: str) -> None:
     assert done.returncode == 0, f"rabbitmqctl {' '.join(args)}: {done.stderr or done.stdout}"
 
 
+def vhost_command(words: list[str], vhost: str) -> list[str]:
+    return [word.format(vhost=vhost) for word in words]
+
+
 @pytest.fixture
-def broker_url() -> Iterator[str]:
-    """A RabbitMQ vhost of this test's own on this machine's broker, deleted afterwards."""
+def vhost() -> Iterator[str]:
+    """A RabbitMQ vhost of this test's own on this machine's broker, made and deleted as the README does."""
     if shutil.which("rabbitmqctl") is None:
         unavailable("rabbitmqctl is missing: install and start RabbitMQ to run the Celery example")
-    vhost = f"tg-example-{uuid.uuid4().hex[:12]}"
+    name = f"tg-example-{uuid.uuid4().hex[:12]}"
+    add, permit = (vhost_command(words, name) for words in VHOST_COMMANDS)
     try:
-        rabbitmqctl("add_vhost", vhost)
+        rabbitmqctl(*add)
     except AssertionError as exc:
         unavailable(f"RabbitMQ cannot make a vhost ({exc}); start it to run the Celery example")
     try:
-        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+        rabbitmqctl(*permit)
+        yield name
     finally:
-        rabbitmqctl("delete_vhost", vhost)
+        rabbitmqctl("delete_vhost", name)
 
 
-def example_environ(gateway_url: str, broker_url: str) -> dict[str, str]:
-    """This environment less its gateway and Celery settings, plus the three the README exports."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "CELERY_"))}
-    env.update(GATEWAY_URL=gateway_url, GATEWAY_API_KEY=API_KEY, CELERY_BROKER_URL=broker_url)
+def broker_url(vhost: str) -> str:
+    return f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+
+
+def example_environ(gateway_url: str, vhost: str, queue: str) -> dict[str, str]:
+    """This environment less its gateway, Celery and report settings, plus the four the README exports."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "CELERY_", "REPORT_"))}
+    env.update(
+        GATEWAY_URL=gateway_url,
+        GATEWAY_API_KEY=API_KEY,
+        CELERY_BROKER_URL=broker_url(vhost),
+        REPORT_QUEUE=queue,
+    )
     return env
+
+
+def publish_as_another_app(vhost: str) -> None:
+    """What another Celery app on the same vhost does: publish a task of its own to Celery's default queue."""
+    other = Celery("another-app", broker=broker_url(vhost))
+    try:
+        other.send_task("another_app.job", queue=CELERY_DEFAULT_QUEUE)
+    finally:
+        other.close()
+
+
+async def queues(vhost: str) -> dict[str, tuple[int, int]]:
+    """The vhost's queues: their messages (ready and unacknowledged) and consumers."""
+    listed = await anyio.run_process(
+        [
+            "rabbitmqctl",
+            "-q",
+            "list_queues",
+            "-p",
+            vhost,
+            "name",
+            "messages",
+            "consumers",
+            "--no-table-headers",
+        ]
+    )
+    rows = [line.split("\t") for line in listed.stdout.decode().splitlines() if line.strip()]
+    return {name: (int(messages), int(consumers)) for name, messages, consumers in rows}
 
 
 @asynccontextmanager
@@ -157,18 +209,24 @@ def test_the_readme_gives_the_commands_this_test_runs() -> None:
         assert " ".join(words) in readme, words
     for line in ("GATEWAY_ALLOWED_ORIGINS=http://127.0.0.1:8001", "gateway serve", "http://127.0.0.1:8001/"):
         assert line in readme, line
+    for words in VHOST_COMMANDS:
+        assert shlex.join(["rabbitmqctl", *vhost_command(words, README_VHOST)]) in readme, words
+    assert f"rabbitmqctl delete_vhost {README_VHOST}" in readme
+    assert f"export CELERY_BROKER_URL={broker_url(README_VHOST)} REPORT_QUEUE=" in readme
 
 
 @pytest.mark.anyio
 async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
-    context: Any, console: Console, broker_url: str, tmp_path: Path
+    context: Any, console: Console, vhost: str, tmp_path: Path
 ) -> None:
     from playwright.async_api import expect
 
     app_port = free_port()
     origin = f"http://127.0.0.1:{app_port}"
+    queue = f"tg-example-reports-{uuid.uuid4().hex[:8]}"
+    await anyio.to_thread.run_sync(publish_as_another_app, vhost)
     async with gateway_process(origin, tmp_path) as gw:
-        env = example_environ(gw.url, broker_url)
+        env = example_environ(gw.url, vhost, queue)
         async with (
             example_process("worker", WORKER, env, tmp_path) as worker,
             example_process("app", [*APP, str(app_port), "--host", "127.0.0.1"], env, tmp_path) as app,
@@ -252,4 +310,8 @@ async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
             await worker.wait_for(stopped, timeout_s=REPORT_TIMEOUT_MS / 1000)
             assert (await api.get(f"/v1/tasks/{doomed}")).json()["progress"] < 100
             await page.close()
+            # The worker took its reports from the queue it was given, and nothing from another app's.
+            found = await queues(vhost)
+            assert found[CELERY_DEFAULT_QUEUE] == (1, 0), found
+            assert found[queue][1] == 1, found
     console.assert_clean()
