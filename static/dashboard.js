@@ -27,7 +27,7 @@
 
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
 import { managementOpen } from "./management.js";
-import { STATE_WORDS, isCancelled, isRetrying, stateWord } from "./state-words.js";
+import { STATE_WORDS, isCancelled, isRetrying, refusal, sentence, stateWord } from "./state-words.js";
 import { followTag } from "./tag-page.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "expired"]);
@@ -248,7 +248,7 @@ class Card {
 
     const error = el.querySelector(".card-error");
     error.hidden = !this.error;
-    error.textContent = this.error ? `Can't follow this task: ${explainError(this.error)}` : "";
+    error.textContent = this.error ? `Can't follow this task: ${refusal(this.error, this.token)}` : "";
     this.renderTimes();
   }
 
@@ -406,22 +406,6 @@ function headline(task, error) {
   return "";
 }
 
-/** A worker's error as given, with a capital first letter. */
-function sentence(text) {
-  const trimmed = (text ?? "").trim();
-  return trimmed && trimmed[0].toUpperCase() + trimmed.slice(1);
-}
-
-function explainError({ code, message }) {
-  const words = {
-    unauthorized: "the link's token is missing, expired or invalid",
-    forbidden: "the token does not give access to this task",
-    "unknown-task": "there is no task with this id",
-    "invalid-request": "the request was not understood",
-  };
-  return `${words[code] ?? message} (${code})`;
-}
-
 /** How long ago, in steps that do not tick by the second. */
 function formatAgo(ms) {
   const m = Math.floor(Math.max(0, ms) / 60_000);
@@ -540,9 +524,9 @@ const banner = $("#link-banner");
 function updateConnection() {
   const live = [...cards.values()].filter((c) => c.live).length;
   const watching = live > 0 || followingTag();
-  let state = client.state;
-  // With nothing to watch the client opens nothing: do not claim to be (re)connecting.
-  if (!watching && (state === "connecting" || state === "reconnecting")) state = "idle";
+  // With nothing to watch (every card finished or refused, the tag refused) the connection means nothing to
+  // the user: no "Connected" beside cards that cannot follow, no "Reconnecting" for what will not change.
+  const state = watching ? client.state : "idle";
   connection.dataset.state = state;
   connection.dataset.transport = client.transport;
   connection.dataset.live = String(live);

@@ -1,6 +1,6 @@
 /**
  * The words a person reads for a task's state, the same on a task's card (dashboard.js) and in "All tasks"
- * (task-list.js).
+ * (task-list.js); what its earlier attempts came to; and why a link cannot be followed, with what to do.
  */
 
 export const STATE_WORDS = {
@@ -36,4 +36,29 @@ export function shownState(task) {
 /** The word for `task`'s state ("Retrying" for a task requeued after a failed attempt, "Cancelled"). */
 export function stateWord(task) {
   return STATE_WORDS[shownState(task)] ?? task.state;
+}
+
+/** Text as given, trimmed, with a capital first letter. */
+export function sentence(text) {
+  const trimmed = (text ?? "").trim();
+  return trimmed && trimmed[0].toUpperCase() + trimmed.slice(1);
+}
+
+/**
+ * Why a link's tasks cannot be followed, and what to do: a sentence for the refusal `{code, message}`,
+ * `token` the link's access code (null: the link had none).
+ */
+export function refusal({ code, message }, token) {
+  const ask = "ask whoever sent you the link for a new one.";
+  const whole = `Open the whole link you were given, or ${ask}`;
+  const words = {
+    unauthorized: token
+      ? `the link's access code has expired or is not valid (${code}). ${sentence(ask)}`
+      : `the link has no access code (${code}). ${whole}`,
+    forbidden: `the link's access code is for other tasks (${code}). ${whole}`,
+    "unknown-task": `there is no such task (${code}); it may have been deleted since it finished. ${sentence(ask)}`,
+    "invalid-request": `the link is not complete (${code}). ${whole}`,
+    "websocket-required": `this network lets no live connection through (${code}). Try another network.`,
+  };
+  return words[code] ?? `${message} (${code}).`;
 }

@@ -208,6 +208,26 @@ async def test_no_demo_button_when_the_demo_is_off(sqlite_url: str, context: Any
             await page.close()
 
 
+async def test_a_card_that_cannot_follow_says_what_to_do_and_no_connection_is_claimed(
+    dashboard: Dashboard, console: Console
+) -> None:
+    """A link whose access code is another task's: the card says why and what to do, and the header says
+    nothing of a connection (no "Connected" beside a card that follows nothing)."""
+    gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
+    await create_task(gw, "mine-1")
+    other = await create_task(gw, "other-2")
+    await dashboard.open(f"?task=mine-1&token={other.subscribe_token}")
+    await dashboard.wait_card("mine-1", "d.state === 'error'", 10_000)
+    await expect(dashboard.card("mine-1").locator(".card-error")).to_have_text(
+        "Can't follow this task: the link's access code is for other tasks (forbidden). Open the whole link"
+        " you were given, or ask whoever sent you the link for a new one."
+    )
+    await expect(dashboard.connection).to_be_hidden()
+    await expect(dashboard.connection).to_have_attribute("data-state", "idle")
+    assert "Connected" not in await page.locator("body").inner_text()
+    console.assert_clean()
+
+
 async def test_on_a_phone_the_indicator_stays_put_and_linked_tasks_come_first(
     dashboard: Dashboard, console: Console
 ) -> None:
