@@ -44,6 +44,29 @@ export function sentence(text) {
   return trimmed && trimmed[0].toUpperCase() + trimmed.slice(1);
 }
 
+/** A worker's error as it gave it (trimmed); the gateway's own (a heartbeat lease that ran out) in words. */
+export function errorWords(error) {
+  const trimmed = (error ?? "").trim();
+  return trimmed === "heartbeat-timeout" ? "its worker stopped reporting" : trimmed;
+}
+
+/**
+ * What the attempts before the running or succeeded one came to, in words ("Attempt 1 failed: timeout;
+ * retried."), or "" when there were none. Said from the task alone, so the same whether the page saw every
+ * entry or caught up with a snapshot: a task is requeued only by a failed attempt with attempts left, so a
+ * running or succeeded task at attempt n had n - 1 attempts fail before it; its `error` stays the last of
+ * those failures' (the gateway keeps it, as the reference does) and is not the outcome.
+ */
+export function earlierAttempts(task) {
+  if (!task || (task.state !== "running" && task.state !== "succeeded")) return "";
+  const failed = task.attempts - 1;
+  if (failed < 1) return "";
+  const why = errorWords(task.error).replace(/[.!]+$/, "");
+  const which = failed === 1 ? "Attempt 1" : `Attempts 1 ${failed === 2 ? "and" : "to"} ${failed}`;
+  const last = !why ? "" : failed === 1 ? `: ${why}` : ` (attempt ${failed}: ${why})`;
+  return `${which} failed${last}; retried.`;
+}
+
 /**
  * Why a link's tasks cannot be followed, and what to do: a sentence for the refusal `{code, message}`,
  * `token` the link's access code (null: the link had none).

@@ -62,8 +62,12 @@ async def test_page_loads_clean_and_demo_tasks_run_to_success(dashboard: Dashboa
         copy = card.get_by_role("button", name=f"Copy the result of {task_id}")
         await dashboard.expect(copy).to_be_visible()
         await dashboard.expect(card).not_to_contain_text("succeeded:")
-        # Finished: no attempts, no time it gives up at, no "finished" repeating the badge.
-        await dashboard.expect(card.locator(".facts")).to_be_hidden()
+        # Finished: its attempts and how long it took; no time it gives up at, no "finished" repeating the
+        # badge.
+        await dashboard.expect(card.locator(".f-attempts")).to_be_visible()
+        await dashboard.expect(card.locator(".f-took")).to_have_text(re.compile(r"^\d+\u00a0s$"))
+        await dashboard.expect(card.locator(".f-deadline")).to_be_hidden()
+        await dashboard.expect(card.locator(".f-event")).to_be_hidden()
         # It was live: the bar went through values between 0 and 100 on its way.
         assert any(0 < p < 100 for p in seen["cards"][task_id]["progress"]), seen["cards"][task_id]
     first = dashboard.card(started[0])
@@ -419,7 +423,8 @@ async def test_cards_say_what_came_of_each_task_on_a_phone(dashboard: Dashboard,
     assert link_box["height"] >= 44 and link_box["width"] == result_box["width"], (link_box, result_box)
     for card in (web, s3):
         await expect(card).not_to_contain_text("succeeded:")
-        await expect(card.locator(".facts")).to_be_hidden()  # done: no attempts, no "gives up at"
+        await expect(card.locator(".f-attempts")).to_have_text("1 of 3")  # done: its attempts stay,
+        await expect(card.locator(".f-deadline")).to_be_hidden()  # no "gives up at"
         # When it finished, as a time of day: nothing an outage could leave saying "just now".
         await expect(card.locator(".f-updated")).to_have_text(re.compile(r"^Finished \d{1,2}:\d{2}"))
 
