@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.support import FakeClock, Running, eventually, running_gateway
+from tests.support import Created, FakeClock, Running, create_task, eventually, post_callback, running_gateway
 
 CHROMIUM = Path(os.environ.get("GATEWAY_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -268,6 +268,20 @@ class Clocked:
 
     dashboard: Dashboard
     clock: FakeClock
+
+    async def create_in_turn(self, *ids: str, tags: Sequence[str] | None = None) -> dict[str, Created]:
+        """Tasks ``ids`` (3 attempts each, ``tags`` if given) created in this order, a second apart."""
+        created: dict[str, Created] = {}
+        for task_id in ids:
+            if created:
+                self.clock.advance(1_000)
+            created[task_id] = await create_task(self.dashboard.gw, task_id, max_attempts=3, tags=tags)
+        return created
+
+    async def report(self, made: Created, *events: dict[str, Any]) -> None:
+        """Each of ``events``, in order, as ``made``'s worker reports it (its callback token)."""
+        for event in events:
+            await post_callback(self.dashboard.gw, made.task["id"], made.callback_token, event)
 
 
 @pytest.fixture

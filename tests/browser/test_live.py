@@ -9,7 +9,7 @@ import pytest
 
 from gateway.client import Worker
 from tests.browser.conftest import VIEWPORTS, cut_or_off_screen, screenshot
-from tests.support import TcpProxy, create_task, post_callback
+from tests.support import TcpProxy, create_task
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Clocked, Console, Dashboard
@@ -235,12 +235,11 @@ async def test_after_an_outage_the_card_says_in_words_what_it_missed(
     dashboard, clock = clocked.dashboard, clocked.clock
     gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
     await page.set_viewport_size(viewport)
-    made = await create_task(gw, "report-7", max_attempts=3)
+    made = (await clocked.create_in_turn("report-7"))["report-7"]
     card = dashboard.card("report-7")
 
     async def report(*events: dict[str, Any]) -> None:
-        for event in events:
-            await post_callback(gw, "report-7", made.callback_token, event)
+        await clocked.report(made, *events)
 
     async with TcpProxy(_port(gw.url)) as relay:
         await page.goto(f"{relay.url}/?task=report-7&token={made.subscribe_token}")

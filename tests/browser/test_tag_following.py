@@ -12,7 +12,6 @@ import pytest
 
 from gateway.client import Worker
 from tests.browser.conftest import VIEWPORTS, cut_or_off_screen, screenshot
-from tests.support import post_callback
 from tests.support.tagged import Handed, create_tagged, tag_token
 
 if TYPE_CHECKING:
@@ -247,22 +246,17 @@ async def test_a_tags_page_shows_tasks_in_progress_before_finished_ones_and_the_
 ) -> None:
     """On a desktop and on a phone: the tasks still in progress first, then the finished ones, each group
     newest first; a task that finishes moves among the finished ones; the tag reads as words."""
-    dashboard, clock = clocked.dashboard, clocked.clock
+    dashboard = clocked.dashboard
     gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
     await page.set_viewport_size(viewport)
-    made = {}
-    for task_id in ("import-1", "export-2", "report-3", "resize-4"):  # created in this order, a second apart
-        made[task_id] = await create_tagged(gw, task_id, [TAG])
-        clock.advance(1_000)
-
-    async def report(task_id: str, *events: dict[str, Any]) -> None:
-        for event in events:
-            await post_callback(gw, task_id, made[task_id].callback_token, event)
-
+    made = await clocked.create_in_turn("import-1", "export-2", "report-3", "resize-4", tags=[TAG])
     start = {"type": "start", "worker": "w"}
-    await report("import-1", start, {"type": "progress", "progress": 60, "cursor": "row-60"})
-    await report("export-2", start, {"type": "succeed", "resultRef": "s3://r/2", "resultHash": "sha256:2"})
-    await report("resize-4", start, {"type": "fail", "error": "not an image", "retryable": False})
+    succeed = {"type": "succeed", "resultRef": "s3://r/2", "resultHash": "sha256:2"}
+    await clocked.report(made["import-1"], start, {"type": "progress", "progress": 60, "cursor": "row-60"})
+    await clocked.report(made["export-2"], start, succeed)
+    await clocked.report(
+        made["resize-4"], start, {"type": "fail", "error": "not an image", "retryable": False}
+    )
     token = await tag_token(gw, TAG)
     await dashboard.open(f"?tag={TAG}&token={token}")
     head = page.locator("#tag-head")
@@ -279,10 +273,13 @@ async def test_a_tags_page_shows_tasks_in_progress_before_finished_ones_and_the_
     await screenshot(page, "tag-page")
 
     # import-1 finishes: it goes after resize-4 and export-2, the newer finished ones.
-    await report("import-1", {"type": "succeed", "resultRef": "s3://r/1", "resultHash": "sha256:1"})
+    await clocked.report(
+        made["import-1"], {"type": "succeed", "resultRef": "s3://r/1", "resultHash": "sha256:1"}
+    )
     await dashboard.wait_card("import-1", "d.state === 'succeeded'", 10_000)
     assert await order(dashboard) == ["report-3", "resize-4", "export-2", "import-1"]
     # A task created now comes first.
+    clocked.clock.advance(1_000)
     await create_tagged(gw, "upload-5", [TAG])
     await dashboard.wait_card("upload-5", "d.state === 'queued'", 10_000)
     assert await order(dashboard) == ["upload-5", "report-3", "resize-4", "export-2", "import-1"]

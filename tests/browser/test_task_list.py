@@ -69,24 +69,17 @@ async def test_all_tasks_are_newest_first_each_state_whole_and_every_column_on_s
     """On a desktop and on a phone: the newest task first (not the ids' order), each state's word whole
     (none cut to "Succeed" or "Cancelle"), and the progress, attempts and version of every task on the
     screen, with nothing to scroll sideways."""
-    dashboard, clock = clocked.dashboard, clocked.clock
+    dashboard = clocked.dashboard
     gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
     await page.set_viewport_size(viewport)
     uuid = "3f2a8c1e-9d4b-4c6a-8e1f-2b7d9a0c5e31"  # an id the gateway gives, when it names the task
-    created = {}
-    for task_id in ("report-b", "report-a", uuid, "report-z", "report-c", "report-e"):  # a second apart
-        created[task_id] = await create_task(gw, task_id, max_attempts=3)
-        clock.advance(1_000)
-
-    async def report(task_id: str, *events: dict[str, Any]) -> None:
-        for event in events:
-            await post_callback(gw, task_id, created[task_id].callback_token, event)
-
+    made = await clocked.create_in_turn("report-b", "report-a", uuid, "report-z", "report-c", "report-e")
     start = {"type": "start", "worker": "w"}
-    await report("report-b", start, {"type": "succeed", "resultRef": "s3://r/b", "resultHash": "sha256:b"})
-    await report(uuid, start, {"type": "progress", "progress": 40, "cursor": "row-40"})
-    await report("report-c", start, {"type": "fail", "error": "timeout", "retryable": True})
-    await report("report-e", start, {"type": "fail", "error": "bad input", "retryable": False})
+    succeed = {"type": "succeed", "resultRef": "s3://r/b", "resultHash": "sha256:b"}
+    await clocked.report(made["report-b"], start, succeed)
+    await clocked.report(made[uuid], start, {"type": "progress", "progress": 40, "cursor": "row-40"})
+    await clocked.report(made["report-c"], start, {"type": "fail", "error": "timeout", "retryable": True})
+    await clocked.report(made["report-e"], start, {"type": "fail", "error": "bad input", "retryable": False})
     assert (await gw.client.post("/v1/tasks/report-a/cancel", json={})).status_code == 200
 
     await dashboard.open()
