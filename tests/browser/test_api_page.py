@@ -78,3 +78,24 @@ async def test_the_api_page_fits_the_screen_and_states_every_bound_exactly(
     ).scroll_into_view_if_needed()
     await screenshot(page, "docs-events", full_page=False)
     console.assert_clean()
+
+
+# A browser whose JSON.parse gives a reviver no source text (before Chrome 114, Firefox 135, Safari 18.4).
+NO_SOURCE_TEXT = """
+const parse = JSON.parse;
+JSON.parse = (text, reviver) => parse(text, reviver && ((key, value) => reviver.call(this, key, value)));
+"""
+
+
+async def test_a_browser_that_rounds_a_bound_says_it_is_approximate(
+    gw: Running, page: Any, console: Console
+) -> None:
+    from playwright.async_api import expect
+
+    await page.add_init_script(NO_SOURCE_TEXT)
+    await page.goto(gw.url + "/docs")
+    await page.wait_for_selector("body[data-ready=true]", state="attached")
+    attempt = page.locator("#model-CallbackBody tr").filter(has=page.get_by_text("attempt", exact=True))
+    await expect(attempt).to_contain_text("≤ about 9.223e+18")
+    assert "9223372036854776000" not in await page.locator("body").inner_text()
+    console.assert_clean()
