@@ -2,6 +2,11 @@
  * The API page at /docs: renders this gateway's /openapi.json (routes, credentials, parameters, bodies,
  * answers and models) with no dependency and nothing fetched from elsewhere.
  *
+ * A bound past JavaScript's exact integers (2^63 - 1, what a stored count can hold) is shown as the document
+ * writes it, digit for digit: the document is parsed keeping such integers' source text (a BigInt), where
+ * the browser gives it to a reviver; elsewhere it reads "about 9.223e+18", never a rounded number as if it
+ * were exact. On a phone each parameter or field is a block of lines, each named, within the screen.
+ *
  * State for tests: `body[data-ready=true]` once rendered; each route is `section.operation[data-method]
  * [data-path]`.
  */
@@ -21,6 +26,26 @@ function el(tag, props = {}, ...children) {
 }
 
 const modelName = (ref) => ref.split("/").pop();
+
+/** JSON with every integer kept exact: one past 2^53 - 1 becomes a BigInt of its digits, where it can. */
+function parseExact(text) {
+  return JSON.parse(text, (key, value, context) =>
+    typeof value === "number" &&
+    !Number.isSafeInteger(value) &&
+    typeof context?.source === "string" &&
+    /^-?[0-9]+$/.test(context.source)
+      ? BigInt(context.source)
+      : value,
+  );
+}
+
+/** A bound as the document gives it: exact, or said to be approximate when this browser rounded it. */
+function bound(value) {
+  if (typeof value === "number" && Number.isInteger(value) && !Number.isSafeInteger(value)) {
+    return `about ${value.toExponential(3)}`;
+  }
+  return String(value);
+}
 
 /** Text whose `backticked` parts are code, as the document writes them. */
 function prose(text) {
@@ -46,8 +71,8 @@ function typeOf(schema) {
   }
   if (schema.type === "array") return el("span", { className: "type" }, typeOf(schema.items), "[]");
   const limits = [];
-  if (schema.minimum !== undefined) limits.push(`≥ ${schema.minimum}`);
-  if (schema.maximum !== undefined) limits.push(`≤ ${schema.maximum}`);
+  if (schema.minimum !== undefined) limits.push(`≥ ${bound(schema.minimum)}`);
+  if (schema.maximum !== undefined) limits.push(`≤ ${bound(schema.maximum)}`);
   if (schema.maxLength !== undefined) limits.push(`≤ ${schema.maxLength} chars`);
   const text = schema.type ?? "any";
   return el("span", { className: "type" }, limits.length ? `${text} (${limits.join(", ")})` : text);
@@ -60,7 +85,7 @@ function fieldsTable(schema) {
       "tr",
       {},
       el("td", {}, el("code", {}, name)),
-      el("td", {}, typeOf(prop)),
+      el("td", { dataset: { label: "type" } }, typeOf(prop)),
       el("td", {}, required.has(name) ? "required" : "optional"),
       el("td", {}, prose(prop.description)),
     ),
@@ -102,8 +127,8 @@ function renderOperation(path, method, operation, schemes) {
               "tr",
               {},
               el("td", {}, el("code", {}, p.name), p.required ? " (required)" : ""),
-              el("td", {}, p.in),
-              el("td", {}, typeOf(p.schema)),
+              el("td", { dataset: { label: "in" } }, p.in),
+              el("td", { dataset: { label: "type" } }, typeOf(p.schema)),
               el("td", {}, prose(p.description)),
             ),
           ),
@@ -134,7 +159,7 @@ function renderOperation(path, method, operation, schemes) {
 
 async function main() {
   const answer = await fetch("/openapi.json");
-  const doc = await answer.json();
+  const doc = parseExact(await answer.text());
   document.title = `${doc.info.title} API ${doc.info.version}`;
   $("#version").textContent = doc.info.version;
   $("#description").append(...prose(doc.info.description));

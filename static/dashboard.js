@@ -14,6 +14,12 @@
  * Order: tasks from the link first, in the link's order (the task a person came for is at the top), then
  * the others, newest first.
  *
+ * A running or succeeded task that was retried says what came of its earlier attempts, from the task itself
+ * ("Attempt 1 failed: timeout; retried."), so that a page that caught up with a snapshot after an outage
+ * (the task, not the entries it missed) tells the same story as one that saw every entry; the error a
+ * succeeded task keeps is that earlier attempt's, never shown as its outcome. A succeeded task keeps its
+ * attempts and says how long it took (from its creation to its result).
+ *
  * A task cancelled on request (failed, error "cancelled") reads "Cancelled", in grey: it was stopped, it did
  * not fail. Where the management API is open to this page (management.js), the card of a queued or running
  * task offers "Cancel task", asks once more (with an optional reason), and posts the cancel; the card then
@@ -27,7 +33,16 @@
 
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
 import { managementOpen } from "./management.js";
-import { STATE_WORDS, isCancelled, isRetrying, stateWord } from "./state-words.js";
+import {
+  STATE_WORDS,
+  earlierAttempts,
+  errorWords,
+  isCancelled,
+  isRetrying,
+  refusal,
+  sentence,
+  stateWord,
+} from "./state-words.js";
 import { followTag } from "./tag-page.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "expired"]);
@@ -140,7 +155,8 @@ class Card {
     if (!this.lastEvent || this.lastEvent.version < version) this.lastEvent = { version, event };
   }
 
-  /** A resume frame carries the state, not the entry that made it: read that entry once. */
+  /** A resume frame carries the state, not the entry that made it: read that entry once (again at the next
+   * resume frame if the read failed, as it may just after an outage). */
   async fetchLastEvent(version) {
     if (this.fetching === version) return;
     this.fetching = version;
@@ -148,12 +164,13 @@ class Card {
       const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
       const url = `/v1/tasks/${encodeURIComponent(this.id)}/events?cursor=${version - 1}`;
       const answer = await fetch(url, { headers });
-      if (!answer.ok) return;
+      if (!answer.ok) throw new Error(`HTTP ${answer.status}`);
       const body = await answer.json();
       for (const entry of body.events ?? []) if (entry.version === version) this.setLastEvent(version, entry.event);
       this.render();
     } catch {
-      // only a nicety: the card still shows the task's state
+      // Only a nicety (the card still shows the task's state): the next resume frame asks again.
+      if (this.fetching === version) this.fetching = null;
     }
   }
 
@@ -207,6 +224,9 @@ class Card {
     el.dataset.resumes = String(this.resumes);
     el.querySelector(".state-badge").textContent = STATE_WORDS[retrying ? "retrying" : state] ?? state;
     el.querySelector(".headline").textContent = headline(task, this.error);
+    const history = earlierAttempts(task);
+    el.querySelector(".history").textContent = this.error ? "" : history;
+    el.querySelector(".history").hidden = this.error || !history;
 
     const progress = task ? task.progress : 0;
     const bar = el.querySelector(".bar");
@@ -216,6 +236,7 @@ class Card {
     el.querySelector(".f-progress").textContent = task ? `${progress}%` : DASH;
     el.querySelector(".f-attempts").textContent = task ? `${task.attempts} of ${task.maxAttempts}` : DASH;
     el.querySelector(".f-deadline").textContent = givesUpAt(task);
+    el.querySelector(".f-took").textContent = took(task, this.lastEvent);
     el.querySelector(".f-version").textContent = task ? String(task.version) : DASH;
     el.querySelector(".f-event").textContent = this.lastEvent ? describeEvent(this.lastEvent) : DASH;
     el.querySelector(".f-resume").textContent = this.resume
@@ -230,7 +251,7 @@ class Card {
     el.querySelector(".failure-text").textContent = failed
       ? task.state === "expired"
         ? `It did not finish in time: it gave up at ${clockTime(task.expiresAtMs - clockOffsetMs)}.`
-        : sentence(task.error) || "The worker reported a failure."
+        : sentence(errorWords(task.error)) || "The worker reported a failure."
       : "";
     el.querySelector(".failure-retry").textContent = failed
       ? `Will not be retried${task.attempts >= task.maxAttempts ? ` (all ${task.maxAttempts} attempts used)` : ""}.`
@@ -248,7 +269,7 @@ class Card {
 
     const error = el.querySelector(".card-error");
     error.hidden = !this.error;
-    error.textContent = this.error ? `Can't follow this task: ${explainError(this.error)}` : "";
+    error.textContent = this.error ? `Can't follow this task: ${refusal(this.error, this.token)}` : "";
     this.renderTimes();
   }
 
@@ -352,6 +373,25 @@ function givesUpAt(task) {
   return nowrap(at.toLocaleString([], options));
 }
 
+/** How long a succeeded task took, from its creation to its result (its last entry); a dash until known. */
+function took(task, last) {
+  if (!task || task.state !== "succeeded" || !last || last.version !== task.version) return DASH;
+  if (typeof last.event.atMs !== "number") return DASH;
+  return duration(last.event.atMs - task.createdAtMs);
+}
+
+/** A length of time in the two largest units that matter ("42 s", "3 min 5 s", "2 h 10 min", "3 d 4 h"). */
+function duration(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 1) return "under a second";
+  if (s < 60) return `${s}\u00a0s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return nowrap(`${m} min ${s % 60} s`);
+  const h = Math.floor(m / 60);
+  if (h < 24) return nowrap(`${h} h ${m % 60} min`);
+  return nowrap(`${Math.floor(h / 24)} d ${h % 24} h`);
+}
+
 function isWebAddress(ref) {
   try {
     const url = new URL(ref);
@@ -397,29 +437,13 @@ function headline(task, error) {
     // Requeued after a failed attempt: `attempts` counts the attempts started, so the one that failed is
     // number `attempts` and the next to start is `attempts + 1` (gateway/machine.py).
     if (task.attempts > 0) {
-      const why = sentence(task.error);
+      const why = sentence(errorWords(task.error));
       return `Attempt ${task.attempts} of ${task.maxAttempts} failed${why ? `: ${why.replace(/[.!]+$/, "")}` : ""}.`
         + ` Waiting for attempt ${task.attempts + 1}.`;
     }
     return "Waiting for a worker to start it";
   }
   return "";
-}
-
-/** A worker's error as given, with a capital first letter. */
-function sentence(text) {
-  const trimmed = (text ?? "").trim();
-  return trimmed && trimmed[0].toUpperCase() + trimmed.slice(1);
-}
-
-function explainError({ code, message }) {
-  const words = {
-    unauthorized: "the link's token is missing, expired or invalid",
-    forbidden: "the token does not give access to this task",
-    "unknown-task": "there is no task with this id",
-    "invalid-request": "the request was not understood",
-  };
-  return `${words[code] ?? message} (${code})`;
 }
 
 /** How long ago, in steps that do not tick by the second. */
@@ -540,9 +564,9 @@ const banner = $("#link-banner");
 function updateConnection() {
   const live = [...cards.values()].filter((c) => c.live).length;
   const watching = live > 0 || followingTag();
-  let state = client.state;
-  // With nothing to watch the client opens nothing: do not claim to be (re)connecting.
-  if (!watching && (state === "connecting" || state === "reconnecting")) state = "idle";
+  // With nothing to watch (every card finished or refused, the tag refused) the connection means nothing to
+  // the user: no "Connected" beside cards that cannot follow, no "Reconnecting" for what will not change.
+  const state = watching ? client.state : "idle";
   connection.dataset.state = state;
   connection.dataset.transport = client.transport;
   connection.dataset.live = String(live);

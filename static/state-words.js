@@ -1,6 +1,6 @@
 /**
  * The words a person reads for a task's state, the same on a task's card (dashboard.js) and in "All tasks"
- * (task-list.js).
+ * (task-list.js); what its earlier attempts came to; and why a link cannot be followed, with what to do.
  */
 
 export const STATE_WORDS = {
@@ -36,4 +36,52 @@ export function shownState(task) {
 /** The word for `task`'s state ("Retrying" for a task requeued after a failed attempt, "Cancelled"). */
 export function stateWord(task) {
   return STATE_WORDS[shownState(task)] ?? task.state;
+}
+
+/** Text as given, trimmed, with a capital first letter. */
+export function sentence(text) {
+  const trimmed = (text ?? "").trim();
+  return trimmed && trimmed[0].toUpperCase() + trimmed.slice(1);
+}
+
+/** A worker's error as it gave it (trimmed); the gateway's own (a heartbeat lease that ran out) in words. */
+export function errorWords(error) {
+  const trimmed = (error ?? "").trim();
+  return trimmed === "heartbeat-timeout" ? "its worker stopped reporting" : trimmed;
+}
+
+/**
+ * What the attempts before the running or succeeded one came to, in words ("Attempt 1 failed: timeout;
+ * retried."), or "" when there were none. Said from the task alone, so the same whether the page saw every
+ * entry or caught up with a snapshot: a task is requeued only by a failed attempt with attempts left, so a
+ * running or succeeded task at attempt n had n - 1 attempts fail before it; its `error` stays the last of
+ * those failures' (the gateway keeps it, as the reference does) and is not the outcome.
+ */
+export function earlierAttempts(task) {
+  if (!task || (task.state !== "running" && task.state !== "succeeded")) return "";
+  const failed = task.attempts - 1;
+  if (failed < 1) return "";
+  const why = errorWords(task.error).replace(/[.!]+$/, "");
+  const which = failed === 1 ? "Attempt 1" : `Attempts 1 ${failed === 2 ? "and" : "to"} ${failed}`;
+  const last = !why ? "" : failed === 1 ? `: ${why}` : ` (attempt ${failed}: ${why})`;
+  return `${which} failed${last}; retried.`;
+}
+
+/**
+ * Why a link's tasks cannot be followed, and what to do: a sentence for the refusal `{code, message}`,
+ * `token` the link's access code (null: the link had none).
+ */
+export function refusal({ code, message }, token) {
+  const ask = "ask whoever sent you the link for a new one.";
+  const whole = `Open the whole link you were given, or ${ask}`;
+  const words = {
+    unauthorized: token
+      ? `the link's access code has expired or is not valid (${code}). ${sentence(ask)}`
+      : `the link has no access code (${code}). ${whole}`,
+    forbidden: `the link's access code is for other tasks (${code}). ${whole}`,
+    "unknown-task": `there is no such task (${code}); it may have been deleted since it finished. ${sentence(ask)}`,
+    "invalid-request": `the link is not complete (${code}). ${whole}`,
+    "websocket-required": `this network lets no live connection through (${code}). Try another network.`,
+  };
+  return words[code] ?? `${message} (${code}).`;
 }

@@ -1,9 +1,14 @@
 /**
  * The dashboard opened on a tag, `/?tag=owner:u42&token=T` (T a tag token: `POST /v1/tokens`, or
- * `gateway token subscribe --tag`): every task carrying the tag as a card, newest first (createdAtMs, then
- * id, descending), over one tag subscription of the page's GatewayClient. A task created with the tag
- * appears at the top as soon as it exists; a finished one stays, as it ended. After a drop the client
- * resumes every task from its cursor, and tasks created meanwhile come in at their place.
+ * `gateway token subscribe --tag`): every task carrying the tag as a card, over one tag subscription of the
+ * page's GatewayClient. The tasks still in progress (running, queued or retrying) come first, then the
+ * finished ones; each group newest first (createdAtMs, then id, descending). A task created with the tag
+ * appears at the top of the first group as soon as it exists; one that finishes moves to its place among
+ * the finished ones and stays there, as it ended. After a drop the client resumes every task from its cursor,
+ * and tasks created meanwhile come in at their place.
+ *
+ * The tag reads as words ("owner:u42" is "owner u42"); the tag itself is the heading's title. A refused link
+ * says why and what to do (state-words.js).
  *
  * The cards are the dashboard's (dashboard.js makes them and keeps them in its map, so the connection
  * indicator, the stale marks and Cancel work as for any card), fed by the tag subscription instead of one
@@ -14,18 +19,20 @@
  * list with `data-new="true"`.
  */
 
-function explain({ code, message }) {
-  const words = {
-    unauthorized: "the link's access code is missing, expired or invalid",
-    forbidden: "the link's access code is for other tasks",
-    "invalid-request": "the link is not right",
-    "websocket-required": "this network lets no live connection through",
-  };
-  return `${words[code] ?? message} (${code})`;
+import { refusal } from "./state-words.js";
+
+const FINISHED = new Set(["succeeded", "failed", "expired"]);
+
+/** A tag as a person reads it: its parts (`owner:u42`, `team_data:eng`) as words ("owner u42"). */
+export function tagWords(tag) {
+  return tag.replace(/[:_]+/g, " ").trim() || tag;
 }
 
-/** Newest first: createdAtMs descending, then id descending. */
-function newer(a, b) {
+/** Whether task `a` is shown before task `b`: in progress before finished, then newest first (createdAtMs
+ * descending, then id descending). */
+function precedes(a, b) {
+  const done = FINISHED.has(a.state);
+  if (done !== FINISHED.has(b.state)) return !done;
   return a.createdAtMs !== b.createdAtMs ? a.createdAtMs > b.createdAtMs : a.id > b.id;
 }
 
@@ -47,21 +54,26 @@ export function followTag({ client, tag, token, cards, newCard, changed }) {
   head.hidden = false;
   head.dataset.tag = tag;
   head.dataset.state = "loading";
-  head.querySelector(".tag-name").textContent = tag;
-  document.title = `${tag} · task-gateway`;
+  const words = tagWords(tag);
+  head.querySelector(".tag-name").textContent = words;
+  head.querySelector(".tag-title").title = `tag ${tag}`;
+  document.title = `${words} · task-gateway`;
   empty.textContent = "Loading the tasks…";
 
-  /** Put a new card where it belongs: before the first card older than its task. */
+  /** Put a card where it belongs: before the first other card whose task its own precedes; left where it
+   * is when it is there already, so that nothing moves under the reader's eyes for nothing. */
   function place(card) {
-    // Cards come newest first at the start (the list's order) and one at a time at the top later: look
-    // from the end, so that either costs a step or two.
     let before = null;
-    for (let el = tasksEl.lastElementChild; el; el = el.previousElementSibling) {
-      const other = cards.get(el.dataset.taskId);
-      if (other && other.task && !newer(other.task, card.task)) before = el;
-      else break;
+    for (let el = tasksEl.firstElementChild; el; el = el.nextElementSibling) {
+      const other = el === card.el ? null : cards.get(el.dataset.taskId);
+      if (other && other.task && precedes(card.task, other.task)) {
+        before = el;
+        break;
+      }
     }
-    tasksEl.insertBefore(card.el, before);
+    if (card.el.parentNode !== tasksEl || card.el.nextElementSibling !== before) {
+      tasksEl.insertBefore(card.el, before);
+    }
   }
 
   function summarise() {
@@ -88,8 +100,11 @@ export function followTag({ client, tag, token, cards, newCard, changed }) {
         cards.set(task.id, card);
         card.el.dataset.new = String(first !== null && !first.has(task.id)); // highlighted a moment
       }
+      const finished = !fresh && FINISHED.has(card.task?.state);
       card.onFrame(frame, task);
-      if (fresh) place(card); // a task's creation time never changes: placed once
+      // A task's creation time never changes: a card moves only when its task finishes (or, after a
+      // snapshot of a task made anew under its id, no longer is).
+      if (fresh || finished !== FINISHED.has(task.state)) place(card);
       summarise();
     },
     {
@@ -113,7 +128,7 @@ export function followTag({ client, tag, token, cards, newCard, changed }) {
         refused = true;
         head.dataset.state = "error";
         problem.hidden = false;
-        problem.textContent = `Can't follow these tasks: ${explain(error)}`;
+        problem.textContent = `Can't follow these tasks: ${refusal(error, token)}`;
         empty.textContent = "";
         summarise();
       },

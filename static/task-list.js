@@ -1,5 +1,7 @@
 /**
- * "All tasks" on the dashboard: the operators' list (`GET /v1/tasks`), a page at a time, filtered by state.
+ * "All tasks" on the dashboard: the operators' list (`GET /v1/tasks?order=newest`), newest first, a page at a
+ * time, filtered by state. On a phone each task is two lines (its id; its state, progress, attempts and
+ * version, each labelled), so that nothing is cut or off screen.
  *
  * Shown only where this page may read the management API (open mode on loopback; with an API key the
  * browser holds none, so the section stays hidden, and so do the operators' links in the footer). Read-only: a task's id links to the dashboard watching
@@ -9,11 +11,12 @@
  * a cancelled one "Cancelled".
  *
  * State for tests: `#all-tasks[data-ready][data-count][data-more]`; each row is
- * `tr[data-task-id][data-state][data-retrying][data-cancelled]` (`data-state` as the gateway says it).
+ * `tr[data-task-id][data-state][data-shown][data-retrying][data-cancelled]` (`data-state` as the gateway says it,
+ * `data-shown` as the badge does: "retrying", "cancelled" or the state).
  */
 
 import { managementOpen } from "./management.js";
-import { STATE_WORDS, stateWord, isCancelled, isRetrying } from "./state-words.js";
+import { STATE_WORDS, stateWord, isCancelled, isRetrying, shownState } from "./state-words.js";
 
 const PAGE_SIZE = 20;
 const STATES = ["queued", "running", "succeeded", "failed", "expired"];
@@ -61,7 +64,7 @@ function build() {
 }
 
 async function fetchPage(state, cursor) {
-  const query = new URLSearchParams({ limit: String(PAGE_SIZE) });
+  const query = new URLSearchParams({ order: "newest", limit: String(PAGE_SIZE) });
   if (state) query.set("state", state);
   if (cursor) query.set("cursor", cursor);
   const answer = await fetch(`/v1/tasks?${query}`, { headers: { Accept: "application/json" } });
@@ -72,17 +75,25 @@ async function fetchPage(state, cursor) {
   return answer.json();
 }
 
+/** A number's cell, with its column's name for a phone, where the table's head is not shown. */
+function cell(label, text) {
+  const td = el("td", {}, text);
+  td.dataset.label = label;
+  return td;
+}
+
 function row(task) {
   const link = el("a", { href: `/?task=${encodeURIComponent(task.id)}`, title: "Watch this task" }, task.id);
   const tr = el(
     "tr",
     {},
     el("td", { className: "all-task-id" }, link),
-    el("td", {}, el("span", { className: "state-badge" }, stateWord(task))),
-    el("td", {}, `${task.progress}%`),
-    el("td", {}, `${task.attempts} of ${task.maxAttempts}`),
-    el("td", {}, String(task.version)),
+    el("td", { className: "all-task-state" }, el("span", { className: "state-badge" }, stateWord(task))),
+    cell("Progress", `${task.progress}%`),
+    cell("Attempts", `${task.attempts} of ${task.maxAttempts}`),
+    cell("Version", String(task.version)),
   );
+  tr.dataset.shown = shownState(task);
   tr.dataset.taskId = task.id;
   tr.dataset.state = task.state;
   tr.dataset.retrying = String(isRetrying(task));

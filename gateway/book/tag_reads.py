@@ -35,10 +35,12 @@ class TagReads:
     async def list_tasks(
         self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
     ) -> builtins.list[Task]:
-        """Up to ``limit`` tasks carrying every one of ``tags``, newest first, after ``before`` (a
-        ``(createdAtMs, id)``) if given, only those in ``state`` if given: a page of
-        ``GET /v1/tasks?tag=``."""
+        """Up to ``limit`` tasks carrying every one of ``tags`` (every task, when there is none), newest
+        first, after ``before`` (a ``(createdAtMs, id)``) if given, only those in ``state`` if given: a page
+        of ``GET /v1/tasks?tag=`` (or ``?order=newest``)."""
         async with self.store.read() as tx:
+            if not tags:
+                return await tx.newest_tasks(state=state, before=before, limit=limit)
             return await tx.tagged_tasks(tags, state=state, before=before, limit=limit)
 
     @shielded

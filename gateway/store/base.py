@@ -106,6 +106,13 @@ class ReadTx(Protocol):
         with the ``C`` collation; another collation orders differently but pages the same way (each task
         once), since the comparison and the order use one collation."""
 
+    async def newest_tasks(
+        self, *, state: str | None, before: tuple[int, str] | None, limit: int
+    ) -> list[Task]:
+        """One page of the operators' task list newest first: up to ``limit`` tasks, ``created_at_ms``
+        descending, then id descending, only those that come after ``before`` (a ``(created_at_ms, id)``)
+        in that order when it is given, only those in ``state`` when it is given."""
+
     async def finished_held(self, cutoff_ms: int, *, relay: bool) -> int:
         """How many tasks that finished at or before ``cutoff_ms`` nobody has taken the notification of:
         not drained, nor relayed when ``relay`` (a relay sends notifications, and a relayed one counts as

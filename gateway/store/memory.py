@@ -161,6 +161,11 @@ class MemoryTx:
             :limit
         ]
 
+    async def newest_tasks(
+        self, *, state: str | None, before: tuple[int, str] | None, limit: int
+    ) -> list[Task]:
+        return self.tagged_page((), state, before, limit)
+
     def _tagged(self, tags: Sequence[str]) -> list[tuple[str, int, str]]:
         """(tag, created at, task id) of the tasks carrying any of ``tags``: the rows of ``task_tags``."""
         wanted = set(tags)
@@ -177,6 +182,12 @@ class MemoryTx:
     async def tagged_tasks(
         self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
     ) -> list[Task]:
+        return self.tagged_page(tags, state, before, limit)
+
+    def tagged_page(
+        self, tags: Sequence[str], state: str | None, before: tuple[int, str] | None, limit: int
+    ) -> list[Task]:
+        """A page newest first of the tasks carrying every one of ``tags`` (every task: none)."""
         found = sorted(
             (s.task for s in self.data.tasks.values() if set(tags) <= set(s.task.tags)),
             key=lambda t: (t.created_at_ms, t.id),

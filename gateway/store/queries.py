@@ -129,6 +129,20 @@ def list_tasks(*, by_state: bool, after: bool) -> str:
 
 
 @functools.cache
+def newest_tasks(*, by_state: bool, before: bool) -> str:
+    """One page of the task list newest first (``created_at_ms`` descending, then id descending): one range
+    of ix_tasks_created read backwards from ``(created_at_ms, id) < (?, ?)`` where asked, ``state = ?``
+    where asked; its parameters in that order, then the limit. Keyset pagination, as the id order's."""
+    where = [
+        condition
+        for condition, wanted in (("(created_at_ms, id) < (?, ?)", before), ("state = ?", by_state))
+        if wanted
+    ]
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return f"{SELECT_TASK}{clause} ORDER BY created_at_ms DESC, id DESC LIMIT ?"
+
+
+@functools.cache
 def update_task(columns: tuple[str, ...]) -> str:
     """A task row moved from the version a transaction read (the last two parameters: id, version before),
     setting only ``columns`` (a progress callback sets two)."""

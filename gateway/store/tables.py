@@ -89,6 +89,8 @@ class TaskRow(SQLModel, table=True):
             sqlite_where=text("finished_at_ms IS NOT NULL"),
             postgresql_where=text("finished_at_ms IS NOT NULL"),
         ),
+        # The task list newest first (queries.newest_tasks): one range, read backwards.
+        Index("ix_tasks_created", "created_at_ms", "id"),
         # The sweeper's other question: which running attempts' leases have ended?
         Index(
             "ix_tasks_lease_end",

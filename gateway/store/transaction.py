@@ -138,6 +138,13 @@ class SqlTx:
         params = [value for value in (state, after) if value is not None]
         return [task_from_row(r) for r in await self.fetch(query, (*params, limit))]
 
+    async def newest_tasks(
+        self, *, state: str | None, before: tuple[int, str] | None, limit: int
+    ) -> list[Task]:
+        query = q.newest_tasks(by_state=state is not None, before=before is not None)
+        params = [*(before or ()), *((state,) if state is not None else ())]
+        return [task_from_row(r) for r in await self.fetch(query, (*params, limit))]
+
     # --- tags ---------------------------------------------------------------------------------------------
 
     async def tagged(self, tag: str, limit: int) -> list[str]:

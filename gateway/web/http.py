@@ -144,11 +144,11 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         guard.task_list(request)
         query = task_list.parse_task_list_query(request.query_params)
         # One more than the page, to know whether another page follows.
-        if query.tag is None:
+        if not query.newest_first:
             found = await book.list_tasks(state=query.state, after=query.after(), limit=query.limit + 1)
             return wire.JSON(task_list.task_page_json(found, query.limit))
         found = await gw.tag_reads.list_tasks(
-            query.tag, state=query.state, before=query.before(), limit=query.limit + 1
+            query.tag or (), state=query.state, before=query.before(), limit=query.limit + 1
         )
         return wire.JSON(task_list.task_page_json(found, query.limit, newest_first=True))
 

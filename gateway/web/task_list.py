@@ -1,18 +1,18 @@
 """The operators' task list, ``GET /v1/tasks`` (docs/protocol.md, List): its query, validated, its opaque
 page cursor and its pages.
 
-Without ``tag=`` the tasks come in id order, and a cursor is the id a page starts after. With ``tag=`` they
-come newest first (``createdAtMs`` descending, then id descending), and a cursor is the creation time and
-id a page starts after. Either way a cursor is one shape (the schema's pattern) and every string of that
-shape is taken: it is a place in the list's order, wherever it came from (see :meth:`TaskListQuery.before`
-for a place the newest-first order cannot read).
+Without ``tag=`` the tasks come in id order, and a cursor is the id a page starts after. With ``tag=`` or
+``order=newest`` they come newest first (``createdAtMs`` descending, then id descending), and a cursor is
+the creation time and id a page starts after. Either way a cursor is one shape (the schema's pattern) and
+every string of that shape is taken: it is a place in the list's order, wherever it came from (see
+:meth:`TaskListQuery.before` for a place the newest-first order cannot read).
 """
 
 from __future__ import annotations
 
 import base64
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -62,12 +62,22 @@ class TaskListQuery(BaseModel):
         description="only tasks carrying this tag; repeated, only tasks carrying every one. With it the "
         "list is newest first (createdAtMs, then id, descending)",
     )
+    order: Literal["newest"] | None = Field(
+        default=None,
+        description="newest: newest first (createdAtMs, then id, descending), as a list by tag always is; "
+        "absent: id order (by tag: newest first)",
+    )
     cursor: (
         Annotated[str, Field(max_length=1024, json_schema_extra={"pattern": PAGE_CURSOR_PATTERN})] | None
     ) = Field(
         default=None, description="the nextCursor of the page before (opaque); absent for the first page"
     )
     limit: Annotated[int, Field(ge=1, le=MAX_PAGE)] = Field(default=50, description="tasks per page")
+
+    @property
+    def newest_first(self) -> bool:
+        """Whether the list is newest first: by tag, or asked for."""
+        return self.tag is not None or self.order == "newest"
 
     def after(self) -> str | None:
         """Id order: the id the page starts after, from the cursor."""

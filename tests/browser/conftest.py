@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
-from tests.support import Running, eventually, running_gateway
+from tests.support import Created, FakeClock, Running, create_task, eventually, post_callback, running_gateway
 
 CHROMIUM = Path(os.environ.get("GATEWAY_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -33,6 +35,14 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+# Where to keep screenshots of what the layout tests look at (``screenshot``), for a person to look at too;
+# unset: none are taken.
+SCREENSHOTS = os.environ.get("GATEWAY_TEST_SCREENSHOTS")
+# A desktop and a phone (an iPhone 12 to 15's CSS pixels): the layout tests run at both.
+VIEWPORTS = [
+    pytest.param({"width": 1280, "height": 800}, id="1280x800"),
+    pytest.param({"width": 390, "height": 844}, id="390x844"),
+]
 TERMINAL = ("succeeded", "failed", "expired")
 TERMINAL_RE = re.compile("^(succeeded|failed|expired)$")
 # A demo task runs 3 to 10 s (ticks of 0.4 s, maybe a retry); the waits leave room for a slow machine.
@@ -251,7 +261,87 @@ def dashboard(gw: Running, page: Any) -> Dashboard:
     return Dashboard(page, gw)
 
 
+@dataclass
+class Clocked:
+    """A dashboard of a gateway whose task time is ``clock`` (FakeClock): tasks created a step of it apart,
+    or finishing a known time after their creation."""
+
+    dashboard: Dashboard
+    clock: FakeClock
+
+    async def create_in_turn(self, *ids: str, tags: Sequence[str] | None = None) -> dict[str, Created]:
+        """Tasks ``ids`` (3 attempts each, ``tags`` if given) created in this order, a second apart."""
+        created: dict[str, Created] = {}
+        for task_id in ids:
+            if created:
+                self.clock.advance(1_000)
+            created[task_id] = await create_task(self.dashboard.gw, task_id, max_attempts=3, tags=tags)
+        return created
+
+    async def report(self, made: Created, *events: dict[str, Any]) -> None:
+        """Each of ``events``, in order, as ``made``'s worker reports it (its callback token)."""
+        for event in events:
+            await post_callback(self.dashboard.gw, made.task["id"], made.callback_token, event)
+
+
+@pytest.fixture
+async def clocked(browser: Any, sqlite_url: str, context: Any, console: Console) -> AsyncIterator[Clocked]:
+    """As ``dashboard`` (open mode), on a FakeClock, with no sweeps (nothing expires on its own), and a delta
+    of at most 2 entries (``GATEWAY_RETENTION_VERSIONS``): a page that missed 3 comes back with a snapshot."""
+    clock = FakeClock(int(time.time() * 1000))  # from now: the page's times read as they would live
+    async with running_gateway(sqlite_url, clock=clock, sweep_interval_ms=0, retention_versions=2) as gw:
+        page = await context.new_page()
+        page.on("console", lambda m: console.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: console.page_errors.append(str(e)))
+        try:
+            yield Clocked(Dashboard(page, gw), clock)
+        finally:
+            await page.close()
+
+
 @pytest.fixture
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+async def screenshot(page: Any, name: str, *, full_page: bool = True) -> None:
+    """The page as a user sees it (the whole page, or the screen only), as ``<name>-<width>x<height>.png`` in
+    GATEWAY_TEST_SCREENSHOTS when it names a folder; nothing otherwise."""
+    if not SCREENSHOTS:
+        return
+    size = page.viewport_size
+    folder = anyio.Path(SCREENSHOTS)
+    await folder.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(
+        path=str(folder / f"{name}-{size['width']}x{size['height']}.png"),
+        full_page=full_page,
+        animations="disabled",  # transitions at their end: the bar as it stands, not on its way
+    )
+
+
+# Each element of a selector that does not fit: its text cut (wider than its box) or its box past the
+# viewport's right edge (off screen: the page scrolls sideways, or a scroller hides it). Elements not
+# shown (no box) are left out.
+CUT_OR_OFF_SCREEN = """
+(selector) => [...document.querySelectorAll(selector)]
+  .filter((el) => el.getClientRects().length > 0)
+  .map((el) => {
+    const box = el.getBoundingClientRect();
+    return {
+      text: el.textContent.trim().slice(0, 40),
+      scrollWidth: el.scrollWidth,
+      clientWidth: el.clientWidth,
+      left: box.left,
+      right: box.right,
+      viewport: document.documentElement.clientWidth,
+    };
+  })
+  .filter((b) => b.scrollWidth > b.clientWidth || b.left < 0 || b.right > b.viewport + 0.5)
+"""
+
+
+async def cut_or_off_screen(page: Any, selector: str) -> list[dict[str, Any]]:
+    """The elements of ``selector`` whose text overflows their box or that stand past the screen's edge."""
+    found: list[dict[str, Any]] = await page.evaluate(CUT_OR_OFF_SCREEN, selector)
+    return found

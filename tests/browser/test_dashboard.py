@@ -62,8 +62,12 @@ async def test_page_loads_clean_and_demo_tasks_run_to_success(dashboard: Dashboa
         copy = card.get_by_role("button", name=f"Copy the result of {task_id}")
         await dashboard.expect(copy).to_be_visible()
         await dashboard.expect(card).not_to_contain_text("succeeded:")
-        # Finished: no attempts, no time it gives up at, no "finished" repeating the badge.
-        await dashboard.expect(card.locator(".facts")).to_be_hidden()
+        # Finished: its attempts and how long it took; no time it gives up at, no "finished" repeating the
+        # badge.
+        await dashboard.expect(card.locator(".f-attempts")).to_be_visible()
+        await dashboard.expect(card.locator(".f-took")).to_have_text(re.compile(r"^\d+\u00a0s$"))
+        await dashboard.expect(card.locator(".f-deadline")).to_be_hidden()
+        await dashboard.expect(card.locator(".f-event")).to_be_hidden()
         # It was live: the bar went through values between 0 and 100 on its way.
         assert any(0 < p < 100 for p in seen["cards"][task_id]["progress"]), seen["cards"][task_id]
     first = dashboard.card(started[0])
@@ -206,6 +210,26 @@ async def test_no_demo_button_when_the_demo_is_off(sqlite_url: str, context: Any
             await dashboard.expect(page.get_by_role("button", name="Watch")).to_be_visible()
         finally:
             await page.close()
+
+
+async def test_a_card_that_cannot_follow_says_what_to_do_and_no_connection_is_claimed(
+    dashboard: Dashboard, console: Console
+) -> None:
+    """A link whose access code is another task's: the card says why and what to do, and the header says
+    nothing of a connection (no "Connected" beside a card that follows nothing)."""
+    gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
+    await create_task(gw, "mine-1")
+    other = await create_task(gw, "other-2")
+    await dashboard.open(f"?task=mine-1&token={other.subscribe_token}")
+    await dashboard.wait_card("mine-1", "d.state === 'error'", 10_000)
+    await expect(dashboard.card("mine-1").locator(".card-error")).to_have_text(
+        "Can't follow this task: the link's access code is for other tasks (forbidden). Open the whole link"
+        " you were given, or ask whoever sent you the link for a new one."
+    )
+    await expect(dashboard.connection).to_be_hidden()
+    await expect(dashboard.connection).to_have_attribute("data-state", "idle")
+    assert "Connected" not in await page.locator("body").inner_text()
+    console.assert_clean()
 
 
 async def test_on_a_phone_the_indicator_stays_put_and_linked_tasks_come_first(
@@ -399,7 +423,8 @@ async def test_cards_say_what_came_of_each_task_on_a_phone(dashboard: Dashboard,
     assert link_box["height"] >= 44 and link_box["width"] == result_box["width"], (link_box, result_box)
     for card in (web, s3):
         await expect(card).not_to_contain_text("succeeded:")
-        await expect(card.locator(".facts")).to_be_hidden()  # done: no attempts, no "gives up at"
+        await expect(card.locator(".f-attempts")).to_have_text("1 of 3")  # done: its attempts stay,
+        await expect(card.locator(".f-deadline")).to_be_hidden()  # no "gives up at"
         # When it finished, as a time of day: nothing an outage could leave saying "just now".
         await expect(card.locator(".f-updated")).to_have_text(re.compile(r"^Finished \d{1,2}:\d{2}"))
 

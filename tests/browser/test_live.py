@@ -3,15 +3,16 @@ WebSockets blocked altogether (the SSE fallback), and the SSE stream cut."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from gateway.client import Worker
+from tests.browser.conftest import VIEWPORTS, cut_or_off_screen, screenshot
 from tests.support import TcpProxy, create_task
 
 if TYPE_CHECKING:
-    from tests.browser.conftest import Console, Dashboard
+    from tests.browser.conftest import Clocked, Console, Dashboard
 
 pytestmark = pytest.mark.anyio
 
@@ -218,5 +219,75 @@ async def test_a_silently_dead_link_is_replaced_within_ten_seconds(
         await dashboard.wait_card("dead-1", "d.state === 'succeeded' && d.version === '7'", 10_000)
         await dashboard.assert_matches_server("dead-1")
     # The refused attempts are the browser's own console errors ("WebSocket connection ... failed").
+    console.errors[:] = [e for e in console.errors if not e.startswith("WebSocket connection to")]
+    console.assert_clean()
+
+
+@pytest.mark.parametrize("viewport", VIEWPORTS)
+async def test_after_an_outage_the_card_says_in_words_what_it_missed(
+    clocked: Clocked, console: Console, viewport: dict[str, int]
+) -> None:
+    """The link drops while the task's first attempt fails and the task is retried, more entries than a
+    delta carries (the gateway keeps deltas to 2): the page comes back with a snapshot, which has the task
+    and not the entries, and says what happened from the task ("Attempt 1 failed: timeout; retried.").
+    Down again while it succeeds: the succeeded card keeps its attempts, says how long it took, and shows
+    the first attempt's error (which the task keeps) as that attempt's, not as the outcome."""
+    dashboard, clock = clocked.dashboard, clocked.clock
+    gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
+    await page.set_viewport_size(viewport)
+    made = (await clocked.create_in_turn("report-7"))["report-7"]
+    card = dashboard.card("report-7")
+
+    async def report(*events: dict[str, Any]) -> None:
+        await clocked.report(made, *events)
+
+    async with TcpProxy(_port(gw.url)) as relay:
+        await page.goto(f"{relay.url}/?task=report-7&token={made.subscribe_token}")
+        await page.wait_for_selector("body[data-ready=true]", state="attached")
+        await report({"type": "start", "worker": "w1"}, {"type": "progress", "progress": 30, "cursor": "p30"})
+        await dashboard.wait_card("report-7", "d.version === '2'", 10_000)
+        await expect(card.locator(".history")).to_be_hidden()  # a first attempt has no history
+
+        # 1. Down while attempt 1 fails, attempt 2 starts and reports: three entries missed.
+        relay.refuse = True
+        relay.cut()
+        await report(
+            {"type": "fail", "error": "timeout", "retryable": True},
+            {"type": "start", "worker": "w2"},
+            {"type": "progress", "progress": 50, "cursor": "p50"},
+        )
+        relay.refuse = False
+        await dashboard.wait_card("report-7", "d.version === '5' && d.resume === 'snapshot'", 15_000)
+        await expect(card.locator(".state-badge")).to_have_text("Running")
+        await expect(card.locator(".history")).to_have_text("Attempt 1 failed: timeout; retried.")
+        await expect(card.locator(".f-attempts")).to_have_text("2 of 3")
+        await screenshot(page, "card-after-outage-running")
+
+        # 2. Down again while it succeeds, 65 s after it was created.
+        relay.refuse = True
+        relay.cut()
+        clock.advance(65_000)
+        await report(
+            {"type": "progress", "progress": 70, "cursor": "p70"},
+            {"type": "progress", "progress": 90, "cursor": "p90"},
+            {"type": "succeed", "resultRef": "s3://results/7", "resultHash": "sha256:07"},
+        )
+        relay.refuse = False
+        await dashboard.wait_card("report-7", "d.version === '8' && d.resume === 'snapshot'", 15_000)
+        # How long it took comes from the entry that finished it, which the page reads after the snapshot.
+        await expect(card.locator(".f-took")).to_have_text("1\u00a0min\u00a05\u00a0s")
+    task = await dashboard.assert_matches_server("report-7")
+    assert (task["state"], task["attempts"], task["error"]) == ("succeeded", 2, "timeout")
+    await expect(card.locator(".state-badge")).to_have_text("Succeeded")
+    await expect(card.locator(".history")).to_have_text("Attempt 1 failed: timeout; retried.")
+    await expect(card.locator(".f-attempts")).to_have_text("2 of 3")
+    await expect(card.locator(".f-attempts")).to_be_visible()
+    await expect(card.locator(".f-took")).to_be_visible()
+    # The error is the first attempt's, not the outcome: no failure box, no "Failed" anywhere on the card.
+    await expect(card.locator(".task-failure")).to_be_hidden()
+    assert "Failed" not in await card.inner_text()
+    assert await cut_or_off_screen(page, "article.task-card, article.task-card .state-badge") == []
+    await screenshot(page, "card-after-outage")
+    # The refused reconnects are the browser's own console errors ("WebSocket connection ... failed").
     console.errors[:] = [e for e in console.errors if not e.startswith("WebSocket connection to")]
     console.assert_clean()

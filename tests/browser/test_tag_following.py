@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from gateway.client import Worker
+from tests.browser.conftest import VIEWPORTS, cut_or_off_screen, screenshot
 from tests.support.tagged import Handed, create_tagged, tag_token
 
 if TYPE_CHECKING:
-    from tests.browser.conftest import Console, Dashboard
+    from tests.browser.conftest import Clocked, Console, Dashboard
 
 pytestmark = pytest.mark.anyio
 
@@ -135,7 +136,7 @@ async def test_the_dashboard_on_a_tag_shows_its_tasks_newest_first_live(
         await dashboard.open(f"?tag={TAG}&token={token}")
         head = page.locator("#tag-head")
         await expect(head).to_have_attribute("data-state", "live")
-        await expect(head.get_by_role("heading")).to_have_text(f"Tasks of {TAG}")
+        await expect(head.get_by_role("heading")).to_have_text("Tasks of owner u42")
         await dashboard.wait_card("report-1", "d.state === 'running' && d.progress === '50'", 10_000)
         await dashboard.wait_card("report-2", "d.state === 'queued'", 10_000)
         assert await order(dashboard) == ["report-2", "report-1"]  # newest first
@@ -217,7 +218,69 @@ async def test_the_dashboard_says_when_the_tag_token_is_refused(
     head = page.locator("#tag-head")
     await expect(head).to_have_attribute("data-state", "error")
     await expect(head.get_by_role("alert")).to_have_text(
-        "Can't follow these tasks: the link's access code is for other tasks (forbidden)"
+        "Can't follow these tasks: the link's access code is for other tasks (forbidden). Open the whole link"
+        " you were given, or ask whoever sent you the link for a new one."
     )
     await expect(dashboard.card("report-1")).to_have_count(0)
+    # Nothing on the page follows anything: the header does not say "Connected" beside the refusal.
+    await expect(dashboard.connection).to_be_hidden()
+    await expect(dashboard.connection).to_have_attribute("data-state", "idle")
+    await screenshot(page, "tag-refused")
+
+    await dashboard.open(f"?tag={TAG}&token=eyJhbGciOi")  # the link cut short: its access code too
+    await expect(head).to_have_attribute("data-state", "error")
+    await expect(head.get_by_role("alert")).to_have_text(
+        "Can't follow these tasks: the link's access code has expired or is not valid (unauthorized). Ask"
+        " whoever sent you the link for a new one."
+    )
+    await expect(dashboard.connection).to_be_hidden()
+    await page.set_viewport_size({"width": 390, "height": 844})
+    assert await cut_or_off_screen(page, "#tag-head, .tag-error") == []
+    await screenshot(page, "tag-refused")
+    console.assert_clean()
+
+
+@pytest.mark.parametrize("viewport", VIEWPORTS)
+async def test_a_tags_page_shows_tasks_in_progress_before_finished_ones_and_the_tag_in_words(
+    clocked: Clocked, console: Console, viewport: dict[str, int]
+) -> None:
+    """On a desktop and on a phone: the tasks still in progress first, then the finished ones, each group
+    newest first; a task that finishes moves among the finished ones; the tag reads as words."""
+    dashboard = clocked.dashboard
+    gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
+    await page.set_viewport_size(viewport)
+    made = await clocked.create_in_turn("import-1", "export-2", "report-3", "resize-4", tags=[TAG])
+    start = {"type": "start", "worker": "w"}
+    succeed = {"type": "succeed", "resultRef": "s3://r/2", "resultHash": "sha256:2"}
+    await clocked.report(made["import-1"], start, {"type": "progress", "progress": 60, "cursor": "row-60"})
+    await clocked.report(made["export-2"], start, succeed)
+    await clocked.report(
+        made["resize-4"], start, {"type": "fail", "error": "not an image", "retryable": False}
+    )
+    token = await tag_token(gw, TAG)
+    await dashboard.open(f"?tag={TAG}&token={token}")
+    head = page.locator("#tag-head")
+    await expect(head).to_have_attribute("data-state", "live")
+    await expect(head.get_by_role("heading")).to_have_text("Tasks of owner u42")
+    await expect(head.get_by_role("heading")).to_have_attribute("title", f"tag {TAG}")
+    for task_id in made:
+        await dashboard.wait_card(task_id, "d.version !== ''", 10_000)
+    # Newest first alone would be resize-4, report-3, export-2, import-1.
+    assert await order(dashboard) == ["report-3", "import-1", "resize-4", "export-2"]
+    await expect(dashboard.connection).to_have_attribute("data-state", "connected")
+    assert await cut_or_off_screen(page, "article.task-card, article.task-card .state-badge") == []
+    assert await page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+    await screenshot(page, "tag-page")
+
+    # import-1 finishes: it goes after resize-4 and export-2, the newer finished ones.
+    await clocked.report(
+        made["import-1"], {"type": "succeed", "resultRef": "s3://r/1", "resultHash": "sha256:1"}
+    )
+    await dashboard.wait_card("import-1", "d.state === 'succeeded'", 10_000)
+    assert await order(dashboard) == ["report-3", "resize-4", "export-2", "import-1"]
+    # A task created now comes first.
+    clocked.clock.advance(1_000)
+    await create_tagged(gw, "upload-5", [TAG])
+    await dashboard.wait_card("upload-5", "d.state === 'queued'", 10_000)
+    assert await order(dashboard) == ["upload-5", "report-3", "resize-4", "export-2", "import-1"]
     console.assert_clean()

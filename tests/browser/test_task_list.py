@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.browser.conftest import VIEWPORTS, cut_or_off_screen, screenshot
 from tests.support import create_task, post_callback, running_gateway
 
 if TYPE_CHECKING:
-    from tests.browser.conftest import Console, Dashboard
+    from tests.browser.conftest import Clocked, Console, Dashboard
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +45,7 @@ async def test_all_tasks_pages_filters_and_opens_a_task(dashboard: Dashboard, co
     await expect(section).to_have_attribute("data-count", str(len(ids)))
     await expect(more).to_be_hidden()
     listed = await rows(page)
-    assert [i for i, _ in listed] == ids  # every task once, in id order
+    assert sorted(i for i, _ in listed) == ids and len(listed) == len(ids)  # every task once
     assert dict(listed)["batch-07"] == "running"
 
     await section.get_by_label("Show").select_option("running")
@@ -56,8 +57,65 @@ async def test_all_tasks_pages_filters_and_opens_a_task(dashboard: Dashboard, co
 
     await section.get_by_label("Show").select_option("")
     await expect(section).to_have_attribute("data-count", str(PAGE_SIZE))
-    await section.get_by_role("link", name="batch-03").click()
-    await expect(dashboard.card("batch-03")).to_have_attribute("data-state", "queued")
+    await section.get_by_role("link", name="batch-10").click()
+    await expect(dashboard.card("batch-10")).to_have_attribute("data-state", "queued")
+    console.assert_clean()
+
+
+@pytest.mark.parametrize("viewport", VIEWPORTS)
+async def test_all_tasks_are_newest_first_each_state_whole_and_every_column_on_screen(
+    clocked: Clocked, console: Console, viewport: dict[str, int]
+) -> None:
+    """On a desktop and on a phone: the newest task first (not the ids' order), each state's word whole
+    (none cut to "Succeed" or "Cancelle"), and the progress, attempts and version of every task on the
+    screen, with nothing to scroll sideways."""
+    dashboard = clocked.dashboard
+    gw, page, expect = dashboard.gw, dashboard.page, dashboard.expect
+    await page.set_viewport_size(viewport)
+    uuid = "3f2a8c1e-9d4b-4c6a-8e1f-2b7d9a0c5e31"  # an id the gateway gives, when it names the task
+    made = await clocked.create_in_turn("report-b", "report-a", uuid, "report-z", "report-c", "report-e")
+    start = {"type": "start", "worker": "w"}
+    succeed = {"type": "succeed", "resultRef": "s3://r/b", "resultHash": "sha256:b"}
+    await clocked.report(made["report-b"], start, succeed)
+    await clocked.report(made[uuid], start, {"type": "progress", "progress": 40, "cursor": "row-40"})
+    await clocked.report(made["report-c"], start, {"type": "fail", "error": "timeout", "retryable": True})
+    await clocked.report(made["report-e"], start, {"type": "fail", "error": "bad input", "retryable": False})
+    assert (await gw.client.post("/v1/tasks/report-a/cancel", json={})).status_code == 200
+
+    await dashboard.open()
+    section = page.locator("#all-tasks")
+    await expect(section).to_have_attribute("data-ready", "true")
+    await section.get_by_text("All tasks", exact=True).click()
+    await expect(section).to_have_attribute("data-count", "6")
+    words = await page.eval_on_selector_all(
+        "#all-tasks tbody tr",
+        "els => els.map(e => [e.dataset.taskId, e.querySelector('.state-badge').innerText])",
+    )
+    assert words == [
+        ["report-e", "Failed"],
+        ["report-c", "Retrying"],
+        ["report-z", "Queued"],
+        [uuid, "Running"],
+        ["report-a", "Cancelled"],
+        ["report-b", "Succeeded"],
+    ]  # newest first
+    running = section.locator(f'tr[data-task-id="{uuid}"]')
+    for text in (uuid, "40%", "1 of 3", "2"):
+        await expect(running.get_by_text(text, exact=True)).to_be_in_viewport()
+    assert await cut_or_off_screen(page, "#all-tasks .state-badge") == []
+    assert await cut_or_off_screen(page, "#all-tasks td") == []
+    assert (
+        await cut_or_off_screen(page, "#all-tasks .all-tasks-scroll") == []
+    )  # nothing scrolled out of sight
+    assert await page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+    if viewport["width"] < 500:
+        # No column heads on a phone: each number says what it is.
+        named = await running.evaluate(
+            "tr => [...tr.querySelectorAll('td[data-label]')]"
+            ".map(td => getComputedStyle(td, '::before').content)"
+        )
+        assert named == ['"Progress"', '"Attempts"', '"Version"'], named
+    await screenshot(page, "task-list")
     console.assert_clean()
 
 

@@ -664,6 +664,30 @@ async def test_the_task_list_pages_through_every_task_once_in_id_order(store: St
         assert await tx.list_tasks(state=None, after="task-11", limit=5) == []
 
 
+async def test_the_task_list_newest_first_pages_by_creation_time_then_id(store: Store) -> None:
+    for task_id, now in (("m", 1_000), ("a", 3_000), ("z", 2_000), ("b", 2_000), ("c", 4_000)):
+        await add(store, task_id, now=now)
+    start = apply_event(queued("z", now=2_000)[0], Start(2_500, "w1"))
+    async with store.write() as tx:
+        await tx.record(start, orjson.dumps(event_to_json(start.entry.event)), 2_500)  # type: ignore[union-attr]
+
+    async def page(**kwargs: Any) -> list[str]:
+        async with store.read() as reading:
+            query = {"state": None, "before": None, "limit": 10, **kwargs}
+            return [t.id for t in await reading.newest_tasks(**query)]
+
+    assert await page() == ["c", "a", "z", "b", "m"]  # not the ids' order: the creation times'
+    assert await page(limit=2) == ["c", "a"]
+    assert await page(before=(3_000, "a"), limit=2) == ["z", "b"]  # two at one time: the greater id first
+    assert await page(before=(2_000, "z")) == ["b", "m"]
+    assert await page(before=(-1, "")) == []
+    assert await page(state="running") == ["z"]
+    assert await page(state="queued", before=(2_000, "z")) == ["b", "m"]
+    async with store.read() as reading:
+        (whole,) = await reading.newest_tasks(state="running", before=None, limit=10)
+    assert whole == start.task  # the whole task, as stored
+
+
 @pytest.fixture
 async def sql_store(database_url: str) -> AsyncIterator[SqlStore]:
     async with opened(SqlStore(Database(database_url))) as made:

@@ -60,6 +60,41 @@ async def test_pages_cover_every_task_once_and_the_state_filter_keeps_its_own(
         assert len(whole) == 1 and len(whole[0]) == 8
 
 
+async def test_order_newest_pages_newest_first_and_a_task_created_meanwhile_waits_for_the_next_listing(
+    database_url: str, clock: FakeClock
+) -> None:
+    """``order=newest``: by creation time, newest first, whatever the ids; a page at a time, each task
+    once, a task created between two pages left to the next listing; the state filter within it. A list by
+    tag is newest first whether asked or not; no other order is taken."""
+    async with running_gateway(database_url, clock=clock, api_key=API_KEY, sweep_interval_ms=0) as gw:
+        ids = ["job-b", "job-z", "job-a", "job-y", "job-c"]  # created in this order, a second apart
+        created = {}
+        for task_id in ids:
+            created[task_id] = await create_task(gw, task_id, headers=KEY)
+            clock.advance(1_000)
+        await post_callback(gw, "job-a", created["job-a"].callback_token, {"type": "start", "worker": "w"})
+
+        newest: dict[str, Any] = {"order": "newest", "limit": 2}
+        first = await gw.client.get("/v1/tasks", params=newest, headers=KEY)
+        assert [t["id"] for t in first.json()["tasks"]] == ["job-c", "job-y"]
+        await create_task(gw, "job-0", headers=KEY)  # the newest now: on the next listing, not this one
+        rest = await pages(gw.client, {**newest, "cursor": first.json()["nextCursor"]}, KEY)
+        assert [t["id"] for p in rest for t in p] == ["job-a", "job-z", "job-b"]
+        listed = await pages(gw.client, newest, KEY)
+        assert [t["id"] for p in listed for t in p] == ["job-0", *reversed(ids)]
+        assert [t["createdAtMs"] for p in listed for t in p] == sorted(
+            (t["createdAtMs"] for p in listed for t in p), reverse=True
+        )
+        running = await pages(gw.client, {"order": "newest", "state": "running"}, KEY)
+        assert [t["id"] for p in running for t in p] == ["job-a"]
+        # With a tag the list is newest first whether asked or not.
+        tagged = await create_task(gw, "job-t", tags=["owner:u42"], headers=KEY)
+        assert tagged.task["tags"] == ["owner:u42"]
+        for query in ({"tag": "owner:u42"}, {"tag": "owner:u42", "order": "newest"}):
+            assert [t["id"] for p in await pages(gw.client, query, KEY) for t in p] == ["job-t"]
+        error(await gw.client.get("/v1/tasks", params={"order": "id"}, headers=KEY), 400, "invalid-request")
+
+
 async def test_the_list_needs_the_api_key(sqlite_url: str, clock: FakeClock) -> None:
     async with running_gateway(sqlite_url, clock=clock, api_key=API_KEY, sweep_interval_ms=0) as gw:
         created = await create_task(gw, "job-1", headers=KEY)
