@@ -12,9 +12,12 @@ from tests.support.databases import (
     postgres_database,
     sqlite_database,
 )
+from tests.support.examples import load_profile
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Every property test's examples, before a test module asks for its count (tests/support/examples.py).
+    load_profile()
     config.addinivalue_line(
         "markers",
         "empty_database: every database this test makes (SQLite and PostgreSQL) is empty (not a copy of "

@@ -35,10 +35,11 @@ from gateway.web import task_ids
 from gateway.web.http import _version
 from gateway.web.openapi import openapi_document
 from tests.support import bearer
+from tests.support.examples import examples
 from tests.support.threaded import ErrorLog, threaded_gateway
 
 API_KEY = "schemathesis-api-key"
-MAX_EXAMPLES = 40
+MAX_EXAMPLES = examples(40)
 
 # The documents the app serves, with an API key and in open mode (built by the same function;
 # test_the_served_documents_are_these checks it): loaded at collection, since schemathesis makes its tests

@@ -27,10 +27,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.support import SECRET, bearer
+from tests.support.examples import examples
 from tests.support.threaded import Threaded, threaded_gateway
 
 API_KEY = "fuzz-api-key"
-MAX_EXAMPLES = 150
+MAX_EXAMPLES = examples(150)
 # The well-behaved client is checked after every this many examples.
 CHECK_EVERY = 10
 STEP_S = 10.0

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,9 @@ def _sqlite_template_file() -> Path:
             folder = Path(tempfile.mkdtemp(prefix="gw-sqlite-template-"))
             atexit.register(shutil.rmtree, folder, True)
             path = folder / "template.db"
-            asyncio.run(_migrated(f"sqlite:///{path}"))
+            # On a thread of its own: the caller may be a test's running event loop.
+            with ThreadPoolExecutor(1) as thread:
+                thread.submit(asyncio.run, _migrated(f"sqlite:///{path}")).result()
             _sqlite_template = (path, os.getpid())
         return _sqlite_template[0]
 

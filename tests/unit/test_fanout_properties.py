@@ -27,6 +27,7 @@ from gateway.errors import CLOSE_SLOW_CONSUMER, InvalidRequest
 from gateway.frames import Frame
 from gateway.live.fanout import Channel, Fanout, NeedTask, Peer, Read, Subscription
 from gateway.machine import Succeed, task_to_json
+from tests.support.examples import examples
 from tests.unit.fake_book import FakeBook
 from tests.unit.fanout_play import check_event, check_resume, news, parse, unframe_all
 
@@ -433,7 +434,7 @@ class FanoutMachine(RuleBasedStateMachine):
 
 
 FanoutMachine.TestCase.settings = settings(
-    max_examples=1000,
+    max_examples=examples(1000),
     stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -35,8 +35,9 @@ from gateway.machine import (
     expire_task,
     is_blank,
 )
+from tests.support.examples import examples
 
-EXAMPLES = 150
+EXAMPLES = examples(150)
 T = TypeVar("T")
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.machine import apply_event, create_task, event_from_json, task_to_json
+from tests.support.examples import examples
 from tests.support.model import Model, json_equal
 
 TTL = 10_000
@@ -467,7 +468,7 @@ _operations = st.lists(
 )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(_operations)
 def test_model_invariants_under_random_operations(operations: list[tuple[Any, ...]]) -> None:
     book = Model()

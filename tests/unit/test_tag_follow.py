@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gateway.client.errors import WatchError
 from gateway.client.tag_follow import TagFollower, Then
+from tests.support.examples import examples
 
 TAG = "owner:u42"
 
@@ -283,7 +284,7 @@ STEPS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(steps=STEPS, known=st.integers(0, 3))
 def test_through_losses_and_drops_no_entry_comes_twice_or_out_of_order_and_all_end_exact(
     steps: list[tuple[str, int]], known: int

@@ -31,6 +31,7 @@ from gateway.bus.base import News
 from gateway.live.fanout import Fanout, NeedTask, Peer, Subscription, TagSub
 from gateway.live.tagging import NEW, Tagging
 from gateway.machine import Resume, Succeed
+from tests.support.examples import examples
 from tests.unit.fake_book import FakeBook
 from tests.unit.fanout_play import Client, news
 
@@ -300,7 +301,7 @@ class TaggingMachine(RuleBasedStateMachine):
 
 
 TaggingMachine.TestCase.settings = settings(
-    max_examples=800,
+    max_examples=examples(800),
     stateful_step_count=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
