@@ -10,9 +10,7 @@ cluster of the test's own, under its autovacuum).
 from __future__ import annotations
 
 import base64
-import importlib.util
 import re
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -228,14 +226,10 @@ async def drain_and_expect(gw: Running, task_ids: list[str]) -> None:
 
 
 def bench_retention() -> Any:
-    """bench/retention.py, the acceptance run as a script (loaded from its file: bench/ is no package)."""
-    spec = importlib.util.spec_from_file_location("bench_retention", ROOT / "bench" / "retention.py")
-    assert spec is not None and spec.loader is not None
-    module = sys.modules.get(spec.name)
-    if module is None:
-        module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # (its dataclasses look)
-        spec.loader.exec_module(module)
-    return module
+    """bench/workloads/retention.py, the acceptance run."""
+    from bench.workloads import retention
+
+    return retention
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -25,10 +25,11 @@ import os
 import statistics
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-import harness
-from harness import Clients, cpu_seconds, percentile, rss_bytes
+from bench.lib import harness
+from bench.lib.harness import Clients, cpu_seconds, percentile, rss_bytes
 
 
 def plan(n: int) -> list[dict[str, object]]:
@@ -353,8 +354,10 @@ async def main(args: argparse.Namespace) -> None:
             )
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench fanout", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--subscribers", type=int, default=1000)
     parser.add_argument("--callbacks", type=int, default=200)
     parser.add_argument("--rate", type=float, default=50.0)
@@ -363,7 +366,8 @@ if __name__ == "__main__":
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     try:
-        asyncio.run(main(parser.parse_args()))
+        asyncio.run(main(parser.parse_args(argv)))
     finally:
         harness.kill_all()
         harness.drop_leftover_databases()
+    return 0

@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import harness
-import held
-from report import Report, Row, frames_summary
+from bench.lib import harness
+from bench.lib.report import Report, Row, frames_summary
+from bench.workloads import held
 
 FD_RESERVE = 256  # the gateway's default GATEWAY_FD_RESERVE
 

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import harness
-import needs
-from needs import Need
+from bench.lib import harness, needs
+from bench.lib.needs import Need
 
 DOCS = harness.ROOT / "docs" / "benchmarks.md"
 PACKAGES = ("uvicorn", "starlette", "websockets", "sqlalchemy", "asyncpg", "aiosqlite", "httpx", "orjson")

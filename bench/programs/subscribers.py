@@ -52,9 +52,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from harness import COUNTS
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
+
+from bench.lib.harness import COUNTS
 
 # Attempts after the first, for a subscription refused with "try again" or a connection that failed.
 RETRIES = 8

@@ -50,9 +50,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import sqlite3
-import sys
 import tempfile
 import time
 import uuid
@@ -455,7 +455,7 @@ async def churn(
                 deleted = made - sum(map(len, present.values()))
                 await until(
                     f"round {number}: the retention loop's deletes",
-                    lambda cutoff=cutoff, deleted=deleted: _deleted(gateway, url, cutoff, deleted),
+                    functools.partial(_deleted, gateway, url, cutoff, deleted),
                 )
                 if autovacuum is not None and each_step:
                     await autovacuum.settled(deleted)
@@ -561,14 +561,12 @@ async def database(backend: str, admin_url: str | None = None) -> AsyncIterator[
             yield f"sqlite:///{Path(tmp) / 'gateway.db'}"
         return
     if admin_url is None:
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))  # tests/support/pgcluster.py, shared with the tests
         from tests.support.pgcluster import throwaway_postgres
 
         async with throwaway_postgres(SERVER_SETTINGS) as cluster:
             yield cluster.url
         return
-    import harness
+    from bench.lib import harness
 
     async with harness.pg_database(admin_url, "gw_bench_retention") as url:
         yield url
@@ -618,8 +616,10 @@ async def main_async(args: argparse.Namespace) -> int:
     return 1 if any(r.problems for r in results) else 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench retention", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--tasks", type=int, default=100_000, help="tasks in all, over the rounds")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--backends", default="sqlite,postgresql")
@@ -641,11 +641,7 @@ def main() -> int:
         help="wait for autovacuum to catch up after each step's deletes, before the next step's tasks (as "
         "a naptime far under the retention would), not only at each round's end",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.tasks = 600
     return asyncio.run(main_async(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

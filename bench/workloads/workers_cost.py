@@ -23,16 +23,15 @@ import contextlib
 import statistics
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import callbacks
-import fanout
-import harness
-from harness import Clients, cpu_seconds
-from report import Report, Row, frames_summary
+from bench.lib import harness
+from bench.lib.harness import Clients, cpu_seconds
+from bench.lib.report import Report, Row, frames_summary
+from bench.workloads import callbacks, fanout
 
 
 @dataclass(frozen=True)
@@ -287,7 +286,7 @@ async def run(
 
 
 def median(results: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in results)
+    return float(statistics.median(r[key] for r in results))
 
 
 async def workload(cfg: Any, servers: Any, report: Report) -> None:
@@ -360,9 +359,7 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    import all as bench_all
-
-    sizes = bench_all.SMOKE.workers_cost if args.smoke else bench_all.FULL.workers_cost
+    sizes = SMOKE if args.smoke else FULL
     if args.alternations:
         sizes = Sizes(**{**sizes.__dict__, "alternations": args.alternations})
     if args.callbacks_only:
@@ -376,14 +373,17 @@ async def main(args: argparse.Namespace) -> None:
             )
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench workers_cost", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--alternations", type=int, default=0)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--callbacks-only", action="store_true")
     try:
-        asyncio.run(main(parser.parse_args()))
+        asyncio.run(main(parser.parse_args(argv)))
     finally:
         harness.kill_all()
         harness.drop_leftover_databases()
+    return 0

@@ -35,16 +35,15 @@ import contextlib
 import os
 import re
 import resource
-import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import callbacks
-import harness
-from report import Report, Row
+from bench.lib import harness
+from bench.lib.report import Report, Row
+from bench.workloads import callbacks
 
 # The cluster's settings: the shared server's (autovacuum off), pg_stat_statements loaded, and connections
 # for pgbench's clients beside the gateway's pools (20 per process, 3 for its sweeper, 1 listening).
@@ -240,10 +239,8 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def cluster() -> AsyncIterator[Cluster]:
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 
-    if str(harness.ROOT) not in sys.path:
-        sys.path.insert(0, str(harness.ROOT))  # tests/support/pgcluster.py, shared with the tests
     from tests.support.pgcluster import throwaway_postgres
 
     async with throwaway_postgres(SERVER_SETTINGS) as made:
@@ -489,21 +486,24 @@ async def main(args: argparse.Namespace) -> None:
         )
     report = Report()
     await workload(argparse.Namespace(pg_ceiling=sizes), None, report, say=print)
-    from report import table
+    from bench.lib.report import table
 
     print(table(report.rows, markdown=False))
     for line in report.details + [f"CHECK {p}" for p in report.problems]:
         print(f"- {line}")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench pg_ceiling", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--workers", default="", help="gateway processes per step, e.g. 1,2")
     parser.add_argument("--connections", default="", help="callback connections per step, e.g. 8,32,128")
     parser.add_argument("--seconds", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=0)
     try:
-        asyncio.run(main(parser.parse_args()))
+        asyncio.run(main(parser.parse_args(argv)))
     finally:
         harness.kill_all()
+    return 0

@@ -16,8 +16,9 @@ import asyncio
 import statistics
 import time
 import uuid
+from collections.abc import Sequence
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 
 from gateway.book.book import EXPIRY_BATCH, Book
 from gateway.jobs.sweeper import sweep_once
@@ -110,9 +111,10 @@ async def main(args: argparse.Namespace) -> None:
     print(f"plan with {args.live:,} live tasks: {big['plan']}")
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench expiry", description=__doc__.splitlines()[0])
     parser.add_argument("--live", type=int, default=1_000_000)
     parser.add_argument("--due", type=int, default=1_000)
     parser.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    asyncio.run(main(parser.parse_args()))
+    asyncio.run(main(parser.parse_args(argv)))
+    return 0

@@ -1,6 +1,6 @@
 """What every benchmark needs: processes that die with the bench, databases dropped however it ends, the
 gateway started as a user starts it, the raw ``websockets`` floor server, /proc readings, and the subscriber
-client processes (``bench/subscribers.py``) driven over their stdin and stdout.
+client processes (``bench/programs/subscribers.py``) driven over their stdin and stdout.
 
 Every process is started through :func:`spawn`: it is killed by the kernel if the bench dies (Linux
 ``PR_SET_PDEATHSIG``), and :func:`kill_all` ends whatever is still running. Every PostgreSQL database is
@@ -36,9 +36,7 @@ from urllib.parse import urlsplit
 TICKS = os.sysconf("SC_CLK_TCK")
 SECRET = "bench-secret-0123456789abcdef0123456789"
 PG_ADMIN = os.environ.get("GATEWAY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-BENCH_DIR = Path(__file__).resolve().parent
-ROOT = BENCH_DIR.parent
-SUBSCRIBERS = BENCH_DIR / "subscribers.py"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: bench/lib/harness.py
 # uvicorn's accept backlog (its default); the floor server gets the same, so that a storm of connections
 # meets the same kernel queue on both sides.
 BACKLOG = 2048
@@ -59,7 +57,16 @@ def _die_with_parent() -> None:
         _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def program(name: str, *args: str) -> list[str]:
+    """The command that runs ``bench/programs/<name>.py`` (a module of this package: started through
+    :func:`spawn`, from the checkout, where ``bench`` is importable)."""
+    return [sys.executable, "-m", f"bench.programs.{name}", *args]
+
+
 async def spawn(command: Sequence[str], **options: Any) -> asyncio.subprocess.Process:
+    """``command`` in a process of its own, run from the checkout (so that ``python -m bench.programs...``
+    finds the package), killed if the bench dies."""
+    options.setdefault("cwd", ROOT)
     process = await asyncio.create_subprocess_exec(*command, preexec_fn=_die_with_parent, **options)
     _processes.add(process)
     return process
@@ -219,7 +226,7 @@ async def pg_database(admin_url: str = PG_ADMIN, prefix: str = "gw_bench") -> As
     """A database of the run's own, dropped at the end. Its name carries this process's id
     (``{prefix}_p{pid}_{random}``), so that :func:`drop_stale_databases` can tell one whose bench was
     killed (SIGKILL leaves no chance to drop it) from one a running bench uses."""
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 
     name = f"{prefix}_p{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_url, timeout=5)
@@ -333,13 +340,13 @@ def gateway_env(bus: str | None = None, extra: dict[str, str] | None = None) -> 
 
 def gateway_command(port: int, database_url: str, *, counted: bool = False, timed: bool = False) -> list[str]:
     """``gateway serve`` as a user runs it (this interpreter's, so that the venv's gateway runs); ``counted``:
-    through bench/counted.py, which counts the store's queries on /metrics and changes nothing else;
-    ``timed``: through bench/timed.py, which writes each entry's commit time to the file named by
-    ``BENCH_COMMIT_TIMES`` in its environment and changes nothing else."""
-    program = ["-m", "gateway.cli"]
+    through bench/programs/counted.py, which counts the store's queries on /metrics and changes nothing
+    else; ``timed``: through bench/programs/timed.py, which writes each entry's commit time to the file named
+    by ``BENCH_COMMIT_TIMES`` in its environment and changes nothing else."""
+    command = [sys.executable, "-m", "gateway.cli"]
     if counted or timed:
-        program = [str(BENCH_DIR / ("counted.py" if counted else "timed.py"))]
-    return [sys.executable, *program, "serve", "--port", str(port), "--database-url", database_url]
+        command = program("counted" if counted else "timed")
+    return [*command, "serve", "--port", str(port), "--database-url", database_url]
 
 
 async def wait_port(
@@ -426,39 +433,13 @@ def summarize_log(port: int, text: str) -> None:
         print(f"  {count} x {kind}", file=sys.stderr)
 
 
-# The floor: a raw ``websockets`` server. A subscriber gets a hello on connecting (its "resume frame"),
-# then every message of the publisher connection (path /publish), sent with ``broadcast()``.
-FLOOR_SERVER = """
-import asyncio, sys
-from websockets.asyncio.server import serve, broadcast
-HELLO = '{"type":"hello","version":0}'
-subscribers = set()
-async def handler(ws):
-    if ws.request.path == "/publish":
-        async for message in ws:
-            broadcast(subscribers, message)
-        return
-    await ws.send(HELLO)
-    subscribers.add(ws)
-    try:
-        await ws.wait_closed()
-    finally:
-        subscribers.discard(ws)
-async def main():
-    async with serve(handler, "127.0.0.1", int(sys.argv[1]), ping_interval=20, compression=None,
-                     backlog=int(sys.argv[2])):
-        print("ready", flush=True)
-        await asyncio.Future()
-asyncio.run(main())
-"""
+# The floor: a raw ``websockets`` server (bench/programs/floor.py).
 
 
 @contextlib.asynccontextmanager
 async def floor_server() -> AsyncIterator[Server]:
     port = free_port()
-    process = await spawn(
-        [sys.executable, "-c", FLOOR_SERVER, str(port), str(BACKLOG)], stdout=asyncio.subprocess.PIPE
-    )
+    process = await spawn(program("floor", str(port), str(BACKLOG)), stdout=asyncio.subprocess.PIPE)
     try:
         assert process.stdout is not None
         line = await asyncio.wait_for(process.stdout.readline(), 30)
@@ -639,7 +620,7 @@ class Clients:
                 }
                 processes.append(
                     await spawn(
-                        [*prefix, sys.executable, str(SUBSCRIBERS), spec_argument(spec)],
+                        [*prefix, *program("subscribers", spec_argument(spec))],
                         stdin=asyncio.subprocess.PIPE,
                         stdout=asyncio.subprocess.PIPE,
                         limit=2**20,

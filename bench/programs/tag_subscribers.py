@@ -38,10 +38,11 @@ from typing import Any
 
 import jwt
 import orjson
-from harness import COUNTS
-from subscribers import RETRIES, cancel_incomplete, step_aside, until, write
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
+
+from bench.lib.harness import COUNTS
+from bench.programs.subscribers import RETRIES, cancel_incomplete, step_aside, until, write
 
 RESUMES = ("caught-up", "delta", "snapshot")
 

@@ -37,13 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import harness
 import httpx
-import hundredk
-import timed
-from fanout import attempts_for, create_task, plan, sample_frame
-from harness import Clients, percentile
-from report import Report, Row, frames_summary
+
+from bench.lib import harness
+from bench.lib.harness import Clients, percentile
+from bench.lib.report import Report, Row, frames_summary
+from bench.programs import timed
+from bench.workloads import hundredk
+from bench.workloads.fanout import attempts_for, create_task, plan, sample_frame
 
 QUANTILES = (0.5, 0.95, 0.99)
 TARGET = 1.5  # the gateway's p99 at most this many times the floor's

@@ -5,20 +5,20 @@ namespace, on a /24 of their own. The PostgreSQL host runs a throwaway cluster (
 initdb and pg_ctl, as the ``postgres`` user) on its loopback and, on its bridge address, the link's delay:
 ``tc qdisc ... netem`` does not exist in this kernel (neither do ``fq`` or ``etf``, so no departure-time
 pacing either: the only qdiscs here are ``pfifo``, ``htb`` and ``tbf``, none of which delays a packet by a
-fixed time), so a userspace TCP relay (``python bench/hosts.py relay``) stands in for netem: it carries each
+fixed time), so a userspace TCP relay (bench/programs/relay.py) stands in for netem: it carries each
 chunk it reads after ``delay_ms`` (1 ms) in each direction, in order, with no bandwidth limit. Only the
 links from a gateway host to the PostgreSQL host are delayed (2 ms round trip); the callbacks come from the
 root namespace over the bridge, and the subscribers sit on gateway host A, so neither is.
 
-Gateway A and gateway B (``gateway serve`` through bench/timed.py, which writes down each entry's commit
-time on ``CLOCK_MONOTONIC``, one clock for every namespace of a machine) run on that PostgreSQL with the
-LISTEN/NOTIFY bus. The subscribers (bench/subscribers.py via ``harness.Clients``, which checks per
-subscriber that versions arrive 1 by 1, and in which every K-th subscriber notes when it read each frame)
+Gateway A and gateway B (``gateway serve`` through bench/programs/timed.py, which writes down each entry's
+commit time on ``CLOCK_MONOTONIC``, one clock for every namespace of a machine) run on that PostgreSQL with
+the LISTEN/NOTIFY bus. The subscribers (bench/programs/subscribers.py via ``harness.Clients``, which checks
+per subscriber that versions arrive 1 by 1, and in which every K-th subscriber notes when it read each frame)
 run in namespace A (``ip netns exec``). At each N, two runs, each on a task of its own: the callbacks
 posted to gateway A (same host: the commit and the subscribers on one gateway), then to gateway B (across
 hosts: the entry reaches A over the bus). Figure: commit-to-frame p99 across hosts, beside the same-host p99.
 
-    python bench/all.py --only 13          (as root; or --smoke)
+    python -m bench --only 13          (as root; or --smoke)
 
 Everything it makes (namespaces, veths, the bridge, the cluster, processes) is removed at the end, however
 the run ends; a run killed with SIGKILL leaves them, and the next run removes those of a process that is
@@ -31,26 +31,23 @@ import asyncio
 import contextlib
 import os
 import pwd
-import queue
 import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import harness
-from harness import BENCH_DIR, Clients, alive, percentile
-from report import Report, Row, frames_summary
+from bench.lib import harness
+from bench.lib.harness import Clients, alive, percentile
+from bench.lib.report import Report, Row, frames_summary
 
 API_KEY = "bench-hosts-key-0123456789abcdef"
 GATEWAY_PORT = 8000
@@ -177,8 +174,6 @@ class Net:
 async def postgres(net: Net) -> AsyncIterator[None]:
     """A throwaway cluster on the PostgreSQL host's loopback (tests/support/pgcluster.py, run in its
     namespace)."""
-    if str(harness.ROOT) not in sys.path:
-        sys.path.insert(0, str(harness.ROOT))
     from tests.support import pgcluster
 
     bindir, prefix = pgcluster.postgres_bindir(), pgcluster.run_as()
@@ -198,52 +193,6 @@ async def postgres(net: Net) -> AsyncIterator[None]:
                     await cluster.stop("immediate")
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-def relay_main(listen: str, port: int, target_port: int, delay_ms: float) -> None:
-    """The stand-in for netem: accept on ``listen:port``, connect to 127.0.0.1:``target_port``, and carry
-    each chunk read on either side to the other ``delay_ms`` after it was read, in order (a thread reads, a
-    thread writes, per direction: ``time.sleep`` wakes within tens of microseconds, asyncio's timers within
-    a millisecond)."""
-    delay = delay_ms / 1000
-
-    def carry(src: socket.socket, dst: socket.socket) -> None:
-        chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
-
-        def write() -> None:
-            try:
-                while True:
-                    due, chunk = chunks.get()
-                    if not chunk:
-                        break
-                    wait = due - time.monotonic()
-                    if wait > 0:
-                        time.sleep(wait)
-                    dst.sendall(chunk)
-            except OSError:
-                pass
-            with contextlib.suppress(OSError):
-                dst.shutdown(socket.SHUT_WR)
-            with contextlib.suppress(OSError):
-                src.shutdown(socket.SHUT_RD)
-
-        threading.Thread(target=write, daemon=True).start()
-        try:
-            while chunk := src.recv(65536):
-                chunks.put((time.monotonic() + delay, chunk))
-        except OSError:
-            pass
-        chunks.put((0.0, b""))
-
-    server = socket.create_server((listen, port), backlog=512)
-    print("ready", flush=True)
-    while True:
-        client, _ = server.accept()
-        upstream = socket.create_connection(("127.0.0.1", target_port))
-        for s in (client, upstream):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=carry, args=(client, upstream), daemon=True).start()
-        threading.Thread(target=carry, args=(upstream, client), daemon=True).start()
 
 
 async def spawn_ready(command: list[str], what: str, **options: Any) -> asyncio.subprocess.Process:
@@ -279,7 +228,7 @@ class Gateway:
 async def gateway(net: Net, host: str, database_url: str, tmp: Path) -> AsyncIterator[Gateway]:
     address = net.addr(host)
     commits, log_path = tmp / f"commits-{host}", tmp / f"gateway-{host}.log"
-    command = [*net.exec(host), sys.executable, str(BENCH_DIR / "timed.py"), "serve"]
+    command = [*net.exec(host), *harness.program("timed", "serve")]
     command += ["--host", address, "--port", str(GATEWAY_PORT), "--database-url", database_url]
     env = harness.gateway_env("postgres", {"GATEWAY_API_KEY": API_KEY, "BENCH_COMMIT_TIMES": str(commits)})
     with log_path.open("wb") as log:
@@ -311,8 +260,9 @@ async def prepare(
     stack: contextlib.AsyncExitStack, net: Net, reader: Gateway, run: Run, sizes: Sizes
 ) -> Case:
     """A task on ``reader`` and its subscribers (both kinds) on ``reader``'s host, connected."""
-    import fanout
     import httpx
+
+    from bench.workloads import fanout
 
     task_id = f"hosts-{uuid.uuid4().hex[:8]}"
     headers = {"Authorization": f"Bearer {API_KEY}"}
@@ -340,8 +290,9 @@ async def prepare(
 async def drive(case: Case, writer: Gateway, run: Run, sizes: Sizes) -> dict[str, Any]:
     """The callbacks of ``case``'s task posted to ``writer`` (from this namespace): commit-to-frame times at
     the timed subscribers, and the subscribers' counts."""
-    import fanout
     import httpx
+
+    from bench.workloads import fanout
 
     side = "same-host" if writer is case.reader else "across-hosts"
     async with (
@@ -370,8 +321,6 @@ def why_not() -> str | None:
         return "not root: network namespaces need root (ip netns add)"
     if shutil.which("ip") is None:
         return "no `ip` command (iproute2)"
-    if str(harness.ROOT) not in sys.path:
-        sys.path.insert(0, str(harness.ROOT))
     from tests.support import pgcluster
 
     try:
@@ -410,7 +359,7 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
 async def round_trips(database_url: str, count: int = 50) -> list[float]:
     """``SELECT 1`` through the relay from the root namespace (over the bridge, undelayed): what a round trip
     to the PostgreSQL host costs, in ms (2 x the delay, plus the relay's own scheduling)."""
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 
     conn = await asyncpg.connect(database_url, timeout=10)
     try:
@@ -425,8 +374,8 @@ async def round_trips(database_url: str, count: int = 50) -> list[float]:
 
 
 async def measure(net: Net, sizes: Sizes) -> dict[str, dict[str, Any]]:
-    relay_cmd = [*net.exec("pg"), sys.executable, __file__, "relay", net.addr("pg")]
-    relay_cmd += [str(RELAY_PORT), str(PG_PORT), str(sizes.delay_ms)]
+    relay_cmd = [*net.exec("pg"), *harness.program("relay", net.addr("pg"), str(RELAY_PORT), str(PG_PORT))]
+    relay_cmd.append(str(sizes.delay_ms))
     database_url = f"postgresql://postgres@{net.addr('pg')}:{RELAY_PORT}/postgres"
     results: dict[str, dict[str, Any]] = {}
     phases: dict[str, float] = {}
@@ -520,13 +469,3 @@ def add_rows(report: Report, sizes: Sizes, results: dict[str, dict[str, Any]]) -
                 f"{percentile(times, 0.99):.2f} ms, max {max(times, default=0):.2f} ms; callback p99 "
                 f"{result['callback_p99_ms']:.1f} ms; {frames_summary(result)}"
             )
-
-
-def main(argv: Sequence[str]) -> None:
-    if argv[:1] != ["relay"] or len(argv) != 5:
-        sys.exit("usage: hosts.py relay LISTEN PORT TARGET_PORT DELAY_MS (the stand-in for netem; see above)")
-    relay_main(argv[1], int(argv[2]), int(argv[3]), float(argv[4]))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -9,10 +9,10 @@ is what its worker spends on it from ``task_prerun`` (before the integration's o
 ``task_postrun`` (after it): the integration's start, every progress call, its outcome and its wait for
 the gateway's answer included. Medians are printed with their ratio to the floor (target: 1.1x).
 
-    python bench/celery_progress.py [--iterations 10000] [--runs 5] [--smoke]
+    python -m bench celery_progress [--iterations 10000] [--runs 5] [--smoke]
 
-A worker process imports this module (``celery -A celery_progress worker``) and makes its app from the
-``BENCH_CELERY_*`` variables.
+A worker process runs bench/programs/celery_worker.py's app (``celery -A bench.programs.celery_worker
+worker``), made from the ``BENCH_CELERY_*`` variables.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import os
 import shutil
 import statistics
@@ -28,76 +27,18 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import harness
-from celery import Celery, signals
-from report import Report, Row
+from celery import Celery
 
-REDIS = "redis://127.0.0.1:6379/11"
+from bench.lib import harness
+from bench.lib.report import Report, Row
+from bench.programs.celery_worker import REDIS
+
 VARIANTS = ("floor", "gateway", "gateway stopped")
-BLOCK = b"\x5a" * 32 * 1024  # hashed once per iteration
 TARGET = 1.1
-
-
-# --- the worker's side -------------------------------------------------------------------------------
-
-
-def make_app(variant: str, queue: str, prefix: str, gateway: str, times: Path) -> Celery:
-    """The bench's app: ``loop`` reports each iteration with ``progress()``; in the ``floor`` variant the
-    integration is not installed, and ``progress`` is a function that does nothing."""
-    app = Celery("celery_progress", broker=REDIS)
-    app.conf.update(
-        task_default_queue=queue,
-        broker_transport_options={"global_keyprefix": prefix},
-        worker_prefetch_multiplier=1,
-        worker_hijack_root_logger=False,
-        task_ignore_result=True,
-    )
-    started: dict[str, float] = {}
-
-    def before(task_id: str | None = None, **_: Any) -> None:
-        started[str(task_id)] = time.perf_counter()
-
-    def after(task_id: str | None = None, **_: Any) -> None:
-        took = time.perf_counter() - started.pop(str(task_id))
-        (times / f"{task_id}.tmp").write_text(repr(took))
-        (times / f"{task_id}.tmp").rename(times / str(task_id))  # whole, or not there
-
-    signals.task_prerun.connect(before, weak=False)  # before the integration's handler: its start counts
-    if variant == "floor":
-
-        def report(value: int, cursor: str = "") -> None:
-            pass
-
-    else:
-        from gateway.integrations.celery import install, progress
-
-        install(app, url=gateway, api_key=None)
-        report = progress
-    signals.task_postrun.connect(after, weak=False)  # after the integration's: its finish counts
-
-    @app.task(name="bench.loop")
-    def loop(iterations: int) -> str:
-        digest = b""
-        for i in range(iterations):
-            digest = hashlib.sha256(BLOCK + digest).digest()
-            report(i * 100 // iterations, cursor=str(i))
-        return digest.hex()
-
-    return app
-
-
-if "BENCH_CELERY_VARIANT" in os.environ:
-    app = make_app(
-        os.environ["BENCH_CELERY_VARIANT"],
-        os.environ["BENCH_CELERY_QUEUE"],
-        os.environ["BENCH_CELERY_PREFIX"],
-        os.environ["BENCH_CELERY_GATEWAY"],
-        Path(os.environ["BENCH_CELERY_TIMES"]),
-    )
 
 
 # --- the bench's side --------------------------------------------------------------------------------
@@ -113,14 +54,22 @@ async def worker(variant: str, queue: str, prefix: str, gateway: str, times: Pat
         "BENCH_CELERY_PREFIX": prefix,
         "BENCH_CELERY_GATEWAY": gateway,
         "BENCH_CELERY_TIMES": str(times),
-        "PYTHONPATH": os.pathsep.join([str(harness.BENCH_DIR), str(harness.ROOT)]),
     }
-    command = [sys.executable, "-m", "celery", "-A", "celery_progress", "worker", "--pool", "prefork"]
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "bench.programs.celery_worker",
+        "worker",
+        "--pool",
+        "prefork",
+    ]
     command += ["--concurrency", "1", "--loglevel", "WARNING", "--queues", queue, "-n", f"{queue}@%h"]
     command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
     log_path = times / f"{queue}.log"
     with log_path.open("wb") as log:
-        process = await harness.spawn(command, env=env, stdout=log, stderr=log, cwd=harness.BENCH_DIR)
+        process = await harness.spawn(command, env=env, stdout=log, stderr=log)
     try:
         yield process.pid
     finally:
@@ -232,12 +181,14 @@ def summary(result: dict[str, Any]) -> str:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench celery_progress", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--iterations", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="1,000 iterations, 1 run: that it runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.iterations, args.runs = 1000, 1
     if shutil.which("redis-cli") is None:
@@ -251,7 +202,3 @@ def main() -> int:
         print(f"{variant:>16}: {runs} ms")
     print(summary(result))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

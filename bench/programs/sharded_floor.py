@@ -44,10 +44,17 @@ async def publisher(ws: ServerConnection) -> None:
 
 
 async def main(port: int, backlog: int) -> None:
-    options = {"ping_interval": 20, "compression": None, "backlog": backlog}
     async with (
-        serve(subscriber, "127.0.0.1", port, reuse_port=True, **options) as _,
-        serve(publisher, "127.0.0.1", 0, **options) as publish,
+        serve(
+            subscriber,
+            "127.0.0.1",
+            port,
+            reuse_port=True,
+            ping_interval=20,
+            compression=None,
+            backlog=backlog,
+        ),
+        serve(publisher, "127.0.0.1", 0, ping_interval=20, compression=None, backlog=backlog) as publish,
     ):
         publish_port = next(iter(publish.sockets)).getsockname()[1]
         print(f"ready {publish_port}", flush=True)

@@ -36,21 +36,20 @@ import math
 import os
 import random
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import harness
 import jwt
 import orjson
-from fanout import metric
-from harness import Clients, cpu_seconds
-from report import Report, Row, frames_summary
 
-CLIENT = harness.BENCH_DIR / "tag_subscribers.py"
+from bench.lib import harness
+from bench.lib.harness import Clients, cpu_seconds
+from bench.lib.report import Report, Row, frames_summary
+from bench.workloads.fanout import metric
+
 RESUMES = ("caught-up", "delta", "snapshot")
 # The sweeper off (see the module's docstring). And a socket's first message may be as long as any later one
 # (64 KiB): a tag subscribe carries the client's whole cursors map, 200 tasks here (about 4.5 KB), and the
@@ -183,7 +182,7 @@ async def start_clients(
                 "cores": None,
             }
             process = await harness.spawn(
-                [sys.executable, str(CLIENT)],
+                harness.program("tag_subscribers"),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 limit=2**20,
@@ -500,7 +499,7 @@ async def workload(
 
 
 async def main(args: argparse.Namespace) -> int:
-    from report import table
+    from bench.lib.report import table
 
     base = SMOKE if args.smoke else FULL
     sizes = Sizes(
@@ -524,8 +523,8 @@ async def main(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench tags", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tags", type=int, default=0, help="tag subscriptions (default 1000, smoke 20)")
     parser.add_argument("--per-tag", type=int, default=0, help="tasks per tag (default 20, smoke 5)")
     parser.add_argument("--callbacks", type=int, default=0, help="callbacks per fan-out run (default 500)")
@@ -535,9 +534,7 @@ if __name__ == "__main__":
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=180.0, help="each step's bound, in seconds")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes")
-    status = 1
     try:
-        status = asyncio.run(main(parser.parse_args()))
+        return asyncio.run(main(parser.parse_args(argv)))
     finally:
         harness.kill_all()
-    sys.exit(status)

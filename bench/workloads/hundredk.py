@@ -22,24 +22,21 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from math import nan
 from pathlib import Path
 from typing import Any
 
-import harness
-import held
-from callbacks import exchange, request_bytes
-from harness import Clients, percentile
-from report import Report, Row, frames_summary
+from bench.lib import harness
+from bench.lib.harness import Clients, percentile
+from bench.lib.report import Report, Row, frames_summary
+from bench.programs.callback_client import exchange, request_bytes
+from bench.workloads import held
 
-GCWATCHED = harness.BENCH_DIR / "gcwatched.py"
-FLOOR = harness.BENCH_DIR / "sharded_floor.py"
 # Requests in flight at once (creations, callbacks): the connections of :class:`RawHttp`.
 HTTP_CONNECTIONS = 64
 GC_TARGET_S = 0.050
@@ -109,9 +106,10 @@ async def every_worker(gc_dir: str, processes: int, timeout_s: float = 60) -> No
 
 @contextlib.asynccontextmanager
 async def gateway(database_url: str, workers: int, gc_dir: str) -> AsyncIterator[harness.Server]:
-    """``gateway serve --workers W`` through bench/gcwatched.py (each process's GC pauses in ``gc_dir``)."""
+    """``gateway serve --workers W`` through bench/programs/gcwatched.py (each process's GC pauses in
+    ``gc_dir``)."""
     port = harness.free_port()
-    command = [sys.executable, str(GCWATCHED), "serve", "--port", str(port), "--database-url", database_url]
+    command = harness.program("gcwatched", "serve", "--port", str(port), "--database-url", database_url)
     command += ["--workers", str(workers)]
     # A connection gets as long to send its request as the floor's (websockets' open_timeout, 10 s): in a
     # storm the client processes here, busy with thousands of handshakes, are slower to send it than
@@ -139,7 +137,7 @@ async def floor(workers: int) -> AsyncIterator[tuple[harness.Server, list[Any]]]
     async with contextlib.AsyncExitStack() as stack:
         processes, publishers = [], []
         for _ in range(workers):
-            command = [sys.executable, str(FLOOR), str(port), str(harness.BACKLOG)]
+            command = harness.program("sharded_floor", str(port), str(harness.BACKLOG))
             process = await harness.spawn(command, stdout=asyncio.subprocess.PIPE)
             stack.push_async_callback(harness.stop, process)
             processes.append(process)
@@ -425,7 +423,7 @@ async def gateway_side(sizes: Sizes, timeout_s: float, rng: random.Random) -> di
 
 
 def floor_frame(task: str, version: int) -> str:
-    from fanout import sample_frame
+    from bench.workloads.fanout import sample_frame
 
     return task + "\n" + sample_frame(version)
 
@@ -645,7 +643,7 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
 
 
 async def main(args: argparse.Namespace) -> int:
-    from report import table
+    from bench.lib.report import table
 
     sizes = SMOKE if args.smoke else FULL
     changes = {k: v for k, v in vars(args).items() if k in Sizes.__dataclass_fields__ and v is not None}
@@ -661,8 +659,10 @@ async def main(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench hundredk", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--side", choices=("gateway", "floor"), help="one side alone (a run under 6 minutes)")
     for name, kind in (("subscribers", int), ("tasks", int), ("rate", float), ("seconds", float)):
@@ -670,7 +670,7 @@ if __name__ == "__main__":
     for name, kind in (("base-seconds", float), ("workers", int), ("procs", int)):
         parser.add_argument(f"--{name}", type=kind)
     try:
-        sys.exit(asyncio.run(main(parser.parse_args())))
+        return asyncio.run(main(parser.parse_args(argv)))
     finally:
         harness.kill_all()
         harness.drop_leftover_databases()

@@ -17,9 +17,9 @@ import time
 import uuid
 from typing import Any, Protocol
 
-import fanout
-import harness
-from harness import Clients, rss_bytes
+from bench.lib import harness
+from bench.lib.harness import Clients, rss_bytes
+from bench.workloads import fanout
 
 STORM_HISTORY = 40  # versions of each task before the storm
 STORM_BEHIND = 3  # the delta half's cursor is this many versions behind (retention keeps 8)

@@ -1,7 +1,7 @@
 """Every benchmark workload in one command: one table of figures beside their floors, and docs/benchmarks.md.
 
-    python bench/all.py [--procs 4] [--pg-admin-url URL] [--only 1,2,...,14]
-    python bench/all.py --smoke
+    python -m bench [--procs 4] [--pg-admin-url URL] [--only 1,2,...,14]
+    python -m bench --smoke
 
 Each figure is printed beside its floor measured in the same run (the same machine, the same noise) and
 the ratio, with the target it is held to; targets are printed, never asserted. The run starts everything
@@ -28,25 +28,36 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import callbacks
-import fanout
-import harness
-import held
-import hosts
-import hundredk
-import latency_e2e
-import needs
-import pg_ceiling
-import retention
-import scale_one
-import tags
-import workers_cost
-from report import DOCS, WORKLOADS, Report, Row, cpu_probe, frames_summary, machine, table, write_docs
+from bench.lib import harness, needs
+from bench.lib.report import (
+    DOCS,
+    WORKLOADS,
+    Report,
+    Row,
+    cpu_probe,
+    frames_summary,
+    machine,
+    table,
+    write_docs,
+)
+from bench.workloads import (
+    callbacks,
+    fanout,
+    held,
+    hosts,
+    hundredk,
+    latency_e2e,
+    pg_ceiling,
+    retention,
+    scale_one,
+    tags,
+    workers_cost,
+)
 
 TERMINATED = threading.Event()  # SIGTERM was received
 
@@ -200,13 +211,13 @@ SMOKE_SERVERS = {
     5: ("gateway", "floor"),
     6: (),
     7: ("gateway counting its queries",),
-    8: (),  # bench/celery_progress.py starts its gateway and its workers
-    11: (),  # bench/workers_cost.py starts its gateways (one process, --workers 2)
+    8: (),  # bench/workloads/celery_progress.py starts its gateway and its workers
+    11: (),  # bench/workloads/workers_cost.py starts its gateways (one process, --workers 2)
     9: ("fresh gateway", "fresh floor", "gateway", "floor"),
-    10: (),  # bench/hundredk.py starts its gateway (--workers) and floor processes
-    12: ("floor",),  # bench/latency_e2e.py starts its gateways (through bench/timed.py)
-    13: (),  # bench/hosts.py starts its namespaces, its PostgreSQL and its gateways
-    14: (),  # bench/pg_ceiling.py starts its cluster and its gateways
+    10: (),  # bench/workloads/hundredk.py starts its gateway (--workers) and floor processes
+    12: ("floor",),  # bench/workloads/latency_e2e.py starts its gateways (through bench/programs/timed.py)
+    13: (),  # bench/workloads/hosts.py starts its namespaces, its PostgreSQL and its gateways
+    14: (),  # bench/workloads/pg_ceiling.py starts its cluster and its gateways
 }
 
 
@@ -531,8 +542,8 @@ async def workload_storm(cfg: Config, servers: Servers, report: Report) -> None:
 
 
 async def workload_retention(cfg: Config, servers: Servers, report: Report) -> None:
-    """bench/retention.py in process, on a SQLite file and a PostgreSQL cluster of its own (no server):
-    autovacuum on, as the shared server's is not."""
+    """bench/workloads/retention.py in process, on a SQLite file and a PostgreSQL cluster of its own (no
+    server): autovacuum on, as the shared server's is not."""
     for backend in ("sqlite", "postgresql"):
         async with retention.database(backend) as url:
             result = await retention.churn(
@@ -583,7 +594,8 @@ async def workload_retention(cfg: Config, servers: Servers, report: Report) -> N
 
 
 async def workload_tags(cfg: Config, servers: Servers, report: Report) -> None:
-    """bench/tags.py: tag subscriptions beside task subscriptions (fan-out, subscribe, reconnect storm)."""
+    """bench/workloads/tags.py: tag subscriptions beside task subscriptions (fan-out, subscribe, reconnect
+    storm)."""
     need_fds(cfg.tags.tags)
     async with servers.use("gateway counting its queries") as server:
         await tags.workload(server, cfg.tags, cfg.procs, cfg.step_timeout_s, report)
@@ -593,8 +605,9 @@ async def workload_tags(cfg: Config, servers: Servers, report: Report) -> None:
 
 
 async def workload_celery(cfg: Config, servers: Servers, report: Report) -> None:
-    """bench/celery_progress.py: a Celery task's time with progress() reported, beside the same without."""
-    import celery_progress  # Celery is the test extra's: only this workload needs it
+    """bench/workloads/celery_progress.py: a Celery task's time with progress() reported, beside the same
+    without."""
+    from bench.workloads import celery_progress  # Celery is the test extra's: only this workload needs it
 
     await celery_progress.workload(cfg.celery_iterations, cfg.celery_runs, report)
 
@@ -649,7 +662,9 @@ async def run(args: argparse.Namespace) -> int:
         pg_version = f"unreachable ({type(exc).__name__}: {exc})"
         report.problems.append(f"PostgreSQL at {args.pg_admin_url} is unreachable: {exc}")
     mode = "smoke" if args.smoke else "full"
-    print(f"bench/all.py ({mode}): workloads {', '.join(map(str, only))}; {os.cpu_count()} cores", flush=True)
+    print(
+        f"python -m bench ({mode}): workloads {', '.join(map(str, only))}; {os.cpu_count()} cores", flush=True
+    )
     servers = Servers(server_factories(args.pg_admin_url))
     try:
         async with asyncio.timeout(cfg.total_timeout_s):
@@ -712,13 +727,13 @@ async def run(args: argparse.Namespace) -> int:
     return 1 if report.failures else 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
     parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
     parser.add_argument("--only", default="", help="comma-separated workload numbers (1-14)")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     status = 1
     try:
         status = asyncio.run(run(args))
@@ -730,7 +745,3 @@ def main() -> int:
         for name in harness.drop_leftover_databases():
             print(f"dropped leftover database {name}", file=sys.stderr)
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
