@@ -540,8 +540,8 @@ def loopback(url: str) -> bool:
 
 
 class Clients:
-    """Subscriber sockets spread over client processes (``bench/subscribers.py``), each of which checks, per
-    subscriber, that versions arrive as last+1 (a ``conflated`` snapshot may jump ahead).
+    """Subscriber sockets spread over client processes (``bench/programs/subscribers.py``), each of which
+    checks, per subscriber, that versions arrive as last+1 (a ``conflated`` snapshot may jump ahead).
 
     ``groups``: ``(url, count, expected resume frame type or None)``; every process gets its share of each.
     ``procs``: client processes, at least (more if a process would hold over :data:`PER_PROCESS` sockets).

@@ -1,5 +1,5 @@
 """The report of a benchmark run: rows of figures beside their floors, the smoke checks, and
-docs/benchmarks.md, apart from the workloads that make them (``bench/all.py``)."""
+docs/benchmarks.md, apart from the workloads that make them (``bench/suite.py``)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ WORKLOADS = {
     ),
     6: (
         "retention",
-        "the database's size under steady churn with `GATEWAY_RETAIN_FINISHED_S=10` (bench/retention.py): "
+        "the database's size under steady churn with `GATEWAY_RETAIN_FINISHED_S=10` "
+        "(bench/workloads/retention.py): "
         "tasks created, run (three callbacks), given a receipt and drained in three rounds of ten steps of "
         "one second of the gateway's clock, while its retention loop deletes the tasks a retention old; the "
         "size after the third round beside the size after the first (SQLite: its pages; PostgreSQL: "
@@ -89,9 +90,10 @@ WORKLOADS = {
     ),
     7: (
         "tags",
-        "tag subscriptions on `/v1/ws` (bench/tags.py), on one gateway process run through "
-        "bench/counted.py (which counts its store's queries on /metrics; its sweeper off, as no task "
-        "reaches its deadline; a socket's first message allowed 64 KiB, as a 200-task cursors map needs), "
+        "tag subscriptions on `/v1/ws` (bench/workloads/tags.py), on one gateway process run through "
+        "bench/programs/counted.py (which counts its store's queries on /metrics; its sweeper off, as no "
+        "task reaches its deadline; a socket's first message allowed 64 KiB, as a 200-task cursors map "
+        "needs), "
         "on a SQLite file. Fan-out: 1,000 tags of 20 tasks (20,000 tasks), one socket per tag holding its "
         "tag subscription, callbacks at 50/s on tasks picked at random (one frame each): the server's CPU "
         "per delivered frame, beside the same tasks followed by one socket per tag holding 20 task "
@@ -109,15 +111,16 @@ WORKLOADS = {
         "Celery progress()",
         "a Celery task calling `progress()` 10,000 times in a loop (hashing 32 KiB per iteration) in a "
         "`celery worker --pool prefork --concurrency 1` with the integration installed, beside the same task "
-        "in a worker without it (the floor), and in one whose gateway is stopped (bench/celery_progress.py, "
+        "in a worker without it (the floor), and in one whose gateway is stopped "
+        "(bench/workloads/celery_progress.py, "
         "on Redis db 11): the task's time from `task_prerun` to `task_postrun` (the integration's start, "
         "progress calls, outcome and its wait for the answer included), medians of 5 runs taken in turn.",
     ),
     11: (
         "More processes cost no more",
         "`gateway serve --workers 2` beside one process, on PostgreSQL (a database of its own per "
-        "gateway), in alternation (1, 2, 1, 2), medians (bench/workers_cost.py): 64 keep-alive "
-        "connections drive callbacks (bench/callbacks.py's client) for 8 s, after 3 s unmeasured (each "
+        "gateway), in alternation (1, 2, 1, 2), medians (bench/workloads/workers_cost.py): 64 keep-alive "
+        "connections drive callbacks (bench/programs/callback_client.py) for 8 s, after 3 s unmeasured (each "
         "process's pool connections opened and statements prepared): the server's CPU (the parent and "
         "every child, from /proc) per applied callback, the throughput, each process's mean group-commit "
         "batch, the bus messages each process heard per callback, user and system CPU and context "
@@ -141,23 +144,25 @@ WORKLOADS = {
     10: (
         "100,000 over --workers",
         "100,000 subscribers over `gateway serve --workers 6` on a PostgreSQL database of its own "
-        "(bench/hundredk.py; 6 processes, ~16,700 sockets each on average under this machine's 20,000 "
-        "descriptors per process, each worker accepting on a listening socket of its own in the port's "
+        "(bench/workloads/hundredk.py; 6 processes, ~16,700 sockets each on average under this machine's "
+        "20,000 descriptors per process, each worker accepting on a listening socket of its own in the "
+        "port's "
         "`SO_REUSEPORT` group, so that the kernel spreads the connections evenly; a worker near its limit "
         "answers 503 and the client retries), 10 on each of 10,000 tasks, from client processes on loopback "
-        "source "
-        "addresses of their own; callbacks at 200/s for 60 s, each on a task picked at random (drawn "
+        "source addresses of their own; callbacks at 200/s for 60 s, each on a task picked at random (drawn "
         "before the run, so that each subscriber knows the version it ends at), sent when due (those of "
         "different tasks overlap, as many workers' do). Beside raw `websockets` serving the same sockets "
-        "from as many processes (bench/sharded_floor.py: one port shared with `SO_REUSEPORT`, task -> set "
-        "of sockets in each, a publisher connection to each process sending every message to all, as the "
+        "from as many processes (bench/programs/sharded_floor.py: one port shared with `SO_REUSEPORT`, task "
+        "-> set of sockets in each, a publisher connection to each process sending every message to all, as "
+        "the "
         "bus tells every worker). Server CPU per delivered frame: the CPU-time clocks of the gateway's "
         "parent and every worker, summed; a second row above the same callbacks with no subscriber (10 s "
         "of them before the subscribers connect, their CPU per callback scaled to the run's count; the "
         "floor's messages likewise). Callback p99 beside that of the callbacks with no subscriber. The "
         "longest full garbage collection (generation 2) of any gateway process during the run: each "
-        "process runs bench/gcwatched.py (the `gateway` command with a `gc.callbacks` hook writing every "
-        "full collection to a file per process: `/metrics` reaches one random worker and gives buckets, not "
+        "process runs bench/programs/gcwatched.py (the `gateway` command with a `gc.callbacks` hook writing "
+        "every full collection to a file per process: `/metrics` reaches one random worker and gives "
+        "buckets, not "
         "the longest). Reconnect storm: every socket dropped, all 100,000 reconnecting at once with their "
         "cursors (tasks with callbacks one version behind: `delta`; the others `caught-up`), until every "
         "resume frame, beside the floor's time to open its 100,000 the same way; in both, at most 500 "
@@ -167,8 +172,9 @@ WORKLOADS = {
     12: (
         "latency end to end",
         "one task with N = 10, 1,000 and 10,000 subscribers on one gateway process (SQLite, run through "
-        "bench/timed.py, which notes the CLOCK_MONOTONIC time at which each entry's transaction committed), "
-        "callbacks one at a time at 20/s, 10/s and 1/s (so that the frames per second stay within what the "
+        "bench/programs/timed.py, which notes the CLOCK_MONOTONIC time at which each entry's transaction "
+        "committed), callbacks one at a time at 20/s, 10/s and 1/s (so that the frames per second stay "
+        "within what the "
         "client processes, on the other core, read as they come): p99 of the time from just before a "
         "callback's request is sent to the moment a subscriber has read its frame, and from the entry's "
         "commit to that moment, over every (subscriber, version) pair of about 500 subscribers spread over "
@@ -177,7 +183,7 @@ WORKLOADS = {
         "noted just before each frame). At N = 100,000: `gateway serve --workers 6` on PostgreSQL (the "
         "callback committed by one process, its entry reaching the others over the bus), 6 callbacks at "
         "one every 10 s (100,000 frames take the client processes about 10 s to read), beside 6 raw "
-        "`websockets` processes on one port (bench/sharded_floor.py), each sent every frame by the "
+        "`websockets` processes on one port (bench/programs/sharded_floor.py), each sent every frame by the "
         "publisher. The request-to-frame time "
         "includes the HTTP request and the commit (an fsync), which the floor does not do. While frames "
         "are timed, the servers and the bench are on one core, the client processes on the other under "
@@ -185,9 +191,11 @@ WORKLOADS = {
     ),
     13: (
         "across hosts",
-        "two gateway hosts and a PostgreSQL host as network namespaces of this machine (bench/hosts.py: "
-        "veth pairs to a bridge), gateway A and gateway B (`gateway serve` through bench/timed.py, which "
-        "notes each entry's commit time on CLOCK_MONOTONIC, one clock for every namespace) on a throwaway "
+        "two gateway hosts and a PostgreSQL host as network namespaces of this machine "
+        "(bench/workloads/hosts.py: "
+        "veth pairs to a bridge), gateway A and gateway B (`gateway serve` through bench/programs/timed.py, "
+        "which notes each entry's commit time on CLOCK_MONOTONIC, one clock for every namespace) on a "
+        "throwaway "
         "cluster of the PostgreSQL host with the LISTEN/NOTIFY bus, N = 10 and 1,000 subscribers on host A "
         "(their client processes run there, `ip netns exec`), the callbacks from the root namespace: the "
         "commit-to-frame p50/p99 with the callbacks posted to B (the entry reaches A's subscribers over the "
@@ -208,10 +216,10 @@ WORKLOADS = {
     ),
     14: (
         "past one PostgreSQL",
-        "the ceiling of one PostgreSQL here (bench/pg_ceiling.py), on a cluster of the bench's own "
+        "the ceiling of one PostgreSQL here (bench/workloads/pg_ceiling.py), on a cluster of the bench's own "
         "(tests/support/pgcluster.py; PostgreSQL's defaults and `autovacuum = off` as the shared server's, "
         "`pg_stat_statements` loaded): callbacks/s of `gateway serve --workers W` (1, 2) driven by "
-        "bench/callbacks.py's client at C keep-alive connections (16, 64, 256, raised until "
+        "bench/programs/callback_client.py at C keep-alive connections (16, 64, 256, raised until "
         "callbacks/s rise less than 5%), the best median taken as saturation, beside pgbench at C clients "
         "writing one `UPDATE` of the client's task row and one `INSERT` of an entry per transaction (the "
         "database's own ceiling for that write), the two alternating, 3 runs of 3 s each at each step, "
@@ -432,7 +440,7 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
     lines = [
         "# Benchmarks",
         "",
-        "Generated by `.venv/bin/python bench/all.py` (do not edit by hand); "
+        "Generated by `.venv/bin/python -m bench` (do not edit by hand); "
         f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {elapsed:.0f} s.",
         "",
         "## The machine",
@@ -444,8 +452,8 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
         "```sh",
         "python3 -m venv .venv && .venv/bin/pip install -e .  # and py-spy for BENCH_PROFILE",
         "# PostgreSQL at 127.0.0.1:5432, user postgres, trust (or GATEWAY_TEST_PG_URL / --pg-admin-url)",
-        f".venv/bin/python bench/all.py          # every workload, this file (~{elapsed / 60:.0f} min)",
-        ".venv/bin/python bench/all.py --smoke  # every workload tiny: figures and frame order checked (CI)",
+        f".venv/bin/python -m bench          # every workload, this file (~{elapsed / 60:.0f} min)",
+        ".venv/bin/python -m bench --smoke  # every workload tiny: figures and frame order checked (CI)",
         "```",
         "",
         "The gateway runs as a user runs it (`gateway serve`, as "
@@ -461,9 +469,11 @@ def write_docs(report: Report, procs: int, facts: list[tuple[str, str]], elapsed
         "the same machine; a ratio is figure / floor. Targets are the performance issue's; they are "
         "printed, never asserted. `--smoke` runs are too short for their figures to be compared with "
         "the targets.",
-        "`bench/fanout.py` and `bench/callbacks.py` run single workloads with more options; "
-        "`bench/expiry.py` (not part of this run; PostgreSQL, a million tasks by default) times a sweep "
-        "pass among a million tasks.",
+        "`python -m bench fanout` and `python -m bench callbacks` run single workloads with more options; "
+        "`python -m bench expiry` (not part of this run; PostgreSQL, a million tasks by default) times a "
+        "sweep pass among a million tasks. `python -m bench checks` (not part of this run either; CI runs "
+        "it after the tests) holds the bounds the project promises (leases and expiry within 1 s under "
+        "load, the database within 1.2x under churn, ...), each figure beside its target.",
         "",
         "## Results",
         "",

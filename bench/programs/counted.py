@@ -1,6 +1,6 @@
-"""``gateway`` with its store's queries counted, for the benchmarks that count them (bench/tags.py).
+"""``gateway`` with its store's queries counted, for the benchmarks that count them (bench/workloads/tags.py).
 
-    python bench/counted.py serve --port P --database-url URL   (the arguments of ``gateway``)
+    python -m bench.programs.counted serve --port P --database-url URL   (the arguments of ``gateway``)
 
 Every query a transaction of the SQL store sends (each ``fetch`` of a SQLite read, a SQLite write or a
 PostgreSQL transaction: every statement that reads rows) adds one to the gauge

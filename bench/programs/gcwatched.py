@@ -1,6 +1,6 @@
-"""``gateway`` with the garbage collection pauses of every process written down (bench/hundredk.py).
+"""``gateway`` with the garbage collection pauses of every process written down (bench/workloads/hundredk.py).
 
-    BENCH_GC_DIR=DIR python bench/gcwatched.py serve --workers N ...   (the arguments of ``gateway``)
+    BENCH_GC_DIR=DIR python -m bench.programs.gcwatched serve --workers N ...   (the arguments of ``gateway``)
 
 Each process of the gateway (the ``--workers`` parent and every child: a spawned child runs this module
 again, as ``__mp_main__``, before it runs its worker) writes ``DIR/PID.gc`` at start (so that a process

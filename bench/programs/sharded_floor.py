@@ -1,7 +1,7 @@
-"""The floor of workload 10 (bench/hundredk.py): one raw ``websockets`` process of several serving the same
-sockets, keeping task -> set of sockets (not run by hand).
+"""The floor of workload 10 (bench/workloads/hundredk.py): one raw ``websockets`` process of several serving
+the same sockets, keeping task -> set of sockets (not run by hand).
 
-    python bench/sharded_floor.py PORT BACKLOG
+    python -m bench.programs.sharded_floor PORT BACKLOG
 
 Every process listens on PORT with ``SO_REUSEPORT`` (the kernel spreads the connections over them) and on
 a port of its own for the publisher, which it prints (``ready PUBLISH_PORT``). A subscriber connects to

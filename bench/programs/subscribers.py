@@ -1,6 +1,6 @@
 """A subscriber client process of the benchmarks (started by ``harness.Clients``; not run by hand).
 
-    python bench/subscribers.py SPEC_JSON
+    python -m bench.programs.subscribers SPEC_JSON
 
 SPEC: ``groups`` (``[url, count, expected resume frame type or null]``; a url ending in ``#final=V`` gives
 its subscribers a final version of their own), ``final`` (the version at which a subscriber is complete),

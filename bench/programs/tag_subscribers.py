@@ -1,6 +1,6 @@
-"""A client process of the tag benchmarks (started by ``bench/tags.py``; not run by hand).
+"""A client process of the tag benchmarks (started by ``bench/workloads/tags.py``; not run by hand).
 
-    python bench/tag_subscribers.py   (its spec as the first line of stdin)
+    python -m bench.programs.tag_subscribers   (its spec as the first line of stdin)
 
 SPEC: ``url`` (the gateway's ``/v1/ws``), ``mode`` (``tag``: each socket sends one tag subscription, with
 its cursors; ``tasks``: each socket sends one task subscription per task, with its cursor and a task
@@ -9,9 +9,9 @@ token), ``secret`` (to mint the tokens, as a backend holding ``GATEWAY_SECRET`` 
 final version, given later by "final"), ``concurrency`` (handshakes in flight; 0: all at once),
 ``timeout_s``, ``cores``.
 
-It talks as bench/subscribers.py does, one line each way: prints ``{"state": "loaded"}`` once its tokens
-are minted; on "go" connects every socket and subscribes, and prints ``{"state": "ready", "t": ...}`` once
-every socket has the resume frame of each of its tasks (``t``: the monotonic time of the last); takes
+It talks as bench/programs/subscribers.py does, one line each way: prints ``{"state": "loaded"}`` once its
+tokens are minted; on "go" connects every socket and subscribes, and prints ``{"state": "ready", "t": ...}``
+once every socket has the resume frame of each of its tasks (``t``: the monotonic time of the last); takes
 "final {task id: version, ...}" (the tasks that changed; the others end at their resume frame's version);
 prints ``{"state": "done", "stats": {...}}`` once every task of every socket is at its final version (or on
 "stop"); closes every socket on "stop" and exits.
@@ -19,9 +19,9 @@ prints ``{"state": "done", "stats": {...}}`` once every task of every socket is 
 A connection that failed is retried after a backoff, as a client would, and so is a subscription refused
 with "try again" (an ``unavailable`` error frame), up to ``RETRIES`` times; the retries are counted.
 
-Per task it checks what bench/subscribers.py checks per subscriber: the resume frame first, then ``event``
-frames at last + 1 (a ``conflated`` snapshot may jump ahead); gaps, reorders and what is missing at the end
-are counted. In ``tag`` mode the socket's first frame must be the ``tag`` listing naming exactly its
+Per task it checks what bench/programs/subscribers.py checks per subscriber: the resume frame first, then
+``event`` frames at last + 1 (a ``conflated`` snapshot may jump ahead); gaps, reorders and what is missing at
+the end are counted. In ``tag`` mode the socket's first frame must be the ``tag`` listing naming exactly its
 tasks (else ``resume_mismatch``).
 """
 
@@ -296,7 +296,8 @@ async def main(spec: dict[str, Any], commands: asyncio.StreamReader) -> None:
 
 
 def report(sockets: list[Socket], final: dict[str, int] | None) -> dict[str, Any]:
-    """bench/harness.py's counts (``merge_stats``), over sockets; ``resume`` counts resume frames by type."""
+    """bench/lib/harness.py's counts (``merge_stats``), over sockets; ``resume`` counts resume frames by
+    type."""
     stats: dict[str, Any] = dict.fromkeys(COUNTS, 0)
     stats.update(subscribers=len(sockets), resume={}, closes={}, errors=[])
     for sock in sockets:

@@ -1,7 +1,7 @@
 """``gateway`` with the time each entry commits written down, for the benchmarks that time a frame from its
-commit (bench/latency_e2e.py; the across-hosts workload).
+commit (bench/workloads/latency_e2e.py; the across-hosts workload).
 
-    BENCH_COMMIT_TIMES=FILE python bench/timed.py serve --port P --database-url URL [--workers N]
+    BENCH_COMMIT_TIMES=FILE python -m bench.programs.timed serve --port P --database-url URL [--workers N]
 
 (the arguments of ``gateway``).
 

@@ -143,7 +143,7 @@ def _delete_keys(prefix: str) -> None:
 
 
 async def workload(iterations: int, runs: int, report: Report) -> None:
-    """Workload 8 of bench/all.py: the figures as rows beside their floor."""
+    """Workload 8 of bench/suite.py: the figures as rows beside their floor."""
     result = await measure(iterations, runs)
     medians = result["median_s"]
     report.rows.append(

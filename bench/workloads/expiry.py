@@ -6,7 +6,7 @@ it times an idle pass (nothing due yet: the one query a sweeper makes every 200 
 expires the due tasks (in batches of ``EXPIRY_BATCH``, each one transaction), and prints them side by side
 with the ratio, and the plan PostgreSQL chose for the claim query.
 
-    python bench/expiry.py [--live 1000000] [--due 1000] [--pg-admin-url URL]
+    python -m bench expiry [--live 1000000] [--due 1000] [--pg-admin-url URL]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ lost or out of order (every client process checks, per subscriber, that versions
 a ``conflated`` snapshot may jump ahead), beside a minimal raw ``websockets`` broadcast server sending
 frames of the same size (the floor of Python on this machine), and the ratio.
 
-    python bench/fanout.py [--subscribers 1000] [--callbacks 200] [--rate 50] [--procs 4]
+    python -m bench fanout [--subscribers 1000] [--callbacks 200] [--rate 50] [--procs 4]
                            [--buses local,postgres,redis] [--pg-admin-url URL] [--redis-url URL]
 
 With ``--buses`` (default: ``local`` alone, on SQLite) the gateway runs once per bus, on one PostgreSQL

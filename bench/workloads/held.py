@@ -1,8 +1,8 @@
-"""Sockets held by one server, as workloads 3, 5 and 9 of ``bench/all.py`` measure them: the server's memory
+"""Sockets held by one server, as workloads 3, 5 and 9 of ``bench/suite.py`` measure them: the server's memory
 per idle subscriber (:func:`idle_gateway`, :func:`idle_floor`) and the time for N subscribers connecting at
 once to get their resume frames (:func:`storm_gateway`, :func:`storm_floor`).
 
-``servers`` is ``bench/all.py``'s ``Servers`` (anything whose ``use(name)`` gives a server's context);
+``servers`` is ``bench/suite.py``'s ``Servers`` (anything whose ``use(name)`` gives a server's context);
 ``procs`` are the client processes at least (``harness.Clients`` starts more past 18,000 sockets each).
 The gateway's figures come with ``refused``: the WebSockets it answered ``503 too-many-sockets`` (its
 ``gateway_sockets_refused`` metric; a subscriber refused is retried, and counted in ``retries``). With

@@ -213,7 +213,7 @@ class Gateway:
     host: str
     url: str  # http://address:port
     process: asyncio.subprocess.Process
-    commits: Path  # bench/timed.py's file: "<monotonic ns> <version> <task id>" a line
+    commits: Path  # bench/programs/timed.py's file: "<monotonic ns> <version> <task id>" a line
 
     def commit_times(self, task_id: str) -> dict[int, int]:
         times = {}

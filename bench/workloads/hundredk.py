@@ -1,14 +1,14 @@
 """Workload 10: 100,000 subscribers over ``gateway serve --workers W`` on PostgreSQL, beside raw
-``websockets`` serving the same sockets from as many processes (bench/sharded_floor.py).
+``websockets`` serving the same sockets from as many processes (bench/programs/sharded_floor.py).
 
-    python bench/hundredk.py [--smoke]      (or as workload 10 of bench/all.py)
+    python -m bench hundredk [--smoke]      (or as workload 10 of python -m bench)
 
 10,000 tasks with 10 subscribers each; callbacks at 200/s for 60 s, each on a task picked at random (the
 picks drawn before the run, so that each subscriber knows the version it ends at). Measured: the CPU of
 every process of the gateway (the parent and each worker, read from their CPU-time clocks) per delivered
 frame, beside the floor's processes; the callbacks' p99 beside the same callbacks with no subscriber;
-the longest full garbage collection of each gateway process (bench/gcwatched.py); a reconnect storm of
-the 100,000 (every socket dropped, all reconnecting at once with their cursors) beside the floor's time
+the longest full garbage collection of each gateway process (bench/programs/gcwatched.py); a reconnect storm
+of the 100,000 (every socket dropped, all reconnecting at once with their cursors) beside the floor's time
 to open them; frames lost or out of order, checked per subscriber by the client processes.
 """
 
@@ -158,10 +158,10 @@ async def floor(workers: int) -> AsyncIterator[tuple[harness.Server, list[Any]]]
 
 
 class RawHttp:
-    """Keep-alive HTTP/1.1 connections to the gateway, a request at a time on each (bench/callbacks.py's
-    raw client), in place of httpx: its pool scans every waiting request at each request and answer, and
-    once the callbacks queued for a moment that scan took this process's core (py-spy: 40% of its samples),
-    so it never caught up with the rate it was to hold.
+    """Keep-alive HTTP/1.1 connections to the gateway, a request at a time on each
+    (bench/workloads/callbacks.py's raw client), in place of httpx: its pool scans every waiting request at
+    each request and answer, and once the callbacks queued for a moment that scan took this process's core
+    (py-spy: 40% of its samples), so it never caught up with the rate it was to hold.
 
     ``connections`` slots, the last used first; a slot's connection is opened when it has none, or when the
     gateway closed it while it was idle (``GATEWAY_IDLE_TIMEOUT_MS``, while the sockets open). A request
@@ -507,7 +507,9 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
     # while its subscribers move on (harness.STALL_S).
     timeout_s = harness.socket_bound(sizes.subscribers, cfg.step_timeout_s)
     seed = random.randrange(2**32)
-    if getattr(cfg, "side", None) == "gateway":  # bench/hundredk.py --side: one side alone, nothing judged
+    if (
+        getattr(cfg, "side", None) == "gateway"
+    ):  # python -m bench hundredk --side: one side alone, nothing judged
         gw = await gateway_side(sizes, timeout_s, random.Random(seed))
         print(
             gw["run"],

@@ -1,11 +1,11 @@
 """Workload 12, latency end to end: from a callback's request to the frame at the subscriber, and from the
 entry's commit to that frame, beside raw ``websockets``' publish-to-receive at the same N.
 
-    python bench/all.py --only 12 [--smoke]
+    python -m bench --only 12 [--smoke]
 
 For each N of ``Sizes.runs``: one task with N subscribers on one gateway process on a SQLite file of its
-own, run through bench/timed.py (which writes each entry's commit time); the bench posts callbacks one at a
-time at the rate asked (each sent when due, or as soon as the previous one is answered), noting each
+own, run through bench/programs/timed.py (which writes each entry's commit time); the bench posts callbacks
+one at a time at the rate asked (each sent when due, or as soon as the previous one is answered), noting each
 request's ``time.monotonic_ns()`` just before it is sent. Then the same N on the raw ``websockets``
 broadcast server (``harness.floor_server``): a publisher connection sends frames of the gateway's size at
 the same rate, noting each send time the same way. Every K-th subscriber of each client process notes when
@@ -20,7 +20,7 @@ Every subscriber checks its frames (versions 1 by 1; none lost or out of order).
 
 ``Sizes.wide``: N subscribers of one task over ``gateway serve --workers W`` on PostgreSQL (the callback
 committed by one process, its entry reaching the others over the bus), beside W raw ``websockets``
-processes on one port (bench/sharded_floor.py), each sent every frame by the publisher.
+processes on one port (bench/programs/sharded_floor.py), each sent every frame by the publisher.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class Wide:
     subscribers: int
     callbacks: int
     rate: float  # per second
-    workers: int  # gateway processes, and floor processes (bench/sharded_floor.py)
+    workers: int  # gateway processes, and floor processes (bench/programs/sharded_floor.py)
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,8 @@ def quantiles(values: list[float]) -> dict[str, float]:
 async def run_gateway(
     server: harness.Server, pids: list[int], commits: str, n: int, callbacks: int, rate: float, cfg: Any
 ) -> dict[str, Any]:
-    """One run, on a task of its own, on ``server`` (bench/timed.py, writing its commit times to the file
+    """One run, on a task of its own, on ``server`` (bench/programs/timed.py, writing its commit times to the
+    file
     ``commits``; its processes ``pids``): the request-to-frame and commit-to-frame latencies of the timed
     subscribers."""
     sizes: Sizes = cfg.latency_e2e
@@ -252,7 +253,7 @@ async def several_processes(
     cfg: Any, report: Report, gateway: asyncio.Task[harness.Server], commits: str
 ) -> str:
     """The run of ``Sizes.wide``: ``gateway serve --workers W`` on PostgreSQL beside W floor processes
-    (bench/sharded_floor.py, one port); its details."""
+    (bench/programs/sharded_floor.py, one port); its details."""
     wide: Wide = cfg.latency_e2e.wide
     n = wide.subscribers
     async with hundredk.floor(wide.workers) as (server, shards):
@@ -276,7 +277,7 @@ async def several_processes(
 
 @contextlib.asynccontextmanager
 async def workers_gateway(workers: int, commits: str) -> AsyncIterator[harness.Server]:
-    """``gateway serve --workers W`` through bench/timed.py, on a PostgreSQL database made for it."""
+    """``gateway serve --workers W`` through bench/programs/timed.py, on a PostgreSQL database made for it."""
     async with harness.pg_database(harness.PG_ADMIN, "gw_bench_e2e") as url:
         port = harness.free_port()
         command = [*harness.gateway_command(port, url, timed=True), "--workers", str(workers)]

@@ -1,7 +1,7 @@
 """The ceiling of one PostgreSQL here: callbacks/s at saturation with the gateway's group commit, and where
 the CPU goes, beside pgbench writing the same shape of transaction at the same client count.
 
-    python bench/pg_ceiling.py [--smoke]
+    python -m bench pg_ceiling [--smoke]
 
 Everything runs on a PostgreSQL cluster of the bench's own (tests/support/pgcluster.py: initdb and pg_ctl on a
 free loopback port, removed after), never the shared server: its WAL position and its processes' CPU are then
@@ -10,7 +10,7 @@ server does not set and whose settings are not ours to change). Its other settin
 server's (PostgreSQL's defaults, ``autovacuum = off``), with room for the clients (``max_connections``).
 
 For each number of gateway processes (``gateway serve --workers W``) and each number of keep-alive callback
-connections C (bench/callbacks.py's client: each connection drives tasks of its own through start and
+connections C (bench/programs/callback_client.py: each connection drives tasks of its own through start and
 progress 1..100, every callback a real change), for ``seconds``, then pgbench at C clients for as long on a
 database of its own in the same cluster, one transaction per callback of the shape the issue names (one
 ``UPDATE`` of the client's task row, one ``INSERT`` of its entry, ``COMMIT``): the database's own ceiling
@@ -394,7 +394,7 @@ def db_line(step: Step) -> str:
 
 
 async def workload(cfg: Any, servers: Any, report: Report, say: Any = lambda line: None) -> None:
-    """Workload 14 of bench/all.py: sizes from ``cfg.pg_ceiling``; starts its own cluster and gateways."""
+    """Workload 14 of bench/suite.py: sizes from ``cfg.pg_ceiling``; starts its own cluster and gateways."""
     sizes: Sizes = cfg.pg_ceiling
     result = await measure_all(sizes, say=say)
     medians: dict[tuple[str, int, int], Step] = result["medians"]

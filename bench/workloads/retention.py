@@ -1,8 +1,8 @@
 """Retention under steady churn: the database's size stays put, round after round.
 
-    python bench/retention.py [--tasks 100000] [--rounds 3] [--backends sqlite,postgresql]
+    python -m bench retention [--tasks 100000] [--rounds 3] [--backends sqlite,postgresql]
                               [--scale-factor 0.02] [--autovacuum-each-step] [--pg-admin-url URL]
-    python bench/retention.py --smoke
+    python -m bench retention --smoke
 
 For each backend, on a database of its own, a gateway (``gateway.runtime.Gateway``, the composition root,
 with ``GATEWAY_RETAIN_FINISHED_S=10`` and its lifespan's retention loop) on a clock the bench moves: one
@@ -40,7 +40,7 @@ since the one before; the held tasks are kept, and readable, until drained. Prin
 finished task costs (its rows and index entries in the database at the end of the first round, divided by
 its tasks).
 
-``--smoke`` (used by ``bench/all.py --smoke``): 600 tasks in rounds of ``SMOKE_SLICES`` steps, both
+``--smoke`` (used by ``python -m bench --smoke``): 600 tasks in rounds of ``SMOKE_SLICES`` steps, both
 backends, the sizes not checked (too small to compare: a database's fixed overheads weigh more than its
 tasks).
 """

@@ -1,7 +1,8 @@
-"""Workload 9 of ``bench/all.py``: 20,000 on one process. One ``gateway serve`` (on a SQLite file of its own)
-holding N idle subscribers (memory per subscriber after the resume frame and a first event frame), then a
+"""Workload 9 of ``bench/suite.py``: 20,000 on one process. One ``gateway serve`` (on a SQLite file of its
+own) holding N idle subscribers (memory per subscriber after the resume frame and a first event frame), then a
 reconnect storm of N subscribers with cursors all at once (the time until every resume frame), each beside
-the raw ``websockets`` server holding / opening the same N sockets (bench/held.py measures them all).
+the raw ``websockets`` server holding / opening the same N sockets (bench/workloads/held.py measures them
+all).
 
 N stays under the gateway's descriptor ceiling: its soft ``RLIMIT_NOFILE`` (raised by the bench towards the
 hard limit, which the gateway inherits) less ``GATEWAY_FD_RESERVE`` (256); the WebSockets it refused

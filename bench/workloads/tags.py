@@ -1,10 +1,10 @@
 """Tag subscriptions, beside the same tasks followed one task subscription at a time on ``/v1/ws``.
 
-    python bench/tags.py [--tags 1000] [--per-tag 20] [--callbacks 500] [--rate 50] [--procs 4]
+    python -m bench tags [--tags 1000] [--per-tag 20] [--callbacks 500] [--rate 50] [--procs 4]
                          [--subscribe-tasks 200] [--repeats 20] [--smoke]
 
-Three measurements on one gateway process (``gateway serve`` through bench/counted.py, which counts its
-store's queries; on a SQLite file of its own, its sweeper off: no task here reaches its deadline, and a
+Three measurements on one gateway process (``gateway serve`` through bench/programs/counted.py, which counts
+its store's queries; on a SQLite file of its own, its sweeper off: no task here reaches its deadline, and a
 sweep's queries would be counted with a subscribe's; a socket's first message allowed 64 KiB, see
 ``GATEWAY_ENV``):
 
@@ -22,8 +22,8 @@ sweep's queries would be counted with a subscribe's; a socket's first message al
    tasks a version behind): the time until every one has the resume frames of all its tasks, beside the
    same subscribers resuming task by task.
 
-Every subscription's frames are checked by its client process (bench/tag_subscribers.py): the listing,
-one resume frame per task, then ``event`` frames at last + 1.
+Every subscription's frames are checked by its client process (bench/programs/tag_subscribers.py): the
+listing, one resume frame per task, then ``event`` frames at last + 1.
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ async def start_clients(
     concurrency: int,
     timeout_s: float,
 ) -> Clients:
-    """bench/tag_subscribers.py processes holding ``sockets`` (``(tag, {task id: cursor})`` each) between
-    them, driven as :class:`harness.Clients` drives bench/subscribers.py."""
+    """bench/programs/tag_subscribers.py processes holding ``sockets`` (``(tag, {task id: cursor})`` each)
+    between them, driven as :class:`harness.Clients` drives bench/programs/subscribers.py."""
     procs = max(1, min(procs, len(sockets)))
     processes = []
     try:

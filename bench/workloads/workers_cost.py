@@ -3,7 +3,8 @@
 On PostgreSQL (a database of its own per gateway), alternating one process and ``--workers 2`` (1, 2, 1,
 2, ...) and taking the medians, since other work shares the machine:
 
-1. callbacks: ``connections`` keep-alive connections (bench/callbacks.py's client, its own process) drive
+1. callbacks: ``connections`` keep-alive connections (bench/programs/callback_client.py, its own process)
+drive
    tasks through start and progress for ``seconds``: the server's CPU (the parent and every child, from
    /proc) per applied callback, the throughput, the mean group-commit batch size per process
    (``gateway_callbacks_batched`` / ``gateway_callback_batches``) and the bus traffic (messages each
@@ -12,7 +13,7 @@ On PostgreSQL (a database of its own per gateway), alternating one process and `
    callbacks at ``fanout_rate``: the server's CPU per delivered frame; every subscriber checks its frames
    (none lost or out of order).
 
-    python bench/workers_cost.py [--smoke]
+    python -m bench workers_cost [--smoke]
 """
 
 from __future__ import annotations
