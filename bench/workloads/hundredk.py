@@ -159,7 +159,7 @@ async def floor(workers: int) -> AsyncIterator[tuple[harness.Server, list[Any]]]
 
 class RawHttp:
     """Keep-alive HTTP/1.1 connections to the gateway, a request at a time on each
-    (bench/workloads/callbacks.py's raw client), in place of httpx: its pool scans every waiting request at
+    (bench/programs/callback_client.py's), in place of httpx: its pool scans every waiting request at
     each request and answer, and once the callbacks queued for a moment that scan took this process's core
     (py-spy: 40% of its samples), so it never caught up with the rate it was to hold.
 
@@ -507,9 +507,8 @@ async def workload(cfg: Any, servers: Any, report: Report) -> None:
     # while its subscribers move on (harness.STALL_S).
     timeout_s = harness.socket_bound(sizes.subscribers, cfg.step_timeout_s)
     seed = random.randrange(2**32)
-    if (
-        getattr(cfg, "side", None) == "gateway"
-    ):  # python -m bench hundredk --side: one side alone, nothing judged
+    # python -m bench hundredk --side: one side alone, nothing judged
+    if getattr(cfg, "side", None) == "gateway":
         gw = await gateway_side(sizes, timeout_s, random.Random(seed))
         print(
             gw["run"],

@@ -98,9 +98,8 @@ async def run_gateway(
     server: harness.Server, pids: list[int], commits: str, n: int, callbacks: int, rate: float, cfg: Any
 ) -> dict[str, Any]:
     """One run, on a task of its own, on ``server`` (bench/programs/timed.py, writing its commit times to the
-    file
-    ``commits``; its processes ``pids``): the request-to-frame and commit-to-frame latencies of the timed
-    subscribers."""
+    file ``commits``; its processes ``pids``): the request-to-frame and commit-to-frame latencies of the
+    timed subscribers."""
     sizes: Sizes = cfg.latency_e2e
     timeout_s = timeout(cfg, n)
     async with contextlib.AsyncExitStack() as stack:
