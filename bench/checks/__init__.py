@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
-from bench.checks import expiry, heartbeats, retention, under_load
+from bench.checks import db_deadline, expiry, heartbeats, retention, under_load
 from bench.lib import harness
 from bench.lib.verdict import Figure
 
@@ -33,6 +33,7 @@ CHECKS: dict[str, Check] = {
     "lease-load": under_load.lease_load,
     "worker-heartbeats": heartbeats.held,
     "retention-growth": retention.growth,
+    "db-deadline": db_deadline.answered,
 }
 
 
