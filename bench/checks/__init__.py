@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
-from bench.checks import db_deadline, expiry, heartbeats, retention, under_load
+from bench.checks import db_deadline, expiry, heartbeats, retention, tag_across, under_load
 from bench.lib import harness
 from bench.lib.verdict import Figure
 
@@ -34,6 +34,7 @@ CHECKS: dict[str, Check] = {
     "worker-heartbeats": heartbeats.held,
     "retention-growth": retention.growth,
     "db-deadline": db_deadline.answered,
+    "tag-across-processes": tag_across.seen,
 }
 
 
