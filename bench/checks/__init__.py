@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
-from bench.checks import db_deadline, expiry, heartbeats, keepalive, retention, tag_across, under_load
+from bench.checks import db_deadline, expiry, flood, heartbeats, keepalive, retention, tag_across, under_load
 from bench.lib import harness
 from bench.lib.verdict import Figure
 
@@ -36,6 +36,7 @@ CHECKS: dict[str, Check] = {
     "db-deadline": db_deadline.answered,
     "tag-across-processes": tag_across.seen,
     "ws-keepalive": keepalive.dropped,
+    "flood": flood.costs_little,
 }
 
 
