@@ -10,7 +10,6 @@ its machine to itself. Exit 1 when a figure missed its target or a check could n
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
 import traceback
@@ -82,9 +81,4 @@ def command(argv: Sequence[str]) -> int:
     unknown = [name for name in names if name not in CHECKS]
     if unknown:
         parser.error(f"no such check: {', '.join(unknown)} (there are: {', '.join(CHECKS)})")
-    try:
-        return asyncio.run(run(names))
-    finally:
-        harness.kill_all()
-        for name in harness.drop_leftover_databases():
-            print(f"dropped leftover database {name}")
+    return harness.run_to_the_end(run(names))

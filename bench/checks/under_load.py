@@ -338,17 +338,18 @@ def figures(name: str, result: Lateness) -> list[Figure]:
     return figures
 
 
-async def expiry_load() -> list[Figure]:
+async def on_both(name: str, run: Callable[[str | None], Awaitable[Lateness]]) -> list[Figure]:
+    """``run`` on a SQLite file, then on a PostgreSQL database of its own: their figures."""
     found = []
     for backend in ("sqlite", "postgresql"):
         async with database(backend) as url:
-            found += figures("expiry-load", await expiries(url))
+            found += figures(name, await run(url))
     return found
+
+
+async def expiry_load() -> list[Figure]:
+    return await on_both("expiry-load", expiries)
 
 
 async def lease_load() -> list[Figure]:
-    found = []
-    for backend in ("sqlite", "postgresql"):
-        async with database(backend) as url:
-            found += figures("lease-load", await leases(url))
-    return found
+    return await on_both("lease-load", leases)

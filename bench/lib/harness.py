@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,18 @@ def kill_all() -> None:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(process.pid, 0)
         _processes.discard(process)
+
+
+def run_to_the_end(main: Coroutine[Any, Any, int | None]) -> int:
+    """``asyncio.run(main)`` for a command of the bench (its exit status: ``main``'s, 0 for None); however it
+    ends, every process :func:`spawn` started is killed and every database :func:`pg_database` made is
+    dropped."""
+    try:
+        return asyncio.run(main) or 0
+    finally:
+        kill_all()
+        for name in drop_leftover_databases():
+            print(f"dropped leftover database {name}", file=sys.stderr)
 
 
 def raise_nofile(wanted: int) -> int:

@@ -128,9 +128,4 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--only", default="none,sqlite,postgresql")
-    try:
-        asyncio.run(main(parser.parse_args(argv)))
-    finally:
-        harness.kill_all()
-        harness.drop_leftover_databases()
-    return 0
+    return harness.run_to_the_end(main(parser.parse_args(argv)))

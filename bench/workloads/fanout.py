@@ -365,9 +365,4 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--buses", default="local", help="comma-separated: local, postgres, redis")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    try:
-        asyncio.run(main(parser.parse_args(argv)))
-    finally:
-        harness.kill_all()
-        harness.drop_leftover_databases()
-    return 0
+    return harness.run_to_the_end(main(parser.parse_args(argv)))

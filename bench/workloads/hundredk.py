@@ -670,8 +670,4 @@ def command(argv: Sequence[str]) -> int:
         parser.add_argument(f"--{name}", type=kind)
     for name, kind in (("base-seconds", float), ("workers", int), ("procs", int)):
         parser.add_argument(f"--{name}", type=kind)
-    try:
-        return asyncio.run(main(parser.parse_args(argv)))
-    finally:
-        harness.kill_all()
-        harness.drop_leftover_databases()
+    return harness.run_to_the_end(main(parser.parse_args(argv)))

@@ -502,8 +502,4 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--connections", default="", help="callback connections per step, e.g. 8,32,128")
     parser.add_argument("--seconds", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=0)
-    try:
-        asyncio.run(main(parser.parse_args(argv)))
-    finally:
-        harness.kill_all()
-    return 0
+    return harness.run_to_the_end(main(parser.parse_args(argv)))

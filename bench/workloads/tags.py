@@ -534,7 +534,4 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=180.0, help="each step's bound, in seconds")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes")
-    try:
-        return asyncio.run(main(parser.parse_args(argv)))
-    finally:
-        harness.kill_all()
+    return harness.run_to_the_end(main(parser.parse_args(argv)))

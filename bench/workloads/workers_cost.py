@@ -382,9 +382,4 @@ def command(argv: Sequence[str]) -> int:
     parser.add_argument("--alternations", type=int, default=0)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--callbacks-only", action="store_true")
-    try:
-        asyncio.run(main(parser.parse_args(argv)))
-    finally:
-        harness.kill_all()
-        harness.drop_leftover_databases()
-    return 0
+    return harness.run_to_the_end(main(parser.parse_args(argv)))
