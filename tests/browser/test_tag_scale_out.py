@@ -6,7 +6,9 @@ Two ``gateway serve`` processes on one PostgreSQL database (tests/support/proces
 What a user of the link sees:
 
 - the tag's tasks, one card each, newest first;
-- a task created afterwards, on the other process, appears within a second and follows its progress live;
+- a task created afterwards, on the other process, appears and follows its progress live (within a second
+  is no test, a loaded machine can miss it: it is the bench check ``tag-across-processes``,
+  bench/checks/tag_across.py, on the gateway's frames);
 - after the link went silent (no FIN, nothing through, the gateway out of reach) while two more tasks were
   created and the others moved on, within 10 s of the link coming back the page shows all six, each exactly
   as the store has it (state, progress, version).
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 CARDS = "#tasks article.task-card"  # the cards in the order shown
-APPEARS_MS = 1_000  # a task created on another process shows within this
 BACK_S = 10.0  # after the link comes back, every card is exact within this
 
 
@@ -158,17 +159,17 @@ async def test_a_tag_link_shows_its_tasks_live_and_exact_after_a_silent_link(
             await tags.exact(task_id, STEP_S * 1000)
         assert await tags.order() == ids[2::-1]
 
-        # 2. A fourth, created on the other process, appears within a second and follows its progress.
+        # 2. A fourth, created on the other process, appears and follows its progress.
         await make(3)
         created_at = time.monotonic()
-        await tags.expect(tags.card(ids[3])).to_be_visible(timeout=APPEARS_MS)
+        await tags.expect(tags.card(ids[3])).to_be_visible(timeout=STEP_S * 1000)
         appeared_s = time.monotonic() - created_at
         assert await tags.order() == ids[3::-1]
         await workers[ids[3]].start("w3")
-        await tags.exact(ids[3], APPEARS_MS)
+        await tags.exact(ids[3], STEP_S * 1000)
         for progress in (20, 50):
             await workers[ids[3]].progress(progress, f"p{progress}")
-            await tags.exact(ids[3], APPEARS_MS)
+            await tags.exact(ids[3], STEP_S * 1000)
 
         # 3. The link goes silent (nothing through, nothing closed, the gateway out of reach) while two more
         #    tasks are created and the others move on; then it comes back.

@@ -14,18 +14,17 @@ Every request is bounded in time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from sqlalchemy.engine import make_url
 
+from bench.checks.db_deadline import frozen, start
 from tests.support import Running, bearer, eventually, pg_admin, postgres_database, running_gateway
+from tests.support.pgrelay import Relay, relayed
 
 pytestmark = pytest.mark.postgres
 
@@ -67,105 +66,6 @@ def pg_url() -> Iterator[str]:
 
 
 # --- the network path goes away -----------------------------------------------------------------------------
-
-
-class Relay:
-    """A TCP relay to PostgreSQL on a port of its own. ``up()`` relays; ``refuse()`` drops every connection
-    and stops listening (connection refused); ``blackhole()`` keeps connections open and accepts new ones,
-    but passes nothing either way (a network partition). ``freeze()`` is a partition that heals: nothing
-    passes either way and nothing is closed or refused, what is sent meanwhile is held (as TCP
-    retransmits it), and ``thaw()`` lets it all through."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target = (target_host, target_port)
-        self.port = 0
-        self.mode = "up"
-        self._thawed = asyncio.Event()
-        self._thawed.set()
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def up(self) -> None:
-        self.mode = "up"
-        if self._server is None:
-            await self.start()
-
-    async def refuse(self) -> None:
-        self.mode = "refuse"
-        await self._stop_listening()
-        self._drop_all()
-
-    def blackhole(self) -> None:
-        self.mode = "blackhole"
-
-    def freeze(self) -> None:
-        self._thawed.clear()
-
-    def thaw(self) -> None:
-        self._thawed.set()
-
-    async def close(self) -> None:
-        await self._stop_listening()
-        self._drop_all()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    async def _stop_listening(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-
-    def _drop_all(self) -> None:
-        for writer in list(self._writers):
-            writer.transport.abort()
-        self._writers.clear()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.transport.abort()
-            return
-        self._writers.add(up_writer)
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.ensure_future(self._pipe(source, sink))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        try:
-            while data := await source.read(65536):
-                if self.mode == "blackhole":
-                    continue  # swallowed: the peer hears nothing
-                await self._thawed.wait()  # frozen: held until the partition heals
-                sink.write(data)
-                await sink.drain()
-        except (OSError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            sink.transport.abort()
-            self._writers.discard(sink)
-
-
-@asynccontextmanager
-async def relayed(url: str) -> AsyncIterator[tuple[Relay, str]]:
-    """A relay to the database of ``url``, and the URL that goes through it."""
-    parsed = make_url(url)
-    relay = Relay(parsed.host or "127.0.0.1", parsed.port or 5432)
-    await relay.start()
-    try:
-        yield relay, parsed.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
-    finally:
-        await relay.close()
 
 
 # --- the checks --------------------------------------------------------------------------------------------
@@ -390,21 +290,19 @@ async def test_readyz_answers_503_quickly_during_a_network_partition(pg_url: str
 
 # --- a frozen partition: one deadline for the whole write -------------------------------------------------
 
-# The database deadline of these tests (GATEWAY_DB_DEADLINE_MS), and the margin the gateway documents for
-# an answer past it (README: "within about a second"): tearing the connection down, answering.
+# The database deadline of these tests (GATEWAY_DB_DEADLINE_MS).
 FROZEN_DEADLINE_MS = 2_000
-ANSWER_MARGIN_S = 1.0
 
 
 @pytest.mark.anyio
-async def test_callbacks_in_a_frozen_partition_are_answered_within_the_database_deadline(
+async def test_callbacks_in_a_frozen_partition_are_answered_503(
     pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """PostgreSQL's traffic frozen (nothing passes, nothing is closed): callbacks keep arriving, more batches
-    than commit at once, plus a read and a create. Every one is answered 503 within the database deadline
-    (plus the documented margin) of when it was sent: no rollback, commit or wait for a batch's turn stacks
-    another deadline on top. The warnings name a reason. Once the partition heals the gateway recovers
-    with nothing lost or written."""
+    than commit at once, plus a read and a create. Every one is answered 503, none hangs. The warnings name
+    a reason. Once the partition heals the gateway recovers with nothing lost or written. How soon each is
+    answered (within the database deadline and about a second) is no test, a loaded machine can miss it:
+    it is the bench check ``db-deadline`` (bench/checks/db_deadline.py), whose requests these are."""
     deadline_s = FROZEN_DEADLINE_MS / 1000
     async with relayed(pg_url) as (relay, url), running_gateway(url, db_deadline_ms=FROZEN_DEADLINE_MS) as gw:
         scenario = Scenario(gw)
@@ -413,40 +311,14 @@ async def test_callbacks_in_a_frozen_partition_are_answered_within_the_database_
         tokens = {}
         for i in range(8):
             made = await client.post("/v1/tasks", json={"id": f"f{i}", "ttlMs": 600_000, "maxAttempts": 1})
-            tokens[f"f{i}"] = bearer(made.json()["callbackToken"])
-        answers: list[tuple[str, int, float]] = []
-
-        async def timed_answer(what: str, request: Request) -> None:
-            started = time.monotonic()
-            with anyio.fail_after(4 * deadline_s + 30):  # unbounded before: a hang fails, not waits
-                answer = await request()
-            answers.append((what, answer.status_code, time.monotonic() - started))
-
-        def start(task_id: str) -> Request:
-            event = {"type": "start", "worker": "w1"}
-            return lambda: client.post(
-                f"/v1/tasks/{task_id}/callbacks", json={"event": event}, headers=tokens[task_id]
-            )
-
-        relay.freeze()
-        try:
-            async with anyio.create_task_group() as tg:
-                # One callback every tenth of the deadline: batches pile up behind the ones stuck committing.
-                for task_id in tokens:
-                    tg.start_soon(timed_answer, f"callback {task_id}", start(task_id))
-                    await anyio.sleep(deadline_s / 10)
-                tg.start_soon(timed_answer, "read", scenario.requests()["get"])
-                tg.start_soon(timed_answer, "create", scenario.requests()["create"])
-        finally:
-            relay.thaw()
-        late = [
-            (what, status, round(took, 2))
-            for what, status, took in answers
-            if status != 503 or took > deadline_s + ANSWER_MARGIN_S
-        ]
+            tokens[f"f{i}"] = made.json()["callbackToken"]
+        callbacks = {f"callback {task}": start(client, task, token) for task, token in tokens.items()}
+        others = {"read": scenario.requests()["get"], "create": scenario.requests()["create"]}
+        answers = await frozen(relay, deadline_s, callbacks, others)
         took = sorted(round(t, 2) for _, _, t in answers)
         print(f"\nfrozen partition, deadline {deadline_s} s: answered after {took} s")
-        assert late == [], late
+        assert sorted(what for what, _, _ in answers) == sorted([*callbacks, *others])
+        assert [(what, status) for what, status, _ in answers if status != 503] == []
         reasons = [
             r.getMessage().split("database unavailable:", 1)[1]
             for r in caplog.records
@@ -455,8 +327,8 @@ async def test_callbacks_in_a_frozen_partition_are_answered_within_the_database_
         assert reasons and all(reason.strip() for reason in reasons), reasons
         await scenario.recovered()
         # The callbacks answered 503 were not applied: each applies now, once.
-        for task_id in tokens:
-            answer = await start(task_id)()
+        for task_id, token in tokens.items():
+            answer = await start(client, task_id, token)()
             assert answer.status_code == 200 and answer.json()["changed"] is True, answer.text
         task = await eventually(
             lambda: client.get("/v1/tasks/f0"), lambda a: a.status_code == 200, "f0 readable"

@@ -1,6 +1,8 @@
 """The server's keep-alive pings of WebSockets (``GATEWAY_WS_PING_INTERVAL_MS``, sent by the loop's wheel,
 ``gateway.server.keepalive``), seen from raw clients over a real server: one that answers is pinged every
-interval and kept, one that never answers is dropped within two intervals and leaves the wheel."""
+interval and kept, one that never answers is dropped (never before its pong was due) and leaves the wheel.
+How soon (within two intervals) is no test, a loaded machine can miss it: it is the bench check
+``ws-keepalive`` (bench/checks/keepalive.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from tests.support import Running, running_gateway
 from tests.support.rawsocket import RawWebSocket, read_until_closed, tcp
 
 PING_S = 0.25
-SLACK_S = 1.0  # a slow machine's delays, on top of the two intervals
 
 
 def port(gw: Running) -> int:
@@ -60,7 +61,7 @@ async def test_a_client_that_answers_pings_is_pinged_every_interval_and_kept(sql
 
 
 @pytest.mark.anyio
-async def test_a_client_that_never_answers_a_ping_is_dropped_within_two_intervals(sqlite_url: str) -> None:
+async def test_a_client_that_never_answers_a_ping_is_dropped(sqlite_url: str) -> None:
     async with (
         running_gateway(sqlite_url, ws_ping_interval_ms=int(PING_S * 1000), ws_auth_deadline_s=60) as gw,
         tcp(port(gw)) as stream,
@@ -70,10 +71,10 @@ async def test_a_client_that_never_answers_a_ping_is_dropped_within_two_interval
         opened = anyio.current_time()
         await wait_until(lambda: connections(gw) == 1, "the connection counted")
         # Reads what comes (its kernel buffer never fills) but never answers: the pings are not parsed.
-        received = await read_until_closed(stream, within_s=2 * PING_S + SLACK_S)
+        received = await read_until_closed(stream)
         lasted = anyio.current_time() - opened
         assert b"\x89\x04" in received, "pinged before being dropped"
         assert lasted >= PING_S, f"dropped after {lasted:.3f} s: before its pong was even due"
-        await wait_until(lambda: connections(gw) == 0, "the dropped connection let go", within_s=SLACK_S)
+        await wait_until(lambda: connections(gw) == 0, "the dropped connection let go")
         wheel = wheel_for(asyncio.get_running_loop(), PING_S)
         assert wheel is not None and len(wheel) == 0 and not wheel.running, "it left the wheel"

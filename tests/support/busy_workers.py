@@ -1,14 +1,16 @@
-"""Busy workers, as a process of their own: ``python -m tests.support.busy_workers URL COUNT CURSOR_BYTES``.
+"""Busy workers, as a process of their own:
+``python -m tests.support.busy_workers URL COUNT CURSOR_BYTES [READY_AFTER]``.
 
 Each of ``COUNT`` workers runs tasks back to back as fast as the gateway answers: it creates a task (an hour
 to live), starts it, reports progress 1..100 one callback at a time (each with a ``callbackId`` and a
 ``cursor`` of ``CURSOR_BYTES``, the bookmark of a worker that keeps its state there), succeeds it, and
 takes the next. A subscriber on one ``/v1/ws`` socket follows every task the workers run, so the
-gateway fans out every entry as it commits it. It prints ``ready`` once the workers have had 200 callbacks
-answered, runs until its standard input closes, then prints ``callbacks N`` (answered 2xx) and exits.
+gateway fans out every entry as it commits it. It prints ``ready`` once the workers have had
+``READY_AFTER`` callbacks answered (200), runs until its standard input closes, then prints ``callbacks N``
+(answered 2xx) and exits.
 
-Run apart from the test that measures the gateway, so that the load's own client work does not delay what
-that test observes.
+Run apart from what measures the gateway (bench/checks/under_load.py, and the tests that run it small), so
+that the load's own client work does not delay what that observes.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ READY_AFTER = 200
 
 
 class Load:
-    def __init__(self, base: str, workers: int, cursor_bytes: int) -> None:
+    def __init__(self, base: str, workers: int, cursor_bytes: int, ready_after: int = READY_AFTER) -> None:
         self.base = base
         self.workers = workers
         self.cursor_bytes = cursor_bytes
+        self.ready_after = ready_after
         self.answered = 0
         self.refused: list[str] = []
         self.ready = anyio.Event()
@@ -59,7 +62,7 @@ class Load:
                     self.refused.append(f"{answer.status_code} {answer.text}")
                     continue
                 self.answered += 1
-                if self.answered == READY_AFTER:
+                if self.answered == self.ready_after:
                     self.ready.set()
 
     async def watch(self, watcher: ClientConnection) -> None:
@@ -89,7 +92,8 @@ class Load:
 
 def main() -> None:
     base, workers, cursor_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    anyio.run(Load(base, workers, cursor_bytes).run)
+    ready_after = int(sys.argv[4]) if len(sys.argv) > 4 else READY_AFTER
+    anyio.run(Load(base, workers, cursor_bytes, ready_after).run)
 
 
 if __name__ == "__main__":

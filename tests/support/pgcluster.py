@@ -3,9 +3,9 @@ directory, run by ``pg_ctl`` on a free loopback port (trust auth, user ``postgre
 files and all, when its block ends.
 
 For the tests that stop and start PostgreSQL under a gateway (through tests/support/processes.py, which skips
-a test where no cluster can be made) and for bench/retention.py, which measures PostgreSQL under autovacuum
-with settings of its own (the shared server runs with ``autovacuum = off``, and its configuration is not
-ours to change). Nothing here imports pytest: what is missing raises :class:`ClusterUnavailable`.
+a test where no cluster can be made) and for bench/workloads/retention.py, which measures PostgreSQL under
+autovacuum with settings of its own (the shared server runs with ``autovacuum = off``, and its configuration
+is not ours to change). Nothing here imports pytest: what is missing raises :class:`ClusterUnavailable`.
 """
 
 from __future__ import annotations

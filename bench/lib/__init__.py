@@ -1,0 +1,1 @@
+"""What the workloads, the programs and the checks share: processes, databases, reports."""

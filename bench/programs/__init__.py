@@ -1,0 +1,1 @@
+"""What the bench starts as processes of its own: ``python -m bench.programs.<name> ...`` (see each)."""
