@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,12 @@ from tests.support.databases import (
     sqlite_database,
 )
 from tests.support.examples import load_profile
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The processes ``-n auto`` runs the suite on (pyproject.toml's addopts): two a core, since a test
+    mostly waits (a server stopping, a process starting, a socket's timer), at least 4 and at most 8."""
+    return max(4, min(8, 2 * (os.cpu_count() or 1)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
