@@ -272,11 +272,16 @@ OPERATIONS: tuple[Operation, ...] = (
             401: "",
             403: "",
             404: "",
+            408: "",
             409: "`not-succeeded`: the task has not succeeded; "
             "`key-reused-for-other-task`: this Idempotency-Key was used for another task",
+            413: "",
+            415: "",
             503: "",
         },
         security=(API_KEY,),
+        body=wire.EmptyBody,
+        body_required=False,
         params=(
             Param(
                 "Idempotency-Key",
@@ -293,8 +298,10 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/notifications/drain",
         "Drain terminal notifications",
         {200: None},
-        {400: "", 401: "", 403: "", 503: ""},
+        {400: "", 401: "", 403: "", 408: "", 413: "", 415: "", 503: ""},
         security=(API_KEY,),
+        body=wire.EmptyBody,
+        body_required=False,
         query=wire.DrainQuery,
         params=(
             Param(

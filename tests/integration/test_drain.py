@@ -87,6 +87,35 @@ async def test_bad_limits_and_keys_are_refused_and_drain_nothing(database_url: s
         assert ids(await gw.client.post(DRAIN, headers=longest)) == ["t"]
 
 
+async def test_a_body_the_drain_does_not_know_is_refused_and_drains_nothing(
+    sqlite_url: str, clock: FakeClock
+) -> None:
+    """A drain takes no fields (its limit is in the query): a field is refused as on every route, with or
+    without a key, and nothing is drained or kept under the key. No body, or ``{}``, is a drain."""
+    async with running_gateway(sqlite_url, clock=clock, sweep_interval_ms=0) as gw:
+        await finish(gw, "a", "b")
+        for key in (None, "k"):
+            headers = {} if key is None else {"Idempotency-Key": key}
+            for body, says in [
+                ({"x": 1}, "x: unknown field"),
+                ({"limit": 1}, "limit: unknown field (the drain's limit goes in the query: ?limit=)"),
+                ([], "body: must be a JSON object"),
+                ("null", "body: must be a JSON object"),
+            ]:
+                content = body.encode() if isinstance(body, str) else orjson.dumps(body)
+                answer = await gw.client.post(DRAIN, content=content, headers=headers)
+                assert error(answer, 400, "invalid-request") == says, (key, body)
+            answer = await gw.client.post(DRAIN, content=b'{"x": ', headers=headers)
+            assert error(answer, 400, "invalid-request").startswith("malformed JSON"), key
+            form = {**headers, "Content-Type": "text/plain"}
+            answer = await gw.client.post(DRAIN, content=b"x=1", headers=form)
+            error(answer, 415, "unsupported-media-type")
+        # Nothing was drained, nor kept under "k": the key takes the batch now, with {} for a body.
+        first = await gw.client.post(DRAIN, json={}, headers={"Idempotency-Key": "k"}, params={"limit": 1})
+        assert (ids(first), first.headers["Drain-More"]) == (["a"], "true")
+        assert ids(await gw.client.post(DRAIN)) == ["b"]
+
+
 async def test_the_same_key_answers_the_same_bytes_for_a_day_whatever_was_drained_since(
     database_url: str, clock: FakeClock
 ) -> None:
