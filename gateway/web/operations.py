@@ -316,8 +316,8 @@ OPERATIONS: tuple[Operation, ...] = (
             200: {
                 "Drain-More": {
                     "schema": {"type": "string", "enum": ["true", "false"]},
-                    "description": "`true`: notifications were still to drain after this batch was taken; "
-                    "drain again with a new key",
+                    "description": "`true`: the batch is full and notifications were still to drain after "
+                    "it was taken; drain again with a new key. A shorter batch says `false`",
                 }
             }
         },

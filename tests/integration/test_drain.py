@@ -7,10 +7,11 @@ once; without one it loses some (at most once, as docs/protocol.md says).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 import httpx
 import orjson
 import pytest
@@ -22,6 +23,7 @@ from tests.support import (
     create_task,
     error,
     post_callback,
+    postgres_database,
     running_gateway,
     wait_until,
 )
@@ -162,6 +164,49 @@ async def test_drains_at_once_with_one_key_answer_one_batch_and_other_keys_never
         taken = [task_id for batch in batches for task_id in batch]
         assert len(taken) == len(set(taken)) == 20
         assert sorted(taken) == sorted(set(task_ids) - {n["taskId"] for n in orjson.loads(shared[0])})
+
+
+# --- PostgreSQL: rows another transaction holds ----------------------------------------------------------
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+async def test_on_postgresql_a_short_batch_says_nothing_is_left_while_another_transaction_holds_the_rest(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    """A drain skips the notifications another transaction holds (another drain taking them; the relay
+    recording a send): a batch shorter than the limit, empty included, says ``Drain-More: false``, as
+    protocol.md has it, and the held ones are the next drain's once let go. A full batch says ``true`` while
+    any is left, held ones included: the next drain may then be empty, and says ``false``."""
+    async with running_gateway(postgres_url, clock=clock, sweep_interval_ms=0) as gw:
+        await finish(gw, "a", "b", "c")
+        holder = await asyncpg.connect(postgres_url, timeout=5)
+        try:
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("SELECT id FROM outbox WHERE task_id = ANY($1) FOR UPDATE", ["b", "c"])
+            short = await gw.client.post(DRAIN, params={"limit": 10})
+            assert (ids(short), short.headers["Drain-More"]) == (["a"], "false")
+            empty = await gw.client.post(DRAIN, headers={"Idempotency-Key": "k"})
+            assert (ids(empty), empty.headers["Drain-More"]) == ([], "false")
+            await held.rollback()  # let go: "b" and "c" are there to drain
+
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("SELECT id FROM outbox WHERE task_id = 'c' FOR UPDATE")
+            full = await gw.client.post(DRAIN, params={"limit": 1})
+            assert (ids(full), full.headers["Drain-More"]) == (["b"], "true")
+            after = await gw.client.post(DRAIN, params={"limit": 1})
+            assert (ids(after), after.headers["Drain-More"]) == ([], "false")
+            await held.rollback()
+        finally:
+            await holder.close()
+        last = await gw.client.post(DRAIN)
+        assert (ids(last), last.headers["Drain-More"]) == (["c"], "false")
 
 
 # --- through a proxy that loses answers ---------------------------------------------------------------------
