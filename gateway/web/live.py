@@ -29,6 +29,7 @@ from gateway.errors import (
     Forbidden,
     GatewayError,
     InvalidRequest,
+    TooManySockets,
     Unavailable,
 )
 from gateway.frames import PONG, Frame, error_frame
@@ -280,6 +281,12 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             if last_id is not None and task.terminal and cursor >= task.version:
                 # An EventSource reconnecting after the last frame: 204 tells it to stop reconnecting.
                 return Response(status_code=204)
+        # A stream holds its connection's descriptor for as long as it lasts: none past the process's ceiling
+        # (the descriptors left answer callbacks and health checks), as for a WebSocket.
+        handle = connection(request.scope)
+        refused = handle.refuse_stream() if handle is not None else None
+        if refused is not None:
+            raise TooManySockets(refused)
         feed = new_feed()
         try:
             with grant.reading():  # a task deleted meanwhile is no more than any other to a tag token
@@ -288,7 +295,6 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             feed.release()
             raise
         # A stream whose client stopped reading: the watchdog drops its connection (no close frame here).
-        handle = connection(request.scope)
         if handle is not None:
             feed.on_stall = handle.abort
         return StreamingResponse(

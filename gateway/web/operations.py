@@ -178,7 +178,12 @@ OPERATIONS: tuple[Operation, ...] = (
         _TASK + "/stream",
         "Server-sent events",
         {200: None, 204: None},
-        {400: "", **_READ_ERRORS},
+        {
+            400: "",
+            **_READ_ERRORS,
+            503: "`too-many-sockets`: this process holds as many connections as its descriptors allow "
+            "(GATEWAY_FD_RESERVE): open the stream again later, or on another process",
+        },
         security=(SUBSCRIBE, TAG, SUBSCRIBE_QUERY, API_KEY),
         params=(
             _CURSOR,
