@@ -35,11 +35,13 @@ VERIFIED_CACHE_SIZE = 10_000
 
 
 class Claims(NamedTuple):
-    """What a verified token grants: one task (``task_id``) or the tasks carrying ``tag``, in ``scope``."""
+    """What a verified token grants: one task (``task_id``) or the tasks carrying ``tag``, in ``scope``,
+    until ``exp`` (seconds since the epoch): a live subscription it authorized ends then."""
 
     task_id: str | None
     tag: str | None
     scope: str
+    exp: float
 
 
 class Tokens:
@@ -75,30 +77,30 @@ class Tokens:
         except jwt.InvalidTokenError as exc:
             raise Unauthorized(_what_is_wrong(exc)) from None
         exp = _valid_now(decoded, self._wall())
-        claims = _claims(decoded)
+        claims = _claims(decoded, exp)
         self._verified[token] = (claims, exp)
         if len(self._verified) > VERIFIED_CACHE_SIZE:
             self._verified.popitem(last=False)
         return claims
 
-    def check(self, token: str, task_id: str, scope: Scope) -> str | None:
-        """Pass a valid token for this task and scope (``None``); a tag token where a read is asked for
-        (``subscribe``) passes too, returning its tag, which the task must carry (the caller checks it on the
-        task it reads); ``Unauthorized`` or ``Forbidden`` otherwise.
+    def check(self, token: str, task_id: str, scope: Scope) -> Claims:
+        """Pass a valid token for this task and scope; a tag token where a read is asked for (``subscribe``)
+        passes too, its claims naming the tag, which the task must carry (the caller checks it on the task
+        it reads); ``Unauthorized`` or ``Forbidden`` otherwise.
 
         A valid token for another task is ``Forbidden`` whether or not the task exists, so ids cannot be
         probed (authentication is checked before existence).
         """
-        sub, tag, granted = self.claims(token)
-        if tag is not None:
+        claims = self.claims(token)
+        if claims.tag is not None:
             if scope != "subscribe":
                 raise Forbidden(f"a tag token only reads tasks; this needs the task's {scope} token")
-            return tag
-        if sub != task_id:
+            return claims
+        if claims.task_id != task_id:
             raise Forbidden("token is for another task")
-        if granted != scope:
-            raise Forbidden(f"token has the {granted} scope; this needs a {scope} token")
-        return None
+        if claims.scope != scope:
+            raise Forbidden(f"token has the {claims.scope} scope; this needs a {scope} token")
+        return claims
 
 
 EXPIRED = "token has expired"
@@ -132,7 +134,7 @@ def _valid_now(decoded: dict[str, object], now: float) -> float:
     return float(dates["exp"])
 
 
-def _claims(decoded: dict[str, object]) -> Claims:
+def _claims(decoded: dict[str, object], exp: float) -> Claims:
     """A verified token's claims, a task token or a tag token and never both (``Unauthorized`` else)."""
     sub, tag, scope = decoded.get("sub"), decoded.get("tag"), decoded["scope"]
     if ("sub" in decoded) == ("tag" in decoded):
@@ -145,10 +147,10 @@ def _claims(decoded: dict[str, object]) -> Claims:
         if scope != "subscribe":
             raise Unauthorized("token is malformed: a tag token's scope must be subscribe")
         assert isinstance(tag, str)
-        return Claims(None, tag, scope)
+        return Claims(None, tag, scope, exp)
     if not isinstance(sub, str):
         raise Unauthorized("token is malformed: its sub and scope must be strings")
-    return Claims(sub, None, scope)
+    return Claims(sub, None, scope, exp)
 
 
 def _what_is_wrong(exc: jwt.InvalidTokenError) -> str:

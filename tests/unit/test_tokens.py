@@ -104,7 +104,8 @@ def test_a_tag_token_carries_its_tag_subscribe_and_exp_and_no_sub() -> None:
     claims = jwt.decode(token, SECRET, algorithms=["HS256"])
     assert claims == {"tag": "owner:u42", "scope": "subscribe", "exp": 1_800_003_600}  # no grace added
     assert exp == 1_800_003_600
-    assert Tokens(SECRET, wall=lambda: now).claims(token) == Claims(None, "owner:u42", "subscribe")
+    verified = Tokens(SECRET, wall=lambda: now).claims(token)
+    assert verified == Claims(None, "owner:u42", "subscribe", 1_800_003_600)
 
 
 def test_a_tag_token_reads_only_and_a_remembered_one_still_expires_on_time() -> None:
@@ -112,7 +113,7 @@ def test_a_tag_token_reads_only_and_a_remembered_one_still_expires_on_time() -> 
     tokens = Tokens(SECRET, wall=lambda: now[0])
     token, _ = tokens.issue_tag("owner:u42", 60)
     for _ in range(2):  # verified, then remembered: the same answers
-        assert tokens.check(token, "any-task", "subscribe") == "owner:u42"  # the task must carry it
+        assert tokens.check(token, "any-task", "subscribe").tag == "owner:u42"  # the task must carry it
         with pytest.raises(Forbidden, match=r"^a tag token only reads tasks; this needs the task's callback"):
             tokens.check(token, "any-task", "callback")
     assert token in tokens._verified
@@ -123,8 +124,8 @@ def test_a_tag_token_reads_only_and_a_remembered_one_still_expires_on_time() -> 
 
 def test_a_task_token_passes_with_no_tag_to_check() -> None:
     tokens = Tokens(SECRET)
-    assert tokens.check(mint("t1", "subscribe", LATER), "t1", "subscribe") is None
-    assert tokens.claims(mint("t1", "callback", LATER)) == Claims("t1", None, "callback")
+    assert tokens.check(mint("t1", "subscribe", LATER), "t1", "subscribe").tag is None
+    assert tokens.claims(mint("t1", "callback", LATER)) == Claims("t1", None, "callback", int(LATER))
 
 
 @pytest.mark.parametrize(
@@ -190,4 +191,4 @@ def test_a_numericdate_claim_that_is_not_a_json_number_is_malformed(
 @pytest.mark.parametrize("value", [int(LATER), LATER])
 def test_an_exp_that_is_a_json_number_whole_or_not_is_taken(value: float) -> None:
     token = jwt.encode({**TASK_CLAIMS, "exp": value, "iat": 1_700_000_000.25}, SECRET, algorithm="HS256")
-    assert Tokens(SECRET).check(token, "t1", "subscribe") is None
+    assert Tokens(SECRET).check(token, "t1", "subscribe").exp == value
