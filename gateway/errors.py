@@ -17,11 +17,12 @@ the code once to its HTTP status (and, for sockets, to a close code)::
     ├── PayloadTooLarge         413 payload-too-large
     ├── UnsupportedMediaType    415 unsupported-media-type
     ├── RateLimited             429 rate-limited (with Retry-After)
-    └── Unavailable             503 unavailable (with Retry-After)
+    ├── Unavailable             503 unavailable (with Retry-After)
+    └── TooManySockets          503 too-many-sockets (an SSE stream past the descriptor reserve; closed)
 
 Limits the connection itself hits before any route runs (``gateway.server.http_protocol``) answer in the same
 shape: ``431 headers-too-large``, ``408 request-timeout``, ``429 too-many-connections``, ``503
-too-many-sockets``.
+too-many-sockets`` (a WebSocket past the descriptor reserve).
 
 The pure state machine raises only :class:`InvalidRequest`, as the reference raises
 ``AiError("invalid-request", ...)``.
@@ -164,6 +165,17 @@ class RateLimited(GatewayError):
 
     def headers(self) -> dict[str, str] | None:
         return {"Retry-After": str(self.retry_after_s)}
+
+
+class TooManySockets(GatewayError):
+    """A stream asked of a process whose open connections reached its descriptor limit less the reserve
+    (``GATEWAY_FD_RESERVE``): answered, and the connection closed, so that its descriptor is free at once."""
+
+    status = 503
+    default_code = "too-many-sockets"
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Connection": "close"}
 
 
 class Unavailable(GatewayError):

@@ -46,7 +46,8 @@ class Metrics:
         self.tasks_created = Counter("gateway_tasks_created", "Tasks created", registry=self.registry)
         self.sockets_refused = Counter(
             "gateway_sockets_refused",
-            "WebSockets refused because the process neared its file descriptor limit (GATEWAY_FD_RESERVE)",
+            "WebSockets and SSE streams refused because the process neared its file descriptor limit "
+            "(GATEWAY_FD_RESERVE)",
             registry=self.registry,
         )
         self.tasks_cancelled = Counter(

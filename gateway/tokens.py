@@ -10,12 +10,14 @@ whatever clock the gateway was given for task time.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import jwt
+from jwt.types import Options
 
 from gateway.errors import Forbidden, Unauthorized
 from gateway.tag_names import tag_problem
@@ -33,11 +35,13 @@ VERIFIED_CACHE_SIZE = 10_000
 
 
 class Claims(NamedTuple):
-    """What a verified token grants: one task (``task_id``) or the tasks carrying ``tag``, in ``scope``."""
+    """What a verified token grants: one task (``task_id``) or the tasks carrying ``tag``, in ``scope``,
+    until ``exp`` (seconds since the epoch): a live subscription it authorized ends then."""
 
     task_id: str | None
     tag: str | None
     scope: str
+    exp: float
 
 
 class Tokens:
@@ -69,43 +73,68 @@ class Tokens:
             del self._verified[token]
             raise Unauthorized(EXPIRED)
         try:
-            decoded = jwt.decode(
-                token, self._secret, algorithms=[ALGORITHM], options={"require": ["exp", "scope"]}
-            )
+            decoded = jwt.decode(token, self._secret, algorithms=[ALGORITHM], options=_SIGNATURE_AND_CLAIMS)
         except jwt.InvalidTokenError as exc:
             raise Unauthorized(_what_is_wrong(exc)) from None
-        claims = _claims(decoded)
-        exp = decoded["exp"]
-        if isinstance(exp, int | float) and not isinstance(exp, bool):
-            self._verified[token] = (claims, float(exp))
-            if len(self._verified) > VERIFIED_CACHE_SIZE:
-                self._verified.popitem(last=False)
+        exp = _valid_now(decoded, self._wall())
+        claims = _claims(decoded, exp)
+        self._verified[token] = (claims, exp)
+        if len(self._verified) > VERIFIED_CACHE_SIZE:
+            self._verified.popitem(last=False)
         return claims
 
-    def check(self, token: str, task_id: str, scope: Scope) -> str | None:
-        """Pass a valid token for this task and scope (``None``); a tag token where a read is asked for
-        (``subscribe``) passes too, returning its tag, which the task must carry (the caller checks it on the
-        task it reads); ``Unauthorized`` or ``Forbidden`` otherwise.
+    def check(self, token: str, task_id: str, scope: Scope) -> Claims:
+        """Pass a valid token for this task and scope; a tag token where a read is asked for (``subscribe``)
+        passes too, its claims naming the tag, which the task must carry (the caller checks it on the task
+        it reads); ``Unauthorized`` or ``Forbidden`` otherwise.
 
         A valid token for another task is ``Forbidden`` whether or not the task exists, so ids cannot be
         probed (authentication is checked before existence).
         """
-        sub, tag, granted = self.claims(token)
-        if tag is not None:
+        claims = self.claims(token)
+        if claims.tag is not None:
             if scope != "subscribe":
                 raise Forbidden(f"a tag token only reads tasks; this needs the task's {scope} token")
-            return tag
-        if sub != task_id:
+            return claims
+        if claims.task_id != task_id:
             raise Forbidden("token is for another task")
-        if granted != scope:
-            raise Forbidden(f"token has the {granted} scope; this needs a {scope} token")
-        return None
+        if claims.scope != scope:
+            raise Forbidden(f"token has the {claims.scope} scope; this needs a {scope} token")
+        return claims
 
 
 EXPIRED = "token has expired"
+# RFC 7519's NumericDate claims: JSON numbers of seconds since the epoch.
+NUMERIC_DATES = ("exp", "nbf", "iat")
+# PyJWT checks the signature and that the claims are there; the times are checked here (PyJWT would take a
+# NumericDate sent as a numeric string, converted).
+_SIGNATURE_AND_CLAIMS: Options = {
+    "require": ["exp", "scope"],
+    "verify_exp": False,
+    "verify_nbf": False,
+    "verify_iat": False,
+}
 
 
-def _claims(decoded: dict[str, object]) -> Claims:
+def _valid_now(decoded: dict[str, object], now: float) -> float:
+    """The token's ``exp``, once its NumericDate claims are finite JSON numbers that hold at ``now``
+    (expired once ``now >= exp``; not valid yet before ``nbf`` or ``iat``, as PyJWT has it); ``Unauthorized``
+    otherwise."""
+    dates: dict[str, float] = {}
+    for claim in NUMERIC_DATES:
+        if claim in decoded:
+            value = decoded[claim]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise Unauthorized(f"token is malformed: its {claim} claim must be a number")
+            dates[claim] = value
+    if now >= dates["exp"]:
+        raise Unauthorized(EXPIRED)
+    if now < dates.get("nbf", now) or now < dates.get("iat", now):
+        raise Unauthorized("token is not valid yet")
+    return float(dates["exp"])
+
+
+def _claims(decoded: dict[str, object], exp: float) -> Claims:
     """A verified token's claims, a task token or a tag token and never both (``Unauthorized`` else)."""
     sub, tag, scope = decoded.get("sub"), decoded.get("tag"), decoded["scope"]
     if ("sub" in decoded) == ("tag" in decoded):
@@ -118,24 +147,20 @@ def _claims(decoded: dict[str, object]) -> Claims:
         if scope != "subscribe":
             raise Unauthorized("token is malformed: a tag token's scope must be subscribe")
         assert isinstance(tag, str)
-        return Claims(None, tag, scope)
+        return Claims(None, tag, scope, exp)
     if not isinstance(sub, str):
         raise Unauthorized("token is malformed: its sub and scope must be strings")
-    return Claims(sub, None, scope)
+    return Claims(sub, None, scope, exp)
 
 
 def _what_is_wrong(exc: jwt.InvalidTokenError) -> str:
     """PyJWT's refusal in the protocol's words ("Not enough segments" says nothing to a token's holder)."""
-    if isinstance(exc, jwt.ExpiredSignatureError):
-        return EXPIRED
     if isinstance(exc, jwt.InvalidSignatureError):  # before DecodeError, which it extends
         return "token signature is invalid (signed with another secret)"
     if isinstance(exc, jwt.InvalidAlgorithmError):
         return f"token is not signed with {ALGORITHM}"
     if isinstance(exc, jwt.MissingRequiredClaimError):
         return f"token is malformed: it has no {exc.claim} claim"
-    if isinstance(exc, jwt.ImmatureSignatureError):
-        return "token is not valid yet"
     if isinstance(exc, jwt.DecodeError):
         return "token is malformed (not a signed JWT)"
     return "token is invalid"

@@ -12,6 +12,8 @@ Two drains with the same new key at once (PostgreSQL; elsewhere writes take turn
 the first's batch): both take notifications, one commits its key first and the other's insert of the key
 fails (``StoreRace``) with everything it took given back; run again, it answers the winner's batch. Two
 drains with different keys take different notifications (the outbox rows are claimed ``SKIP LOCKED``).
+``more`` (the answer's ``Drain-More``) is false for a batch shorter than its limit: the rows it skipped
+were another transaction's at that moment (protocol.md, More to drain).
 
 Batches past their keeping time are deleted by the drains themselves, a bounded number per drain, oldest
 first: each drain adds at most one batch and deletes up to ``FORGET_PER_DRAIN`` old ones, so the table
@@ -69,7 +71,10 @@ async def drain(tx: WriteTx, now_ms: int, *, limit: int, key: str | None, encode
             await tx.forget_drain_batch(key)  # too old: the key is free again
     await tx.forget_drain_batches(now_ms - KEEP_MS + 1, FORGET_PER_DRAIN)
     taken = in_answer_order(await tx.drain(now_ms, limit))
-    more = await tx.drain_pending()
+    # A short batch took every notification it could: nothing was left for it (on PostgreSQL the claim skips
+    # rows another transaction holds: another drain's batch, or the relay recording a send for a moment).
+    # A full one asks whether any is left, held ones included.
+    more = len(taken) == limit and await tx.drain_pending()
     body = encode(taken)
     if key is not None:
         await tx.insert_drain_batch(DrainBatch(key, now_ms, more, body))

@@ -19,9 +19,9 @@ Connections from one client address are counted (WebSockets included, until they
 
 The process's open connections are counted too, against its file descriptor limit (the soft
 ``RLIMIT_NOFILE``): past that limit less ``fd_reserve`` a WebSocket is answered ``503 too-many-sockets``
-instead of upgraded (counted in ``gateway_sockets_refused``, said once in the log), so that the
-descriptors left keep answering callbacks, health checks and the database, which a process out of
-descriptors could no longer do.
+instead of upgraded, and an SSE stream the same by its route (:meth:`ConnectionHandle.refuse_stream`), each
+counted in ``gateway_sockets_refused`` and said once in the log, so that the descriptors left keep
+answering callbacks, health checks and the database, which a process out of descriptors could no longer do.
 
 A refusal is written at once, the write side shut, and whatever the client still sends discarded for a
 moment before the socket is dropped (closing a socket with unread data would reset the connection and
@@ -142,27 +142,33 @@ class Sockets:
         """Whether a new WebSocket would pass the ceiling (the connection asking is counted already)."""
         return 0 < self.ceiling < self.open
 
-    def refuse(self) -> None:
+    def refuse(self) -> str:
+        """Count a refused WebSocket or SSE stream (said once in the log); the client's message."""
         if self.refused is not None:
             self.refused.inc()
         if not self._said:
             self._said = True
             log.warning(
-                "refusing new WebSockets (503 too-many-sockets): %d connections open, past %d, this "
-                "process's descriptor limit of %d less the %d kept for callbacks (GATEWAY_FD_RESERVE); "
-                "said once",
+                "refusing new WebSockets and SSE streams (503 too-many-sockets): %d connections open, past "
+                "%d, this process's descriptor limit of %d less the %d kept for callbacks "
+                "(GATEWAY_FD_RESERVE); said once",
                 self.open,
                 self.ceiling,
                 self.limit,
                 self.reserve,
             )
+        return (
+            f"this gateway process holds {self.open - 1} connections, as many as its file descriptors allow: "
+            "try again later, or another process"
+        )
 
     def release(self) -> None:
         self.open -= 1
 
 
 class ConnectionHandle:
-    """What a route may do to its own connection: drop it (a stream whose client stopped reading)."""
+    """What a route may do to its own connection: drop it (a stream whose client stopped reading), or learn
+    that the process has no room for a stream on it."""
 
     __slots__ = ("_protocol",)
 
@@ -173,6 +179,12 @@ class ConnectionHandle:
         transport = self._protocol.transport
         if transport is not None:
             drop(transport)
+
+    def refuse_stream(self) -> str | None:
+        """Why this connection may not become an SSE stream: the process is past its ceiling (as a new
+        WebSocket would be), or ``None``."""
+        sockets = self._protocol.sockets
+        return sockets.refuse() if sockets.full() else None
 
 
 class _HeaderLimit(Exception):
@@ -243,13 +255,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def handle_websocket_upgrade(self) -> None:
         if self.sockets.full():
-            self.sockets.refuse()
-            self._refuse(
-                503,
-                "too-many-sockets",
-                f"this gateway process holds {self.sockets.open - 1} connections, as many as its file "
-                "descriptors allow: try again later, or another process",
-            )
+            self._refuse(503, "too-many-sockets", self.sockets.refuse())
             return
         self._cancel()
         super().handle_websocket_upgrade()

@@ -11,7 +11,11 @@ which is also its handle on the connection's limits:
 - messages from the client are limited to ``ws_max_message_bytes_before_auth`` (uvicorn's ``ws_max_size``,
   checked by ``websockets`` from a frame's header, before its payload is buffered) until the app has
   authorized a subscription, then to ``ws_max_message_bytes`` (:meth:`DirectWriter.authorized`); past
-  the limit the socket is closed with ``1009``;
+  the limit the socket is closed with ``1009``. Messages are parsed one at a time, each once the app has
+  handled the ones before it (:class:`_OneMessageAtATime`), so that a message is judged by the limit those
+  left: a subscribe and a large cursors map sent together are both read (the map under the larger limit
+  once the subscribe is authorized), where the map used to be judged, and refused, while the subscribe
+  was still waiting for its answer;
 - a connection cut for not reading (``4008``) gets its close frame behind what it has not read, without
   waiting for room, and is dropped when the grace ends (:meth:`DirectWriter.close_stalled`); uvicorn's
   own close waits for the peer to read, and its keep-alive ping would meanwhile close it with ``1011``.
@@ -20,10 +24,14 @@ which is also its handle on the connection's limits:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.streams import StreamReader
 
 from gateway.server.http_protocol import AddressSlots, drop
 from gateway.server.keepalive import KeepaliveWheel, Pinged, wheel_for
@@ -74,16 +82,58 @@ class DirectWriter:
         if p.read_paused:  # read on, to see the peer's answering close frame
             p.read_paused = False
             p.transport.resume_reading()
+        p.read_held()
         # uvicorn's handle_close and connection_lost cancel this timer; once the app returns it leaves a
         # connection with a close timer to it.
         p.close_timer = p.loop.call_later(grace_s, drop, p.transport)
         return True
 
 
+class _HeldReader(StreamReader):
+    """websockets' stream reader, which a parser waits at between frames while ``held``: the bytes that follow
+    stay buffered, unparsed."""
+
+    held = False
+
+    def at_eof(self) -> Generator[None, None, bool]:
+        while self.held:
+            yield
+        return (yield from super().at_eof())
+
+
+_DATA = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
+
+
+class _OneMessageAtATime(ServerProtocol):
+    """websockets' server protocol that parses nothing past a complete message until :meth:`read_next`: the
+    next message's size is then checked against the limit the app has set meanwhile."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.reader: _HeldReader = _HeldReader()
+        self.parser = self.parse()  # on the held reader (nothing was received yet)
+        next(self.parser)
+
+    def recv_frame(self, frame: Frame) -> None:
+        super().recv_frame(frame)
+        if frame.fin and frame.opcode in _DATA and self.state is State.OPEN:
+            self.reader.held = True
+
+    def read_next(self) -> bool:
+        """Parse what is buffered, up to the end of the next message; ``False`` if nothing was held."""
+        if not self.reader.held:
+            return False
+        self.reader.held = False
+        if not self.reader.eof:
+            next(self.parser)
+        return True
+
+
 class _Inbox:
     """The messages a connection received and its app has not taken yet: what uvicorn keeps in an
-    ``asyncio.Queue``, without the queue's four deques (about 3 KiB a socket). uvicorn pauses reading after
-    each message until the app takes it, so it holds one or two at a time."""
+    ``asyncio.Queue``, without the queue's four deques (about 3 KiB a socket). A message is parsed only once
+    the app has handled the one before (:meth:`GatewayWebSocketProtocol.receive`), so it holds one at a
+    time."""
 
     __slots__ = ("_items", "_waiter")
 
@@ -161,6 +211,31 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
         self.queue = _Inbox()  # type: ignore[assignment]
         self.writable = _Flag()  # type: ignore[assignment]
         self.writable.set()
+        conn = self.conn
+        self.conn = _OneMessageAtATime(
+            extensions=conn.available_extensions, max_size=conn.max_message_size, logger=conn.logger
+        )
+
+    async def receive(self) -> Any:
+        """The app's next message. Only once it has handled the ones it took (it asks with none waiting) is
+        the next one parsed, or the socket read again: uvicorn read on as soon as a message was taken, and
+        judged the next one's size before the app had authorized the subscription that raises the limit."""
+        if self.queue.empty():
+            self.read_held()
+            if self.queue.empty() and self.read_paused:
+                self.read_paused = False
+                self.transport.resume_reading()
+        return await self.queue.get()
+
+    def read_held(self) -> None:
+        """Parse the message held back, as ``data_received`` would have (a close frame it answers, a
+        message too big for the limit now, the events): the app is ready for it, or reads no more."""
+        conn = self.conn
+        if isinstance(conn, _OneMessageAtATime) and conn.read_next():
+            if conn.parser_exc is not None:
+                self.handle_parser_exception()
+                return
+            self.handle_events()
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -170,6 +245,8 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
 
     async def send(self, message: Any) -> None:
         await super().send(message)
+        if message["type"] == "websocket.close":
+            self.read_held()  # the app reads no more: what it held back may be the peer's close frame
         request = getattr(self, "request", None)
         if self.handshake_complete and request is not None:
             # The request's and the response's headers (2 to 3 KiB) are not read after the handshake.

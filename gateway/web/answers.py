@@ -61,6 +61,7 @@ ErrorCode = Literal[
     "not-found",
     "method-not-allowed",
     "unavailable",
+    "too-many-sockets",
     "internal",
 ]
 

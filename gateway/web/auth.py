@@ -30,9 +30,11 @@ class Grant:
     """What a credential that passed grants on a task route: the whole task (``tag`` None: its own token,
     the API key, open mode), or the task only if it carries ``tag`` (a tag token), which can be told only
     from the task itself: the route checks the task it reads anyway (:meth:`check`), inside
-    :meth:`reading`."""
+    :meth:`reading`. ``expires_at``: the token's ``exp`` (seconds since the epoch), when a token granted
+    it: a live subscription ends then."""
 
     tag: str | None = None
+    expires_at: float | None = None
 
     def check(self, task: Task) -> Task:
         """``task``, if this grant reads it; ``Forbidden`` otherwise."""
@@ -170,17 +172,17 @@ class Guard:
         if value is None:
             raise Unauthorized(f"missing {scope} token")
         self._no_api_key_from(value, where, callback=scope == "callback" and api_key_allowed)
-        tag = self._tokens.check(value, task_id, scope)
-        return WHOLE_TASK if tag is None else Grant(tag)
+        claims = self._tokens.check(value, task_id, scope)
+        return Grant(claims.tag, claims.exp)
 
-    def tag_credential(self, value: str | None, tag: str, *, where: str) -> None:
+    def tag_credential(self, value: str | None, tag: str, *, where: str) -> float | None:
         """``value`` for subscribing to ``tag`` (``where``: the message it came in): a tag token for this
-        tag, or none in open mode. A tag token for another tag or a task token is ``Forbidden``; a malformed
-        or expired token, the API key (never taken from a message) or none (with an API key configured) is
-        ``Unauthorized``."""
+        tag (its ``exp`` is returned: the subscription ends then), or none in open mode (``None``). A tag
+        token for another tag or a task token is ``Forbidden``; a malformed or expired token, the API key
+        (never taken from a message) or none (with an API key configured) is ``Unauthorized``."""
         if value is None:
             if self._api_key is None:
-                return
+                return None
             raise Unauthorized("missing subscribe token (a tag token: POST /v1/tokens)")
         self._no_api_key_from(value, where)
         claims = self._tokens.claims(value)
@@ -188,6 +190,7 @@ class Guard:
             raise Forbidden("a task token cannot subscribe to a tag")
         if claims.tag != tag:
             raise Forbidden("token is for another tag")
+        return claims.exp
 
     def _no_api_key_from(self, value: str, where: str, *, callback: bool = False) -> None:
         """Refuse the API key where it is not taken: on a callback (``Forbidden``), or from ``where``."""

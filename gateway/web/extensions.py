@@ -4,7 +4,7 @@
 - ``gateway.direct`` (a WebSocket): a :class:`DirectSocket`, which the hub writes already-framed bytes to
   while the socket has room, past the ASGI send path;
 - ``gateway.connection`` (an HTTP request): a :class:`Connection` the write watchdog can abort (an SSE
-  stream whose client stopped reading).
+  stream whose client stopped reading), and that says whether the process has room for a stream.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ class DirectSocket(Protocol):
 
 class Connection(Protocol):
     def abort(self) -> None: ...
+
+    def refuse_stream(self) -> str | None:
+        """Why this connection may not become a long-lived stream (the process's open connections are past
+        its descriptor limit less the reserve: the refusal is counted and logged), or ``None``."""
+        ...
 
 
 def direct_socket(scope: Any) -> DirectSocket | None:

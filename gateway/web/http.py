@@ -77,6 +77,8 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
 
 # A drain's answer header: notifications were still to drain after its batch was taken.
 DRAIN_MORE = "Drain-More"
+# A drain takes no body: where a field sent in one belongs.
+DRAIN_BODY_FIELDS = {"limit": "the drain's limit goes in the query: ?limit="}
 # Idempotency keys (deliveries, drains) are at most this long.
 MAX_IDEMPOTENCY_KEY = 256
 
@@ -223,12 +225,14 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
         key = idempotency_key(request)
         if key is None:
             raise InvalidRequest("Idempotency-Key: header is required")
+        wire.parse_empty_body(await body(request))
         return wire.JSON(render.delivery_json(await book.deliver(task_id, key)))
 
     async def drain(request: Request) -> Response:
         guard.management(request)
         key = idempotency_key(request)
         query = wire.parse_drain_query(request.query_params)
+        wire.parse_empty_body(await body(request), DRAIN_BODY_FIELDS)
         drained = await book.drain(render.notifications_body, limit=query.limit, idempotency_key=key)
         metrics.notifications_drained.inc(len(drained.taken))
         if drained.replayed:

@@ -3,13 +3,16 @@
 Each connection has a :class:`~gateway.live.hub.Feed` and one writer that sends its frames; a write that makes
 no progress for ``write_timeout`` closes the connection with ``4008``, so a peer that stopped reading costs
 a bounded backlog and then nothing. Sockets are accepted first, then refused with an error frame and a
-close code, so that browsers see why (protocol.md, Close codes).
+close code, so that browsers see why (protocol.md, Close codes). A subscription lasts no longer than the
+token that authorized it (``gateway.web.expiry``): at its ``exp`` it ends with an ``unauthorized`` error frame
+(the single-task socket closes ``4401``; an SSE stream ends), as an HTTP read with it would be refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -26,16 +29,20 @@ from gateway.errors import (
     CLOSE_NORMAL,
     CLOSE_SLOW_CONSUMER,
     CLOSE_TOO_MANY_REFUSALS,
+    CLOSE_UNAUTHORIZED,
     Forbidden,
     GatewayError,
     InvalidRequest,
+    TooManySockets,
     Unavailable,
 )
 from gateway.frames import PONG, Frame, error_frame
 from gateway.live.feed import Feed
 from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
+from gateway.tokens import EXPIRED
 from gateway.web.auth import Grant, Guard, origin_allowed
+from gateway.web.expiry import Expiries, end_subscription
 from gateway.web.extensions import connection, direct_socket
 from gateway.web.tag_messages import TagMessage, tag_message, tag_of
 from gateway.web.wire import cursor_in_range, parse_cursor, query_cursor
@@ -60,6 +67,7 @@ def socket_origin_allowed(conn: HTTPConnection, allowed: tuple[str, ...]) -> boo
 def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
     settings = gw.settings
     slow_close_grace_s = settings.slow_close_grace_ms / 1000
+    expiries: dict[Feed, Expiries] = {}  # each open socket's
 
     def authorized(ws: WebSocket) -> None:
         """A subscription of this socket is authorized: its client may send larger messages from now on."""
@@ -75,14 +83,14 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             max_subscriptions=settings.max_subscriptions,
         )
 
-    async def subscribe(feed: Feed, grant: Grant, task_id: str, cursor: int) -> None:
-        """Subscribe ``feed`` to the task as ``grant`` allows. A tag token's task is read once first (it
-        must carry the tag: the subscription's resume frame would show it otherwise), and no such task is
-        the same ``Forbidden`` to it as a task without its tag."""
+    async def subscribe(feed: Feed, grant: Grant, task_id: str, cursor: int) -> object:
+        """Subscribe ``feed`` to the task as ``grant`` allows (the subscription is returned). A tag token's
+        task is read once first (it must carry the tag: the subscription's resume frame would show it
+        otherwise), and no such task is the same ``Forbidden`` to it as a task without its tag."""
         with grant.reading():
             if grant.tag is not None:
                 grant.check(await gw.book.get(task_id))
-            await feed.subscribe(task_id, cursor)
+            return await feed.subscribe(task_id, cursor)
 
     async def refuse(ws: WebSocket, exc: GatewayError, task_id: str | None) -> None:
         await ws.send_text(error_frame(exc.code, exc.message, task_id).text)
@@ -208,8 +216,11 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             # A task's subscribe token, or a tag token for a tag of the task: the API key is taken from the
             # Authorization header alone (it has no business in a browser's socket message).
             grant = guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
-            await subscribe(feed, grant, task_id, cursor)
+            sub = await subscribe(feed, grant, task_id, cursor)
             authorized(ws)
+            ended = error_frame("unauthorized", f"{EXPIRED}: subscribe again with a new one", task_id)
+            end = functools.partial(end_subscription, feed, ended, task_id=task_id)
+            expiries[feed].watch(("task", task_id), sub, grant.expires_at, end)
             return None
         except GatewayError as exc:
             return error_frame(exc.code, exc.message, task_id, tag=tag)
@@ -225,22 +236,31 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             feed.unsubscribe_tag(message.tag)
             return
         # A tag token for this tag (or none in open mode); never the API key, as for a task's subscribe.
-        guard.tag_credential(message.token, message.tag, where="a subscribe message")
-        await feed.subscribe_tag(message.tag, message.cursors, settings.tag_subscription_max)
+        exp = guard.tag_credential(message.token, message.tag, where="a subscribe message")
+        tag_sub = await feed.subscribe_tag(message.tag, message.cursors, settings.tag_subscription_max)
         authorized(ws)
+        tag = message.tag
+        ended = error_frame("unauthorized", f"{EXPIRED}: subscribe again with a new one", tag=tag)
+        expiries[feed].watch(
+            ("tag", tag), tag_sub, exp, functools.partial(end_subscription, feed, ended, tag=tag)
+        )
 
     async def task_socket(ws: WebSocket) -> None:
         await ws.accept()
         task_id = ws.path_params["task_id"]
         feed = new_feed()
         feed.direct = direct_socket(ws.scope)
+        expiry = Expiries(feed)
         try:
             try:
                 if not socket_origin_allowed(ws, settings.allowed_origins):
                     raise Forbidden("origin not allowed")
                 grant = guard.task(ws, task_id, "subscribe")
-                await subscribe(feed, grant, task_id, query_cursor(ws.query_params))
+                sub = await subscribe(feed, grant, task_id, query_cursor(ws.query_params))
                 authorized(ws)
+                ended = error_frame("unauthorized", f"{EXPIRED}: connect again with a new one", task_id)
+                end = functools.partial(feed.close_after, ended, CLOSE_UNAUTHORIZED)
+                expiry.watch(("task", task_id), sub, grant.expires_at, end)
             except GatewayError as exc:
                 await refuse(ws, exc, task_id)
                 return
@@ -251,6 +271,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
                 return
             await pump(ws, feed, single=True)
         finally:
+            expiry.close()
             feed.release()
 
     async def multi_socket(ws: WebSocket) -> None:
@@ -262,9 +283,11 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         feed.direct = direct_socket(ws.scope)
         # Held to having a subscription: one with no credential costs a bounded time and work.
         feed.hold_to(settings.ws_auth_deadline_s, MAX_REFUSALS)
+        expiries[feed] = Expiries(feed)
         try:
             await pump(ws, feed, single=False)
         finally:
+            expiries.pop(feed).close()
             feed.release()
 
     async def stream(request: Request) -> Response:
@@ -280,24 +303,33 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             if last_id is not None and task.terminal and cursor >= task.version:
                 # An EventSource reconnecting after the last frame: 204 tells it to stop reconnecting.
                 return Response(status_code=204)
+        # A stream holds its connection's descriptor for as long as it lasts: none past the process's ceiling
+        # (the descriptors left answer callbacks and health checks), as for a WebSocket.
+        handle = connection(request.scope)
+        refused = handle.refuse_stream() if handle is not None else None
+        if refused is not None:
+            raise TooManySockets(refused)
         feed = new_feed()
         try:
             with grant.reading():  # a task deleted meanwhile is no more than any other to a tag token
-                await feed.subscribe(task_id, cursor)
+                sub = await feed.subscribe(task_id, cursor)
         except BaseException:
             feed.release()
             raise
+        expiry = Expiries(feed)  # at the token's exp the stream ends; its reconnect is refused (401)
+        expiry.watch(
+            ("task", task_id), sub, grant.expires_at, functools.partial(feed.close, CLOSE_UNAUTHORIZED)
+        )
         # A stream whose client stopped reading: the watchdog drops its connection (no close frame here).
-        handle = connection(request.scope)
         if handle is not None:
             feed.on_stall = handle.abort
         return StreamingResponse(
-            sse(feed),
+            sse(feed, expiry),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    async def sse(feed: Feed) -> AsyncIterator[str]:
+    async def sse(feed: Feed, expiry: Expiries) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         timer: asyncio.TimerHandle | None = None
 
@@ -325,6 +357,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
                     return
         finally:
             timer.cancel()
+            expiry.close()
             feed.release()
 
     return [

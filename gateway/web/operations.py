@@ -178,7 +178,12 @@ OPERATIONS: tuple[Operation, ...] = (
         _TASK + "/stream",
         "Server-sent events",
         {200: None, 204: None},
-        {400: "", **_READ_ERRORS},
+        {
+            400: "",
+            **_READ_ERRORS,
+            503: "`too-many-sockets`: this process holds as many connections as its descriptors allow "
+            "(GATEWAY_FD_RESERVE): open the stream again later, or on another process",
+        },
         security=(SUBSCRIBE, TAG, SUBSCRIBE_QUERY, API_KEY),
         params=(
             _CURSOR,
@@ -272,11 +277,16 @@ OPERATIONS: tuple[Operation, ...] = (
             401: "",
             403: "",
             404: "",
+            408: "",
             409: "`not-succeeded`: the task has not succeeded; "
             "`key-reused-for-other-task`: this Idempotency-Key was used for another task",
+            413: "",
+            415: "",
             503: "",
         },
         security=(API_KEY,),
+        body=wire.EmptyBody,
+        body_required=False,
         params=(
             Param(
                 "Idempotency-Key",
@@ -293,8 +303,10 @@ OPERATIONS: tuple[Operation, ...] = (
         "/v1/notifications/drain",
         "Drain terminal notifications",
         {200: None},
-        {400: "", 401: "", 403: "", 503: ""},
+        {400: "", 401: "", 403: "", 408: "", 413: "", 415: "", 503: ""},
         security=(API_KEY,),
+        body=wire.EmptyBody,
+        body_required=False,
         query=wire.DrainQuery,
         params=(
             Param(
@@ -309,8 +321,8 @@ OPERATIONS: tuple[Operation, ...] = (
             200: {
                 "Drain-More": {
                     "schema": {"type": "string", "enum": ["true", "false"]},
-                    "description": "`true`: notifications were still to drain after this batch was taken; "
-                    "drain again with a new key",
+                    "description": "`true`: the batch is full and notifications were still to drain after "
+                    "it was taken; drain again with a new key. A shorter batch says `false`",
                 }
             }
         },

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
@@ -261,6 +262,24 @@ class CancelBody(_Body):
 def parse_cancel(raw: bytes) -> CancelBody:
     """The cancel body; an empty body (``curl -X POST`` with nothing) is ``{}``, no reason."""
     return CancelBody() if raw.strip() == b"" else _validate(CancelBody, parse_json(raw))
+
+
+class EmptyBody(_Body):
+    """The body of a route that takes no field (a drain: its limit is in the query; a delivery: its key is
+    the ``Idempotency-Key`` header): none, or ``{}``."""
+
+
+def parse_empty_body(raw: bytes, elsewhere: Mapping[str, str] | None = None) -> None:
+    """Refuse a body with a field where the route takes none: a field a route does not know is refused,
+    never ignored (protocol.md, Errors). ``elsewhere``: where such a field belongs instead, by name."""
+    if raw.strip() == b"":
+        return
+    data = parse_json(raw)
+    if isinstance(data, dict):
+        for name, where in (elsewhere or {}).items():
+            if name in data:
+                raise InvalidRequest(f"{name}: unknown field ({where})")
+    _validate(EmptyBody, data)
 
 
 class HeartbeatBody(_Body):

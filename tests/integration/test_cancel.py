@@ -118,7 +118,7 @@ async def test_a_running_task_cancelled_is_seen_by_every_subscriber_relayed_once
         await receiver.until(lambda: len(receiver.delivered) == 1)
         await relayed(gw, 1)
         assert relay_metric(gw, "gateway_tasks_cancelled_total") == 1
-        drained = await drain_all(gw)
+        drained = await drain_all(gw, 1)
         assert drained == [{"taskId": "export-7", "state": "failed", "atMs": entry["atMs"], "version": 3}]
         # A second cancel changes nothing and notifies nothing.
         again = await cancel(gw.client, "export-7")
@@ -238,7 +238,7 @@ async def test_a_cancel_at_or_after_the_deadline_expires_the_task(
         )
         history = (await gw.client.get("/v1/tasks/late-1/events")).json()["events"]
         assert history[-1] == {"version": 2, "event": {"type": "expire", "atMs": deadline}}
-        drained = await drain_all(gw)
+        drained = await drain_all(gw, 1)
         assert drained == [{"taskId": "late-1", "state": "expired", "atMs": clock(), "version": 2}]
 
 

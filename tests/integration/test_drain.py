@@ -7,10 +7,11 @@ once; without one it loses some (at most once, as docs/protocol.md says).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
 import httpx
 import orjson
 import pytest
@@ -22,6 +23,7 @@ from tests.support import (
     create_task,
     error,
     post_callback,
+    postgres_database,
     running_gateway,
     wait_until,
 )
@@ -87,6 +89,35 @@ async def test_bad_limits_and_keys_are_refused_and_drain_nothing(database_url: s
         assert ids(await gw.client.post(DRAIN, headers=longest)) == ["t"]
 
 
+async def test_a_body_the_drain_does_not_know_is_refused_and_drains_nothing(
+    sqlite_url: str, clock: FakeClock
+) -> None:
+    """A drain takes no fields (its limit is in the query): a field is refused as on every route, with or
+    without a key, and nothing is drained or kept under the key. No body, or ``{}``, is a drain."""
+    async with running_gateway(sqlite_url, clock=clock, sweep_interval_ms=0) as gw:
+        await finish(gw, "a", "b")
+        for key in (None, "k"):
+            headers = {} if key is None else {"Idempotency-Key": key}
+            for body, says in [
+                ({"x": 1}, "x: unknown field"),
+                ({"limit": 1}, "limit: unknown field (the drain's limit goes in the query: ?limit=)"),
+                ([], "body: must be a JSON object"),
+                ("null", "body: must be a JSON object"),
+            ]:
+                content = body.encode() if isinstance(body, str) else orjson.dumps(body)
+                answer = await gw.client.post(DRAIN, content=content, headers=headers)
+                assert error(answer, 400, "invalid-request") == says, (key, body)
+            answer = await gw.client.post(DRAIN, content=b'{"x": ', headers=headers)
+            assert error(answer, 400, "invalid-request").startswith("malformed JSON"), key
+            form = {**headers, "Content-Type": "text/plain"}
+            answer = await gw.client.post(DRAIN, content=b"x=1", headers=form)
+            error(answer, 415, "unsupported-media-type")
+        # Nothing was drained, nor kept under "k": the key takes the batch now, with {} for a body.
+        first = await gw.client.post(DRAIN, json={}, headers={"Idempotency-Key": "k"}, params={"limit": 1})
+        assert (ids(first), first.headers["Drain-More"]) == (["a"], "true")
+        assert ids(await gw.client.post(DRAIN)) == ["b"]
+
+
 async def test_the_same_key_answers_the_same_bytes_for_a_day_whatever_was_drained_since(
     database_url: str, clock: FakeClock
 ) -> None:
@@ -133,6 +164,49 @@ async def test_drains_at_once_with_one_key_answer_one_batch_and_other_keys_never
         taken = [task_id for batch in batches for task_id in batch]
         assert len(taken) == len(set(taken)) == 20
         assert sorted(taken) == sorted(set(task_ids) - {n["taskId"] for n in orjson.loads(shared[0])})
+
+
+# --- PostgreSQL: rows another transaction holds ----------------------------------------------------------
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    with postgres_database() as url:
+        yield url
+
+
+async def test_on_postgresql_a_short_batch_says_nothing_is_left_while_another_transaction_holds_the_rest(
+    postgres_url: str, clock: FakeClock
+) -> None:
+    """A drain skips the notifications another transaction holds (another drain taking them; the relay
+    recording a send): a batch shorter than the limit, empty included, says ``Drain-More: false``, as
+    protocol.md has it, and the held ones are the next drain's once let go. A full batch says ``true`` while
+    any is left, held ones included: the next drain may then be empty, and says ``false``."""
+    async with running_gateway(postgres_url, clock=clock, sweep_interval_ms=0) as gw:
+        await finish(gw, "a", "b", "c")
+        holder = await asyncpg.connect(postgres_url, timeout=5)
+        try:
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("SELECT id FROM outbox WHERE task_id = ANY($1) FOR UPDATE", ["b", "c"])
+            short = await gw.client.post(DRAIN, params={"limit": 10})
+            assert (ids(short), short.headers["Drain-More"]) == (["a"], "false")
+            empty = await gw.client.post(DRAIN, headers={"Idempotency-Key": "k"})
+            assert (ids(empty), empty.headers["Drain-More"]) == ([], "false")
+            await held.rollback()  # let go: "b" and "c" are there to drain
+
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("SELECT id FROM outbox WHERE task_id = 'c' FOR UPDATE")
+            full = await gw.client.post(DRAIN, params={"limit": 1})
+            assert (ids(full), full.headers["Drain-More"]) == (["b"], "true")
+            after = await gw.client.post(DRAIN, params={"limit": 1})
+            assert (ids(after), after.headers["Drain-More"]) == ([], "false")
+            await held.rollback()
+        finally:
+            await holder.close()
+        last = await gw.client.post(DRAIN)
+        assert (ids(last), last.headers["Drain-More"]) == (["c"], "false")
 
 
 # --- through a proxy that loses answers ---------------------------------------------------------------------

@@ -346,8 +346,14 @@ async def test_idempotency_key_required(database_url: str, clock: FakeClock) -> 
             answer = await gw.client.post("/v1/tasks/t/deliveries", headers={b"Idempotency-Key": blank})
             message = error(answer, 400, "invalid-request")
             assert "idempotency" in message.lower(), message
-        # Nothing was delivered: the first real key gets a fresh receipt.
-        answer = await gw.client.post("/v1/tasks/t/deliveries", headers={"Idempotency-Key": "k"})
+        # A delivery takes no field: one is refused, as on every route (and delivers nothing).
+        for body, says in [(b'{"x": 1}', "x: unknown field"), (b"[]", "body: must be a JSON object")]:
+            answer = await gw.client.post(
+                "/v1/tasks/t/deliveries", content=body, headers={"Idempotency-Key": "k"}
+            )
+            assert error(answer, 400, "invalid-request") == says, body
+        # Nothing was delivered: the first real key gets a fresh receipt (with no body, or {}).
+        answer = await gw.client.post("/v1/tasks/t/deliveries", json={}, headers={"Idempotency-Key": "k"})
         assert answer.status_code == 200, answer.text
         assert (answer.json()["reason"], answer.json()["duplicate"]) == ("delivered", False)
 

@@ -16,7 +16,15 @@ import orjson
 import pytest
 
 from tests.integration.test_live_support import STEP_S, live_gateway, wait_until
-from tests.support import Running, bearer, create_task, error, post_callback, running_gateway
+from tests.support import (
+    Running,
+    bearer,
+    create_task,
+    error,
+    issue_tag_token,
+    post_callback,
+    running_gateway,
+)
 from tests.support.rawsocket import RawStream, RawWebSocket, http_error, read_until_closed, tcp
 
 
@@ -202,6 +210,42 @@ async def test_websocket_messages_are_small_until_a_subscription_is_authorized(s
             assert (await ws.recv() or {}).get("code") == "unauthorized"
             await ws.send('{"type": "ping", "pad": "' + "x" * 16 * 1024 + '"}')
             assert await ws.close_code() == 1009
+
+
+@pytest.mark.anyio
+async def test_a_subscribe_and_a_large_message_sent_together_are_read_one_after_the_other(
+    sqlite_url: str,
+) -> None:
+    """A client reconnecting with a task's subscribe and, at once in the same write, a tag's subscribe with
+    a cursors map over the limit before authorization: the map is read after the subscribe was authorized,
+    under the larger limit, and both are served. (It used to be judged while the subscribe was still
+    unanswered, closed 1009, and a client reconnecting the same way looped.) Behind a refused subscribe, the
+    same message is still over the limit."""
+    async with live_gateway(
+        sqlite_url, api_key="k", ws_max_message_bytes_before_auth=4096, ws_max_message_bytes=32 * 1024
+    ) as gw:
+        made = await create_task(gw, "t", tags=["owner:u"], headers=bearer("k"))
+        tag_token = await issue_tag_token(gw, "owner:u", headers=bearer("k"))
+        cursors = {f"gone-{i:04d}": 1 for i in range(300)} | {"t": 0}  # tasks the client knew, most deleted
+        task = {"type": "subscribe", "taskId": "t", "token": made.subscribe_token}
+        tag = {"type": "subscribe", "tag": "owner:u", "token": tag_token, "cursors": cursors}
+        assert 4096 < len(orjson.dumps(tag)) < 32 * 1024
+        for _ in range(2):  # and again, as a client reconnecting the same way
+            async with tcp(port(gw)) as stream:
+                ws = RawWebSocket(stream, "/v1/ws")
+                await ws.open()
+                await ws.send(orjson.dumps(task), orjson.dumps(tag))
+                frames = [await ws.recv() or {} for _ in range(3)]
+                assert [(f.get("type"), f.get("taskId") or f.get("tag")) for f in frames] == [
+                    ("caught-up", "t"),
+                    ("tag", "owner:u"),
+                    ("caught-up", "t"),  # the tag streams the task now (the socket streams it once)
+                ], frames
+        async with tcp(port(gw)) as stream:
+            ws = RawWebSocket(stream, "/v1/ws")
+            await ws.open()
+            await ws.send(orjson.dumps({**task, "token": "nope"}), orjson.dumps(tag))
+            assert await ws.close_code() == 1009  # (the subscribe's error frame may not have gone out)
 
 
 # --- connections per address --------------------------------------------------------------------------

@@ -108,7 +108,7 @@ async def test_each_notification_is_posted_signed_and_the_drain_still_gets_it(da
             await finish(gw, "bad-1", "fail")
             await receiver.until(lambda: len(receiver.delivered) == 2)
             await relayed(gw, 2)  # recorded as sent before this gateway stops: not sent again below
-            drained = await drain_all(gw)
+            drained = await drain_all(gw, 2)
         assert sorted(i["taskId"] for i in drained) == ["bad-1", "ok-1"]
         assert receiver.delivered == dict(expected(item) for item in drained)
         assert_tries_are_one_notification_each(receiver.tries)
@@ -138,7 +138,7 @@ async def test_each_notification_is_posted_signed_and_the_drain_still_gets_it(da
             await finish(gw, "ok-2")
             await receiver.until(lambda: len(receiver.delivered) == 4)
             await relayed(gw, 2)
-            assert [i["taskId"] for i in await drain_all(gw)] == ["ok-2"]
+            assert [i["taskId"] for i in await drain_all(gw, 1)] == ["ok-2"]
     assert sorted(b["taskId"] for b in receiver.delivered.values()) == [
         "bad-1",
         "before-relay",
@@ -298,7 +298,7 @@ async def test_every_notification_of_200_tasks_arrives_through_a_receiver_killed
                 await until_failures_grow(gw, 3)
         async with receiver_process(port, log, tmp_path / "receiver-last.log"):
             await until_delivered(200)
-            drained = await drain_all(gw)
+            drained = await drain_all(gw, 200)
 
     tries = read_log(log)
     assert_tries_are_one_notification_each(tries)
@@ -380,7 +380,7 @@ async def test_two_processes_relay_each_notification_and_never_the_same_one_at_o
                 relayed = await eventually(
                     counts, lambda found: sum(found) >= 100, "both gateways' relayed counts adding up to 100"
                 )
-                drained = await drain_all(clients[0])
+                drained = await drain_all(clients[0], 100)
             finally:
                 for client in clients:
                     await client.aclose()

@@ -1,11 +1,12 @@
 """The security matrix: every route and socket of the app x every kind of credential, one table.
 
-Rows are the app's routes, read from the app itself (a route added without a row fails the test); columns
-are credentials: none, malformed, another scheme, expired, signed with another secret, ``alg: none``, a
-token for another task, a token of the other scope, the API key and a task token, each in the
-``Authorization`` header and in ``?token=``; and tag tokens: for a tag the task carries, for another tag,
-on a task without tags, on no such task (each in the header, the first two in ``?token=`` too), expired,
-signed with another secret, naming a task as well. Each cell is what
+Rows are the app's routes, read from the app itself (a route added without a row fails the test); columns are
+credentials: none, malformed, another scheme, expired, signed with another secret, ``alg: none``, an ``exp``
+that is a numeric string (RFC 7519: a JSON number), a token for another task, a token of the other scope, the
+API key and a task token, each in the ``Authorization`` header and in ``?token=``; and tag tokens: for a tag
+the task carries, for another tag, on a task without tags, on no such task (each in the header, the first two
+in ``?token=`` too), expired, signed with another secret, with an ``exp`` that is a string, naming a task as
+well. Each cell is what
 docs/protocol.md (Errors, Credentials) says: ``401 unauthorized`` for a credential that proves nothing,
 ``403 forbidden`` for a valid one that is not for this task, scope or route (a tag token on a task without
 its tag, or on no task at all: no probing), the route's own answer for the right one; on the single-task
@@ -84,6 +85,10 @@ ROUTES: dict[tuple[str, str], str] = {
 }
 
 
+def _in_an_hour() -> str:
+    return str(int(time.time()) + 3600)
+
+
 def _alg_none(sub: str, scope: str) -> str:
     return jwt.encode({"sub": sub, "scope": scope, "exp": int(time.time()) + 3600}, None, algorithm="none")
 
@@ -114,6 +119,8 @@ COLUMNS = (
     Credential("expired", lambda scope, t: mint(MINE, _scope(scope), exp_in_s=-3600)),
     Credential("other secret", lambda scope, t: mint(MINE, _scope(scope), secret=OTHER_SECRET)),
     Credential("alg none", lambda scope, t: _alg_none(MINE, _scope(scope))),
+    # RFC 7519: exp is a JSON number; PyJWT would convert a numeric string (an hour ahead: unexpired).
+    Credential("exp a string", lambda scope, t: mint(MINE, _scope(scope), exp=_in_an_hour())),
     Credential("other task", lambda scope, t: t[f"{THEIRS}:{_scope(scope)}"]),
     Credential("other scope", lambda scope, t: t[f"{MINE}:{_other(scope)}"]),
     Credential("API key", lambda scope, t: API_KEY),
@@ -135,6 +142,7 @@ COLUMNS = (
     Credential("tag token, no such task", lambda scope, t: t[f"tag:{MY_TAG}"], task=GHOST),
     Credential("tag token, expired", lambda scope, t: mint_tag(MY_TAG, exp_in_s=-3600)),
     Credential("tag token, other secret", lambda scope, t: mint_tag(MY_TAG, secret=OTHER_SECRET)),
+    Credential("tag token, exp a string", lambda scope, t: mint_tag(MY_TAG, exp=_in_an_hour())),
     # Both kinds at once: malformed, never read as the task token (or the tag token) it also looks like.
     Credential("tag token with a sub", lambda scope, t: mint_tag(MY_TAG, sub=MINE)),
 )
@@ -151,6 +159,7 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "expired": U,
         "other secret": U,
         "alg none": U,
+        "exp a string": U,
         "other task": F,  # a valid task token, where the API key belongs
         "other scope": F,
         "API key": OK,
@@ -168,6 +177,7 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "tag token, no such task": F,
         "tag token, expired": U,
         "tag token, other secret": U,
+        "tag token, exp a string": U,
         "tag token with a sub": U,
     },
     "subscribe": {
@@ -177,6 +187,7 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "expired": U,
         "other secret": U,
         "alg none": U,
+        "exp a string": U,
         "other task": F,
         "other scope": F,
         "API key": OK,
@@ -193,6 +204,7 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "tag token, no such task": F,  # not unknown-task: a tag token learns nothing of other tasks
         "tag token, expired": U,
         "tag token, other secret": U,
+        "tag token, exp a string": U,
         "tag token with a sub": U,
     },
     "callback": {
@@ -202,6 +214,7 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "expired": U,
         "other secret": U,
         "alg none": U,
+        "exp a string": U,
         "other task": F,
         "other scope": F,
         "API key": F,  # callbacks take only the task's callback token
@@ -218,6 +231,7 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "tag token, no such task": F,
         "tag token, expired": U,
         "tag token, other secret": U,
+        "tag token, exp a string": U,
         "tag token with a sub": U,
     },
 }
@@ -452,6 +466,9 @@ def test_the_forged_tokens_are_what_their_names_say() -> None:
         jwt.decode(mint(MINE, exp_in_s=-3600), SECRET, algorithms=["HS256"])
     with pytest.raises(jwt.InvalidSignatureError):
         jwt.decode(mint(MINE, secret=OTHER_SECRET), SECRET, algorithms=["HS256"])
+    # A string exp, an hour ahead, that PyJWT itself takes (it converts it): only the gateway refuses it.
+    loose = jwt.decode(mint(MINE, exp=_in_an_hour()), SECRET, algorithms=["HS256"])
+    assert isinstance(loose["exp"], str) and loose["sub"] == MINE
     none = _alg_none(MINE, "subscribe")
     assert jwt.get_unverified_header(none)["alg"] == "none"
     assert jwt.decode(none, options={"verify_signature": False})["sub"] == MINE

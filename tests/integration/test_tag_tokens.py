@@ -24,7 +24,9 @@ from tests.integration.test_live_support import (
     get_task,
     live_gateway,
     recv_frame,
+    socket,
     sse_frames,
+    tag_subscribe,
     ws_url,
 )
 from tests.support import (
@@ -35,6 +37,8 @@ from tests.support import (
     create_task,
     error,
     issue_tag_token,
+    mint,
+    mint_tag,
     post_callback,
 )
 
@@ -236,3 +240,71 @@ async def test_a_tag_token_reads_and_follows_every_task_carrying_its_tag(sqlite_
             assert "lists only the tasks carrying its tag: add tag=owner:u42" in error(
                 refused, 403, "forbidden"
             )
+
+
+async def test_a_live_subscription_ends_when_its_token_expires_and_a_new_token_resumes_it(
+    sqlite_url: str,
+) -> None:
+    """protocol.md, Credentials: a subscription lasts no longer than the token that authorized it, as an HTTP
+    read with that token is refused from then on (Centrifugo and Ably cut a connection whose token expired
+    too). On ``/v1/ws`` a tag's subscription (its tasks' streams with it) and a task's end with an
+    ``unauthorized`` error frame, the socket open for the others; the single-task socket closes ``4401``; an
+    SSE stream ends and its reconnect is ``401``. A new token and the cursors held resume: nothing lost."""
+    async with live_gateway(sqlite_url, api_key=API_KEY) as gw:
+        tag = "owner:soon"
+        a = await create_task(gw, "a", tags=[tag], headers=KEY)
+        b = await create_task(gw, "b", headers=KEY)
+        c = await create_task(gw, "c", headers=KEY)
+        exp = int(time.time()) + 2  # from 1 to 2 seconds from now
+        short_tag = mint_tag(tag, exp=exp)
+        short_b = mint("b", exp=exp)
+        async with (
+            socket(ws_url(gw, "/v1/ws")) as multi,
+            socket(ws_url(gw, "/v1/tasks/b/ws", token=short_b)) as single,
+            gw.client.stream("GET", "/v1/tasks/b/stream", params={"token": short_b}) as sse,
+        ):
+            assert sse.status_code == 200
+            sse_events = sse_frames(sse)
+            assert (await anext(sse_events))[0] == "caught-up"
+            assert (await recv_frame(single))["type"] == "caught-up"
+            await multi.send(tag_subscribe(tag, short_tag))
+            assert [(await recv_frame(multi))["type"] for _ in range(2)] == ["tag", "snapshot"]  # "a"
+            for task_id, token in (("b", short_b), ("c", c.subscribe_token)):
+                await multi.send(
+                    orjson.dumps({"type": "subscribe", "taskId": task_id, "token": token}).decode()
+                )
+                assert (await recv_frame(multi))["taskId"] == task_id
+
+            # The tokens expire: both subscriptions they authorized end, not the socket.
+            ended = [await recv_frame(multi) for _ in range(2)]
+            assert sorted((f["type"], f["code"], f.get("taskId") or f.get("tag")) for f in ended) == [
+                ("error", "unauthorized", "b"),
+                ("error", "unauthorized", tag),
+            ], ended
+            assert all(f["message"].startswith("token has expired") for f in ended)
+            frames, code = await closed_with(single)
+            assert ([f["code"] for f in frames], code) == (["unauthorized"], 4401)
+            with anyio.fail_after(STEP_S):
+                assert [event async for event in sse_events] == []  # the stream ended
+            reconnect = {"token": short_b}
+            answer = await gw.client.get(
+                "/v1/tasks/b/stream", params=reconnect, headers={"Last-Event-ID": "0"}
+            )
+            assert error(answer, 401, "unauthorized") == "token has expired"
+
+            # Only "c" streams on: its event is the first frame after a start of each task.
+            for task_id, made in (("a", a), ("b", b), ("c", c)):
+                await post_callback(gw, task_id, made.callback_token, {"type": "start", "worker": "w"})
+            frame = await recv_frame(multi)
+            assert (frame["type"], frame["taskId"], frame["version"]) == ("event", "c", 1)
+
+            # A new token, with the cursors held: what was missed comes as a delta.
+            fresh = await issue_tag_token(gw, tag, headers=KEY)
+            await multi.send(tag_subscribe(tag, fresh, {"a": 0}))
+            resumed = [await recv_frame(multi) for _ in range(2)]
+            assert [(f["type"], f.get("taskId")) for f in resumed] == [("tag", None), ("delta", "a")]
+            await multi.send(
+                orjson.dumps({"type": "subscribe", "taskId": "b", "token": b.subscribe_token}).decode()
+            )
+            frame = await recv_frame(multi)
+            assert (frame["type"], frame["taskId"], frame["version"]) == ("delta", "b", 1)

@@ -181,10 +181,14 @@ async def spawn_gateway(
     port: int = 0,
     args: Sequence[str] = (),
     stdout: Path | None = None,
+    nofile: int | None = None,
 ) -> GatewayProcess:
     """Start ``gateway serve`` (not waiting for it to serve); the caller stops it. Its stdout and stderr go
-    to ``log``, or its stderr alone when ``stdout`` names a file of its own."""
+    to ``log``, or its stderr alone when ``stdout`` names a file of its own; ``nofile``: its descriptor limit
+    (soft and hard, with util-linux's ``prlimit``), which its workers inherit."""
     command = [*GATEWAY_CLI, "serve", "--port", str(port), "--database-url", database_url, *args]
+    if nofile is not None:
+        command = ["prlimit", f"--nofile={nofile}:{nofile}", "--", *command]
     with log.open("wb") as err, (stdout or log).open("ab") as out:
         process = await anyio.open_process(
             command,

@@ -52,7 +52,7 @@ def request(query: str = "", token: str | None = None) -> Request:
 
 def test_a_tag_token_reads_a_task_that_carries_its_tag_and_no_other() -> None:
     grant = guard().task_credential(TAG_TOKEN, "t1", "subscribe")
-    assert grant == Grant("owner:u42")
+    assert grant == Grant("owner:u42", TOKENS.claims(TAG_TOKEN).exp)
     carrying = task("owner:u42", "project:7")
     assert grant.check(carrying) is carrying
     for other in (task(), task("owner:u7"), task("owner:u420")):
@@ -70,7 +70,11 @@ def test_no_such_task_is_to_a_tag_token_what_a_task_without_its_tag_is() -> None
 
 
 def test_a_task_token_grants_its_whole_task_and_a_tag_token_no_callback() -> None:
-    assert guard().task_credential(TASK_TOKEN, "t1", "subscribe") is WHOLE_TASK
+    # The whole task, until the token's exp (a live subscription it authorized ends then).
+    assert guard().task_credential(TASK_TOKEN, "t1", "subscribe") == Grant(
+        None, TOKENS.claims(TASK_TOKEN).exp
+    )
+    assert guard().task_credential(API_KEY, "t1", "subscribe", api_key_allowed=True) is WHOLE_TASK  # no exp
     with pytest.raises(Forbidden, match="a tag token only reads tasks"):
         guard().task_credential(TAG_TOKEN, "t1", "callback")
     with pytest.raises(Unauthorized, match="expired"):
@@ -80,7 +84,8 @@ def test_a_task_token_grants_its_whole_task_and_a_tag_token_no_callback() -> Non
 @pytest.mark.parametrize("api_key", [API_KEY, None])
 def test_subscribing_to_a_tag_takes_a_tag_token_for_that_tag(api_key: str | None) -> None:
     keyed = guard(api_key=api_key)
-    keyed.tag_credential(TAG_TOKEN, "owner:u42", where="a subscribe message")
+    exp = keyed.tag_credential(TAG_TOKEN, "owner:u42", where="a subscribe message")
+    assert exp == TOKENS.claims(TAG_TOKEN).exp  # the subscription ends then
     with pytest.raises(Forbidden, match=r"^token is for another tag$"):
         keyed.tag_credential(OTHER_TAG_TOKEN, "owner:u42", where="a subscribe message")
     with pytest.raises(Forbidden, match=r"^a task token cannot subscribe to a tag$"):
@@ -92,7 +97,7 @@ def test_subscribing_to_a_tag_takes_a_tag_token_for_that_tag(api_key: str | None
 
 
 def test_subscribing_to_a_tag_without_a_token_passes_in_open_mode_only() -> None:
-    guard(api_key=None).tag_credential(None, "owner:u42", where="a subscribe message")
+    assert guard(api_key=None).tag_credential(None, "owner:u42", where="a subscribe message") is None
     with pytest.raises(Unauthorized, match="missing subscribe token"):
         guard().tag_credential(None, "owner:u42", where="a subscribe message")
     with pytest.raises(Unauthorized, match=r"never from a subscribe message$"):

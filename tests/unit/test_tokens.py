@@ -64,6 +64,14 @@ LATER = time.time() + 86_400
         (jwt.encode({"sub": "t1", "scope": "callback"}, SECRET, algorithm="HS256"), "no exp claim"),
         (jwt.encode({"sub": "t1", "scope": 7, "exp": LATER}, SECRET), "token is malformed"),
         (jwt.encode({"sub": "t1", "scope": "callback", "exp": LATER}, SECRET * 2, "HS512"), "HS256"),
+        (
+            jwt.encode({"sub": "t1", "scope": "callback", "exp": LATER, "nbf": LATER - 1}, SECRET),
+            "not valid yet",
+        ),
+        (
+            jwt.encode({"sub": "t1", "scope": "callback", "exp": LATER, "iat": LATER - 1}, SECRET),
+            "not valid yet",
+        ),
     ],
 )
 def test_a_refused_token_is_described_in_the_protocols_words(token: str, words: str) -> None:
@@ -96,7 +104,8 @@ def test_a_tag_token_carries_its_tag_subscribe_and_exp_and_no_sub() -> None:
     claims = jwt.decode(token, SECRET, algorithms=["HS256"])
     assert claims == {"tag": "owner:u42", "scope": "subscribe", "exp": 1_800_003_600}  # no grace added
     assert exp == 1_800_003_600
-    assert Tokens(SECRET, wall=lambda: now).claims(token) == Claims(None, "owner:u42", "subscribe")
+    verified = Tokens(SECRET, wall=lambda: now).claims(token)
+    assert verified == Claims(None, "owner:u42", "subscribe", 1_800_003_600)
 
 
 def test_a_tag_token_reads_only_and_a_remembered_one_still_expires_on_time() -> None:
@@ -104,7 +113,7 @@ def test_a_tag_token_reads_only_and_a_remembered_one_still_expires_on_time() -> 
     tokens = Tokens(SECRET, wall=lambda: now[0])
     token, _ = tokens.issue_tag("owner:u42", 60)
     for _ in range(2):  # verified, then remembered: the same answers
-        assert tokens.check(token, "any-task", "subscribe") == "owner:u42"  # the task must carry it
+        assert tokens.check(token, "any-task", "subscribe").tag == "owner:u42"  # the task must carry it
         with pytest.raises(Forbidden, match=r"^a tag token only reads tasks; this needs the task's callback"):
             tokens.check(token, "any-task", "callback")
     assert token in tokens._verified
@@ -115,8 +124,8 @@ def test_a_tag_token_reads_only_and_a_remembered_one_still_expires_on_time() -> 
 
 def test_a_task_token_passes_with_no_tag_to_check() -> None:
     tokens = Tokens(SECRET)
-    assert tokens.check(mint("t1", "subscribe", LATER), "t1", "subscribe") is None
-    assert tokens.claims(mint("t1", "callback", LATER)) == Claims("t1", None, "callback")
+    assert tokens.check(mint("t1", "subscribe", LATER), "t1", "subscribe").tag is None
+    assert tokens.claims(mint("t1", "callback", LATER)) == Claims("t1", None, "callback", int(LATER))
 
 
 @pytest.mark.parametrize(
@@ -144,3 +153,42 @@ def test_a_malformed_or_forged_tag_token_is_refused_in_the_protocols_words(token
             tokens.check(token, "t1", scope)
         assert words in refused.value.message
     assert tokens._verified == {}  # nothing refused is remembered
+
+
+# --- NumericDate claims ------------------------------------------------------------------------------------
+
+TASK_CLAIMS = {"sub": "t1", "scope": "subscribe"}
+TAG_CLAIMS = {"tag": "owner:u42", "scope": "subscribe"}
+
+
+@pytest.mark.parametrize("kind", [TASK_CLAIMS, TAG_CLAIMS], ids=["task token", "tag token"])
+@pytest.mark.parametrize(
+    ("claim", "value"),
+    [
+        ("exp", str(int(LATER))),  # PyJWT would take it, converted: a JSON string is not a NumericDate
+        ("exp", f"{LATER:.1f}"),
+        ("exp", True),
+        ("exp", [int(LATER)]),
+        ("exp", float("inf")),
+        ("exp", float("nan")),
+        ("nbf", "0"),
+        ("iat", str(int(time.time()))),
+        ("nbf", None),
+    ],
+)
+def test_a_numericdate_claim_that_is_not_a_json_number_is_malformed(
+    kind: dict[str, str], claim: str, value: object
+) -> None:
+    """RFC 7519: ``exp``, ``nbf`` and ``iat`` are NumericDates, JSON numbers; anything else is malformed."""
+    token = jwt.encode({**kind, "exp": int(LATER), claim: value}, SECRET, algorithm="HS256")
+    tokens = Tokens(SECRET)
+    with pytest.raises(Unauthorized) as refused:
+        tokens.check(token, "t1", "subscribe")
+    assert refused.value.message == f"token is malformed: its {claim} claim must be a number"
+    assert tokens._verified == {}
+
+
+@pytest.mark.parametrize("value", [int(LATER), LATER])
+def test_an_exp_that_is_a_json_number_whole_or_not_is_taken(value: float) -> None:
+    token = jwt.encode({**TASK_CLAIMS, "exp": value, "iat": 1_700_000_000.25}, SECRET, algorithm="HS256")
+    assert Tokens(SECRET).check(token, "t1", "subscribe").exp == value
