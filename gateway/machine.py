@@ -8,7 +8,8 @@ in-memory model of the tests and a replay of a task's history all decide transit
 A task does not carry its history here: a transition that changes the task returns the one new
 :class:`Entry` (``version`` = old version + 1) and the caller appends it, in the same transaction as the
 new task row. Checks run in the reference's order and fail with the reference's messages, as
-``InvalidRequest`` (the reference's ``AiError("invalid-request", "async-task: ...")``).
+``InvalidRequest`` (the reference's ``AiError("invalid-request", "async-task: ...")``), without the
+reference's module prefix: a client reads ``ttlMs must be a positive number``, naming its own field.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ class Transition:
 
 
 def fail(message: str) -> InvalidRequest:
-    return InvalidRequest(f"async-task: {message}")
+    """A refusal in the words ``<field> must ...``: the field as the client sent it, and what it must be."""
+    return InvalidRequest(message)
 
 
 def is_blank(value: str) -> bool:
@@ -157,7 +159,7 @@ def _non_negative(value: object, field: str) -> None:
 def create_task(*, id: str, now_ms: float, ttl_ms: float, max_attempts: float) -> Task:
     """``createAsyncTask``: a queued task at version 0 whose deadline is ``now_ms + ttl_ms``."""
     if is_blank(id):
-        raise fail("task.id must not be blank")
+        raise fail("id must not be blank")
     _non_negative(now_ms, "nowMs")
     _positive(ttl_ms, "ttlMs")
     attempts = _integer(max_attempts, "maxAttempts", 1)

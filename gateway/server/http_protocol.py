@@ -378,7 +378,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
         log.info("%s - refused: %d %s", client, status, message)
-        body = orjson.dumps({"error": {"code": code, "message": message}})
+        body = orjson.dumps({"error": {"code": code, "message": message}}) + b"\n"  # as every JSON answer
         head = (
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
             "content-type: application/json\r\n"

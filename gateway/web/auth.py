@@ -79,6 +79,15 @@ def origin_allowed(origin: str | None, host: str | None, allowed: tuple[str, ...
     return host is not None and is_loopback(parts.hostname or "") and is_loopback(host_name(host))
 
 
+# The task list reads its credential from the Authorization header alone (a URL ends up in logs): one sent
+# as ?token= is told where it goes.
+LIST_NEEDS = "the task list needs the API key, or a tag token with its tag in tag= (Authorization: Bearer)"
+LIST_CREDENTIAL = (
+    "the task list takes its credential from the Authorization header, never from ?token=: send "
+    "Authorization: Bearer <the API key, or a tag token with its tag in tag=>"
+)
+
+
 def bearer(conn: HTTPConnection) -> str | None:
     header = conn.headers.get("authorization")
     if header is None:
@@ -123,7 +132,7 @@ class Guard:
             return
         value = bearer(conn)
         if value is None:
-            raise Unauthorized("this route needs the API key (Authorization: Bearer $GATEWAY_API_KEY)")
+            raise Unauthorized(LIST_CREDENTIAL if "token" in conn.query_params else LIST_NEEDS)
         tag = self._api_key_or_refuse(value, tag_token_lists=True)
         if tag is not None and tag not in conn.query_params.getlist("tag"):
             raise Forbidden(f"a tag token lists only the tasks carrying its tag: add tag={tag} to the query")

@@ -20,6 +20,7 @@ from starlette.datastructures import QueryParams
 
 from gateway.errors import InvalidRequest
 from gateway.machine import Task, task_to_json
+from gateway.web.auth import LIST_CREDENTIAL
 from gateway.web.tags import WantedTags
 from gateway.web.wire import MAX_SAFE, State, _validate
 
@@ -96,6 +97,8 @@ class TaskListQuery(BaseModel):
 
 def parse_task_list_query(params: QueryParams) -> TaskListQuery:
     """The query; ``tag`` may be repeated (every one must match), any other parameter is read once."""
+    if "token" in params:  # open mode (with an API key the guard has answered 401 already)
+        raise InvalidRequest(f"token: not a query parameter of this route; {LIST_CREDENTIAL}")
     data: dict[str, Any] = dict(params)
     if "tag" in params:
         data["tag"] = params.getlist("tag")

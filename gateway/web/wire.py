@@ -160,7 +160,10 @@ Attempt = Annotated[
 class CreateBody(_Body):
     id: TaskId | None = None
     ttlMs: Milliseconds
-    maxAttempts: StoredCount
+    maxAttempts: StoredCount = Field(
+        default=1,
+        description="how many times a worker may start the task (1 when left out, as Backend.create)",
+    )
     heartbeatMs: HeartbeatMs | None = Field(
         default=None,
         description="a heartbeat lease: a running attempt that shows no sign of life (a callback or a "
@@ -184,7 +187,11 @@ class StartBody(_Body):
 class ProgressBody(_Body):
     type: Literal["progress"]
     progress: ProgressNumber
-    cursor: Text
+    cursor: Text = Field(
+        default="",
+        description="the worker's own bookmark in its work (row-400), kept in the history entry beside the "
+        "progress; not a subscriber's resume cursor (a version). An empty string when left out",
+    )
 
     def at(self, at_ms: int) -> Event:
         return Progress(at_ms, self.progress, self.cursor)
@@ -209,6 +216,12 @@ class FailBody(_Body):
 
 
 EVENT_TYPES = ("start", "progress", "succeed", "fail")
+_EVENT_BODIES: dict[str, type[BaseModel]] = {
+    "start": StartBody,
+    "progress": ProgressBody,
+    "succeed": SucceedBody,
+    "fail": FailBody,
+}
 EventBody = Annotated[StartBody | ProgressBody | SucceedBody | FailBody, Field(discriminator="type")]
 
 
@@ -358,16 +371,15 @@ def _validate(model: type[M], data: Any) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise InvalidRequest(_describe(exc)) from None
+        raise InvalidRequest(_describe(exc, model, data)) from None
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, model: type[BaseModel], data: dict[str, Any]) -> str:
     errors = exc.errors(include_url=False)
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
     if unknown:
         # Named first: an unknown field is most often a misspelt one, whose "missing" would hide it.
-        missing = [e["loc"] for e in errors if e["type"] == "missing"]
-        return "; ".join(_unknown_field(e["loc"], missing) for e in unknown)
+        return "; ".join(_unknown_field(e["loc"], _not_given(model, data, e["loc"][:-1])) for e in unknown)
     first = errors[0]
     field = _field(first["loc"])
     if first["type"] == "union_tag_not_found":
@@ -385,25 +397,37 @@ def _field(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts) or "body"
 
 
-def _unknown_field(loc: tuple[int | str, ...], missing: list[tuple[int | str, ...]]) -> str:
-    """``name: unknown field``, with the missing field beside it that it most likely meant to be."""
+def _not_given(model: type[BaseModel], data: dict[str, Any], place: tuple[int | str, ...]) -> list[str]:
+    """The fields a body may have at ``place`` (its top, or its event) that it does not: required or not,
+    what a misspelt field most likely meant to be."""
+    if place == ():
+        return [name for name in model.model_fields if name not in data]
+    event = data.get("event")
+    if len(place) == 2 and place[0] == "event" and place[1] in _EVENT_BODIES and isinstance(event, dict):
+        return [name for name in _EVENT_BODIES[str(place[1])].model_fields if name not in event]
+    return []
+
+
+def _unknown_field(loc: tuple[int | str, ...], not_given: list[str]) -> str:
+    """``name: unknown field``, with the field not given beside it that it most likely meant to be."""
 
     def plain(name: str) -> str:
         return name.lower().replace("_", "").replace("-", "")
 
-    siblings = {plain(str(m[-1])): str(m[-1]) for m in missing if m[:-1] == loc[:-1]}
+    siblings = {plain(name): name for name in not_given}
     close = difflib.get_close_matches(plain(str(loc[-1])), siblings, n=1, cutoff=0.6)
     hint = f" (did you mean {siblings[close[0]]}?)" if close else ""
     return f"{_field(loc)}: unknown field{hint}"
 
 
 class JSON(Response):
-    """A JSON answer, encoded with orjson (bytes already encoded are sent as they are)."""
+    """A JSON answer, encoded with orjson (bytes already encoded are sent as they are), ending with a newline
+    as a text file does: ``curl`` leaves the shell's prompt on a line of its own."""
 
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return content if isinstance(content, bytes) else orjson.dumps(content)
+        return (content if isinstance(content, bytes) else orjson.dumps(content)) + b"\n"
 
 
 _INTEGER = re.compile(r"-?[0-9]{1,100}")

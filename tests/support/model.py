@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,7 +43,7 @@ Answer = tuple[int, Any]
 RETENTION = 8
 
 # The fields of each event type a worker may send (the gateway stamps atMs; "expire" is a system action and
-# "cancel" the gateway's own event, neither a worker's).
+# "cancel" the gateway's own event, neither a worker's); those in OPTIONAL may be left out, for their default.
 _STRING = "string"
 _NUMBER = "number"
 _BOOLEAN = "boolean"
@@ -52,7 +53,12 @@ EVENT_FIELDS: dict[str, dict[str, str]] = {
     "succeed": {"resultRef": _STRING, "resultHash": _STRING},
     "fail": {"error": _STRING, "retryable": _BOOLEAN},
 }
+OPTIONAL: dict[tuple[str, str], Any] = {("progress", "cursor"): ""}
 FENCED = frozenset({"progress", "succeed", "fail"})
+# The state machine's refusals read "<field> must ..." (``gateway.machine.fail``); the HTTP layer's, and
+# this model's stand-ins for them, "<field>: ...". An error is compared by its message too when it is the
+# machine's.
+MACHINE_MESSAGE = re.compile(r"^[\w.]+(?: and \w+)? must ")
 
 
 def _an_attempt(value: object) -> bool:
@@ -94,7 +100,7 @@ def parse_event(body: object, at_ms: float) -> m.Event:
     Range checks (progress over 100, a blank resultRef) are the machine's, in its order.
     """
     if not isinstance(body, dict):
-        raise InvalidRequest("event must be an object")
+        raise InvalidRequest("event: must be an object")
     kind = body.get("type")
     if not isinstance(kind, str) or kind not in EVENT_FIELDS:
         raise InvalidRequest(f"unknown event type {kind!r}")
@@ -102,11 +108,12 @@ def parse_event(body: object, at_ms: float) -> m.Event:
     extra = set(body) - set(fields) - {"type"}
     if extra:
         raise InvalidRequest(f"unexpected fields {sorted(extra)}")
+    body = {**{name: OPTIONAL[kind, name] for name in fields if (kind, name) in OPTIONAL}, **body}
     for name, expected in fields.items():
         if name not in body:
             raise InvalidRequest(f"missing field {name}")
         if _json_type(body[name]) != expected:
-            raise InvalidRequest(f"{name} must be a {expected}")
+            raise InvalidRequest(f"{name}: must be a {expected}")
     if kind == "start":
         return m.Start(at_ms, body["worker"])
     if kind == "progress":
@@ -125,7 +132,7 @@ def parse_cancel(body: object) -> str | None:
     if body is None:
         return None
     if not isinstance(body, dict):
-        raise InvalidRequest("body must be an object")
+        raise InvalidRequest("body: must be an object")
     extra = set(body) - {"reason"}
     if extra:
         raise InvalidRequest(f"unexpected fields {sorted(extra)}")
@@ -133,7 +140,7 @@ def parse_cancel(body: object) -> str | None:
     if reason is None:
         return None
     if not isinstance(reason, str) or not 1 <= len(reason) <= MAX_CANCEL_REASON:
-        raise InvalidRequest("reason must be a string of 1 to 1024 characters")
+        raise InvalidRequest("reason: must be a string of 1 to 1024 characters")
     return reason
 
 
@@ -179,7 +186,7 @@ class Model:
             # The gateway's one deviation from createAsyncTask: its clock counts whole milliseconds, so a
             # fractional ttlMs is a type error of the HTTP layer (1000.0 is 1000).
             if isinstance(ttl_ms, float) and not ttl_ms.is_integer():
-                raise InvalidRequest("ttlMs must be a whole number of milliseconds")
+                raise InvalidRequest("ttlMs: must be a whole number of milliseconds")
             task = m.create_task(id=task_id, now_ms=now_ms, ttl_ms=ttl_ms, max_attempts=max_attempts)  # type: ignore[arg-type]
             task = replace(task, created_at_ms=int(now_ms))
         except InvalidRequest as error:
@@ -238,9 +245,9 @@ class Model:
         # 1. the HTTP layer's type checks (atMs and type "expire" included: neither is the worker's to send)
         try:
             if attempt is not None and not _an_attempt(attempt):
-                raise InvalidRequest("attempt must be a whole number from 0 to 2**63-1")
+                raise InvalidRequest("attempt: must be a whole number from 0 to 2**63-1")
             if callback_id is not None and not isinstance(callback_id, str):
-                raise InvalidRequest("callbackId must be a string")
+                raise InvalidRequest("callbackId: must be a string")
             event = parse_event(event_body, now_ms)
             if attempt is not None and event.type not in FENCED:
                 raise InvalidRequest("attempt: only progress, succeed and fail callbacks are fenced")
@@ -251,7 +258,10 @@ class Model:
         if task is None:
             return _error(UnknownTask(task_id))
         # 3. callback-id dedup: global, checked first, bodies compared as parsed JSON
-        canonical = {"taskId": task_id, "event": copy.deepcopy(event_body), "attempt": attempt}
+        # the defaults of the fields left out included, as the gateway parses the body before comparing
+        defaults = {name: value for (kind, name), value in OPTIONAL.items() if kind == event.type}
+        sent = {**defaults, **copy.deepcopy(event_body)}
+        canonical = {"taskId": task_id, "event": sent, "attempt": attempt}
         if callback_id is not None and callback_id in self.callbacks:
             if not json_equal(self.callbacks[callback_id], canonical):
                 return _error(

@@ -89,8 +89,8 @@ def unchanged(task: Task, reason: str, *, duplicate: bool = False) -> Transition
 
 
 def invalid(message: str) -> AbstractContextManager[Any]:
-    """Expect ``InvalidRequest`` with exactly the reference's message ``async-task: <message>``."""
-    return pytest.raises(InvalidRequest, match=f"^{re.escape('async-task: ' + message)}$")
+    """Expect ``InvalidRequest`` with exactly the reference's message, without its ``async-task:`` prefix."""
+    return pytest.raises(InvalidRequest, match=f"^{re.escape(message)}$")
 
 
 # --- create_task ------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ def test_create_task_accepts_zero_now_and_integral_float_max_attempts() -> None:
     "blank", ["", " ", "\t\n\r\v\f", "\u00a0", "\ufeff", "\u2028", "\u2029", "\u3000", "\u1680", " \u202f "]
 )
 def test_create_task_rejects_blank_id_with_js_whitespace(blank: str) -> None:
-    with invalid("task.id must not be blank"):
+    with invalid("id must not be blank"):
         create_task(id=blank, now_ms=NOW, ttl_ms=TTL, max_attempts=1)
 
 
@@ -152,7 +152,7 @@ def test_create_task_rejects_bad_max_attempts(max_attempts: float) -> None:
 
 
 def test_create_task_checks_in_reference_order() -> None:
-    with invalid("task.id must not be blank"):
+    with invalid("id must not be blank"):
         create_task(id=" ", now_ms=-1, ttl_ms=0, max_attempts=0)
     with invalid("nowMs must be a non-negative number"):
         create_task(id="t", now_ms=-1, ttl_ms=0, max_attempts=0)
@@ -165,9 +165,7 @@ def test_invalid_request_is_the_400_invalid_request_error() -> None:
         create_task(id="", now_ms=0, ttl_ms=1, max_attempts=1)
     assert info.value.code == "invalid-request"
     assert info.value.status == 400
-    assert info.value.to_json() == {
-        "error": {"code": "invalid-request", "message": "async-task: task.id must not be blank"}
-    }
+    assert info.value.to_json() == {"error": {"code": "invalid-request", "message": "id must not be blank"}}
 
 
 # --- one test per reason ---------------------------------------------------------------------------

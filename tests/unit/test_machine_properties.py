@@ -36,6 +36,7 @@ from gateway.machine import (
     is_blank,
 )
 from tests.support.examples import examples
+from tests.support.model import MACHINE_MESSAGE
 
 EXAMPLES = examples(150)
 T = TypeVar("T")
@@ -165,7 +166,7 @@ def run(created: Task, sequence: list[Op]) -> Run:
             except InvalidRequest as error:
                 # a rejected event changes nothing: the caller keeps the task it had
                 assert task == snapshot
-                assert error.message.startswith("async-task: ")
+                assert MACHINE_MESSAGE.match(error.message), error.message
                 assert _invalid_input(event), (task, event)
                 rejected += 1
                 continue

@@ -78,10 +78,10 @@ def test_create_with_other_parameters_is_task_exists(model: Model, ttl: int, max
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("\u00a0", 0, 1, 1), "async-task: task.id must not be blank"),
-        (("t", -1, 1, 1), "async-task: nowMs must be a non-negative number"),
-        (("t", 0, 0, 1), "async-task: ttlMs must be a positive number"),
-        (("t", 0, 1, 1.5), "async-task: maxAttempts must be an integer >= 1"),
+        (("\u00a0", 0, 1, 1), "id must not be blank"),
+        (("t", -1, 1, 1), "nowMs must be a non-negative number"),
+        (("t", 0, 0, 1), "ttlMs must be a positive number"),
+        (("t", 0, 1, 1.5), "maxAttempts must be an integer >= 1"),
     ],
 )
 def test_create_rejects_what_the_machine_rejects(args: tuple[Any, ...], message: str) -> None:
@@ -164,7 +164,7 @@ def test_invalid_event_does_not_remember_the_callback_id(model: Model) -> None:
     too_far = {"type": "progress", "progress": 101, "cursor": "c"}
     assert model.callback("t1", 1_020, too_far, callback_id="cb1") == (
         400,
-        {"error": {"code": "invalid-request", "message": "async-task: progress must not exceed 100"}},
+        {"error": {"code": "invalid-request", "message": "progress must not exceed 100"}},
     )
     ok = model.callback("t1", 1_030, {"type": "progress", "progress": 7, "cursor": "c"}, callback_id="cb1")
     assert ok[1]["reason"] == "progress"
@@ -420,7 +420,7 @@ def test_deliveries(model: Model) -> None:
     assert code(model.deliver("nope", "k3", 3_000)) == (404, "unknown-task")
     assert model.deliver("t1", "\ufeff", 3_000) == (
         400,
-        {"error": {"code": "invalid-request", "message": "async-task: idempotencyKey must not be blank"}},
+        {"error": {"code": "invalid-request", "message": "idempotencyKey must not be blank"}},
     )
 
 
