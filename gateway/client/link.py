@@ -121,7 +121,9 @@ async def linked(
                 if opened:
                     message = f"lost the connection to {base_url} ({why}), reconnecting"
                 else:
-                    message = f"cannot reach {base_url}, retrying in {delay:.1f} s ({why})"
+                    # Full jitter makes many a wait shorter than the tenth of a second the line shows.
+                    when = f"in {delay:.1f} s" if delay >= 0.05 else "at once"
+                    message = f"cannot reach {base_url}, retrying {when} ({why})"
                 report(LinkStatus(False, message, delay))
             await anyio.sleep(delay)
 

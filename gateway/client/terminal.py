@@ -3,11 +3,15 @@ with ``--tag`` of every task carrying a tag (a line per change, each task's id f
 created, until Ctrl-C).
 
 What goes wrong with the link (once per distinct failure) and why it gave up go to stderr; while the bar is
-live on a terminal, rich shows what is written to stderr above it."""
+live on a terminal, rich shows what is written to stderr above it. Nothing of the task is shown before its
+first frame (a task it was refused has no bar). When its reader goes away (``gateway watch ... | head``) it
+stops quietly, with the exit code of a tool that SIGPIPE ended."""
 
 from __future__ import annotations
 
+import os
 import sys
+from contextlib import ExitStack, aclosing
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +21,24 @@ from gateway.client.watch import LinkStatus, WatchError, watch, watch_tag
 
 EXIT_CODES = {"succeeded": 0, "failed": 1, "expired": 3}
 EXIT_ERROR = 4
+EXIT_READER_GONE = 141  # 128 + SIGPIPE, as a shell reports a tool whose reader went away
+
+
+class _Console(Console):
+    """rich's console, whose broken pipe is raised to :func:`watch_in_terminal` rather than ending the
+    process with exit code 1 (which says "failed" here)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
+def _reader_gone() -> int:
+    """stdout's reader is gone: what is still buffered for it goes nowhere, not to a traceback at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_READER_GONE
 
 
 def describe(event: dict[str, Any]) -> str:
@@ -38,34 +60,39 @@ async def watch_in_terminal(
     base_url: str, task_id: str, token: str | None, cursor: int = 0, console: Console | None = None
 ) -> int:
     """Show the task until it is terminal; returns 0 (succeeded), 1 (failed), 3 (expired) or 4 (error)."""
-    console = console or Console()
+    console = console or _Console()
     state = "unknown"
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task(task_id, total=100)
-
-        try:
+    try:
+        with ExitStack() as shown:
+            progress: Progress | None = None  # the bar, from the first frame on
             frames = watch(base_url, {task_id: token}, cursors={task_id: cursor}, on_status=_say_status)
-            async for frame in frames:
-                task = frame["task"]
-                state = task["state"]
-                kind = frame["type"]
-                if kind == "event":
-                    progress.console.print(f"v{frame['version']}  {describe(frame['event'])}")
-                else:
-                    reason = f" ({frame['reason']})" if frame.get("reason") else ""
-                    progress.console.print(f"v{frame['version']}  resumed: {kind}{reason}")
-                    for entry in frame.get("events", ()):
-                        progress.console.print(f"v{entry['version']}  {describe(entry['event'])}")
-                progress.update(
-                    bar,
-                    completed=task["progress"],
-                    description=f"{task_id}  {state}  attempt {task['attempts']}/{task['maxAttempts']}",
-                )
-        except WatchError as exc:
-            print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
-            return EXIT_ERROR
-    console.print(f"{task_id}: {state}")
+            async with aclosing(frames):
+                async for frame in frames:
+                    if progress is None:
+                        progress = shown.enter_context(Progress(*columns, console=console, transient=False))
+                        bar = progress.add_task(task_id, total=100)
+                    task = frame["task"]
+                    state = task["state"]
+                    kind = frame["type"]
+                    if kind == "event":
+                        progress.console.print(f"v{frame['version']}  {describe(frame['event'])}")
+                    else:
+                        reason = f" ({frame['reason']})" if frame.get("reason") else ""
+                        progress.console.print(f"v{frame['version']}  resumed: {kind}{reason}")
+                        for entry in frame.get("events", ()):
+                            progress.console.print(f"v{entry['version']}  {describe(entry['event'])}")
+                    progress.update(
+                        bar,
+                        completed=task["progress"],
+                        description=f"{task_id}  {state}  attempt {task['attempts']}/{task['maxAttempts']}",
+                    )
+        console.print(f"{task_id}: {state}")
+    except WatchError as exc:
+        print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return _reader_gone()
     return EXIT_CODES.get(state, EXIT_ERROR)
 
 
@@ -88,33 +115,37 @@ async def watch_tag_in_terminal(base_url: str, tag: str, token: str | None) -> i
     def out(line: str) -> None:
         print(line, flush=True)
 
+    frames = watch_tag(base_url, tag, token, on_status=_say_status)
     try:
-        async for frame in watch_tag(base_url, tag, token, on_status=_say_status):
-            kind = frame["type"]
-            if kind == "tag":
-                more = " (the newest; older ones are not listed)" if frame["more"] else ""
-                count = len(frame["taskIds"])
-                out(f"{tag}: {count} task{'' if count == 1 else 's'}{more}")
-                continue
-            if kind == "added":
-                out(f"{frame['taskId']}  added")
-                continue
-            task_id, task, version = frame["taskId"], frame["task"], frame["version"]
-            if kind == "event":
-                out(f"{task_id}  v{version}  {describe(frame['event'])}")
-            elif task_id not in shown:
-                out(f"{task_id}  v{version}  {_summary(task)}")
-            elif kind == "snapshot":
-                out(f"{task_id}  v{version}  resumed: snapshot ({frame['reason']})  {_summary(task)}")
-            else:
-                for entry in frame.get("events", ()):
-                    out(f"{task_id}  v{entry['version']}  {describe(entry['event'])}")
-            if task["state"] in EXIT_CODES and task_id not in ended:
-                if task_id in shown:
-                    out(f"{task_id}: {task['state']}")
-                ended.add(task_id)
-            shown.add(task_id)
+        async with aclosing(frames):
+            async for frame in frames:
+                kind = frame["type"]
+                if kind == "tag":
+                    more = " (the newest; older ones are not listed)" if frame["more"] else ""
+                    count = len(frame["taskIds"])
+                    out(f"{tag}: {count} task{'' if count == 1 else 's'}{more}")
+                    continue
+                if kind == "added":
+                    out(f"{frame['taskId']}  added")
+                    continue
+                task_id, task, version = frame["taskId"], frame["task"], frame["version"]
+                if kind == "event":
+                    out(f"{task_id}  v{version}  {describe(frame['event'])}")
+                elif task_id not in shown:
+                    out(f"{task_id}  v{version}  {_summary(task)}")
+                elif kind == "snapshot":
+                    out(f"{task_id}  v{version}  resumed: snapshot ({frame['reason']})  {_summary(task)}")
+                else:
+                    for entry in frame.get("events", ()):
+                        out(f"{task_id}  v{entry['version']}  {describe(entry['event'])}")
+                if task["state"] in EXIT_CODES and task_id not in ended:
+                    if task_id in shown:
+                        out(f"{task_id}: {task['state']}")
+                    ended.add(task_id)
+                shown.add(task_id)
     except WatchError as exc:
         print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
         return EXIT_ERROR
+    except BrokenPipeError:
+        return _reader_gone()
     return EXIT_ERROR  # pragma: no cover  (watch_tag ends only by an error or an interrupt)

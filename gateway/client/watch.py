@@ -11,7 +11,7 @@ exact task state.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, MutableMapping
 from typing import Any
 
 import anyio
@@ -43,7 +43,7 @@ async def watch(
     heartbeat_s: float = 3.0,
     deadline_s: float = 3.0,
     on_status: Callable[[LinkStatus], None] | None = log_status,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """Yield the frames of the tasks in ``tokens`` (task id -> subscribe token) until all are terminal.
 
     ``cursors`` holds the versions already seen (default 0). Raises :class:`WatchError` on an error the
@@ -113,7 +113,7 @@ async def watch_tag(
     heartbeat_s: float = 3.0,
     deadline_s: float = 3.0,
     on_status: Callable[[LinkStatus], None] | None = log_status,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """Yield the frames of every task carrying ``tag``, with ``token`` a tag token for it (``POST
     /v1/tokens``; ``None`` where the gateway runs open), until the caller stops.
 

@@ -255,7 +255,8 @@ async def test_watch_says_once_that_it_cannot_reach_the_gateway_and_once_that_it
                 await frames.aclose()
         assert proxy.refused >= 5
         assert [s.connected for s in statuses] == [False, True], statuses  # not once per attempt
-        assert re.fullmatch(rf"cannot reach {proxy.url}, retrying in \d+\.\d s \(.+\)", statuses[0].message)
+        # The first waits are under 0.05 s (backoff from 0.01 s): "at once", never "in 0.0 s".
+        assert re.fullmatch(rf"cannot reach {proxy.url}, retrying at once \(.+\)", statuses[0].message)
         assert statuses[0].retry_in_s is not None
         assert statuses[1].message == f"reconnected to {proxy.url}"
 
@@ -374,7 +375,7 @@ async def test_watch_says_each_distinct_failure_once_not_once_per_attempt() -> N
     assert server.served == 13
     messages = [s.message for s in statuses]
     assert len(messages) == 2, messages
-    assert all(m.startswith(f"cannot reach {server.url}, retrying in ") for m in messages), messages
+    assert all(m.startswith(f"cannot reach {server.url}, retrying at once ") for m in messages), messages
     assert "HTTP 503" in messages[0] and "HTTP 503" not in messages[1], messages
 
 
@@ -424,3 +425,35 @@ async def test_gateway_watch_gives_up_on_what_retrying_cannot_fix(answer: bytes 
     assert done.returncode == 4, err
     assert len(err) == 1 and err[0].startswith("gateway watch: giving up: "), err
     assert words in err[0], err
+    assert done.stdout == b"", done.stdout  # no bar, no 0%: nothing of a task it never saw
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("what", ["task", "tag"])
+async def test_gateway_watch_stops_quietly_when_its_reader_goes_away(sqlite_url: str, what: str) -> None:
+    """``gateway watch ... | head -1``: the first line read, the reader gone, the next line it writes ends it
+    with no traceback and exit 141, as a tool that SIGPIPE ended (not 1, which says the task failed)."""
+    async with running_gateway(sqlite_url) as gw:
+        made = await create_task(gw, "piped", max_attempts=1, tags=["owner:pipe"])
+        target = ["--tag", "owner:pipe"] if what == "tag" else ["piped"]
+        read_end, write_end = os.pipe()
+        command = [sys.executable, "-m", "gateway.cli", "watch", *target, "--url", gw.url]
+        try:
+            process = await anyio.open_process(command, stdout=write_end)
+        finally:
+            os.close(write_end)
+        async with process:
+            with anyio.fail_after(30), _killed_on_failure(process):
+                try:
+                    await anyio.to_thread.run_sync(os.read, read_end, 1)  # its first output
+                finally:
+                    os.close(read_end)
+                async with Worker(gw.url, "piped", made["callbackToken"]) as worker:
+                    await worker.start("w1")  # each change is a line it writes to the pipe with no reader
+                    await worker.progress(50)
+                    await worker.succeed("s3://piped", "sha256:p")
+                returncode = await process.wait()
+            assert process.stderr is not None
+            err = b"".join([chunk async for chunk in process.stderr]).decode()
+        assert returncode == 141, err
+        assert "Traceback" not in err and "Exception" not in err, err
