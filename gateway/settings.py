@@ -145,7 +145,7 @@ class Settings(BaseModel):
     notify_concurrency: int = Field(8, ge=1, le=256)
     # How often the relay looks for notifications it was not woken for (other processes', retries).
     notify_poll_ms: int = Field(1_000, ge=10)
-    # --- limits on what a client can hold (README, Limits) ---
+    # --- limits on what a client can hold (docs/configuration.md, Limits) ---
     # Request line and headers of one request, in bytes, and how many header lines: past either, 431.
     max_header_bytes: int = Field(16 * 1024, ge=1024)
     max_header_count: int = Field(100, ge=8)

@@ -1,5 +1,5 @@
-"""**db-deadline**: in a frozen partition, a gateway answers within its database deadline (README: "within
-about a second" past ``GATEWAY_DB_DEADLINE_MS``), on PostgreSQL.
+"""**db-deadline**: in a frozen partition, a gateway answers within its database deadline
+(docs/configuration.md: "within about a second" past ``GATEWAY_DB_DEADLINE_MS``), on PostgreSQL.
 
 ``gateway serve`` with a 2 s deadline reaches its PostgreSQL database through a relay
 (tests/support/pgrelay.py) that then freezes: nothing passes either way, nothing is closed. Callbacks keep

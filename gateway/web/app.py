@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
                 started = True
                 yield
         except Exception as exc:
-            # A worker started while the database is down (README: one line, not a traceback).
+            # A worker started while the database is down (docs/configuration.md: one line, not a traceback).
             if started or not (isinstance(exc, ConfigError) or database_unavailable(exc)):
                 raise
             why = str(exc) if isinstance(exc, ConfigError) else f"the database: {one_line(exc)}"

@@ -1,5 +1,5 @@
-"""The limits (README, Limits): what a stranger, a broken client or a runaway worker can hold, and the
-answer each gets when it reaches a limit. Raw sockets send what client libraries would not."""
+"""The limits (docs/configuration.md, Limits): what a stranger, a broken client or a runaway worker can
+hold, and the answer each gets when it reaches a limit. Raw sockets send what client libraries would not."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The walkthrough of the README, against a real server on each database."""
+"""The walkthrough of docs/walkthrough.md in Python, against a real server on each database (the page's own
+curl blocks run as written in tests/integration/test_doc_blocks.py, on SQLite)."""
 
 from __future__ import annotations
 
