@@ -33,14 +33,13 @@ import pytest
 
 from tests.browser.conftest import Console
 from tests.support import doc_blocks, wait_until
-from tests.support.processes import GatewayProcess, free_port
+from tests.support.processes import DASHBOARD, GatewayProcess, free_port
 
 THIS = "tests/browser/test_first_hour.py"
 # The README's "first screen": what a reader sees before scrolling far.
 FIRST_SCREEN_LINES = 60
 INSTALL_S = 300.0  # a venv and pip install -e . on a loaded machine (about 45 s on a quiet one)
 WORKER_S = 60.0  # the worker block: 9 progress reports a second apart
-DASHBOARD = re.compile(rb"gateway: dashboard at (http://\S+)/")
 LINK = re.compile(r"Open (http://\S+)")
 
 

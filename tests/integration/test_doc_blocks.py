@@ -34,7 +34,7 @@ from gateway.machine import TERMINAL
 from tests.support import doc_blocks, eventually, http_client, wait_until
 from tests.support.celery_processes import rabbitmq_broker
 from tests.support.doc_blocks import BACKGROUND, RUN_BY, UNTIL_STOPPED, Block
-from tests.support.processes import GatewayProcess, free_port, unavailable
+from tests.support.processes import DASHBOARD, GatewayProcess, free_port, unavailable
 
 ROOT = doc_blocks.ROOT
 VENV = Path(sys.prefix)
@@ -46,7 +46,6 @@ REDIS_DBS = (14, 15)
 REDIS_LOCK = "task-gateway:doc-blocks:lock"
 PAGE_S = 300.0  # a page's blocks, a queue's workers starting included, on a loaded machine
 STOP_S = 20.0
-DASHBOARD = re.compile(rb"gateway: dashboard at (http://\S+)/")
 ACCESS = re.compile(r'"(?P<request>[A-Z]+ \S+) HTTP/1\.1" (?P<status>\d{3})')
 
 

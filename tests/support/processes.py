@@ -53,6 +53,8 @@ POLL_S = 0.02
 SERVING = re.compile(rb"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 STARTED = re.compile(rb"Started server process \[(\d+)\]")
 STARTUP_COMPLETE = re.compile(rb"Application startup complete")
+# The line `gateway serve` says at start with the dashboard's address (the gateway's URL, without its "/").
+DASHBOARD = re.compile(rb"gateway: dashboard at (http://\S+)/")
 
 
 def unavailable(message: str) -> NoReturn:
