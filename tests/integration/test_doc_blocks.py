@@ -38,9 +38,9 @@ from tests.support.processes import DASHBOARD, GatewayProcess, free_port, unavai
 
 ROOT = doc_blocks.ROOT
 VENV = Path(sys.prefix)
-# The page bench/report.py writes after each full benchmark run ("do not edit by hand"): its one block is
-# the run's own command line, which bench/all.py --smoke runs in CI.
-GENERATED = {"docs/benchmarks.md": "bench/report.py"}
+# The page bench/lib/report.py writes after each full benchmark run ("do not edit by hand"): its one block
+# is the run's own command line, which CI runs as python -m bench --smoke.
+GENERATED = {"docs/benchmarks.md": "bench/lib/report.py"}
 # Redis dbs of this module's own (the other helpers hold 11, 12 and 13), one per run at a time.
 REDIS_DBS = (14, 15)
 REDIS_LOCK = "task-gateway:doc-blocks:lock"
