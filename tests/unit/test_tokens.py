@@ -175,6 +175,18 @@ TAG_CLAIMS = {"tag": "owner:u42", "scope": "subscribe"}
         ("iat", str(int(time.time()))),
         ("nbf", None),
     ],
+    # Named for what they are, not their values: a time in an id differs between xdist's processes.
+    ids=[
+        "exp-numeric-string",
+        "exp-decimal-string",
+        "exp-bool",
+        "exp-list",
+        "exp-inf",
+        "exp-nan",
+        "nbf-string",
+        "iat-string",
+        "nbf-null",
+    ],
 )
 def test_a_numericdate_claim_that_is_not_a_json_number_is_malformed(
     kind: dict[str, str], claim: str, value: object
@@ -188,7 +200,7 @@ def test_a_numericdate_claim_that_is_not_a_json_number_is_malformed(
     assert tokens._verified == {}
 
 
-@pytest.mark.parametrize("value", [int(LATER), LATER])
+@pytest.mark.parametrize("value", [int(LATER), LATER], ids=["whole", "fraction"])
 def test_an_exp_that_is_a_json_number_whole_or_not_is_taken(value: float) -> None:
     token = jwt.encode({**TASK_CLAIMS, "exp": value, "iat": 1_700_000_000.25}, SECRET, algorithm="HS256")
     assert Tokens(SECRET).check(token, "t1", "subscribe").exp == value
