@@ -3,9 +3,10 @@ the two small drivers that send for them (``asend`` on an ``httpx.AsyncClient``,
 ``httpx.Client``). ``Worker``, ``AsyncBackend`` and ``Backend`` all post through here, so what is retried
 and how long to wait is decided in one place.
 
-Retried: a transport failure (no answer: refused, reset, timed out), a 5xx and a 429 (after its
-``Retry-After``), with exponential backoff and full jitter, up to ``retries`` times. Every try sends the
-same request (the same callback id or ``Idempotency-Key``): only requests that are safe to repeat come
+What is retried, and after how long, is :mod:`gateway.client.retry`'s rule (the integrations' sender
+keeps it too): a transport failure (no answer: refused, reset, timed out), a 5xx and a 429 (after its
+``Retry-After``), with exponential backoff and full jitter, here up to ``retries`` times. Every try sends
+the same request (the same callback id or ``Idempotency-Key``): only requests that are safe to repeat come
 here. Any other answer, a 4xx included, is returned for the caller to read (:func:`problem` reads an
 error's body).
 """
@@ -21,6 +22,7 @@ import anyio
 import httpx
 
 from gateway.client.backoff import Backoff
+from gateway.client.retry import pause_s, retried
 
 
 @dataclass(frozen=True)
@@ -56,15 +58,14 @@ def tries(request: httpx.Request, *, retries: int, backoff: Backoff) -> Steps:
                 raise
         else:
             assert response is not None
-            if response.status_code < 500 and response.status_code != 429:
+            if not retried(response.status_code):
                 return response
             if attempt == retries:
                 response.raise_for_status()
-            retry_after = response.headers.get("retry-after", "")
-            if retry_after.isdigit():  # 429 (too many callbacks for this task) and 503 say when
-                yield Pause(max(int(retry_after), backoff.next_delay()))
-                continue
-        yield Pause(backoff.next_delay())
+            # 429 (too many callbacks for this task) and 503 say when, in Retry-After.
+            yield Pause(pause_s(backoff, response.headers.get("retry-after")))
+            continue
+        yield Pause(pause_s(backoff))
     raise AssertionError("unreachable")
 
 
