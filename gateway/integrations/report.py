@@ -37,9 +37,12 @@ from typing import Any, TypeVar
 import httpx
 
 from gateway.client.backend_wire import Call, Wire
+from gateway.client.backoff import Backoff
 from gateway.client.errors import BackendError
+from gateway.client.retry import pause_s, retried
+from gateway.integrations.outbox import Cancel, Lost
 from gateway.integrations.run import Run
-from gateway.integrations.sender import Cancel, Lost, Sender
+from gateway.integrations.sender import Sender
 from gateway.integrations.ticket import DEFAULT_TTL_MS, GatewayConfig, Ticket, error_text
 
 __all__ = [
@@ -197,25 +200,27 @@ class Reporter:
         return run
 
     def _within(self, what: str, call: Call[T]) -> T | None:
-        """``call``'s answer, tried again (transport errors, 5xx, 429) until ``timeout_s`` has passed, each
-        try bounded by what is left; ``None``, with a WARNING saying what could not be done and why, when
-        there is no answer by then. A refusal (a 4xx) raises its :class:`BackendError`."""
+        """``call``'s answer, tried again as :mod:`gateway.client.retry` says (transport errors, 5xx, 429,
+        after the backoff and at least a Retry-After) until ``timeout_s`` has passed, each try bounded by
+        what is left; ``None``, with a WARNING saying what could not be done and why, when there is no answer
+        by then. A refusal (a 4xx) raises its :class:`BackendError`."""
         client = self._client_here()
         deadline = time.monotonic() + self.config.timeout_s
-        why, delay = "no answer", 0.05
+        why, backoff = "no answer", Backoff(base_s=0.05, cap_s=0.5)
         while (left := deadline - time.monotonic()) > 0:
             request = call.request(client)
             request.extensions["timeout"] = httpx.Timeout(left).as_dict()
+            retry_after = None
             try:
                 response = client.send(request)
             except httpx.HTTPError as exc:
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             else:
-                if response.status_code < 500 and response.status_code != 429:
+                if not retried(response.status_code):
                     return call.answer(response)
-                why = f"HTTP {response.status_code}"
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # the backoff itself
-            delay = min(delay * 2, 0.5)
+                why, retry_after = f"HTTP {response.status_code}", response.headers.get("retry-after")
+            pause = pause_s(backoff, retry_after)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))  # the backoff itself
         log.warning("task-gateway: could not %s: %s (timeout %ss)", what, why, self.config.timeout_s)
         return None
 

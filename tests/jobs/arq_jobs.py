@@ -12,7 +12,9 @@ environment (tests/support/queue_runs.py) and are installed with the integration
 - ``kill``: first try progress 20 and waits for its worker to be killed; the second progress 80 and
   returns;
 - ``abort``: progress 10, then waits for ``Job.abort()``; ``slow``: the same, for arq's time limit;
-- ``cancel``: progress that rises until the gateway's cancel makes ``progress()`` raise.
+- ``cancel``: progress that rises until the gateway's cancel makes ``progress()`` raise;
+- ``outlive``: progress 10 to 50, then waits for the test's go (the test stops the worker past the lease
+  meanwhile), then progress 60 to 100 and returns.
 """
 
 from __future__ import annotations
@@ -68,6 +70,19 @@ async def work(ctx: dict[str, Any], plan: str) -> Any:
             await progress(20)
             await _waiting("killed")
         await progress(80)
+        return f"s3://results/{job_id}"
+    if plan == "outlive":
+        # Says where it is (its pid under <token>:at:<job id>) and waits for the test's go (<token>:go:<job
+        # id>: the test stops this process meanwhile, past the task's lease).
+        for value in (10, 20, 30, 40, 50):
+            await progress(value, cursor=f"row-{value}")
+        await ctx["redis"].set(f"{token}:at:{job_id}", os.getpid())
+        for _ in range(int(WAIT_S / POLL_S)):
+            if await ctx["redis"].exists(f"{token}:go:{job_id}"):
+                break
+            await asyncio.sleep(POLL_S)
+        for value in (60, 70, 80, 90, 100):
+            await progress(value, cursor=f"row-{value}")
         return f"s3://results/{job_id}"
     if plan in ("abort", "slow"):
         await progress(10)

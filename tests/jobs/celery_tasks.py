@@ -150,6 +150,22 @@ def make_app(
             time.sleep(0.02)
         return "not killed"
 
+    @task(app, name="tg.outlives", max_retries=1)
+    def outlives(self: Any, first: list[int], rest: list[int]) -> str:
+        """Reports ``first``, says where it is (a file named for its id, holding its pid), waits for the
+        test's go (``<id>.go``: the test stops the gateway or this process meanwhile), reports ``rest``, says
+        it is done (``<id>.done``) and succeeds."""
+        for value in first:
+            progress(value, cursor=f"at-{value}")
+        (place / f"{self.request.id}.pid").write_text(str(os.getpid()))
+        deadline = time.monotonic() + HOLD_S
+        while not (place / f"{self.request.id}.go").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for value in rest:
+            progress(value, cursor=f"at-{value}")
+        (place / f"{self.request.id}.done").touch()
+        return f"s3://outlived/{self.request.id}"
+
     def overrun(value: int) -> None:
         """Reports ``value``, says it is holding (a file named for its id), then works past any limit."""
         progress(value, cursor="overrunning")

@@ -9,7 +9,8 @@ import json
 import time
 
 from gateway.integrations.report import Reporter
-from gateway.integrations.run import RUNNING, START, Run
+from gateway.integrations.run import Run
+from gateway.integrations.runstate import RUNNING, START
 from gateway.integrations.ticket import GatewayConfig, Ticket, result_hash
 
 CONFIG = GatewayConfig(url="http://127.0.0.1:9", min_interval_s=10.0)
