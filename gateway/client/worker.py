@@ -18,10 +18,21 @@ again elsewhere, ended), the block's job is cancelled and the block raises :clas
 :class:`TaskCancelled` when the task was cancelled (the ``409 not-running`` answer carries the task). The job
 must leave the event loop free for this (blocking work in a thread: ``anyio.to_thread.run_sync``); a job
 that blocks the loop cannot heartbeat, and its lease runs out as a vanished worker's does.
+
+**A job that outlives its lease.** When the lease ran out while the job still ran (the gateway down or out
+of reach longer than the lease, the worker's process stopped), the gateway has requeued the task
+(``heartbeat-timeout``). Told so (a callback answered ``not-running``, a heartbeat ``409 not-running``),
+a worker whose task is queued at its own attempt by that lease's end, no newer attempt started, takes it
+back (:mod:`gateway.client.retake`): a new ``start`` as the next attempt, the progress it had reached
+again, and the callback it was sending, as that attempt (with a new id: the old one was answered), logged
+at WARNING; the job goes on and never sees it. A task that went on without the worker (a newer attempt
+started, the lease ended its last attempt) is logged at ERROR with what is lost (the result, the failure,
+the progress), and raised as before (:class:`AttemptOver`, :class:`CallbackIgnored`).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -41,6 +52,7 @@ from gateway.client.errors import (
     ignored,
 )
 from gateway.client.exchange import asend, problem, tries
+from gateway.client.retake import TakeBack, WentOn, lost, outlived
 
 __all__ = [
     "APPLIED",
@@ -53,6 +65,8 @@ __all__ = [
     "Worker",
 ]
 
+log = logging.getLogger("gateway.client")
+
 # Reasons of an answer that did what the callback asked (the reference's transitions).
 APPLIED = frozenset({"started", "progress", "succeeded", "failed", "requeued"})
 # Reasons of an answer that changed nothing because it had been done already: the same progress or the
@@ -64,6 +78,8 @@ HARMLESS = frozenset({"duplicate-progress", "duplicate-result", "duplicate-callb
 KEEPALIVE_S = 2.0
 # The 409 codes that say a worker's attempt is over.
 ATTEMPT_OVER = frozenset({"stale-attempt", "not-running"})
+# The reasons of a fenced callback's answer that say the worker's attempt is over.
+ATTEMPT_ENDED = frozenset({"not-running", "terminal-conflict", "expired"})
 # The ``event_type`` of an error a heartbeat raises.
 HEARTBEAT = "heartbeat"
 # A heartbeat goes at this fraction of the lease after the lease's last renewal.
@@ -105,6 +121,9 @@ class Worker:
         # What a heartbeat learned (the attempt is over, or the task was cancelled); raised from the block.
         self._over: AttemptOver | TaskCancelled | None = None
         self._block: anyio.CancelScope | None = None  # around the block's job, which a heartbeat may cancel
+        self._name: str | None = None  # the ``worker`` of its start, for a start that takes the task back
+        self._reached: tuple[int, str] | None = None  # the attempt's last progress taken (value, cursor)
+        self._retaking: anyio.Lock | None = None  # one take-back at a time (made in the event loop)
 
     @property
     def heartbeating(self) -> bool:
@@ -149,6 +168,7 @@ class Worker:
         unless ``take_over`` is true: then this worker adopts the running attempt and fences its callbacks
         with it (the other worker's are refused from its next requeue on, not before)."""
         answer = await self.send({"type": "start", "worker": worker}, check=False)
+        self._name, self._reached = worker, None
         reason, task = answer["reason"], answer["task"]
         if reason == "already-running" and not take_over:
             raise TaskAlreadyRunning("start", reason, task)
@@ -170,7 +190,9 @@ class Worker:
         again from another process (a redelivered job); by default a fresh UUID, which this call's own
         retries reuse."""
         event = {"type": "progress", "progress": progress, "cursor": cursor}
-        return await self.send(event, callback_id=callback_id, fenced=True)
+        answer = await self.send(event, callback_id=callback_id, fenced=True)
+        self._reached = (progress, cursor)
+        return answer
 
     async def succeed(
         self, result_ref: str, result_hash: str, *, callback_id: str | None = None
@@ -201,11 +223,26 @@ class Worker:
         with the same callback id.
 
         Returns the gateway's answer; raises :class:`CallbackError` on a 4xx and, unless ``check`` is
-        false, :class:`CallbackIgnored` when the answer says the callback had no effect."""
-        body: dict[str, Any] = {"callbackId": callback_id or str(uuid.uuid4()), "event": event}
-        if fenced and self.attempt is not None:
-            body["attempt"] = self.attempt
-        result = await self._post(self.url, body, self.backoff, str(event.get("type")))
+        false, :class:`CallbackIgnored` when the answer says the callback had no effect. A fenced callback
+        answered that the attempt's lease ran out while this worker still ran takes the task back and is
+        sent again as the next attempt (the module's docstring), with ``<id>@<attempt>`` as its id."""
+        callback_id = callback_id or str(uuid.uuid4())
+        attempt = self.attempt if fenced else None
+        body: dict[str, Any] = {"callbackId": callback_id, "event": event}
+        if attempt is not None:
+            body["attempt"] = attempt
+        try:
+            result = await self._post(self.url, body, self.backoff, str(event.get("type")))
+        except AttemptOver as over:  # 409 stale-attempt: another attempt has started since
+            if attempt is None or not await self._outlived(attempt, over.task, event):
+                raise
+            return await self._resend(event, callback_id, check)
+        if (
+            attempt is not None
+            and result.get("reason") in ATTEMPT_ENDED
+            and await self._outlived(attempt, result.get("task"), event)
+        ):
+            return await self._resend(event, callback_id, check)
         if check:
             _check(str(event.get("type")), result)
         return result
@@ -232,6 +269,61 @@ class Worker:
             self.heartbeat_ms = int(result["heartbeatMs"])
             self._renewed_at = max(self._renewed_at, sent.sent_at)
         return result
+
+    # --- a job that outlives its lease ---------------------------------------------------------------------
+
+    async def _resend(self, event: dict[str, Any], callback_id: str, check: bool) -> dict[str, Any]:
+        """A callback the worker's old attempt could not make, as the attempt it took the task back as."""
+        return await self.send(event, callback_id=f"{callback_id}@{self.attempt}", fenced=True, check=check)
+
+    async def _outlived(
+        self, attempt: int, task: dict[str, Any] | None, event: dict[str, Any] | None
+    ) -> bool:
+        """The gateway says ``attempt`` is over (``task``: as its answer carries it; ``event``: the callback
+        it refused, ``None`` for a heartbeat). True when this worker now runs a newer attempt (it took the
+        task back, here or in another of its calls), and what was refused is to be sent again as that one;
+        false when the task went on without it (logged at ERROR, but for a cancel) or was cancelled."""
+        if self._retaking is None:
+            self._retaking = anyio.Lock()
+        async with self._retaking:
+            if self.attempt != attempt:  # taken back meanwhile (the heartbeat, or another callback)
+                return self.attempt is not None
+            if task is not None and cancelled(task):
+                return False  # raised as TaskCancelled: the work is not wanted, nothing is lost
+            verdict = outlived(task, attempt)
+            if isinstance(verdict, TakeBack):
+                assert self._name is not None  # an attempt is this worker's by its start
+                answer = await self.send({"type": "start", "worker": self._name}, check=False)
+                task = answer["task"]
+                if task["state"] == "running" and answer["reason"] in ("started", "duplicate-callback"):
+                    self.attempt = int(task["attempts"])
+                    log.warning(
+                        "task %s: the lease of attempt %s ran out while this worker still ran it (the "
+                        "gateway requeued the task); took the task back as attempt %s",
+                        self.task_id,
+                        attempt,
+                        self.attempt,
+                    )
+                    await self._again()
+                    return True
+                if cancelled(task):
+                    return False
+                verdict = outlived(task, attempt)
+            why = verdict.why if isinstance(verdict, WentOn) else "it could not be started again"
+            log.error("task %s went on without this worker (%s); lost: %s", self.task_id, why, lost(event))
+            return False
+
+    async def _again(self) -> None:
+        """The progress the attempt taken back had reached, again (a start sets it to 0); an answer that
+        it had no effect changes nothing here."""
+        if self._reached is not None:
+            value, cursor = self._reached
+            body = {
+                "callbackId": str(uuid.uuid4()),
+                "attempt": self.attempt,
+                "event": {"type": "progress", "progress": value, "cursor": cursor},
+            }
+            await self._post(self.url, body, self.backoff, "progress")
 
     # --- the background heartbeat -------------------------------------------------------------------------
 
@@ -265,6 +357,10 @@ class Worker:
                 except (CallbackError, TaskCancelled) as exc:
                     if self._ending:  # the attempt's last callback ended it: nothing is wrong
                         return
+                    if isinstance(exc, AttemptOver) and await self._outlived(attempt, exc.task, None):
+                        assert self.attempt is not None
+                        attempt = self.attempt  # taken back: the next heartbeats are the new attempt's
+                        continue
                     self._over = exc if isinstance(exc, (AttemptOver, TaskCancelled)) else _over(exc)
                     if self._block is not None:
                         self._block.cancel()  # the job, in the block
