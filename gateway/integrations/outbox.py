@@ -171,13 +171,14 @@ class Outbox:
             for other in before
         )
 
+    def _finished(self, item: Cancel | Lost, wall_ms: float, what: str) -> bool:
+        """Answered already, or past its task's deadline (said: ``what`` could not be done)."""
+        if not item.done and wall_ms >= item.expires_at_ms:
+            self._log(logging.WARNING, "task-gateway: could not %s before its deadline", what)
+        return item.done or wall_ms >= item.expires_at_ms
+
     def _next_cancel(self, cancel: Cancel, now: float, wall_ms: float) -> Send | Wait | Done:
-        if cancel.done:
-            return DONE
-        if wall_ms >= cancel.expires_at_ms:
-            self._log(
-                logging.WARNING, "task-gateway: could not cancel task %s before its deadline", cancel.task_id
-            )
+        if self._finished(cancel, wall_ms, f"cancel task {cancel.task_id}"):
             return DONE
         after = cancel.after
         if after is not None and (after.phase in STARTING or after.reporting()):
@@ -190,14 +191,7 @@ class Outbox:
         return Send(Request("cancel", f"{task_path(cancel.task_id)}/cancel", body, self.config.api_key))
 
     def _next_lost(self, lost: Lost, now: float, wall_ms: float) -> Send | Wait | Done:
-        if lost.done:
-            return DONE
-        if wall_ms >= lost.expires_at_ms:
-            self._log(
-                logging.WARNING,
-                "task-gateway: could not fail task %s, whose run was lost, before its deadline",
-                lost.task_id,
-            )
+        if self._finished(lost, wall_ms, f"fail task {lost.task_id}, whose run was lost,"):
             return DONE
         if now < lost.retry_at:
             return Wait(lost.retry_at)

@@ -170,19 +170,23 @@ class RunProtocol:
             run.heartbeat_ms = int(answer.body["heartbeatMs"])
             run.renewed_at = max(run.renewed_at, answer.sent_at)
 
+    def _refused_outright(self, run: RunState, answer: Answer, what: str) -> bool:
+        """The gateway refused the run's create or start (a 4xx): said; the run reports nothing more."""
+        if answer.status < 300:
+            return False
+        self._say(logging.WARNING, "task-gateway: could not %s task %s: %s", what, run.task_id, why(answer))
+        run.over()
+        return True
+
     def _created(self, run: RunState, answer: Answer) -> None:
-        if answer.status >= 300:
-            self._say(logging.WARNING, "task-gateway: could not create task %s: %s", run.task_id, why(answer))
-            run.over()
+        if self._refused_outright(run, answer, "create"):
             return
         self._answered(run, answer)
         run.token = str(answer.body["callbackToken"])
         run.phase = run.first_phase(self._lease_ms(run))
 
     def _started(self, run: RunState, answer: Answer) -> None:
-        if answer.status >= 300:
-            self._say(logging.WARNING, "task-gateway: could not start task %s: %s", run.task_id, why(answer))
-            run.over()
+        if self._refused_outright(run, answer, "start"):
             return
         self._answered(run, answer)
         reason, task = answer.body.get("reason"), answer.body.get("task") or {}

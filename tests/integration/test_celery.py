@@ -38,6 +38,7 @@ from tests.support.celery_processes import (
     Broker,
     celery_worker,
     keyed_gateway,
+    publishing_app,
     rabbitmq_broker,
     read_history,
     read_task,
@@ -171,16 +172,7 @@ async def test_celery_tasks_end_on_the_gateway_as_celery_ended_them(broker: Brok
         keyed_gateway(tmp_path) as gw,
         http_client(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
     ):
-        app = make_app(
-            broker=broker.url,
-            backend="disabled://",
-            queue=broker.queue,
-            prefix=broker.prefix,
-            gateway=gw.url,
-            api_key=API_KEY,
-            tags=(tag,),
-            shared=shared,
-        )
+        app = publishing_app(broker, gw.url, shared, tags=(tag,))
         try:
             plan = await anyio.to_thread.run_sync(_publish, app)
             assert len(plan) == 50

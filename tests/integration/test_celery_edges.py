@@ -20,13 +20,14 @@ import pytest
 from gateway.integrations.celery import uninstall
 from gateway.integrations.ticket import result_hash
 from gateway.machine import TERMINAL
-from tests.jobs.celery_tasks import HARD_LIMIT_S, make_app
+from tests.jobs.celery_tasks import HARD_LIMIT_S
 from tests.support import bearer, eventually, http_client
 from tests.support.celery_processes import (
     API_KEY,
     Broker,
     celery_worker,
     keyed_gateway,
+    publishing_app,
     rabbitmq_broker,
     read_history,
     redis_broker,
@@ -77,15 +78,7 @@ async def test_time_limits_ignore_and_reject_end_the_gateway_task_as_celery_ends
         http_client(base_url=gw.url, headers=bearer(API_KEY), timeout=30) as client,
         celery_worker(broker, gw.url, shared),
     ):
-        app = make_app(
-            broker=broker.url,
-            backend="disabled://",
-            queue=broker.queue,
-            prefix=broker.prefix,
-            gateway=gw.url,
-            api_key=API_KEY,
-            shared=shared,
-        )
+        app = publishing_app(broker, gw.url, shared)
 
         def publish() -> dict[str, str]:
             sent = {

@@ -161,35 +161,33 @@ async def test_a_worker_whose_lease_ran_out_takes_its_task_back_at_its_next_call
         ]
 
 
-async def test_a_worker_whose_last_attempt_its_lease_ended_says_its_result_is_lost(
-    sqlite_url: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("max_attempts", "again_elsewhere", "raised", "why"),
+    [
+        (1, False, CallbackIgnored, "no attempt left"),  # the lease ended the last attempt
+        (2, True, AttemptOver, "another attempt has started"),  # the queue ran the job again elsewhere
+    ],
+    ids=["last attempt", "started again elsewhere"],
+)
+async def test_a_worker_whose_task_went_on_without_it_says_its_result_is_lost(
+    max_attempts: int,
+    again_elsewhere: bool,
+    raised: type[Exception],
+    why: str,
+    sqlite_url: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with running_gateway(sqlite_url) as gw, http_client() as client:
-        task_id, token = await _create(gw, max_attempts=1, lease_ms=SHORT_LEASE_MS)
-        worker = Worker(gw.url, task_id, token, client=client)
-        await worker.start("w1")
-        await _lease_ended(gw, task_id)
-        with caplog.at_level(logging.ERROR, logger="gateway.client"), pytest.raises(CallbackIgnored):
-            await worker.succeed(*RESULT)
-        assert (await _read(gw, task_id))["state"] == "failed"
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and task_id in errors[0] and "no attempt left" in errors[0], errors
-    assert RESULT[0] in errors[0], errors  # what was lost
-
-
-async def test_a_worker_whose_task_another_worker_started_again_says_its_result_is_lost(
-    sqlite_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    async with running_gateway(sqlite_url) as gw, http_client() as client:
-        task_id, token = await _create(gw, max_attempts=2, lease_ms=SHORT_LEASE_MS)
+        task_id, token = await _create(gw, max_attempts=max_attempts, lease_ms=SHORT_LEASE_MS)
         late = Worker(gw.url, task_id, token, client=client)
         await late.start("w1")
         await _lease_ended(gw, task_id)
-        other = Worker(gw.url, task_id, token, client=client)
-        await other.start("w2")  # the queue ran the job again elsewhere: attempt 2
-        with caplog.at_level(logging.ERROR, logger="gateway.client"), pytest.raises(AttemptOver):
+        if again_elsewhere:
+            await Worker(gw.url, task_id, token, client=client).start("w2")
+        with caplog.at_level(logging.ERROR, logger="gateway.client"), pytest.raises(raised):
             await late.succeed(*RESULT)
-        await other.succeed("s3://reports/other", "sha256:1")
+        # The task as the gateway had it: failed, or running the other worker's attempt.
+        assert (await _read(gw, task_id))["state"] == ("running" if again_elsewhere else "failed")
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and task_id in errors[0] and "another attempt has started" in errors[0], errors
-    assert RESULT[0] in errors[0], errors
+    assert len(errors) == 1 and task_id in errors[0] and why in errors[0], errors
+    assert RESULT[0] in errors[0], errors  # what was lost

@@ -23,9 +23,8 @@ from arq.connections import RedisSettings, create_pool
 from gateway.integrations import arq as gateway_arq
 from gateway.integrations.celery import uninstall
 from gateway.machine import TERMINAL
-from tests.jobs.celery_tasks import make_app
 from tests.support import eventually
-from tests.support.celery_processes import API_KEY, celery_worker, rabbitmq_broker
+from tests.support.celery_processes import API_KEY, celery_worker, publishing_app, rabbitmq_broker
 from tests.support.lease_outage import TIMED_OUT, RestartableGateway, restartable_gateway
 from tests.support.queue_runs import ARQ_DB, queue_workers, redis_space, worker_environ
 
@@ -87,15 +86,7 @@ async def test_a_celery_job_that_outlives_its_lease_ends_its_task_as_it_ended(
             restartable_gateway(tmp_path) as place,
             celery_worker(broker, place.workers_url, shared),
         ):
-            app = make_app(
-                broker=broker.url,
-                backend="disabled://",
-                queue=broker.queue,
-                prefix=broker.prefix,
-                gateway=place.url,
-                api_key=API_KEY,
-                shared=shared,
-            )
+            app = publishing_app(broker, place.url, shared)
             try:
                 sent = await anyio.to_thread.run_sync(
                     lambda: app.signature("tg.outlives").apply_async(

@@ -24,9 +24,11 @@ from typing import Any
 import anyio
 import anyio.abc
 import httpx
+from celery import Celery
 from redis import Redis
 from redis.exceptions import RedisError
 
+from tests.jobs.celery_tasks import make_app
 from tests.support.processes import GatewayProcess, gateway_environ, print_tails, spawn_gateway, unavailable
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672"
@@ -219,6 +221,21 @@ async def celery_worker(
         raise
     finally:
         await worker.stop()
+
+
+def publishing_app(broker: Broker, gateway_url: str, shared: Path, **options: Any) -> Celery:
+    """The test process's own app of ``tests.jobs.celery_tasks``, to publish on ``broker`` (no result
+    backend) with the gateway at ``gateway_url`` and the API key; ``options``: ``make_app``'s others."""
+    return make_app(
+        broker=broker.url,
+        backend="disabled://",
+        queue=broker.queue,
+        prefix=broker.prefix,
+        gateway=gateway_url,
+        api_key=API_KEY,
+        shared=shared,
+        **options,
+    )
 
 
 async def read_task(client: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
