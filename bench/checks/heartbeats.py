@@ -54,7 +54,9 @@ async def line(process: asyncio.subprocess.Process, prefix: str) -> str:
 
 async def held() -> list[Figure]:
     async with harness.gateway() as gw, httpx.AsyncClient(base_url=gw.http, timeout=30) as client:
-        body = {"id": "held-1", "ttlMs": 600_000, "maxAttempts": 2, "heartbeatMs": LEASE_MS}
+        # One attempt: the lease's end fails the task, and the worker, woken, is told its attempt is over
+        # (with one left, it would take the task back and go on).
+        body = {"id": "held-1", "ttlMs": 600_000, "maxAttempts": 1, "heartbeatMs": LEASE_MS}
         made = (await client.post("/v1/tasks", json=body)).raise_for_status().json()
         events: list[dict[str, Any]] = []
         ended = anyio.Event()

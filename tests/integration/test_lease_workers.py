@@ -227,9 +227,8 @@ async def test_the_python_worker_keeps_its_task_by_its_heartbeats_and_loses_it_o
     """A worker process that sends nothing but its heartbeats keeps its task past its first lease's end
     (four heartbeats, a third of a lease apart), with no entry but its start; SIGSTOPped, it loses the
     attempt (a ``fail``, ``heartbeat-timeout``: its last, so the task fails); woken, it is told so in its
-    job. How long it
-    holds a 1 s lease (30 s) and how soon a stop loses it (within 2 s) is no test, a loaded machine can
-    miss it: it is the bench check ``worker-heartbeats`` (bench/checks/heartbeats.py)."""
+    job. How long it holds a 1 s lease (30 s) and how soon a stop loses it (within 2 s) is no test, a loaded
+    machine can miss it: it is the bench check ``worker-heartbeats`` (bench/checks/heartbeats.py)."""
     history = History()
     async with running_gateway(sqlite_url) as gw, anyio.create_task_group() as tg:
         # One attempt: its lease's end fails the task, so the worker, woken, is told its attempt is over
