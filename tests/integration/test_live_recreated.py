@@ -3,18 +3,21 @@ server over SQLite and PostgreSQL: the new task is another history under the sam
 left on the old one's state. A live tag subscriber is told of it (``added``, its ``snapshot``, its events)
 however well it knew the old one (across processes: test_scale_out_tags.py); a cursor of the old task
 (version and epoch) gets a ``snapshot`` with ``reason: "recreated"`` on every channel: the task socket,
-``/v1/ws``, SSE's ``Last-Event-ID``, the HTTP resume and a tag's cursors map. A bare version (a client
-that sends no epoch) is taken as a version of the task the id names now, as before epochs.
+``/v1/ws``, SSE's ``Last-Event-ID``, the HTTP resume and a tag's cursors map; the Python clients replace
+what they held. A bare version (a client that sends no epoch) is taken as a version of the task the id
+names now, as before epochs.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import anyio
 import orjson
 import pytest
 
+from gateway.client import watch, watch_tag
 from gateway.jobs.retention import Retention
 from tests.integration.test_live_support import (
     STEP_S,
@@ -34,6 +37,7 @@ from tests.support import (
     error,
     eventually,
     post_callback,
+    wait_until,
 )
 
 pytestmark = pytest.mark.anyio
@@ -222,3 +226,77 @@ async def test_a_tags_cursors_map_with_a_cursor_of_the_deleted_task_gets_a_snaps
             refused = await recv_frame(ws)
             assert (refused["code"], refused["tag"]) == ("invalid-request", TAG)
             assert refused["message"].startswith("cursors['job-X']: must be a version"), refused
+
+
+# --- the Python clients -------------------------------------------------------------------------------------
+
+
+async def test_the_python_clients_replace_a_task_made_again_while_they_follow_and_while_away(
+    database_url: str,
+) -> None:
+    """``watch_tag`` keeps each task's epoch beside its version (the caller's maps, kept up to date): the id
+    made again while it follows comes as ``added`` then the new task's snapshot, which replaces what it held;
+    made again while it was away, a later run with the saved maps gets a ``recreated`` snapshot, and so does
+    ``watch`` given the cursor and epoch of a task it saw."""
+    async with live_gateway(database_url) as gw:
+        cursors: dict[str, int] = {}
+        epochs: dict[str, str] = {}
+        handed: list[dict[str, Any]] = []
+
+        async def follow() -> None:
+            async for frame in watch_tag(gw.url, TAG, cursors=cursors, epochs=epochs, on_status=None):
+                handed.append(frame)
+
+        def holding(epoch: str, version: int) -> Callable[[], bool]:
+            return lambda: (epochs.get(TASK), cursors.get(TASK)) == (epoch, version)
+
+        def seen() -> list[tuple[Any, ...]]:
+            """Each frame handed on (but the tag's listings) as (type, version, reason, epoch)."""
+            got = [
+                (f["type"], f.get("version"), f.get("reason"), f.get("task", {}).get("epoch")) for f in handed
+            ]
+            handed.clear()
+            return [frame for frame in got if frame[0] != "tag"]
+
+        with anyio.fail_after(STEP_S * 3):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                await wait_until(lambda: bool(handed), "the tag's listing")
+                old = await create_task(gw, TASK, tags=[TAG])
+                first = old.task["epoch"]
+                await wait_until(holding(first, 0), "following the first task")
+                await run_to_success(gw, old)
+                await wait_until(holding(first, 2), "the first task's end")
+                second = (await made_again(gw, run_first=False))["epoch"]
+                await wait_until(holding(second, 2), "the task made again, followed")
+                tg.cancel_scope.cancel()
+        assert seen() == [
+            ("added", None, None, None),
+            ("snapshot", 0, "new", first),
+            ("event", 1, None, first),
+            ("event", 2, None, first),
+            ("added", None, None, None),
+            ("snapshot", 0, "new", second),
+            ("event", 1, None, second),
+            ("event", 2, None, second),
+        ]
+
+        # Away: the task ends, is deleted, and its id made again.
+        await post_callback(gw, TASK, await token(gw), DONE, callback_id="second-done", attempt=1)
+        third = (await made_again(gw, run_first=False))["epoch"]
+        with anyio.fail_after(STEP_S * 3):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                await wait_until(holding(third, 2), "the task made again while away")
+                tg.cancel_scope.cancel()
+        assert seen() == [("snapshot", 2, "recreated", third)]
+        frames = watch(gw.url, {TASK: None}, cursors={TASK: 2}, epochs={TASK: second}, on_status=None)
+        assert isinstance(frames, AsyncGenerator)
+        with anyio.fail_after(STEP_S):
+            frame = await anext(frames)
+        await frames.aclose()
+        assert (frame["type"], frame["reason"], frame["task"]) == (
+            "snapshot",
+            "recreated",
+            await get_task(gw, TASK),
+        )
