@@ -18,11 +18,19 @@ from gateway.machine import Resume, Task, task_to_json
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One server frame: its ``type``, the cursor it leaves the client at, and its JSON text."""
+    """One server frame: its ``type``, the cursor it leaves the client at (its version, of the history
+    ``epoch`` of its task: ``""`` for a frame of no task, or of a task with none), and its JSON text."""
 
     type: str
     version: int
     text: str
+    epoch: str = ""
+
+    @property
+    def cursor(self) -> str:
+        """The cursor as a client sends it back (protocol.md, Resuming): ``V:E``, or ``V`` without an
+        epoch; an SSE event's ``id``."""
+        return f"{self.version}:{self.epoch}" if self.epoch else str(self.version)
 
 
 def event_frame(task: Task, encoded_event: bytes) -> Frame:
@@ -32,7 +40,7 @@ def event_frame(task: Task, encoded_event: bytes) -> Frame:
         encoded_event,
         orjson.dumps(task_to_json(task)),
     )
-    return Frame("event", task.version, text.decode())
+    return Frame("event", task.version, text.decode(), task.epoch)
 
 
 def resume_frame(resume: Resume) -> Frame:
@@ -44,13 +52,13 @@ def resume_frame(resume: Resume) -> Frame:
     text = orjson.dumps(head)
     if resume.mode == "delta":
         text = text[:-1] + b',"events":' + resume.entries_json() + b"}"
-    return Frame(resume.mode, task.version, text.decode())
+    return Frame(resume.mode, task.version, text.decode(), task.epoch)
 
 
 def snapshot_frame(task: Task, reason: str) -> Frame:
     body = {"type": "snapshot", "taskId": task.id, "version": task.version, "reason": reason}
     body["task"] = task_to_json(task)
-    return Frame("snapshot", task.version, orjson.dumps(body).decode())
+    return Frame("snapshot", task.version, orjson.dumps(body).decode(), task.epoch)
 
 
 def error_frame(code: str, message: str, task_id: str | None = None, *, tag: str | None = None) -> Frame:

@@ -108,6 +108,9 @@ class Task:
     # The gateway's own, not the reference's: fixed at creation, carried unchanged by every transition.
     tags: tuple[str, ...] = ()
     created_at_ms: int = 0
+    # Which history of the id this is (protocol.md, Resuming): made at random when the task is created, so
+    # that a task made again under the id of a deleted one is told apart from it ("": none given).
+    epoch: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -280,6 +283,29 @@ def resume_mode(version: int, cursor: object, retention_versions: int) -> tuple[
     return "delta", None
 
 
+# The reason of a snapshot for a cursor of another history than the task's: the task it was read from was
+# deleted, and its id made again.
+RECREATED: Final = "recreated"
+
+
+def same_history(task: Task, epoch: str | None) -> bool:
+    """Whether a cursor of ``epoch`` counts in ``task``'s history: a bare version (``None``, a client that
+    sends no epoch) is taken as one of the task the id names now, as before epochs."""
+    return epoch is None or epoch == task.epoch
+
+
+def resume_from(
+    task: Task, cursor: object, retention_versions: int, epoch: str | None = None
+) -> tuple[ResumeMode, str | None]:
+    """:func:`resume_mode` for a cursor that may carry the epoch of its history: one of another history
+    (the id was deleted and made again since) gets a snapshot (``recreated``) whatever its version, for
+    version N of one history is not version N of another."""
+    if not same_history(task, epoch):
+        _integer(cursor, "cursorVersion")
+        return "snapshot", RECREATED
+    return resume_mode(task.version, cursor, retention_versions)
+
+
 # --- the reference's JSON shapes (camelCase), for history rows and the wire -----------------------------
 
 
@@ -345,6 +371,8 @@ def task_to_json(task: Task) -> dict[str, Any]:
         out["resultHash"] = task.result_hash
     if task.error is not None:
         out["error"] = task.error
+    if task.epoch:
+        out["epoch"] = task.epoch
     return out
 
 
@@ -363,6 +391,7 @@ def task_from_json(data: dict[str, Any]) -> Task:
         error=data.get("error"),
         tags=tuple(data.get("tags", ())),
         created_at_ms=data.get("createdAtMs", 0),
+        epoch=data.get("epoch", ""),
     )
 
 

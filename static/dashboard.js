@@ -124,6 +124,8 @@ class Card {
   }
 
   onFrame(frame, task) {
+    // The id was made again (its task deleted): nothing shown of the task it named before applies.
+    if (this.task && (task.epoch ?? null) !== (this.task.epoch ?? null)) this.lastEvent = null;
     if (RESUME.has(frame.type) && frame.reason !== "conflated") {
       this.resume = frame.type;
       this.resumedFrom = this.task ? this.task.version : this.startCursor;

@@ -20,6 +20,11 @@ export interface Task {
   tags: string[];
   /** When the task was created, by the gateway's clock, in epoch milliseconds. */
   createdAtMs: number;
+  /**
+   * Which history of its id the task is, made at its creation: a task made again under the id of a
+   * deleted one has another. A cursor goes with it (`Cursor`). Absent only from a gateway before epochs.
+   */
+  epoch?: string;
   resultRef?: string;
   resultHash?: string;
   /** Why a failed task failed (a worker's error), or `"cancelled"` for a task cancelled on request. */
@@ -65,11 +70,13 @@ export interface DeltaFrame extends FrameBase {
 
 /**
  * The whole state instead of entries: the cursor was too old, ahead of the task, or the client was slow;
- * `new`: a task of a tag subscription the client had no cursor for (one created while it was away, say).
+ * `new`: a task of a tag subscription the client had no cursor for (one created while it was away, say);
+ * `recreated`: the cursor was of another task under this id (deleted by retention, the id made again
+ * since): this task replaces it, whatever the versions.
  */
 export interface SnapshotFrame extends FrameBase {
   type: "snapshot";
-  reason: "retention" | "cursor-ahead" | "conflated" | "new";
+  reason: "retention" | "cursor-ahead" | "conflated" | "new" | "recreated";
 }
 
 /** One new entry, at version last + 1, with the task after it. */
@@ -92,9 +99,16 @@ export interface SubscriptionError {
   message: string;
 }
 
+/**
+ * The last version seen of a task: a number, or `"version:epoch"` with the `epoch` of the task it was seen
+ * in, so that a task made again under its id is not taken for it. A bare number is taken as a version of
+ * the task the id names now.
+ */
+export type Cursor = number | `${number}:${string}`;
+
 export interface SubscribeOptions {
-  /** Start from this version instead of the one kept in storage (default: kept, else 0). */
-  cursor?: number;
+  /** Start from this cursor instead of the one kept in storage (default: kept, else 0). */
+  cursor?: Cursor;
   onError?: (error: SubscriptionError) => void;
 }
 
@@ -123,10 +137,13 @@ export interface TagSubscriptionError {
 
 export interface TagSubscribeOptions {
   /** The versions already seen, task id -> cursor (default: those kept in storage, else none). */
-  cursors?: Record<string, number>;
+  cursors?: Record<string, Cursor>;
   /** The tag's tasks, newest first, at each (re)subscription; tasks no longer listed are forgotten. */
   onTag?: (frame: TagFrame) => void;
-  /** A task created with the tag while subscribed (announced once); its frames follow. */
+  /**
+   * A task created with the tag while subscribed (announced once); its frames follow. Announced again (or
+   * listed before): its id was made again, and its snapshot replaces the task it named.
+   */
   onAdded?: (frame: AddedFrame) => void;
   onError?: (error: TagSubscriptionError) => void;
 }

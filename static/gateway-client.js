@@ -18,7 +18,9 @@
  * (`caught-up`, `delta` or `snapshot`) then `event` frames at version last + 1. The client checks that,
  * resubscribes from its cursor on a gap, and keeps each cursor in `sessionStorage` so a reloaded page
  * resumes where it was. A tag subscription does the same for each of the tag's tasks, with one cursor per
- * task (the cursors map it sends when it subscribes again after a drop).
+ * task (the cursors map it sends when it subscribes again after a drop). A cursor goes with the epoch of
+ * its task's history (`version:epoch`): a task made again under the id of a deleted one comes as a
+ * `snapshot` (`reason: "recreated"`), never as the old one's next versions, and replaces it.
  *
  * @module gateway-client
  */
@@ -38,7 +40,10 @@ const CLOSE_TOO_BIG = 1009;
 
 /**
  * @typedef {object} Task  The gateway's task: id, state, expiresAtMs, attempts, maxAttempts, progress,
- *   version, tags, createdAtMs, resultRef?, resultHash?, error?
+ *   version, tags, createdAtMs, epoch, resultRef?, resultHash?, error?
+ * @typedef {number | string} Cursor  the last version seen: a number, or `"version:epoch"` with the epoch
+ *   of the task it was seen in (`task.epoch`); a bare number is taken as a version of the task the id
+ *   names now
  * @typedef {object} Frame  A server frame: {type, taskId, version, task, event?, events?, reason?}
  * @typedef {(frame: Frame, task: Task) => void} FrameListener
  * @typedef {object} TagFrame  {type: "tag", tag, taskIds (newest first), more}
@@ -106,17 +111,18 @@ export class GatewayClient {
    * @param {string} taskId
    * @param {string | null} token  the task's subscribe token (null where the gateway runs open)
    * @param {FrameListener} onFrame
-   * @param {{cursor?: number, onError?: (error: {code: string, message: string}) => void}} [options]
+   * @param {{cursor?: Cursor, onError?: (error: {code: string, message: string}) => void}} [options]
    * @returns {() => void}  stops watching
    */
   subscribe(taskId, token, onFrame, options = {}) {
-    const kept = this._loadCursor(taskId);
+    const from = parseCursor(options.cursor) ?? this._loadCursor(taskId) ?? { version: 0, epoch: null };
     const sub = {
       taskId,
       token,
       onFrame,
       onError: options.onError ?? null,
-      cursor: options.cursor ?? kept ?? 0,
+      cursor: from.version,
+      epoch: from.epoch, // the epoch of the task's history the cursor is of (null: not known)
       awaiting: true,
       done: false,
       task: null,
@@ -148,7 +154,7 @@ export class GatewayClient {
   /** The cursor (last version applied) of a task, or null. @param {string} taskId */
   cursor(taskId) {
     const sub = this._subs.get(taskId);
-    return sub ? sub.cursor : this._loadCursor(taskId);
+    return sub ? sub.cursor : this._loadCursor(taskId)?.version ?? null;
   }
 
   /**
@@ -162,11 +168,12 @@ export class GatewayClient {
    * @param {string} tag
    * @param {string | null} token  a tag token for `tag` (`POST /v1/tokens`; null where the gateway runs open)
    * @param {FrameListener} onFrame
-   * @param {{cursors?: Record<string, number>, onTag?: (frame: TagFrame) => void,
+   * @param {{cursors?: Record<string, Cursor>, onTag?: (frame: TagFrame) => void,
    *   onAdded?: (frame: AddedFrame) => void,
    *   onError?: (error: {code: string, message: string}) => void}} [options]  `cursors`: the versions
    *   already seen (default: those kept in storage); `onTag`: the tag's tasks at each (re)subscription;
-   *   `onAdded`: a task created with the tag while subscribed (its frames follow)
+   *   `onAdded`: a task created with the tag while subscribed (its frames follow; one it knew: the id was
+   *   made again, and the new task's snapshot replaces it)
    * @returns {() => void}  stops watching
    */
   subscribeTag(tag, token, onFrame, options = {}) {
@@ -179,7 +186,7 @@ export class GatewayClient {
       onTag: options.onTag ?? null,
       onAdded: options.onAdded ?? null,
       onError: options.onError ?? null,
-      tasks: new Map(), // task id -> {cursor: number|null, task: Task|null, awaiting: boolean}
+      tasks: new Map(), // task id -> {cursor: number|null, epoch: string|null, task: Task|null, awaiting: boolean}
       awaiting: false, // a subscribe sent, its `tag` frame not come yet
       done: false,
       listed: 0, // how many tasks the last `tag` frame listed
@@ -189,7 +196,8 @@ export class GatewayClient {
     };
     const cursors = options.cursors ?? this._loadTagCursors(tag);
     for (const [taskId, cursor] of Object.entries(cursors)) {
-      if (Number.isInteger(cursor) && cursor >= 0) sub.tasks.set(taskId, { cursor, task: null, awaiting: true });
+      const from = parseCursor(cursor);
+      if (from) sub.tasks.set(taskId, { cursor: from.version, epoch: from.epoch, task: null, awaiting: true });
     }
     this._tags.set(tag, sub);
     if (this.transport === "sse") {
@@ -430,7 +438,7 @@ export class GatewayClient {
 
   _sendSubscribe(sub) {
     sub.awaiting = true;
-    const message = { type: "subscribe", taskId: sub.taskId, cursor: sub.cursor };
+    const message = { type: "subscribe", taskId: sub.taskId, cursor: cursorOf(sub.cursor, sub.epoch) };
     if (sub.token) message.token = sub.token;
     this._ws.send(JSON.stringify(message));
   }
@@ -473,7 +481,7 @@ export class GatewayClient {
     if (sub.source) sub.source.close();
     sub.source = null;
     if (this._closed || sub.done || this._subs.get(sub.taskId) !== sub) return; // closed or unsubscribed meanwhile
-    const query = new URLSearchParams({ cursor: String(sub.cursor) });
+    const query = new URLSearchParams({ cursor: String(cursorOf(sub.cursor, sub.epoch)) });
     if (sub.token) query.set("token", sub.token);
     const url = `${this.baseUrl}/v1/tasks/${encodeURIComponent(sub.taskId)}/stream?${query}`;
     const source = new this.EventSource(url);
@@ -531,7 +539,8 @@ export class GatewayClient {
     }
     if (!sub || sub.done) return;
     if (RESUME.has(frame.type)) {
-      if (!sub.awaiting && !(frame.type === "snapshot" && frame.reason === "conflated")) return;
+      // A snapshot also comes unasked: the newest state past a backlog (conflated), or the task made again.
+      if (!sub.awaiting && !(frame.type === "snapshot" && ["conflated", "recreated"].includes(frame.reason))) return;
       sub.awaiting = false;
       if (frame.reason !== "conflated") sub.resumeMode = frame.type;
       this._failures = 0;
@@ -545,8 +554,9 @@ export class GatewayClient {
       return;
     }
     sub.cursor = frame.version;
+    sub.epoch = frame.task.epoch ?? null; // a snapshot of a task made again under the id brings its own
     sub.task = frame.task;
-    this._saveCursor(sub.taskId, sub.cursor);
+    this._saveCursor(sub.taskId, sub.cursor, sub.epoch);
     if (TERMINAL.has(frame.task.state)) sub.done = true;
     sub.onFrame(frame, frame.task);
   }
@@ -576,9 +586,10 @@ export class GatewayClient {
     const cursors = {};
     let count = 0;
     for (const [taskId, k] of known) {
-      const bytes = utf8Length(JSON.stringify(taskId)) + String(k.cursor).length + 2; // "id":N,
+      const cursor = cursorOf(k.cursor, k.epoch);
+      const bytes = utf8Length(JSON.stringify(taskId)) + utf8Length(JSON.stringify(cursor)) + 2; // "id":N,
       if (count >= sub.cap || bytes > room) break;
-      cursors[taskId] = k.cursor;
+      cursors[taskId] = cursor;
       room -= bytes;
       count += 1;
     }
@@ -633,13 +644,14 @@ export class GatewayClient {
       const listed = new Set(frame.taskIds);
       for (const taskId of sub.tasks.keys()) if (!listed.has(taskId)) sub.tasks.delete(taskId);
       for (const taskId of frame.taskIds) {
-        if (!sub.tasks.has(taskId)) sub.tasks.set(taskId, { cursor: null, task: null, awaiting: true });
+        if (!sub.tasks.has(taskId)) sub.tasks.set(taskId, { cursor: null, epoch: null, task: null, awaiting: true });
       }
       this._saveTagIds(sub);
       if (sub.onTag) sub.onTag(frame);
     } else if (frame.type === "added") {
-      if (sub.tasks.has(frame.taskId)) return; // announced once; a listed task is never added
-      sub.tasks.set(frame.taskId, { cursor: null, task: null, awaiting: true });
+      // Announced once; again (or a listed task), the id was made again: what was known of it goes, and the
+      // new task's snapshot follows.
+      sub.tasks.set(frame.taskId, { cursor: null, epoch: null, task: null, awaiting: true });
       this._saveTagIds(sub);
       if (sub.onAdded) sub.onAdded(frame);
     }
@@ -670,8 +682,9 @@ export class GatewayClient {
       return;
     }
     known.cursor = frame.version;
+    known.epoch = frame.task.epoch ?? null;
     known.task = frame.task;
-    this._saveCursor(frame.taskId, known.cursor);
+    this._saveCursor(frame.taskId, known.cursor, known.epoch);
     sub.onFrame(shown, frame.task);
   }
 
@@ -687,7 +700,7 @@ export class GatewayClient {
     if (!Array.isArray(ids)) return cursors;
     for (const taskId of ids) {
       const cursor = typeof taskId === "string" ? this._loadCursor(taskId) : null;
-      if (cursor !== null) cursors[taskId] = cursor;
+      if (cursor !== null) cursors[taskId] = cursorOf(cursor.version, cursor.epoch);
     }
     return cursors;
   }
@@ -707,21 +720,21 @@ export class GatewayClient {
     for (const listener of this._stateListeners) listener(state);
   }
 
+  /** The cursor kept for a task ({version, epoch}), or null. */
   _loadCursor(taskId) {
     if (!this.storage) return null;
     try {
       const raw = this.storage.getItem(STORAGE_PREFIX + taskId);
-      const cursor = raw === null ? NaN : Number(raw);
-      return Number.isInteger(cursor) && cursor >= 0 ? cursor : null;
+      return raw === null ? null : parseCursor(raw);
     } catch {
       return null;
     }
   }
 
-  _saveCursor(taskId, cursor) {
+  _saveCursor(taskId, cursor, epoch) {
     if (!this.storage) return;
     try {
-      this.storage.setItem(STORAGE_PREFIX + taskId, String(cursor));
+      this.storage.setItem(STORAGE_PREFIX + taskId, String(cursorOf(cursor, epoch)));
     } catch {
       // storage full or denied: the cursor still lives in memory
     }
@@ -762,6 +775,22 @@ function utf8Length(text) {
     bytes += code < 0x80 ? 1 : code < 0x800 ? 2 : code < 0x10000 ? 3 : 4;
   }
   return bytes;
+}
+
+/**
+ * A cursor as given or kept (a version, or `"version:epoch"`) as {version, epoch}; null for anything else.
+ * @param {unknown} value
+ */
+function parseCursor(value) {
+  if (Number.isSafeInteger(value) && value >= 0) return { version: value, epoch: null };
+  const match = typeof value === "string" ? /^([0-9]{1,16})(?::([0-9A-Za-z]{1,32}))?$/.exec(value) : null;
+  const version = match ? Number(match[1]) : NaN;
+  return Number.isSafeInteger(version) ? { version, epoch: match[2] ?? null } : null;
+}
+
+/** A cursor as the gateway takes it: `"version:epoch"`, or the bare version where no epoch is known. */
+function cursorOf(version, epoch) {
+  return epoch ? `${version}:${epoch}` : version;
 }
 
 /** Newest first: createdAtMs descending, then id descending (the order of a tag's tasks). */

@@ -11,6 +11,7 @@ the commit is the entry published to this process's hub, so nothing uncommitted 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from gateway.machine import (
     expire_task,
     fail,
     is_blank,
+    resume_from,
     resume_mode,
 )
 from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
@@ -105,10 +107,11 @@ class Book:
         async with self.store.read() as tx:
             return await _task(tx, task_id)
 
-    async def resume(self, task_id: str, cursor: int) -> Resume:
-        """What a subscriber at ``cursor`` missed. Resumes of one task asked for while none of them has
-        started reading share one store read (a reconnect storm costs a read per task, not per socket);
-        each caller registered its subscription before asking, so the shared read is new enough for all."""
+    async def resume(self, task_id: str, cursor: int, epoch: str | None = None) -> Resume:
+        """What a subscriber at ``cursor`` (of the history ``epoch``, or a bare version) missed. Resumes of
+        one task asked for while none of them has started reading share one store read (a reconnect storm
+        costs a read per task, not per socket); each caller registered its subscription before asking, so
+        the shared read is new enough for all."""
         read = self._resuming.get(task_id)
         if read is None:
             read = self._resuming[task_id] = _SharedResume(cursor)
@@ -117,7 +120,7 @@ class Book:
             read.cursors.add(cursor)
         assert read.task is not None
         task, found = await asyncio.shield(read.task)  # one caller cancelled does not cancel the others'
-        mode, reason = resume_mode(task.version, cursor, self.retention_versions)
+        mode, reason = resume_from(task, cursor, self.retention_versions, epoch)
         if mode != "delta":
             return Resume(mode, reason, task, ())
         return Resume(mode, reason, task, [entry for entry in found if entry[0] > cursor])
@@ -192,7 +195,9 @@ class Book:
         sorted); the same id with the same parameters and tags (in any order) returns it again (``False``)."""
         now = self.clock()
         made_now = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=max_attempts)
-        task = replace(made_now, tags=tuple(sorted(tags)), created_at_ms=now)
+        # Its epoch, 48 random bits: two tasks made under one id (the first deleted by retention) differ but
+        # by a chance of one in 2^48, so that a cursor of the first never counts in the second's history.
+        task = replace(made_now, tags=tuple(sorted(tags)), created_at_ms=now, epoch=secrets.token_hex(6))
 
         async def work(tx: WriteTx, commit: _Commit) -> tuple[Task, bool]:
             existing = await tx.task(task_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Mapping, Sequence
 
-from gateway.machine import Resume, Task, resume_mode
+from gateway.machine import Resume, Task, resume_from
 from gateway.store.base import Store
 from gateway.store.db_deadline import DB_DEADLINE_S, shielded
 
@@ -44,24 +44,28 @@ class TagReads:
             return await tx.tagged_tasks(tags, state=state, before=before, limit=limit)
 
     @shielded
-    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> builtins.list[tuple[str, str]]:
-        """``(tag, task id)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``, by tag,
-        then oldest first."""
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> builtins.list[tuple[str, str, str]]:
+        """``(tag, task id, epoch)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``,
+        by tag, then oldest first."""
         async with self.store.read() as tx:
             return await tx.tagged_since(tags, since_ms)
 
     @shielded
-    async def resume_many(self, cursors: Mapping[str, int]) -> dict[str, Resume]:
-        """What a subscriber at each cursor (task id -> cursor, each an integer >= 0) missed, as
-        :meth:`Book.resume <gateway.book.Book.resume>` would answer for each task: ``caught-up``, ``delta``
-        (the entries after the cursor) or ``snapshot`` (``retention``, ``cursor-ahead``). Tasks that do not
-        exist are left out. One read transaction, one statement for the whole map."""
+    async def resume_many(
+        self, cursors: Mapping[str, int], epochs: Mapping[str, str] | None = None
+    ) -> dict[str, Resume]:
+        """What a subscriber at each cursor (task id -> cursor, each an integer >= 0, of the history in
+        ``epochs`` where it names one) missed, as :meth:`Book.resume <gateway.book.Book.resume>` would
+        answer for each task: ``caught-up``, ``delta`` (the entries after the cursor) or ``snapshot``
+        (``retention``, ``cursor-ahead``, ``recreated``). Tasks that do not exist are left out. One read
+        transaction, one statement for the whole map."""
         if not cursors:
             return {}
         async with self.store.read() as tx:
             rows = await tx.resume_rows(cursors, self.retention_versions)
         found: dict[str, Resume] = {}
         for task_id, (task, entries) in rows.items():
-            mode, reason = resume_mode(task.version, cursors[task_id], self.retention_versions)
+            epoch = None if epochs is None else epochs.get(task_id)
+            mode, reason = resume_from(task, cursors[task_id], self.retention_versions, epoch)
             found[task_id] = Resume(mode, reason, task, entries if mode == "delta" else ())
         return found

@@ -105,12 +105,13 @@ class News:
             if kind != "event" and not created:
                 return cls(task_id, version, created=body.get("created") is True)
             frame_text = text if isinstance(text, str) else text.decode()
-            frame = Frame(kind, version, frame_text)
-            if created:  # rare, and every tag subscription of the process looks at it
-                return cls(task_id, version, task_from_json(body["task"]), frame, created=True)
             task_json = body["task"]
             if not isinstance(task_json, dict):
                 raise TypeError
+            epoch = task_json.get("epoch", "")
+            frame = Frame(kind, version, frame_text, epoch if isinstance(epoch, str) else "")
+            if created:  # rare, and every tag subscription of the process looks at it
+                return cls(task_id, version, task_from_json(task_json), frame, created=True)
             return cls(task_id, version, None, frame, task_json=task_json)  # the task: read() makes it
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ValueError(f"not a gateway bus message: {exc!r}") from None

@@ -1,14 +1,16 @@
 """What a tag subscription knows and does with each frame, apart from any socket (pure, as gateway-client.js
 does it): the cursors map (task id -> last version seen, for every task of the tag it knows, finished ones
-too), the subscribe message that sends it, and for each frame whether to hand it on, subscribe again, or
-give up.
+too) with the epoch of each task's history, the subscribe message that sends them (``version:epoch``), and
+for each frame whether to hand it on, subscribe again, or give up.
 
 Per task, frames are applied in order with no gap and no repeat: a resume frame or an ``event`` at version
 last + 1 moves the task on; a ``snapshot`` replaces it whatever its version (a task made anew); an
 ``event`` past last + 1 (a gap) asks for the tag again with every cursor, and the resume frames that
 answer cover what was missed; a ``delta`` that overlaps what was applied (frames of the earlier
-subscription still on their way) is cut to its new entries. A ``tag`` frame lists the tag's tasks: one no
-longer listed (deleted by retention) is forgotten, so the map does not grow for ever.
+subscription still on their way) is cut to its new entries. An ``added`` frame for a task it knows says
+that the id was made again (the task it knew was deleted by retention): what it held of it goes, and the
+new task's ``snapshot`` follows. A ``tag`` frame lists the tag's tasks: one no longer listed (deleted by
+retention) is forgotten, so the map does not grow for ever.
 
 A subscribe message must fit the gateway's limit on messages: 4 KiB on a socket that holds no authorized
 subscription yet (GATEWAY_WS_MAX_MESSAGE_BYTES_BEFORE_AUTH), 64 KiB after (GATEWAY_WS_MAX_MESSAGE_BYTES).
@@ -44,17 +46,28 @@ class Then(enum.Enum):
 
 
 class TagFollower:
-    """One tag subscription's state. ``cursors`` is the map it keeps (the caller's own mapping when one is
-    given, updated in place, so that it can be saved and handed to a later run); ``tasks`` the latest task
-    of each id."""
+    """One tag subscription's state. ``cursors`` is the map it keeps, ``epochs`` the epoch of each task's
+    history those versions are of (the caller's own mappings when given, updated in place, so that they can
+    be saved and handed to a later run: a version without its epoch is taken as one of the task its id names
+    then); ``tasks`` the latest task of each id."""
 
-    def __init__(self, tag: str, token: str | None, cursors: MutableMapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        tag: str,
+        token: str | None,
+        cursors: MutableMapping[str, int] | None = None,
+        epochs: MutableMapping[str, str] | None = None,
+    ) -> None:
         self.tag = tag
         self.token = token
         self.cursors: MutableMapping[str, int] = cursors if cursors is not None else {}
+        self.epochs: MutableMapping[str, str] = epochs if epochs is not None else {}
         for task_id, cursor in list(self.cursors.items()):
             if isinstance(cursor, bool) or not isinstance(cursor, int) or cursor < 0:
                 raise ValueError(f"cursors[{task_id!r}]: must be an integer >= 0, got {cursor!r}")
+        for task_id, epoch in list(self.epochs.items()):
+            if not isinstance(epoch, str) or not epoch.isascii() or not epoch.isalnum():
+                raise ValueError(f"epochs[{task_id!r}]: must be a task's epoch, got {epoch!r}")
         self.tasks: dict[str, dict[str, Any]] = {}
         self._known: set[str] = set(self.cursors)  # the tag's tasks: listed, added, or given a cursor
         self._awaiting: set[str] = set(self.cursors)  # no resume frame since the last subscribe
@@ -74,12 +87,13 @@ class TagFollower:
         if self.token is not None:
             message["token"] = self.token
         room = self._bytes[authorized] - len(orjson.dumps(message))
-        cursors: dict[str, int] = {}
+        cursors: dict[str, int | str] = {}
         for task_id in sorted(self.cursors, key=self._age, reverse=True):
-            size = len(orjson.dumps(task_id)) + len(str(self.cursors[task_id])) + 2  # "id":N,
+            cursor = cursor_of(self.cursors[task_id], self.epochs.get(task_id))
+            size = len(orjson.dumps(task_id)) + len(orjson.dumps(cursor)) + 2  # "id":N, or "id":"N:E",
             if (self._cap is not None and len(cursors) >= self._cap) or size > room:
                 break
-            cursors[task_id] = self.cursors[task_id]
+            cursors[task_id] = cursor
             room -= size
         self._sent = len(cursors)
         message["cursors"] = cursors
@@ -102,8 +116,10 @@ class TagFollower:
             if kind == "tag":
                 return self._listing(frame), Then.NOTHING
             task_id = frame.get("taskId")
-            if not isinstance(task_id, str) or task_id in self._known:
-                return None, Then.NOTHING  # each task is announced once; a listed one never
+            if not isinstance(task_id, str):
+                return None, Then.NOTHING
+            if task_id in self._known:  # announced once: again, the id was made again (another task)
+                self._forget(task_id)
             self._known.add(task_id)
             self._awaiting.add(task_id)
             return frame, Then.NOTHING
@@ -134,6 +150,11 @@ class TagFollower:
             return None, Then.NOTHING
         self.cursors[task_id] = version
         self.tasks[task_id] = frame["task"]
+        epoch = frame["task"].get("epoch")
+        if isinstance(epoch, str):
+            self.epochs[task_id] = epoch
+        else:
+            self.epochs.pop(task_id, None)
         return shown, Then.NOTHING
 
     def _listing(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -144,11 +165,15 @@ class TagFollower:
             self._cap = len(listed) if self._cap is None else min(self._cap, len(listed))
         keep = set(listed)
         for task_id in self._known - keep:
-            self.cursors.pop(task_id, None)
-            self.tasks.pop(task_id, None)
+            self._forget(task_id)
         self._awaiting = (self._awaiting | (keep - self._known)) & keep
         self._known = keep
         return frame
+
+    def _forget(self, task_id: str) -> None:
+        self.cursors.pop(task_id, None)
+        self.epochs.pop(task_id, None)
+        self.tasks.pop(task_id, None)
 
     def _error(self, frame: dict[str, Any]) -> Then:
         code = str(frame.get("code", ""))
@@ -165,3 +190,9 @@ class TagFollower:
         task = self.tasks.get(task_id, {})
         created = task.get("createdAtMs", 0)
         return (created if isinstance(created, int) else 0, task_id)
+
+
+def cursor_of(version: int, epoch: str | None) -> int | str:
+    """A cursor as the gateway takes it: ``"version:epoch"``, or the bare version where no epoch is known
+    (taken as a version of the task the id names now)."""
+    return version if epoch is None else f"{version}:{epoch}"

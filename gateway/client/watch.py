@@ -1,9 +1,11 @@
 """``watch`` and ``watch_tag``: live frames of tasks over one ``/v1/ws`` socket that heals itself
 (``link.py``: reconnects with backoff and jitter, replaces a silently dead link, says what goes wrong once).
 
-``watch`` follows the tasks it is given: it resumes every subscription from its cursor after a drop,
-checks that each ``event`` frame is ``version == last + 1`` and resubscribes from ``last`` when it is not,
-and ends once every watched task is terminal. ``watch_tag`` follows every task carrying a tag, those there
+``watch`` follows the tasks it is given: it resumes every subscription from its cursor after a drop (the
+version it holds with the epoch of that task's history, so that a task made again under a deleted one's
+id comes as a ``snapshot``, never as the old one's next versions), checks that each ``event`` frame is
+``version == last + 1`` and resubscribes from ``last`` when it is not, and ends once every watched task is
+terminal. ``watch_tag`` follows every task carrying a tag, those there
 are and those created later, with a cursor per task (``tag_follow.py``); it ends only when its caller
 stops. What they yield is exactly what the server sent, so a caller can apply frames in order and hold the
 exact task state.
@@ -22,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.client.backoff import Backoff
 from gateway.client.errors import WatchError
 from gateway.client.link import LinkStatus, linked, log_status, ws_url
-from gateway.client.tag_follow import TagFollower, Then
+from gateway.client.tag_follow import TagFollower, Then, cursor_of
 
 __all__ = ["LinkStatus", "WatchError", "log_status", "watch", "watch_tag", "ws_url"]
 
@@ -38,6 +40,7 @@ async def watch(
     tokens: Mapping[str, str | None],
     *,
     cursors: Mapping[str, int] | None = None,
+    epochs: Mapping[str, str] | None = None,
     backoff: Backoff | None = None,
     max_reconnects: int | None = None,
     heartbeat_s: float = 3.0,
@@ -46,11 +49,13 @@ async def watch(
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Yield the frames of the tasks in ``tokens`` (task id -> subscribe token) until all are terminal.
 
-    ``cursors`` holds the versions already seen (default 0). Raises :class:`WatchError` on an error the
-    server will not change its mind about (bad token, unknown task), or after ``max_reconnects`` drops.
-    ``on_status`` hears of each change in the link (None: silence).
+    ``cursors`` holds the versions already seen (default 0), ``epochs`` the epoch of the task each was seen
+    in (its ``task["epoch"]``; without one a version is taken as one of the task the id names now). Raises
+    :class:`WatchError` on an error the server will not change its mind about (bad token, unknown task), or
+    after ``max_reconnects`` drops. ``on_status`` hears of each change in the link (None: silence).
     """
     cursor = {task_id: (cursors or {}).get(task_id, 0) for task_id in tokens}
+    epoch = {task_id: e for task_id, e in (epochs or {}).items() if task_id in cursor}
     done: set[str] = set()
     backoff = backoff or Backoff()
 
@@ -59,7 +64,7 @@ async def watch(
         for task_id in cursor:
             if task_id not in done:
                 awaiting.add(task_id)
-                await ws.send(_subscribe(task_id, cursor[task_id], tokens[task_id]))
+                await ws.send(_subscribe(task_id, cursor[task_id], epoch.get(task_id), tokens[task_id]))
         async for raw in ws:
             frame = orjson.loads(raw)
             kind, task_id = frame.get("type"), frame.get("taskId")
@@ -80,11 +85,14 @@ async def watch(
                 if frame["version"] != cursor[task_id] + 1:
                     # A gap: ask again from what we hold.
                     awaiting.add(task_id)
-                    await ws.send(_subscribe(task_id, cursor[task_id], tokens[task_id]))
+                    await ws.send(_subscribe(task_id, cursor[task_id], epoch.get(task_id), tokens[task_id]))
                     continue
             else:
                 continue
             cursor[task_id] = frame["version"]
+            held = frame["task"].get("epoch")
+            if isinstance(held, str):  # a snapshot of a task made again under the id brings its own
+                epoch[task_id] = held
             if frame["task"]["state"] in TERMINAL:
                 done.add(task_id)
             yield frame
@@ -108,6 +116,7 @@ async def watch_tag(
     token: str | None = None,
     *,
     cursors: MutableMapping[str, int] | None = None,
+    epochs: MutableMapping[str, str] | None = None,
     backoff: Backoff | None = None,
     max_reconnects: int | None = None,
     heartbeat_s: float = 3.0,
@@ -120,13 +129,15 @@ async def watch_tag(
     First a ``tag`` frame (the tag's task ids, newest first), then each task's resume frame, then their
     ``event`` frames, per task in order with no gap and no repeat; a task created with the tag later comes
     as an ``added`` frame then its ``snapshot`` (``reason: "new"``) and events. After a drop it subscribes
-    again with its cursors map (task id -> last version yielded, every task it knows, finished ones too):
-    each task resumes where it was, and tasks created meanwhile come as ``snapshot``s. ``cursors`` is that
-    map: pass your own dict to start from it (versions already seen) and to keep it up to date for a later
-    run. Raises :class:`WatchError` on a refusal retrying cannot cure (a bad or expired token, a token for
-    another tag), or after ``max_reconnects`` drops.
+    again with its cursors map (task id -> last version yielded, every task it knows, finished ones too,
+    each with the epoch of its task's history): each task resumes where it was, and tasks created meanwhile
+    come as ``snapshot``s (a task made again under the id of one it knew: ``added``, then its ``snapshot``).
+    ``cursors`` is that map and ``epochs`` the epochs: pass your own dicts to start from them (versions
+    already seen) and to keep them up to date for a later run. Raises :class:`WatchError` on a refusal
+    retrying cannot cure (a bad or expired token, a token for another tag), or after ``max_reconnects``
+    drops.
     """
-    follower = TagFollower(tag, token, cursors)
+    follower = TagFollower(tag, token, cursors, epochs)
     backoff = backoff or Backoff()
 
     async def session(ws: ClientConnection) -> AsyncIterator[dict[str, Any]]:
@@ -163,8 +174,8 @@ async def watch_tag(
         yield frame
 
 
-def _subscribe(task_id: str, cursor: int, token: str | None) -> str:
-    message: dict[str, Any] = {"type": "subscribe", "taskId": task_id, "cursor": cursor}
+def _subscribe(task_id: str, cursor: int, epoch: str | None, token: str | None) -> str:
+    message: dict[str, Any] = {"type": "subscribe", "taskId": task_id, "cursor": cursor_of(cursor, epoch)}
     if token is not None:
         message["token"] = token
     return orjson.dumps(message).decode()

@@ -234,17 +234,33 @@ class Channel(Generic[H]):
         for version in [v for v in ahead if v <= self.version]:
             del ahead[version]
 
-    def seed(self) -> None:
+    def seed(self, epoch: str) -> None:
         """Once every subscription has its resume state, the oldest of them is where a channel that has
         heard nothing yet stands (each subscription drops what it already has). Never newer: a subscription
-        whose read was older would miss the entries in between, since only what follows is handed out."""
+        whose read was older would miss the entries in between, since only what follows is handed out. Only
+        those of the history ``epoch`` (the one just resumed) count: a subscription of the task that the id
+        named before (deleted since, its last frames not sent yet) stands in another history."""
         if self.last is not None:
             return
         states = [s.last for s in self.subscriptions]
         known = [state for state in states if state is not None]
-        if known and len(known) == len(states):
-            self.last = min(known, key=lambda state: state.version)
+        if len(known) == len(states):
+            self.last = min((s for s in known if s.epoch == epoch), key=lambda state: state.version)
             self.drain_ahead()
+
+    def moved_on(self, task: Task) -> bool:
+        """Whether ``task`` is of a later history than the state last handed out: that one ended (a task is
+        deleted only once it has), and the id was made again since. Versions of the two are not comparable,
+        so the channel starts again from the new one (:meth:`restart`)."""
+        last = self.last
+        return last is not None and last.terminal and last.epoch != task.epoch
+
+    def restart(self) -> None:
+        """Forget the state of the history that ended: the next one's entries are handed out from here, as
+        to a channel that has heard nothing yet. The subscriptions of the old one have their terminal frame
+        (sent, or queued with them) and go after it."""
+        self.last = None
+        self.ahead.clear()
 
     def next_round(self) -> Round[H] | None:
         """The round to offer now: the unfinished one, else one of the entries handed out since."""
@@ -259,7 +275,7 @@ class Channel(Generic[H]):
         return self.round
 
     def catch_up(self) -> Read:
-        if self.last is None and self.newest is None:
+        if (self.last is None or self.last.terminal) and self.newest is None:
             # Nothing handed out yet: the subscriptions' resume reads cover the past. The newest entry is
             # handed out, so that one whose read came before it still gets it (it fills any gap itself).
             self.reading = NeedTask(self.task_id)
@@ -319,7 +335,7 @@ class Fanout(Generic[H]):
         sub.drop_pending_through(resume.task.version)
         sub.peer.wake(sub)
         channel = self.channels[sub.task_id]
-        channel.seed()
+        channel.seed(resume.task.epoch)
         return channel if channel.outbox else None
 
     def remove(self, sub: Subscription[H]) -> None:
@@ -350,17 +366,25 @@ class Fanout(Generic[H]):
 
     def wants(self, task_id: str, version: int) -> bool:
         """Whether news of ``version`` of ``task_id`` is anything to this process: it has a subscriber of the
-        task and has not handed that version out already (what :meth:`receive` drops without a look)."""
+        task and has not handed that version out already (what :meth:`receive` drops without a look), or
+        what it handed out last ended the task, so news of it may be of the id made again."""
         channel = self.channels.get(task_id)
-        return channel is not None and version > channel.version
+        return channel is not None and (version > channel.version or _ended(channel))
 
     def receive(self, message: Message) -> Channel[H] | None:
         """A committed entry heard on the bus (this process's or another's). Returns the channel if it has
         entries to hand out (a round is due); a version jump or a bare wake-up makes it read the store."""
         channel = self.channels.get(message.task_id)
-        if channel is None or message.version <= channel.version or message.created:
-            # No subscriber here, already handed out (the echo of this process's own commit), or no entry.
-            return None
+        if channel is None or message.created:
+            return None  # no subscriber here, or no entry
+        if message.version <= channel.version:
+            if message.task is None and _ended(channel):
+                self._make_due(channel)  # a bare wake-up: of the history that ended, or of the next?
+            if message.task is None or not channel.moved_on(message.task):
+                return None  # already handed out (the echo of this process's own commit)
+            channel.restart()
+        elif message.task is not None and channel.moved_on(message.task):
+            channel.restart()
         if message.task is not None and message.frame is not None:
             if channel.last is None or message.version == channel.version + 1:
                 channel.hand_out(message.task, message.frame)
@@ -376,8 +400,8 @@ class Fanout(Generic[H]):
         those behind read the store."""
         for task_id, version in stored.items():
             channel = self.channels.get(task_id)
-            if channel is not None and version > channel.version:
-                self._make_due(channel)
+            if channel is not None and (version > channel.version or _ended(channel)):
+                self._make_due(channel)  # an ended one's id may have been made again: its read tells
 
     @property
     def reads_due(self) -> bool:
@@ -400,6 +424,8 @@ class Fanout(Generic[H]):
         """The answer to a :class:`NeedTask` of :meth:`next_read`."""
         channel = self._answered(read)
         if channel is not None:
+            if channel.moved_on(task):
+                channel.restart()
             if channel.last is None:
                 if task.version > 0:  # hand out its newest entry: read that next
                     channel.newest = task
@@ -457,3 +483,9 @@ class Fanout(Generic[H]):
         if not channel.due:
             channel.due = True
             self._due.append(channel)
+
+
+def _ended(channel: Channel[H]) -> bool:
+    """Whether the state a channel handed out last ended its task: no entry follows it in its history, so
+    news of the task beyond it is of the id made again (a later history, :meth:`Channel.moved_on`)."""
+    return channel.last is not None and channel.last.terminal

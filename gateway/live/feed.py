@@ -83,15 +83,18 @@ class Feed:
         self.peer.hold_to(self.hub.monotonic(), deadline_s, max_refusals)
         self.hub.watch(self)
 
-    async def subscribe(self, task_id: str, cursor: int) -> Subscription[Connection]:
-        """Subscribe (replacing an earlier subscription to the same task) and queue the resume frame.
+    async def subscribe(
+        self, task_id: str, cursor: int, epoch: str | None = None
+    ) -> Subscription[Connection]:
+        """Subscribe (replacing an earlier subscription to the same task) and queue the resume frame, from
+        ``cursor`` of the history ``epoch`` (``None``: a bare version).
 
         Raises ``UnknownTask`` or ``InvalidRequest`` (a bad cursor, too many subscriptions) with nothing
         left subscribed.
         """
         sub = self.hub.fanout.subscribe(self.peer, task_id)  # live entries collect from here on
         try:
-            resume = await self.book.resume(task_id, cursor)
+            resume = await self.book.resume(task_id, cursor, epoch)
         except BaseException:
             self.hub.remove(sub)
             raise
@@ -99,9 +102,12 @@ class Feed:
         self.signal()
         return sub
 
-    async def subscribe_tag(self, tag: str, cursors: Mapping[str, int], limit: int) -> TagSub[Connection]:
+    async def subscribe_tag(
+        self, tag: str, cursors: Mapping[str, int], limit: int, epochs: Mapping[str, str] | None = None
+    ) -> TagSub[Connection]:
         """Subscribe to a tag (replacing an earlier subscription to it): list its tasks (at most ``limit``,
-        newest first), read their resume states from ``cursors`` in one read, then queue the ``tag`` frame,
+        newest first), read their resume states from ``cursors`` (of the histories in ``epochs``, where they
+        name one) in one read, then queue the ``tag`` frame,
         their resume frames and the announcements of the tasks created meanwhile (``gateway.live.tagging``):
         two store reads, however many tasks.
 
@@ -114,7 +120,7 @@ class Feed:
             task_ids, more = await store.list(tag, limit)
             hub.tagging.listed(tag_sub, task_ids)  # their live entries collect from here on
             wanted = {task_id: cursors.get(task_id, NEW) for task_id in task_ids}
-            resumes = await store.resume_many(wanted) if wanted and tag_sub.active else {}
+            resumes = await store.resume_many(wanted, epochs) if wanted and tag_sub.active else {}
             await self.control_room()  # the tag frame answers the message: it waits for room as any answer
         except BaseException:
             hub.drop_tag(tag_sub)

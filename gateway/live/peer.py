@@ -29,7 +29,7 @@ import orjson
 
 from gateway.errors import CLOSE_SLOW_CONSUMER, InvalidRequest
 from gateway.frames import Frame, event_frame, snapshot_frame, text_frame
-from gateway.machine import Task, apply_event, event_from_json
+from gateway.machine import RECREATED, Task, apply_event, event_from_json
 
 H = TypeVar("H")  # what the driver keeps with a connection (its socket, its writer): never looked at here
 
@@ -185,7 +185,9 @@ class TagSub(Generic[H]):
         self.peer = peer
         # Tasks created before this (the gateway's clock, less a margin) were there when it listed the tag.
         self.since_ms = since_ms
-        self.known: dict[str, int] = {}  # listed or announced: task id -> createdAtMs (0 until read)
+        # Listed or announced: task id -> (createdAtMs, epoch) of the task as it was known ((0, "") until
+        # read); a task made again under the id (another epoch) is not known.
+        self.known: dict[str, tuple[int, str]] = {}
         self.cap = 0  # how many ``known`` may hold before the ones past the reconcile's horizon go
         self.streams: dict[str, Subscription[H]] = {}  # the subscriptions it owns, by task
         self.listing = True  # its listing and resume reads are under way: news of creations waits
@@ -450,9 +452,18 @@ class Peer(Generic[H]):
 
     def task_read(self, read: NeedTask, task: Task) -> None:
         """The answer to a :class:`NeedTask` of :meth:`next`: a conflated snapshot, unless the state sent
-        is already as new."""
+        is already as new; a ``recreated`` one whatever its version if the task is of another history than
+        the state sent (the task of that one ended and was deleted, and its id made again: what was queued
+        of either history goes, and a gap after the snapshot is filled from the store)."""
         sub = self._answered(read)
-        if sub is not None and task.version > sub.version:
+        if sub is None:
+            return
+        assert sub.last is not None
+        if task.epoch != sub.last.epoch:
+            sub.last = task
+            sub.pending = None
+            sub.put_head((snapshot_frame(task, RECREATED),))
+        elif task.version > sub.version:
             sub.last = task
             sub.put_head((snapshot_frame(task, "conflated"),))
 

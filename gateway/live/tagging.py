@@ -22,12 +22,13 @@ A subscribe is subscribe, buffer, read, merge, as a task's is:
    listed, announced: ``added``, its ``snapshot`` (``reason: "new"``), then its entries.
 
 Each created task is announced at most once per tag subscription: it remembers the tasks it listed and
-announced. A connection with several tags gets one announcement of a task created with several of them:
-an ``added`` frame per tag, then one snapshot. A creation whose news the bus lost is found by the reconcile
-(:meth:`Tagging.checks`, :meth:`Tagging.unknown`, :meth:`Tagging.found`, :meth:`Tagging.checked`): the
-driver lists again the watched tags' tasks created since a horizon and reads those some subscription does
-not know, which are then announced. A task created before the horizon is never listed again, so a tag
-subscription forgets it: what it remembers stays bounded.
+announced, each with its epoch, so that a task made again under the id of one it knew (deleted by retention
+since) is another task, announced as any. A connection with several tags gets one announcement of a task
+created with several of them: an ``added`` frame per tag, then one snapshot. A creation whose news the
+bus lost is found by the reconcile (:meth:`Tagging.checks`, :meth:`Tagging.unknown`, :meth:`Tagging.found`,
+:meth:`Tagging.checked`): the driver lists again the watched tags' tasks created since a horizon and reads
+those some subscription does not know, which are then announced. A task created before the horizon is
+never listed again, so a tag subscription forgets it: what it remembers stays bounded.
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ MIN_REMEMBERED: Final = 1024
 # The cursor a listed task the client does not know is read with: past any version, so that the store
 # answers the task alone (``cursor-ahead``, no entries), sent as a snapshot with ``reason: "new"``.
 NEW: Final = 2**53 - 1
+# What a tag subscription knows of a task it listed before its state is read: (createdAtMs, epoch).
+LISTED: Final = (0, "")
+
+
+def knows(tag_sub: TagSub[H], task: Task) -> bool:
+    """Whether ``tag_sub`` listed or announced ``task``: its id, in this history (not a task made again under
+    the id of one it knew)."""
+    known = tag_sub.known.get(task.id)
+    return known is not None and known[1] == task.epoch
 
 
 class Tagging(Generic[H]):
@@ -90,7 +100,7 @@ class Tagging(Generic[H]):
         if not tag_sub.active:  # unsubscribed or replaced during the listing
             return
         for task_id in task_ids:
-            tag_sub.known.setdefault(task_id, 0)
+            tag_sub.known.setdefault(task_id, LISTED)
             self.fanout.subscribe(tag_sub.peer, task_id, tag_sub)
 
     def resumed(
@@ -126,7 +136,7 @@ class Tagging(Generic[H]):
                     self.fanout.remove(sub)
                     gone.append(sub)
                 continue
-            tag_sub.known[task_id] = resume.task.created_at_ms
+            tag_sub.known[task_id] = (resume.task.created_at_ms, resume.task.epoch)
             if task_id not in cursors:
                 resume = Resume("snapshot", "new", resume.task, ())
             if sub is not None:
@@ -138,7 +148,14 @@ class Tagging(Generic[H]):
             tag_sub.floor = (oldest.created_at_ms, oldest.id)
         listed = set(task_ids)
         for task_id, task in tag_sub.buffered.items():
-            if task_id in listed:  # its resume frame is its announcement
+            if task_id in listed:
+                resume = resumes.get(task_id)
+                if resume is not None and resume.task.epoch == task.epoch:
+                    continue  # its resume frame is its announcement
+                # The listing found a task of this id that was deleted, and the id made again since: the new
+                # one is announced (its subscription resumed the other, or is gone with it).
+                tag_sub.known[task_id] = (task.created_at_ms, task.epoch)
+                channels.append(self._take_over([tag_sub], task, recheck=True))
                 continue
             sub = tag_sub.streams.get(task_id)
             if sub is not None:  # it collected the task's entries since its creation
@@ -151,21 +168,21 @@ class Tagging(Generic[H]):
 
     def created(self, message: Message) -> list[Channel[H]]:
         """News of a task created (``message.created``): announced to every subscription of its tags that
-        does not know it yet, buffered by one whose listing is under way. Returns the channels that have
-        entries to hand out."""
+        does not know it yet (a task made again under the id of one it knew is another task), buffered by
+        one whose listing is under way. Returns the channels that have entries to hand out."""
         task = message.task
         if task is None:  # too big for a message: the reconcile finds it
             return []
         groups: dict[Peer[H], list[TagSub[H]]] = {}
         for tag in task.tags:
             for tag_sub in self.watched.get(tag, ()):
-                if task.id not in tag_sub.known:
+                if not knows(tag_sub, task):
                     groups.setdefault(tag_sub.peer, []).append(tag_sub)
         channels: list[Channel[H] | None] = []
         for peer, tag_subs in groups.items():
             ready = [tag_sub for tag_sub in tag_subs if not tag_sub.listing]
             for tag_sub in tag_subs:
-                self._remember(tag_sub, task.id, task.created_at_ms)
+                self._remember(tag_sub, task)
                 if tag_sub.listing:
                     tag_sub.buffered[task.id] = task
             if ready:
@@ -180,8 +197,9 @@ class Tagging(Generic[H]):
         another tag's announcement of it, go first)."""
         owner = tag_subs[-1]
         earlier = owner.peer.subscriptions.get(task.id)
-        if earlier is not None and earlier.last is not None and earlier.last.version > task.version:
-            task = earlier.last  # the connection has it further on already: its snapshot never steps back
+        last = None if earlier is None else earlier.last
+        if last is not None and last.epoch == task.epoch and last.version > task.version:
+            task = last  # the connection has it further on already: its snapshot never steps back
         sub = self.fanout.subscribe(owner.peer, task.id, owner)
         return self._announce(tag_subs, sub, task, recheck=recheck)
 
@@ -215,14 +233,14 @@ class Tagging(Generic[H]):
         woken, self.woken = list(self.woken), {}
         return woken
 
-    def _remember(self, tag_sub: TagSub[H], task_id: str, created_ms: int) -> None:
+    def _remember(self, tag_sub: TagSub[H], task: Task) -> None:
         known = tag_sub.known
-        known[task_id] = created_ms
+        known[task.id] = (task.created_at_ms, task.epoch)
         if len(known) <= tag_sub.cap or tag_sub.listing:
             return
-        horizon = self.horizon_ms if self.reconciled else created_ms - self.margin_ms
+        horizon = self.horizon_ms if self.reconciled else task.created_at_ms - self.margin_ms
         if horizon is not None:
-            tag_sub.known = {i: at for i, at in known.items() if at >= horizon}
+            tag_sub.known = {i: seen for i, seen in known.items() if seen[0] >= horizon}
         tag_sub.cap = max(MIN_REMEMBERED, 2 * len(tag_sub.known))
 
     # --- the end of a tag subscription ---------------------------------------------------------------------
@@ -296,13 +314,15 @@ class Tagging(Generic[H]):
             since = max(since, self.horizon_ms)
         return sorted({tag_sub.tag for tag_sub in done}), since
 
-    def unknown(self, rows: Iterable[tuple[str, str]]) -> list[str]:
-        """Of the tasks listed again, as ``(tag, task id)``, those a subscription of their tag past its
-        listing does not know: read their state, and give it to :meth:`found`."""
+    def unknown(self, rows: Iterable[tuple[str, str, str]]) -> list[str]:
+        """Of the tasks listed again, as ``(tag, task id, epoch)``, those a subscription of their tag past its
+        listing does not know (or knew under another epoch: the id was made again): read their state, and
+        give it to :meth:`found`."""
         missing: dict[str, None] = {}
-        for tag, task_id in rows:
+        for tag, task_id, epoch in rows:
             for tag_sub in self.watched.get(tag, ()):
-                if not tag_sub.listing and task_id not in tag_sub.known:
+                known = tag_sub.known.get(task_id)
+                if not tag_sub.listing and (known is None or known[1] != epoch):
                     missing[task_id] = None
         return list(missing)
 
@@ -316,9 +336,9 @@ class Tagging(Generic[H]):
             groups: dict[Peer[H], list[TagSub[H]]] = {}
             for tag in task.tags:
                 for tag_sub in self.watched.get(tag, ()):
-                    if tag_sub.listing or task.id in tag_sub.known:
+                    if tag_sub.listing or knows(tag_sub, task):
                         continue
-                    self._remember(tag_sub, task.id, task.created_at_ms)
+                    self._remember(tag_sub, task)
                     floor = tag_sub.floor
                     if task.created_at_ms >= tag_sub.since_ms and (
                         floor is None or (task.created_at_ms, task.id) > floor

@@ -130,9 +130,9 @@ class ReadTx(Protocol):
         ``before`` (a ``(created_at_ms, id)``) in that order when it is given, only those in ``state`` when
         it is given. The first tag's index range drives it; the others are probed by task."""
 
-    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
-        """``(tag, task id)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``, by tag,
-        then ``created_at_ms`` and id ascending; one statement per chunk of tags."""
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
+        """``(tag, task id, epoch)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``,
+        by tag, then ``created_at_ms`` and id ascending; one statement per chunk of tags."""
 
     async def resume_rows(
         self, cursors: Mapping[str, int], retention_versions: int

@@ -199,8 +199,10 @@ class MemoryTx:
             if (state is None or t.state == state) and (before is None or (t.created_at_ms, t.id) < before)
         ][:limit]
 
-    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
-        return [(tag, task_id) for tag, at, task_id in self._tagged(tags) if at >= since_ms]
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
+        tasks = self.data.tasks
+        rows = self._tagged(tags)
+        return [(tag, task_id, tasks[task_id].task.epoch) for tag, at, task_id in rows if at >= since_ms]
 
     async def resume_rows(
         self, cursors: Mapping[str, int], retention_versions: int
@@ -245,9 +247,10 @@ class MemoryTx:
         key = (task.id, task.state, task.version)
         if transition.notify and key in self.data.outbox_keys:
             raise StoreRace(f"notification {key} exists")
-        if (task.tags, task.created_at_ms) != (before.task.tags, before.task.created_at_ms):
+        fixed = before.task.tags, before.task.created_at_ms, before.task.epoch
+        if (task.tags, task.created_at_ms, task.epoch) != fixed:
             # Written once, at insert: no update changes them (as in SQL, where no update sets them).
-            task = replace(task, tags=before.task.tags, created_at_ms=before.task.created_at_ms)
+            task = replace(task, tags=fixed[0], created_at_ms=fixed[1], epoch=fixed[2])
         self.data.tasks[task.id] = replace(before, task=task)
         history = self.data.entries[task.id]
         history.append((entry.version, encoded_event))

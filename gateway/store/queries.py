@@ -75,7 +75,7 @@ DUE = (
     f"{SELECT_TASK} WHERE {_LIVE} AND expires_at_ms <= ? "
     f"AND NOT ({LEASED} AND lease_until_ms < expires_at_ms) ORDER BY expires_at_ms LIMIT ?"  # + CLAIM
 )
-INSERT_TASK = _insert("tasks", (*UPDATED_COLUMNS, "tags", "ttl_ms", "created_at_ms", "heartbeat_ms"))
+INSERT_TASK = _insert("tasks", (*UPDATED_COLUMNS, "tags", "ttl_ms", "created_at_ms", "heartbeat_ms", "epoch"))
 
 # --- tags: fixed at creation, each a row of task_tags (ix_task_tags_tag) beside the task's ``tags`` column -
 
@@ -104,10 +104,11 @@ def tagged_tasks(*, others: int, by_state: bool, before: bool) -> str:
     )
 
 
-# The tasks of some tags created since a time: a range of the index per tag ({tags}: ``tag IN``/``= ANY``).
+# The tasks of some tags created since a time, each with its epoch (which history of its id it is): a range
+# of the index per tag ({tags}: ``g.tag IN``/``= ANY``), each task's row found by its primary key.
 TAGGED_SINCE = (
-    "SELECT tag, task_id FROM task_tags WHERE {tags} AND created_at_ms >= ? "
-    "ORDER BY tag, created_at_ms, task_id"
+    "SELECT g.tag, g.task_id, t.epoch FROM task_tags AS g JOIN tasks AS t ON t.id = g.task_id "
+    "WHERE {tags} AND g.created_at_ms >= ? ORDER BY g.tag, g.created_at_ms, g.task_id"
 )
 
 # --- heartbeat leases (gateway.lease) -----------------------------------------------------------------

@@ -18,22 +18,23 @@ ACTIVE_STATES = ("queued", "running")
 # The rows of running attempts that hold a lease: the predicate of the partial index ix_tasks_lease_end.
 LEASED = "state = 'running' AND lease_until_ms IS NOT NULL"
 # The columns of a ``tasks`` row that hold the machine's task: named and ordered as its fields, so that a
-# row that starts with them is the task's arguments in order (``task_from_row``). The last two are written
-# once, at insert, and never updated: a task's tags (sorted, joined by one space, ``''`` for none; a tag has
-# no whitespace) and its creation time.
+# row that starts with them is the task's arguments in order (``task_from_row``). The last three are
+# written once, at insert, and never updated: a task's tags (sorted, joined by one space, ``''`` for none; a
+# tag has no whitespace), its creation time and its epoch.
 TASK_COLUMNS = tuple(field.name for field in fields(Task))
-INSERT_ONLY = ("tags", "created_at_ms")
+INSERT_ONLY = ("tags", "created_at_ms", "epoch")
 assert TASK_COLUMNS[-len(INSERT_ONLY) :] == INSERT_ONLY, "task_from_row reads them last"
 # The columns a task's life changes: what an update may set.
 UPDATED_COLUMNS = TASK_COLUMNS[: -len(INSERT_ONLY)]
 _TAGS = len(UPDATED_COLUMNS)
+_END = len(TASK_COLUMNS)
 
 
 def task_from_row(row: Sequence[Any]) -> Task:
     """The task in a row that starts with ``TASK_COLUMNS``: the one way a row becomes a task (by position,
     which costs less than by name on every driver's rows)."""
     tags = row[_TAGS]
-    values: Sequence[Any] = (*row[:_TAGS], tuple(tags.split(" ")) if tags else (), row[_TAGS + 1])
+    values: Sequence[Any] = (*row[:_TAGS], tuple(tags.split(" ")) if tags else (), *row[_TAGS + 1 : _END])
     return Task(*values)
 
 
@@ -111,9 +112,12 @@ class TaskRow(SQLModel, table=True):
     result_hash: str | None = Field(default=None, sa_column=Column(Text))
     error: str | None = Field(default=None, sa_column=Column(Text))
     # Fixed at creation (``INSERT_ONLY``): its tags, sorted, joined by one space (``''``: none), each also a
-    # row of ``task_tags``; and when it was created, by the gateway's clock.
+    # row of ``task_tags``; when it was created, by the gateway's clock; and its epoch (below).
     tags: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
     created_at_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # Which history of the id this task is (``Task.epoch``): made at random at its creation, so that a task
+    # made again under the id of a deleted one is told apart from it by the cursors of the old one.
+    epoch: str = Field(default="", sa_column=Column(String(32), nullable=False, server_default=""))
     # What the task was created with, so that a repeated create can be told apart from a conflicting one.
     ttl_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
     # When the task became terminal, by the gateway's clock (its terminal entry's time, the notification's

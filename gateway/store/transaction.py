@@ -43,7 +43,8 @@ def finished(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, int]
 
 def task_row(task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None) -> tuple[Any, ...]:
     """The parameters of ``queries.INSERT_TASK``."""
-    return (*task_values(task).values(), tags_text(task.tags), ttl_ms, created_at_ms, heartbeat_ms)
+    values = task_values(task).values()
+    return (*values, tags_text(task.tags), ttl_ms, created_at_ms, heartbeat_ms, task.epoch)
 
 
 def stored_from_row(row: Sequence[Any]) -> StoredTask:
@@ -162,11 +163,11 @@ class SqlTx:
         params = [first, *(before or ()), *others, *((state,) if state is not None else ()), limit]
         return [task_from_row(r) for r in await self.fetch(query, params)]
 
-    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
-        found: list[tuple[str, str]] = []
-        for condition, params in self.in_list("tag", sorted({t for t in tags if "\x00" not in t})):
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
+        found: list[tuple[str, str, str]] = []
+        for condition, params in self.in_list("g.tag", sorted({t for t in tags if "\x00" not in t})):
             rows = await self.fetch(q.TAGGED_SINCE.format(tags=condition), (*params, since_ms))
-            found += [(r[0], r[1]) for r in rows]
+            found += [(r[0], r[1], r[2]) for r in rows]
         return found  # the chunks follow each other in tag order
 
     async def resume_rows(

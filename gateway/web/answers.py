@@ -85,6 +85,12 @@ class TaskJson(_Answer):
     version: int = Field(ge=0, description="how many entries the task's history holds")
     tags: list[Tag] = Field(description="the task's tags, fixed at creation, sorted; [] for none")
     createdAtMs: int = Field(description="when the task was created, by the gateway's clock, in epoch ms")
+    epoch: str | Absent = Field(
+        default=None,
+        json_schema_extra=_drop_default,
+        description="which history of its id the task is, made at its creation: a task made again under "
+        "the id of a deleted one has another; send it with a cursor (`version:epoch`)",
+    )
     resultRef: str | Absent = ABSENT
     resultHash: str | Absent = ABSENT
     error: str | Absent = ABSENT
@@ -149,7 +155,7 @@ class TagToken(_Answer):
 class ResumeAnswer(_Answer):
     mode: Literal["caught-up", "delta", "snapshot"]
     version: int
-    reason: Literal["retention", "cursor-ahead"] | Absent = ABSENT
+    reason: Literal["retention", "cursor-ahead", "recreated"] | Absent = ABSENT
     task: TaskJson
     events: list[EntryJson] = Field(description="the entries after the cursor, for a delta; else empty")
 

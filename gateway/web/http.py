@@ -168,9 +168,9 @@ def routes(gw: Gateway, guard: Guard) -> list[Route | Mount]:
     async def events(request: Request) -> Response:
         task_id = request.path_params["task_id"]
         grant = guard.task(request, task_id, "subscribe")
-        cursor = wire.query_cursor(request.query_params)
+        cursor, epoch = wire.query_cursor(request.query_params)
         with grant.reading():
-            resume = await book.resume(task_id, cursor)
+            resume = await book.resume(task_id, cursor, epoch)
             grant.check(resume.task)
         return wire.JSON(render.resume_json(resume))
 

@@ -38,6 +38,7 @@ from gateway.errors import (
 )
 from gateway.frames import PONG, Frame, error_frame
 from gateway.live.feed import Feed
+from gateway.machine import same_history
 from gateway.runtime import Gateway
 from gateway.store.database import database_unavailable
 from gateway.tokens import EXPIRED
@@ -45,7 +46,7 @@ from gateway.web.auth import Grant, Guard, origin_allowed
 from gateway.web.expiry import Expiries, end_subscription
 from gateway.web.extensions import connection, direct_socket
 from gateway.web.tag_messages import TagMessage, tag_message, tag_of
-from gateway.web.wire import cursor_in_range, parse_cursor, query_cursor
+from gateway.web.wire import Cursor, message_cursor, parse_cursor, query_cursor
 
 log = logging.getLogger("gateway")
 UNAVAILABLE = "the database is unreachable; try again"
@@ -83,14 +84,15 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             max_subscriptions=settings.max_subscriptions,
         )
 
-    async def subscribe(feed: Feed, grant: Grant, task_id: str, cursor: int) -> object:
-        """Subscribe ``feed`` to the task as ``grant`` allows (the subscription is returned). A tag token's
-        task is read once first (it must carry the tag: the subscription's resume frame would show it
-        otherwise), and no such task is the same ``Forbidden`` to it as a task without its tag."""
+    async def subscribe(feed: Feed, grant: Grant, task_id: str, cursor: Cursor) -> object:
+        """Subscribe ``feed`` to the task as ``grant`` allows, from ``cursor`` (a version, and the epoch of
+        its history if given); the subscription is returned. A tag token's task is read once first (it must
+        carry the tag: the subscription's resume frame would show it otherwise), and no such task is the
+        same ``Forbidden`` to it as a task without its tag."""
         with grant.reading():
             if grant.tag is not None:
                 grant.check(await gw.book.get(task_id))
-            return await feed.subscribe(task_id, cursor)
+            return await feed.subscribe(task_id, *cursor)
 
     async def refuse(ws: WebSocket, exc: GatewayError, task_id: str | None) -> None:
         await ws.send_text(error_frame(exc.code, exc.message, task_id).text)
@@ -209,10 +211,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             token = message.get("token")
             if token is not None and not isinstance(token, str):
                 raise InvalidRequest("token: must be a string")
-            cursor = message.get("cursor", 0)
-            if isinstance(cursor, bool) or not isinstance(cursor, int):
-                raise InvalidRequest("cursor: must be an integer")
-            cursor_in_range(cursor)
+            cursor = message_cursor(message.get("cursor", 0))
             # A task's subscribe token, or a tag token for a tag of the task: the API key is taken from the
             # Authorization header alone (it has no business in a browser's socket message).
             grant = guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
@@ -237,7 +236,9 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
             return
         # A tag token for this tag (or none in open mode); never the API key, as for a task's subscribe.
         exp = guard.tag_credential(message.token, message.tag, where="a subscribe message")
-        tag_sub = await feed.subscribe_tag(message.tag, message.cursors, settings.tag_subscription_max)
+        tag_sub = await feed.subscribe_tag(
+            message.tag, message.cursors, settings.tag_subscription_max, message.epochs
+        )
         authorized(ws)
         tag = message.tag
         ended = error_frame("unauthorized", f"{EXPIRED}: subscribe again with a new one", tag=tag)
@@ -300,7 +301,9 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         if last_id is not None or grant.tag is not None:
             with grant.reading():
                 task = grant.check(await gw.book.get(task_id))
-            if last_id is not None and task.terminal and cursor >= task.version:
+            version, epoch = cursor
+            ended = task.terminal and version >= task.version and same_history(task, epoch)
+            if last_id is not None and ended:
                 # An EventSource reconnecting after the last frame: 204 tells it to stop reconnecting.
                 return Response(status_code=204)
         # A stream holds its connection's descriptor for as long as it lasts: none past the process's ceiling
@@ -312,7 +315,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
         feed = new_feed()
         try:
             with grant.reading():  # a task deleted meanwhile is no more than any other to a tag token
-                sub = await feed.subscribe(task_id, cursor)
+                sub = await feed.subscribe(task_id, *cursor)
         except BaseException:
             feed.release()
             raise
@@ -351,7 +354,7 @@ def live_routes(gw: Gateway, guard: Guard) -> list[Route | WebSocketRoute]:
                 if subscription is None:
                     yield ": heartbeat\n\n"
                 else:
-                    yield f"event: {frame.type}\nid: {frame.version}\ndata: {frame.text}\n\n"
+                    yield f"event: {frame.type}\nid: {frame.cursor}\ndata: {frame.text}\n\n"
                 feed.writing_since = None
                 if subscription is not None and subscription.finished:
                     return

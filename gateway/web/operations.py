@@ -108,11 +108,18 @@ class Operation:
 
 
 _TASK = "/v1/tasks/{task_id}"
+# A cursor: a version alone (a bare version), or with the epoch of the task's history, ``version:epoch``.
+_CURSOR_SCHEMA = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0, "maximum": wire.MAX_CURSOR},
+        {"type": "string", "pattern": wire.CURSOR_PATTERN},
+    ]
+}
 _CURSOR = Param(
     "cursor",
     "query",
-    "the last version the client holds (default 0)",
-    {"type": "integer", "minimum": 0, "maximum": wire.MAX_CURSOR, "default": 0},
+    "the last version the client holds, with its task's epoch as `version:epoch` (default 0)",
+    {**_CURSOR_SCHEMA, "default": 0},
 )
 _READ_ERRORS = {401: "", 403: "", 404: "", 503: ""}
 
@@ -171,7 +178,8 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(_CURSOR,),
         tags=("subscriber",),
         description="`caught-up` (nothing missed), `delta` (the missed entries) or `snapshot` (the whole "
-        "state: `retention` when the cursor is too far behind, `cursor-ahead` when it is past the task).",
+        "state: `retention` when the cursor is too far behind, `cursor-ahead` when it is past the task, "
+        "`recreated` when its epoch is not the task's: the id was deleted and made again since).",
     ),
     Operation(
         "get",
@@ -190,15 +198,15 @@ OPERATIONS: tuple[Operation, ...] = (
             Param(
                 "Last-Event-ID",
                 "header",
-                "set by EventSource on a reconnect: the last version applied (wins over ?cursor=)",
-                {"type": "integer", "minimum": 0, "maximum": wire.MAX_CURSOR},
+                "set by EventSource on a reconnect: the last event's id, `version:epoch` (wins over cursor)",
+                _CURSOR_SCHEMA,
             ),
         ),
         media_type="text/event-stream",
         tags=("subscriber",),
         description="The frames of the single-task WebSocket, each an SSE event named by its type with "
-        "`id:` its version. 204 when a reconnecting EventSource already holds the last version of a "
-        "finished task.",
+        "`id:` its cursor, `version:epoch`. 204 when a reconnecting EventSource already holds the last "
+        "version of a finished task.",
     ),
     Operation(
         "post",
@@ -375,13 +383,14 @@ OPERATIONS: tuple[Operation, ...] = (
 )
 
 # One event of an SSE stream (text/event-stream answers are a sequence of these; a JSON schema applies to each
-# event): named by its frame type, with ``id:`` the version it leaves the client at and the frame as data.
+# event): named by its frame type, with ``id:`` the cursor it leaves the client at (``version:epoch``) and the
+# frame as data.
 SSE_EVENT: dict[str, Any] = {
     "type": "object",
     "required": ["data"],
     "properties": {
         "event": {"type": "string", "enum": ["caught-up", "delta", "snapshot", "event", "error"]},
-        "id": {"type": "string", "pattern": "^-?[0-9]+$"},
+        "id": {"type": "string", "pattern": "^-?[0-9]+(:[0-9A-Za-z]+)?$"},
         "data": {"type": "string", "contentMediaType": "application/json"},
         "retry": {"type": "integer", "minimum": 0},
     },
@@ -393,7 +402,7 @@ LIST_OF = {("/v1/notifications/drain", "post"): answers.NotificationJson}
 WEBSOCKETS: tuple[dict[str, str], ...] = (
     {
         "path": "/v1/tasks/{task_id}/ws",
-        "summary": "One task: ?cursor=N&token=T; the resume frame, then every entry; closes 1000 when done",
+        "summary": "One task: ?cursor=N:E&token=T; the resume frame, then every entry; closes 1000 when done",
     },
     {
         "path": "/v1/ws",

@@ -9,7 +9,7 @@ from typing import Any
 
 from gateway.errors import InvalidRequest
 from gateway.tag_names import MAX_TAG_LENGTH, check_tag
-from gateway.web.wire import MAX_CURSOR
+from gateway.web.wire import message_cursor
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +19,8 @@ class TagMessage:
     token: str | None = None
     # Task id -> the last version the client saw of it (every task it knows).
     cursors: dict[str, int] = field(default_factory=dict)
+    # Task id -> the epoch of the history that version is of, for the cursors sent as ``V:E``.
+    epochs: dict[str, str] = field(default_factory=dict)
 
 
 def tag_of(message: dict[str, Any]) -> str | None:
@@ -45,9 +47,10 @@ def tag_message(kind: str, message: dict[str, Any], max_cursors: int) -> TagMess
         raise InvalidRequest(
             f"cursors: at most {max_cursors} tasks (GATEWAY_TAG_SUBSCRIPTION_MAX), got {len(cursors)}"
         )
+    versions: dict[str, int] = {}
+    epochs: dict[str, str] = {}
     for task_id, cursor in cursors.items():
-        if isinstance(cursor, bool) or not isinstance(cursor, int) or not 0 <= cursor <= MAX_CURSOR:
-            raise InvalidRequest(
-                f"cursors[{task_id[:40]!r}]: must be an integer from 0 to {MAX_CURSOR}, got {cursor!r:.40}"
-            )
-    return TagMessage(kind, tag, token, cursors)
+        versions[task_id], epoch = message_cursor(cursor, f"cursors[{task_id[:40]!r}]")
+        if epoch is not None:
+            epochs[task_id] = epoch
+    return TagMessage(kind, tag, token, versions, epochs)

@@ -430,31 +430,50 @@ class JSON(Response):
         return (content if isinstance(content, bytes) else orjson.dumps(content)) + b"\n"
 
 
-_INTEGER = re.compile(r"-?[0-9]{1,100}")
-# A cursor is a version: at most what a JavaScript client can hold exactly.
+# A cursor is a version (at most what a JavaScript client can hold exactly), alone or with the epoch of the
+# task's history it was read in: ``V:E`` (protocol.md, Resuming).
 MAX_CURSOR = MAX_SAFE
+_CURSOR = re.compile(r"(-?[0-9]{1,100})(?::([0-9A-Za-z]{1,32}))?")
+# What the OpenAPI document says of a cursor in a string: up to 15 digits, always within range, with an
+# epoch or not; empty, it is 0 (as when it is left out).
+CURSOR_PATTERN = r"^([0-9]{1,15}(:[0-9A-Za-z]{1,32})?)?$"
+_SHAPE = "a version (an integer), or a version and the task's epoch as 'V:E'"
+
+# A cursor as read: the version, and the epoch of its history (None: a bare version).
+Cursor = tuple[int, str | None]
 
 
-def query_cursor(query: QueryParams) -> int:
-    """``?cursor=N``; given more than once it is refused, not read as its last value."""
+def query_cursor(query: QueryParams) -> Cursor:
+    """``?cursor=N`` or ``?cursor=N:E``; given more than once it is refused, not read as its last value."""
     values = query.getlist("cursor")
     if len(values) > 1:
         raise InvalidRequest("cursor: given more than once")
     return parse_cursor(values[0] if values else None)
 
 
-def parse_cursor(raw: str | None) -> int:
-    """A cursor from a query string or a ``Last-Event-ID`` header."""
+def parse_cursor(raw: str | None, field: str = "cursor") -> Cursor:
+    """A cursor from a query string, a ``Last-Event-ID`` header or a string in a message: ``V`` or
+    ``V:E``."""
     if raw is None or raw == "":
-        return 0
-    if not _INTEGER.fullmatch(raw):
-        raise InvalidRequest(f"cursor: must be an integer, got {raw!r}")
-    return cursor_in_range(int(raw))
+        return 0, None
+    match = _CURSOR.fullmatch(raw)
+    if match is None:
+        raise InvalidRequest(f"{field}: must be {_SHAPE}, got {raw[:60]!r}")
+    return cursor_in_range(int(match[1]), field), match[2]
 
 
-def cursor_in_range(cursor: int) -> int:
-    """A cursor the protocol takes, else ``invalid-request`` in its words (the machine's own check, kept
-    for the reference's sake, would name the reference's field, ``cursorVersion``)."""
+def message_cursor(value: object, field: str = "cursor") -> Cursor:
+    """A cursor in a JSON message: an integer (a bare version) or a string ``V:E``."""
+    if isinstance(value, str) and ":" in value:
+        return parse_cursor(value, field)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{field}: must be {_SHAPE}, got {value!r:.40}")
+    return cursor_in_range(value, field), None
+
+
+def cursor_in_range(cursor: int, field: str = "cursor") -> int:
+    """A cursor's version the protocol takes, else ``invalid-request`` in its words (the machine's own
+    check, kept for the reference's sake, would name the reference's field, ``cursorVersion``)."""
     if not 0 <= cursor <= MAX_CURSOR:
-        raise InvalidRequest(f"cursor: must be an integer from 0 to {MAX_CURSOR}, got {cursor}")
+        raise InvalidRequest(f"{field}: must be an integer from 0 to {MAX_CURSOR}, got {cursor}")
     return cursor

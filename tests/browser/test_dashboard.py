@@ -81,10 +81,10 @@ async def test_reload_mid_task_resumes_from_the_kept_cursor(dashboard: Dashboard
     await dashboard.open()
     task_id, _ = await dashboard.start_demo()
     await dashboard.wait_card(task_id, "d.state === 'running' && Number(d.version) >= 3")
-    kept_before = int(
-        await dashboard.page.evaluate(f"sessionStorage.getItem('task-gateway:cursor:{task_id}')")
-    )
-    assert kept_before >= 3
+    kept = await dashboard.page.evaluate(f"sessionStorage.getItem('task-gateway:cursor:{task_id}')")
+    version, _, epoch = kept.partition(":")  # the cursor, with the epoch of its task
+    kept_before = int(version)
+    assert kept_before >= 3 and len(epoch) == 12
 
     await dashboard.page.reload()
     await dashboard.page.wait_for_selector("body[data-ready=true]", state="attached")

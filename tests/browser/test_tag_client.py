@@ -65,8 +65,10 @@ async () => {
 """
 
 
-def task(task_id: str, version: int, state: str = "running", created: int = 0) -> dict[str, Any]:
-    return {
+def task(
+    task_id: str, version: int, state: str = "running", created: int = 0, epoch: str = ""
+) -> dict[str, Any]:
+    made = {
         "id": task_id,
         "state": state,
         "expiresAtMs": 2_000_000_000_000,
@@ -77,22 +79,27 @@ def task(task_id: str, version: int, state: str = "running", created: int = 0) -
         "tags": [TAG],
         "createdAtMs": 1_700_000_000_000 + created,
     }
+    if epoch:
+        made["epoch"] = epoch
+    return made
 
 
 CREATED = {"a": 1, "b": 2, "c": 3, "d": 4}
 
 
-def snapshot(task_id: str, version: int, reason: str = "new", state: str = "running") -> dict[str, Any]:
+def snapshot(
+    task_id: str, version: int, reason: str = "new", state: str = "running", epoch: str = ""
+) -> dict[str, Any]:
     return {
         "type": "snapshot",
         "taskId": task_id,
         "version": version,
         "reason": reason,
-        "task": task(task_id, version, state, CREATED[task_id]),
+        "task": task(task_id, version, state, CREATED[task_id], epoch),
     }
 
 
-def event(task_id: str, version: int, state: str = "running") -> dict[str, Any]:
+def event(task_id: str, version: int, state: str = "running", epoch: str = "") -> dict[str, Any]:
     progress = {
         "type": "progress",
         "atMs": 1_700_000_001_000,
@@ -104,7 +111,7 @@ def event(task_id: str, version: int, state: str = "running") -> dict[str, Any]:
         "taskId": task_id,
         "version": version,
         "event": progress,
-        "task": task(task_id, version, state, CREATED[task_id]),
+        "task": task(task_id, version, state, CREATED[task_id], epoch),
     }
 
 
@@ -127,7 +134,7 @@ class Scripted:
     async def run(self, script: str, arg: Any = None) -> Any:
         return await self.page.evaluate(script, arg)
 
-    async def follow(self, tag: str = TAG, cursors: dict[str, int] | None = None) -> None:
+    async def follow(self, tag: str = TAG, cursors: dict[str, int | str] | None = None) -> None:
         await self.run(
             "([tag, cursors]) => { window.stops[tag] = window.follow(tag, cursors ?? undefined); }",
             [tag, cursors],
@@ -167,7 +174,7 @@ async def scripted(gw: Any, page: Any, console: Console) -> Any:
     console.assert_clean()
 
 
-def subscribe_message(cursors: dict[str, int]) -> dict[str, Any]:
+def subscribe_message(cursors: dict[str, int | str]) -> dict[str, Any]:
     return {"type": "subscribe", "tag": TAG, "token": "tag-token", "cursors": cursors}
 
 
@@ -246,12 +253,10 @@ async def test_added_tasks_snapshots_and_forgotten_tasks(scripted: Scripted) -> 
     # "gone" was deleted (retention): not listed, so forgotten. a's cursor is ahead of the task (made anew):
     # its snapshot, at a lower version, replaces it.
     await scripted.deliver(listing("a"), snapshot("a", 2, reason="cursor-ahead"), event("a", 3))
-    # A task created with the tag: announced once; events before its snapshot are not applied.
+    # A task created with the tag: announced; events before its snapshot are not applied.
     await scripted.deliver(
         {"type": "added", "tag": TAG, "taskId": "d"},
         event("d", 1),
-        {"type": "added", "tag": TAG, "taskId": "d"},
-        {"type": "added", "tag": TAG, "taskId": "a"},
         snapshot("d", 1),
         event("d", 2, state="succeeded"),
     )
@@ -267,6 +272,41 @@ async def test_added_tasks_snapshots_and_forgotten_tasks(scripted: Scripted) -> 
     # Frames of other tasks (another subscription's) are none of the tag's business.
     await scripted.deliver(snapshot("c", 1), event("c", 2))
     assert len(await scripted.seen()) == 4
+
+
+async def test_cursors_carry_their_tasks_epochs_and_a_task_made_again_replaces_the_one_known(
+    scripted: Scripted,
+) -> None:
+    """Each cursor is sent with the epoch of its task (``version:epoch``); a task made again under an id the
+    client knew comes as a ``recreated`` snapshot after a reconnect, or as ``added`` then its snapshot while
+    it follows: handed on, and what was held of the id replaced (the old one's events on their way are
+    dropped)."""
+    await scripted.follow(TAG, {"a": "4:e1"})
+    await scripted.open()
+    assert await scripted.sent() == [subscribe_message({"a": "4:e1"})]
+    await scripted.deliver(
+        listing("b", "a"),
+        snapshot("b", 3, epoch="e3"),
+        snapshot("a", 0, reason="recreated", epoch="e2"),
+        event("a", 1, epoch="e2"),
+        {"type": "added", "tag": TAG, "taskId": "b"},  # b deleted and made again while followed
+        event("b", 4, epoch="e3"),
+        snapshot("b", 0, epoch="e4"),
+        event("b", 1, epoch="e4"),
+    )
+    assert await scripted.seen() == [
+        ("b", "snapshot", 3),
+        ("a", "snapshot", 0),
+        ("a", "event", 1),
+        ("b", "snapshot", 0),
+        ("b", "event", 1),
+    ]
+    assert await scripted.run("window.added.map((f) => f.taskId)") == ["b"]
+    assert await scripted.run("client.tagCursors('owner:u42')") == {"a": 1, "b": 1}
+    await scripted.drop()
+    await scripted.reconnected(2)
+    await scripted.open()
+    assert await scripted.sent() == [subscribe_message({"b": "1:e4", "a": "1:e2"})]
 
 
 async def test_more_cursors_than_the_gateway_takes_are_cut_to_the_newest(scripted: Scripted) -> None:

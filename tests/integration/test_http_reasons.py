@@ -81,8 +81,11 @@ class Handle:
             # The gateway's own fields: no tags asked for, created by the gateway's clock now.
             "tags": [],
             "createdAtMs": gw.gateway.clock(),
+            # And which history of its id it is: 12 hex digits made at random (protocol.md, Resuming).
+            "epoch": made.task["epoch"],
         }
         assert made.task == handle.expected
+        assert len(made.task["epoch"]) == 12 and int(made.task["epoch"], 16) >= 0
         return handle
 
     @property

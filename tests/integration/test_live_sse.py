@@ -1,6 +1,6 @@
 """Server-sent events (protocol.md, Server-sent events): the single-task socket's frames, each an SSE event
-named by its frame type with ``id:`` its version; ``Last-Event-ID`` (or ``?cursor=``) resumes without a
-gap, and the stream ends after the terminal frame."""
+named by its frame type with ``id:`` its cursor (version and epoch); ``Last-Event-ID`` (or ``?cursor=``)
+resumes without a gap, and the stream ends after the terminal frame."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ def progress(p: int) -> dict[str, Any]:
 
 
 def feed(check: StreamCheck, name: str, ident: str | None, data: dict[str, Any]) -> None:
-    """One SSE event: named by its frame's type, ``id`` its version, then the ordering check."""
+    """One SSE event: named by its frame's type, ``id`` its cursor (version and epoch), then the ordering
+    check."""
     assert name == data["type"], (name, data)
-    assert ident == str(data["version"]), (ident, data)
+    assert ident == f"{data['version']}:{data['task']['epoch']}", (ident, data)
     check.feed(data)
 
 
@@ -61,7 +62,8 @@ async def test_a_stream_resumed_with_last_event_id_continues_without_a_gap_and_e
             for p in (40, 50):  # v5, v6 while away
                 await post_callback(gw, "sse", token, progress(p))
             resumed = StreamCheck("sse", first.version, base=first.task, retention=8)
-            async with stream(gw, "sse", sub, headers={"Last-Event-ID": str(first.version)}) as response:
+            last_id = f"{first.version}:{made['task']['epoch']}"  # what an EventSource sends back
+            async with stream(gw, "sse", sub, headers={"Last-Event-ID": last_id}) as response:
                 assert response.status_code == 200
                 events = sse_frames(response)
                 feed(resumed, *await anext(events))

@@ -12,7 +12,7 @@ state after its entry fails the check too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import urlencode
@@ -151,9 +151,10 @@ class StreamCheck:
 class TagWatch:
     """Checks one socket's frames of one tag subscription (protocol.md, Live: tags), as they arrive: the
     ``tag`` frame first, then each listed task's resume frame in the listing's order (from the cursor sent
-    for it, ``snapshot`` ``new`` for a task not in the map), an ``added`` frame (at most once a task) then
-    the task's ``snapshot`` ``new``; from then on, each task's frames as :class:`StreamCheck` checks them.
-    ``cursors`` is the map the client sent, ``tasks`` the task (JSON) it held at each cursor."""
+    for it, ``snapshot`` ``new`` for a task not in the map), an ``added`` frame (at most once a task, but
+    for a task made again under its id: another epoch) then the task's ``snapshot`` ``new``; from then on,
+    each task's frames as :class:`StreamCheck` checks them. ``cursors`` is the map the client sent, ``tasks``
+    the task (JSON) it held at each cursor."""
 
     def __init__(
         self, tag: str, cursors: dict[str, int] | None = None, tasks: dict[str, dict[str, Any]] | None = None
@@ -167,6 +168,7 @@ class TagWatch:
         self.checks: dict[str, StreamCheck] = {}
         self.awaited: list[str] = []  # listed tasks whose resume frame has not come yet, in order
         self.new: set[str] = set()  # added tasks whose snapshot has not come yet
+        self.recreated: list[str] = []  # tasks announced again: their ids were made again
 
     def feed(self, frame: dict[str, Any]) -> None:
         kind = frame["type"]
@@ -180,7 +182,8 @@ class TagWatch:
         if kind == "added":
             assert set(frame) == {"type", "tag", "taskId"} and frame["tag"] == self.tag, frame
             task_id = frame["taskId"]
-            assert task_id not in self.added and task_id not in self.listed, f"announced twice: {frame}"
+            if task_id in self.added or task_id in self.listed:
+                self.recreated.append(task_id)  # its snapshot must be of another task (checked below)
             self.added.append(task_id)
             self.new.add(task_id)
             return
@@ -195,6 +198,11 @@ class TagWatch:
                 return
         elif task_id in self.new:
             self.new.discard(task_id)
+            if task_id in self.recreated:
+                held = self.checks[task_id].task
+                assert held is not None and frame["task"]["epoch"] != held["epoch"], (
+                    f"announced twice: {frame}"
+                )
         else:
             self.checks[task_id].feed(frame)
             return
@@ -213,13 +221,13 @@ class TagWatch:
         return {task_id: check.task for task_id, check in self.checks.items() if check.task is not None}
 
 
-def tag_subscribe(tag: str, token: str | None = None, cursors: dict[str, int] | None = None) -> str:
+def tag_subscribe(tag: str, token: str | None = None, cursors: Mapping[str, int | str] | None = None) -> str:
     """A ``/v1/ws`` subscribe message for a tag."""
     message: dict[str, Any] = {"type": "subscribe", "tag": tag}
     if token is not None:
         message["token"] = token
     if cursors is not None:
-        message["cursors"] = cursors
+        message["cursors"] = dict(cursors)
     return orjson.dumps(message).decode()
 
 

@@ -106,11 +106,11 @@ async def hold_resume_until_committed(gw: Running, commit: Callable[[], Awaitabl
     held = anyio.Event()
     patch = pytest.MonkeyPatch()
 
-    async def resume(task_id: str, cursor: int) -> Resume:
+    async def resume(task_id: str, cursor: int, epoch: str | None = None) -> Resume:
         patch.undo()  # only this one read is held
         held.set()
         await commit()
-        return await original(task_id, cursor)
+        return await original(task_id, cursor, epoch)
 
     patch.setattr(book, "resume", resume)
     return held

@@ -171,9 +171,11 @@ class Driver:
     async def send_create(self, task_id: str, ttl: Any, attempts: Any) -> None:
         body = {"id": task_id, "ttlMs": ttl, "maxAttempts": attempts}
         self.note("create", f"create {body}")
-        want = self.model.create(task_id, self.clock(), ttl, attempts)
         answer = await self.gw.client.post("/v1/tasks", content=orjson.dumps(body))
         got = answer.json()
+        # A created task's epoch is made at random: the model takes the gateway's (protocol.md, Resuming).
+        epoch = got["task"].get("epoch", "") if answer.status_code == 201 else ""
+        want = self.model.create(task_id, self.clock(), ttl, attempts, epoch=epoch)
         if answer.status_code < 300:
             for name in ("callbackToken", "subscribeToken"):
                 assert isinstance(got.get(name), str) and got[name], self.where(f"{name} missing") + repr(got)

@@ -66,7 +66,7 @@ async def store(store_url: str) -> AsyncIterator[Store]:
 
 def queued(task_id: str, *, now: int = 1_000, ttl_ms: int = 60_000, tags: tuple[str, ...] = ()) -> tuple:  # type: ignore[type-arg]
     task = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=3)
-    return replace(task, tags=tags, created_at_ms=now), ttl_ms, now
+    return replace(task, tags=tags, created_at_ms=now, epoch=f"epoch-{task_id}"[:32]), ttl_ms, now
 
 
 async def add(store: Store, task_id: str, *, tags: tuple[str, ...] = (), **kwargs: int) -> None:
@@ -95,8 +95,8 @@ TAGS = ("owner:u42", "project:7")
 async def test_a_tasks_tags_and_creation_time_read_back_through_every_read_and_outlive_its_changes(
     store: Store,
 ) -> None:
-    """Fixed at creation: every read of the task has them (a callback's locked read among them), and no
-    transition, a deadline's or a lease's included, changes them."""
+    """Fixed at creation: every read of the task has them, and its epoch (a callback's locked read among
+    them), and no transition, a deadline's or a lease's included, changes them."""
     await add(store, "tagged", tags=TAGS, now=1_234, ttl_ms=10)
     await add(store, "plain", now=1_500)
     async with store.read() as tx:
@@ -104,6 +104,7 @@ async def test_a_tasks_tags_and_creation_time_read_back_through_every_read_and_o
         listed = await tx.list_tasks(state=None, after=None, limit=10)
     assert tagged is not None and (tagged.task.tags, tagged.task.created_at_ms) == (TAGS, 1_234)
     assert plain is not None and (plain.task.tags, plain.task.created_at_ms) == ((), 1_500)
+    assert (tagged.task.epoch, plain.task.epoch) == ("epoch-tagged", "epoch-plain")
     assert listed == [plain.task, tagged.task]
     async with store.write() as tx:
         locked = await tx.lock_task("tagged")
@@ -113,12 +114,13 @@ async def test_a_tasks_tags_and_creation_time_read_back_through_every_read_and_o
         await tx.record(start, orjson.dumps(event_to_json(start.entry.event)), 1_240)  # type: ignore[union-attr]
     async with store.write() as tx:
         (due,) = await tx.claim_due(2_000, 10)
-        assert (due.tags, due.created_at_ms, due.state) == (TAGS, 1_234, "running")
+        assert (due.tags, due.created_at_ms, due.epoch, due.state) == (TAGS, 1_234, "epoch-tagged", "running")
         expired = expire_task(due)
         await tx.record(expired, orjson.dumps(event_to_json(expired.entry.event)), due.expires_at_ms)  # type: ignore[union-attr]
     async with store.read() as tx:
         after = await tx.task("tagged")
     assert after is not None and after.task == replace(expired.task, tags=TAGS, created_at_ms=1_234)
+    assert after.task.epoch == "epoch-tagged"
     assert after.task.state == "expired"
 
 
@@ -1075,11 +1077,11 @@ async def test_a_tags_tasks_are_listed_newest_first_and_since_a_time(store: Stor
         assert await tx.tagged("nobody", 10) == []
         assert await tx.tagged("nul\x00tag", 10) == []
         assert await tx.tagged_since(["project:7", "owner:u42", "nobody"], 2_000) == [
-            ("owner:u42", "b"),
-            ("owner:u42", "c"),
-            ("project:7", "d"),
+            ("owner:u42", "b", "epoch-b"),
+            ("owner:u42", "c", "epoch-c"),
+            ("project:7", "d", "epoch-d"),
         ]
-        assert await tx.tagged_since(["owner:u42"], 0) == [("owner:u42", t) for t in ("a", "b", "c")]
+        assert await tx.tagged_since(["owner:u42"], 0) == [("owner:u42", t, f"epoch-{t}") for t in "abc"]
         assert await tx.tagged_since(["owner:u42"], 2_001) == []
         assert await tx.tagged_since([], 0) == []
     async with store.write() as tx:
@@ -1087,8 +1089,8 @@ async def test_a_tags_tasks_are_listed_newest_first_and_since_a_time(store: Stor
     async with store.read() as tx:
         assert await tx.tagged("owner:u42", 10) == ["b"]
         assert await tx.tagged_since(["project:7", "owner:u42"], 0) == [
-            ("owner:u42", "b"),
-            ("project:7", "d"),
+            ("owner:u42", "b", "epoch-b"),
+            ("project:7", "d", "epoch-d"),
         ]
 
 
@@ -1154,7 +1156,10 @@ async def test_a_tags_list_says_whether_more_carry_it(store: Store) -> None:
     reads = TagReads(store, 8)
     assert await reads.list("owner:u42", 3) == (["t4", "t3", "t2"], True)
     assert await reads.list("owner:u42", 5) == (["t4", "t3", "t2", "t1", "t0"], False)
-    assert await reads.tagged_since(["owner:u42"], 1_003) == [("owner:u42", "t3"), ("owner:u42", "t4")]
+    assert await reads.tagged_since(["owner:u42"], 1_003) == [
+        ("owner:u42", "t3", "epoch-t3"),
+        ("owner:u42", "t4", "epoch-t4"),
+    ]
 
 
 async def test_resuming_many_tasks_is_one_statement_not_one_per_task(

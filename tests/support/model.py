@@ -5,8 +5,9 @@ differences protocol.md states, and it answers every operation as the HTTP API d
 ``(status_code, json_body)`` in the protocol's JSON shapes (camelCase), without tokens:
 
 - ``create``: the same id with the same parameters is idempotent (200, the current task); other parameters
-  are ``409 task-exists`` (the reference silently overwrote). The task carries the gateway's own two
-  fields: ``createdAtMs`` (``now_ms`` at create) and ``tags`` (none: the model's creates name none).
+  are ``409 task-exists`` (the reference silently overwrote). The task carries the gateway's own three
+  fields: ``createdAtMs`` (``now_ms`` at create), ``tags`` (none: the model's creates name none) and
+  ``epoch`` (made at random by the gateway: given to the model, ``""`` for none).
 - ``events``: the reference's ``resume``, but a cursor ahead of the task is a snapshot (``cursor-ahead``);
   a snapshot carries its ``reason``; a cursor outside 0 to 2**53 - 1 is ``invalid-request`` in the
   protocol's words (``cursor: ...``), not the reference's (``cursorVersion``), whether or not the task
@@ -180,15 +181,17 @@ class Model:
 
     # --- routes ------------------------------------------------------------------------------------------
 
-    def create(self, task_id: str, now_ms: float, ttl_ms: float, max_attempts: object) -> Answer:
-        """``POST /v1/tasks``."""
+    def create(
+        self, task_id: str, now_ms: float, ttl_ms: float, max_attempts: object, *, epoch: str = ""
+    ) -> Answer:
+        """``POST /v1/tasks`` (``epoch``: the new task's, when it is made)."""
         try:
             # The gateway's one deviation from createAsyncTask: its clock counts whole milliseconds, so a
             # fractional ttlMs is a type error of the HTTP layer (1000.0 is 1000).
             if isinstance(ttl_ms, float) and not ttl_ms.is_integer():
                 raise InvalidRequest("ttlMs: must be a whole number of milliseconds")
             task = m.create_task(id=task_id, now_ms=now_ms, ttl_ms=ttl_ms, max_attempts=max_attempts)  # type: ignore[arg-type]
-            task = replace(task, created_at_ms=int(now_ms))
+            task = replace(task, created_at_ms=int(now_ms), epoch=epoch)
         except InvalidRequest as error:
             return _error(error)
         existing = self.tasks.get(task_id)

@@ -6,6 +6,7 @@ import {
   GatewayClient,
   watchBrowser,
   type ConnectionState,
+  type Cursor,
   type Frame,
   type SubscriptionError,
   type TagFrame,
@@ -39,7 +40,7 @@ function describe(frame: Frame): string {
     case "delta":
       return frame.events.map((entry) => `${entry.version}: ${entry.event.type} at ${entry.event.atMs}`).join(", ");
     case "snapshot":
-      return `snapshot (${frame.reason})`;
+      return frame.reason === "recreated" ? `a new task under this id (${frame.task.epoch})` : `snapshot (${frame.reason})`;
     case "event": {
       const event = frame.event;
       if (event.type === "progress") return `${event.progress}% at ${event.cursor}`;
@@ -61,6 +62,11 @@ const stop = client.subscribe(
   { cursor: 3, onError: (error: SubscriptionError) => console.error(error.code, error.message) },
 );
 client.subscribe("open-task", null, (frame) => console.log(frame.taskId, frame.version));
+// A cursor saved with the epoch of its task: a task made again under the id comes as a snapshot.
+function saved(task: Task): Cursor {
+  return task.epoch === undefined ? task.version : (`${task.version}:${task.epoch}` as const);
+}
+client.subscribe("saved-task", null, (frame, task) => console.log(saved(task)), { cursor: "7:3f9a0c1b7d2e" });
 
 // Every task of a tag: the list at each (re)subscription, the tasks added later, each task's frames.
 const byId = new Map<string, Task>();
@@ -72,7 +78,7 @@ const stopTag = client.subscribeTag(
     if (frame.type === "snapshot" && frame.reason === "new") console.log(`new task ${task.id}`);
   },
   {
-    cursors: { "report-42": 3 },
+    cursors: { "report-42": 3, "report-43": "2:3f9a0c1b7d2e" },
     onTag: (frame: TagFrame) => {
       for (const id of byId.keys()) if (!frame.taskIds.includes(id)) byId.delete(id);
       console.log(frame.tag, frame.more ? "and more" : "all");
@@ -113,7 +119,7 @@ client.subscribe("t", null, (frame) => {
   // @ts-expect-error only a delta carries events
   console.log(frame.events);
   if (frame.type === "snapshot") {
-    // @ts-expect-error a snapshot's reason is one of four
+    // @ts-expect-error a snapshot's reason is one of five
     const reason: "other" = frame.reason;
     console.log(reason);
   }
@@ -134,8 +140,10 @@ client.subscribeTag("owner:u42", null, () => {}, {
   // @ts-expect-error an added frame names the task; its state comes in the frames that follow
   onAdded: (frame) => console.log(frame.task),
 });
-// @ts-expect-error cursors are numbers
+// @ts-expect-error a cursor is a number, or a version and an epoch as "version:epoch"
 client.subscribeTag("owner:u42", null, () => {}, { cursors: { "report-42": "3" } });
+// @ts-expect-error the epoch is a string
+const epoch: number = ({} as Task).epoch;
 // @ts-expect-error tags are strings
 const tag: number = ({} as Task).tags[0];
 console.log(tag);

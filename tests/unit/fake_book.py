@@ -7,8 +7,9 @@ store keeps it, ``(version, orjson.dumps(event_to_json(event)))``. Its reads ans
 it is a ``gateway.live.hub.BookReads`` (mypy checks that it fits, with no ignore):
 
 - ``get(task_id)``: the current task, ``UnknownTask`` when there is none;
-- ``resume(task_id, cursor)``: a :class:`gateway.machine.Resume`, mode chosen by ``machine.resume_mode``
-  (retention 8 by default), a delta's entries bounded by the version of the task as read;
+- ``resume(task_id, cursor, epoch)``: a :class:`gateway.machine.Resume`, mode chosen by
+  ``machine.resume_from`` (retention 8 by default), a delta's entries bounded by the version of the task as
+  read;
 - ``entries_between(task_id, after, upto)``: the entries ``after < version <= upto``, in order;
 - ``versions(task_ids)``: the current version of each task that exists;
 
@@ -16,9 +17,12 @@ and the reads of tags (``gateway.live.hub.TagStore``, as ``gateway.book.tag_read
 
 - ``list(tag, limit)``: the ids of the tasks carrying ``tag``, newest first (createdAtMs, then id,
   descending), at most ``limit``, and whether more were left out;
-- ``resume_many(cursors)``: ``resume`` of each task of the map that exists, in one read;
-- ``tagged_since(tags, since_ms)``: ``(tag, task id)`` of the tasks carrying one of ``tags`` created at
-  ``since_ms`` or later.
+- ``resume_many(cursors, epochs)``: ``resume`` of each task of the map that exists, in one read;
+- ``tagged_since(tags, since_ms)``: ``(tag, task id, epoch)`` of the tasks carrying one of ``tags`` created
+  at ``since_ms`` or later.
+
+A task is created with an epoch a test gives (none by default); :meth:`FakeBook.delete` forgets it, as
+retention does, so that its id can be created again (another history).
 
 The pure tests call the same reads synchronously (``resume_now``, ``entries_now``); the driver tests await
 them. Each awaited read passes through named *points* a test can hook (``hooks[name]`` is awaited there):
@@ -50,7 +54,7 @@ from gateway.machine import (
     apply_event,
     create_task,
     event_to_json,
-    resume_mode,
+    resume_from,
 )
 
 RETENTION = 8
@@ -90,12 +94,13 @@ class FakeBook:
         max_attempts: int = 10**6,
         tags: Sequence[str] = (),
         created_at_ms: int | None = None,
+        epoch: str = "",
     ) -> Task:
         """A task at version 0, with ``tags`` (stored sorted), created now (``clock``) or at
-        ``created_at_ms``."""
+        ``created_at_ms``, of the history ``epoch``."""
         task = create_task(id=task_id, now_ms=self.clock, ttl_ms=ttl_ms, max_attempts=max_attempts)
         at = self.clock if created_at_ms is None else created_at_ms
-        task = replace(task, tags=tuple(sorted(set(tags))), created_at_ms=at)
+        task = replace(task, tags=tuple(sorted(set(tags))), created_at_ms=at, epoch=epoch)
         self.states[task_id] = [task]
         self.entries[task_id] = []
         self.events[task_id] = []
@@ -118,6 +123,10 @@ class FakeBook:
         assert len(self.states[task_id]) == new.version + 1
         return Committed(new, transition.entry, encoded)
 
+    def delete(self, task_id: str) -> None:
+        """Forget the task and its history, as retention deletes a finished task: its id is free."""
+        del self.states[task_id], self.entries[task_id], self.events[task_id]
+
     # --- what the tests compare with ------------------------------------------------------------------
 
     def current(self, task_id: str) -> Task:
@@ -135,10 +144,12 @@ class FakeBook:
 
     # --- the reads, synchronous (the pure tests) ------------------------------------------------------
 
-    def resume_now(self, task_id: str, cursor: int, *, as_of: int | None = None) -> Resume:
+    def resume_now(
+        self, task_id: str, cursor: int, *, as_of: int | None = None, epoch: str | None = None
+    ) -> Resume:
         """What ``Book.resume`` answers now, or (``as_of``) when the task was at that version."""
         task = self.current(task_id) if as_of is None else self.state_at(task_id, as_of)
-        mode, reason = resume_mode(task.version, cursor, self.retention_versions)
+        mode, reason = resume_from(task, cursor, self.retention_versions, epoch)
         found: list[tuple[int, bytes]] = []
         if mode == "delta":
             # As Book: bounded by the version of the task as read, whatever was committed since.
@@ -162,19 +173,21 @@ class FakeBook:
         self.calls.append(("list", tag, limit, len(tagged)))
         return [task.id for task in tagged[:limit]], len(tagged) > limit
 
-    def resume_many_now(self, cursors: Mapping[str, int]) -> dict[str, Resume]:
+    def resume_many_now(
+        self, cursors: Mapping[str, int], epochs: Mapping[str, str] | None = None
+    ) -> dict[str, Resume]:
         self.calls.append(("resume_many", ",".join(cursors), len(cursors), 0))
         out = {}
         for task_id, cursor in cursors.items():
             if task_id in self.states:
-                out[task_id] = self.resume_now(task_id, cursor)
+                out[task_id] = self.resume_now(task_id, cursor, epoch=(epochs or {}).get(task_id))
                 self.calls.pop()  # one read for all of them
         return out
 
-    def tagged_since_now(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
+    def tagged_since_now(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
         self.calls.append(("tagged_since", ",".join(tags), since_ms, 0))
         return [
-            (tag, states[0].id)
+            (tag, states[0].id, states[0].epoch)
             for tag in tags
             for states in self.states.values()
             if tag in states[0].tags and states[0].created_at_ms >= since_ms
@@ -193,11 +206,11 @@ class FakeBook:
         await self._point("get")
         return self.get_now(task_id)
 
-    async def resume(self, task_id: str, cursor: int) -> Resume:
+    async def resume(self, task_id: str, cursor: int, epoch: str | None = None) -> Resume:
         await self._point("resume")
         as_of = self.current(task_id).version
         await self._point("resume:task-read")
-        return self.resume_now(task_id, cursor, as_of=as_of)
+        return self.resume_now(task_id, cursor, as_of=as_of, epoch=epoch)
 
     async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
         await self._point("versions")
@@ -208,11 +221,13 @@ class FakeBook:
         await self._point("entries")
         return self.entries_now(task_id, after, upto)
 
-    async def resume_many(self, cursors: Mapping[str, int]) -> dict[str, Resume]:
+    async def resume_many(
+        self, cursors: Mapping[str, int], epochs: Mapping[str, str] | None = None
+    ) -> dict[str, Resume]:
         await self._point("resume_many")
-        return self.resume_many_now(cursors)
+        return self.resume_many_now(cursors, epochs)
 
-    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str]]:
+    async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
         await self._point("tagged_since")
         return self.tagged_since_now(tags, since_ms)
 

@@ -1,9 +1,9 @@
 """A tag subscription's client side without a server (``gateway.client.tag_follow``, under ``watch_tag``):
 the cursors map it sends, what it hands on of each frame and when it asks again. Examples of what a gateway
 may send (an overlap after a resubscribe, a task made anew, a limit), then Hypothesis: a simulated gateway
-whose tasks change while frames are lost and connections drop: the client hands on each task's entries in
-order, none twice, a snapshot only for a task it had no cursor for, and ends holding every task's final
-version."""
+whose tasks change while frames are lost, connections drop and ids are deleted and made again: the client
+hands on each task's entries in order, none twice, a snapshot only for a task it had no cursor for (or one
+made again under an id it knew), and ends holding every task's final version."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from tests.support.examples import examples
 TAG = "owner:u42"
 
 
-def task(task_id: str, version: int, created: int, state: str = "running") -> dict[str, Any]:
-    return {
+def task(task_id: str, version: int, created: int, state: str = "running", epoch: str = "") -> dict[str, Any]:
+    made = {
         "id": task_id,
         "state": state,
         "expiresAtMs": 2_000_000_000_000,
@@ -34,6 +34,9 @@ def task(task_id: str, version: int, created: int, state: str = "running") -> di
         "tags": [TAG],
         "createdAtMs": created,
     }
+    if epoch:
+        made["epoch"] = epoch
+    return made
 
 
 CREATED = {"a": 1, "b": 2, "c": 3, "d": 4}
@@ -43,8 +46,8 @@ def entry(version: int) -> dict[str, Any]:
     return {"version": version, "event": {"type": "progress", "atMs": 1, "progress": version, "cursor": ""}}
 
 
-def snapshot(task_id: str, version: int, reason: str = "new") -> dict[str, Any]:
-    made = task(task_id, version, CREATED[task_id])
+def snapshot(task_id: str, version: int, reason: str = "new", epoch: str = "") -> dict[str, Any]:
+    made = task(task_id, version, CREATED[task_id], epoch=epoch)
     return {"type": "snapshot", "taskId": task_id, "version": version, "reason": reason, "task": made}
 
 
@@ -63,8 +66,8 @@ def delta(task_id: str, version: int, versions: list[int]) -> dict[str, Any]:
     }
 
 
-def event(task_id: str, version: int) -> dict[str, Any]:
-    made = task(task_id, version, CREATED[task_id])
+def event(task_id: str, version: int, epoch: str = "") -> dict[str, Any]:
+    made = task(task_id, version, CREATED[task_id], epoch=epoch)
     return {
         "type": "event",
         "taskId": task_id,
@@ -139,8 +142,6 @@ def test_added_tasks_a_task_made_anew_and_tasks_no_longer_listed() -> None:
         event("a", 3),
         {"type": "added", "tag": TAG, "taskId": "d"},
         event("d", 1),  # before its snapshot: not applied
-        {"type": "added", "tag": TAG, "taskId": "d"},  # announced once
-        {"type": "added", "tag": TAG, "taskId": "a"},  # a listed task is never added
         snapshot("d", 1),
         event("d", 2),
         event("c", 1),  # not this tag's task
@@ -178,6 +179,41 @@ def test_a_listing_cut_short_bounds_the_cursors_sent() -> None:
     play(follower, listing("b", "a", more=True), snapshot("b", 1), snapshot("a", 1))
     play(follower, {"type": "added", "tag": TAG, "taskId": "c"}, snapshot("c", 0))
     assert sent(follower)["cursors"] == {"c": 0, "b": 1}
+
+
+def test_cursors_carry_their_tasks_epochs_and_a_task_made_again_replaces_the_one_known() -> None:
+    """Each cursor goes with the epoch of its task's history (``version:epoch``), kept in the caller's map
+    beside the versions; a task made again under an id it knew comes as a ``recreated`` snapshot (after a
+    reconnect) or as ``added`` then a ``snapshot`` (while it follows), and replaces what it held."""
+    mine, epochs = {"a": 4}, {"a": "e1"}
+    follower = TagFollower(TAG, None, mine, epochs)
+    assert sent(follower)["cursors"] == {"a": "4:e1"}
+    results = play(
+        follower,
+        listing("b", "a"),
+        snapshot("a", 0, "recreated", epoch="e2"),  # the a it knew was deleted, and its id made again
+        event("a", 1, epoch="e2"),
+        snapshot("b", 3, epoch="e3"),
+        {"type": "added", "tag": TAG, "taskId": "b"},  # b deleted and made again while followed
+        event("b", 4, epoch="e3"),  # the old b's, on its way: its state is gone
+        snapshot("b", 0, epoch="e4"),
+        event("b", 1, epoch="e4"),
+    )
+    assert handed(results) == [
+        (TAG, "tag", -1),
+        ("a", "snapshot", 0),
+        ("a", "event", 1),
+        ("b", "snapshot", 3),
+        ("b", "added", -1),
+        ("b", "snapshot", 0),
+        ("b", "event", 1),
+    ]
+    assert (mine, epochs) == ({"a": 1, "b": 1}, {"a": "e2", "b": "e4"})
+    assert sent(follower)["cursors"] == {"b": "1:e4", "a": "1:e2"}
+    follower.take(event("a", 2))  # a task with no epoch (a gateway before epochs): a bare version
+    assert sent(follower)["cursors"] == {"b": "1:e4", "a": 2}
+    with pytest.raises(ValueError, match="epochs\\['a'\\]: must be a task's epoch, got 'e 1'"):
+        TagFollower(TAG, None, {"a": 1}, {"a": "e 1"})
 
 
 def test_the_cursors_sent_fit_the_gateways_limit_on_a_message_newest_first() -> None:
@@ -226,14 +262,17 @@ def test_other_errors_are_retried_later_and_errors_of_others_ignored() -> None:
 
 @dataclass
 class Gateway:
-    """The tag's tasks (id -> version, creation order) and the frames on their way to the client."""
+    """The tag's tasks (id -> version, creation order, the epoch of each id's history) and the frames on
+    their way to the client."""
 
     versions: dict[str, int] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
+    epochs: dict[str, str] = field(default_factory=dict)
     wire: list[dict[str, Any]] = field(default_factory=list)
+    made: int = 0  # tasks created, ids made again included: each one's epoch
 
     def task(self, task_id: str) -> dict[str, Any]:
-        return task(task_id, self.versions[task_id], self.order.index(task_id))
+        return task(task_id, self.versions[task_id], self.order.index(task_id), epoch=self.epochs[task_id])
 
     def subscribe(self, message: str) -> None:
         """Answer a subscribe: the listing, each task's resume frame from the client's cursor."""
@@ -241,10 +280,15 @@ class Gateway:
         newest = list(reversed(self.order))
         self.wire.append({"type": "tag", "tag": TAG, "taskIds": newest, "more": False})
         for task_id in newest:
-            version, cursor = self.versions[task_id], cursors.get(task_id)
+            version, sent, epoch = self.versions[task_id], cursors.get(task_id), None
+            cursor = int(sent.split(":")[0]) if isinstance(sent, str) else sent
+            if isinstance(sent, str):
+                epoch = sent.split(":")[1]
             base = {"taskId": task_id, "version": version, "task": self.task(task_id)}
             if cursor is None:
                 self.wire.append({"type": "snapshot", "reason": "new", **base})
+            elif epoch is not None and epoch != self.epochs[task_id]:
+                self.wire.append({"type": "snapshot", "reason": "recreated", **base})
             elif cursor == version:
                 self.wire.append({"type": "caught-up", **base})
             else:
@@ -252,14 +296,23 @@ class Gateway:
                     {"type": "delta", "events": [entry(v) for v in range(cursor + 1, version + 1)], **base}
                 )
 
-    def create(self) -> None:
-        task_id = f"t{len(self.order)}"
+    def create(self, task_id: str | None = None) -> None:
+        """A task created (with a new id; ``task_id``: the id of one deleted just before, made again)."""
+        task_id = task_id or f"t{len(self.order)}"
         self.versions[task_id] = 0
         self.order.append(task_id)
+        self.made += 1
+        self.epochs[task_id] = f"e{self.made}"
         self.wire.append({"type": "added", "tag": TAG, "taskId": task_id})
         self.wire.append(
             {"type": "snapshot", "taskId": task_id, "version": 0, "reason": "new", "task": self.task(task_id)}
         )
+
+    def recreate(self, pick: int) -> None:
+        """Retention deletes a task; its id is made again (another epoch), announced as any creation."""
+        if self.order:
+            task_id = self.order.pop(pick % len(self.order))
+            self.create(task_id)
 
     def commit(self, pick: int, lost: bool) -> None:
         if not self.order:
@@ -279,6 +332,7 @@ STEPS = st.lists(
         st.tuples(st.just("lose"), st.integers(0, 9)),
         st.tuples(st.just("deliver"), st.integers(1, 6)),
         st.just(("drop", 0)),
+        st.tuples(st.just("recreate"), st.integers(0, 9)),
     ),
     max_size=60,
 )
@@ -295,18 +349,25 @@ def test_through_losses_and_drops_no_entry_comes_twice_or_out_of_order_and_all_e
     gateway.wire.clear()
     follower = TagFollower(TAG, None)
     have: dict[str, int] = {}  # what the client was handed, per task: the version it reached
+    held: dict[str, str] = {}  # and the epoch of that task's history
 
     def check(frame: dict[str, Any]) -> None:
         kind, task_id = frame["type"], frame.get("taskId")
         if kind in ("tag", "added"):
             return
         assert task_id is not None
+        epoch = frame["task"]["epoch"]
+        if kind == "snapshot" and held.get(task_id, epoch) != epoch:
+            # A task made again under an id it held: replaced, whatever its version, never carried on.
+            assert frame["reason"] in ("new", "recreated"), frame
+            have.pop(task_id)
+        held[task_id] = epoch
         if kind == "snapshot":
             # Only for a task it did not know when it subscribed (nothing conflates here): one it learned of
             # while that subscription was on its way comes again, at its version then (which a lost entry
-            # may have moved on: the snapshot is the task after it).
+            # may have moved on: the snapshot is the task after it); so does one made again meanwhile.
             assert task_id not in have or frame["version"] >= have[task_id], (frame, have)
-            assert task_id not in have or frame["reason"] == "new", frame
+            assert task_id not in have or frame["reason"] in ("new", "recreated"), frame
         elif kind == "event":
             assert frame["version"] == have[task_id] + 1, (frame, have)
         elif kind == "delta":
@@ -331,6 +392,8 @@ def test_through_losses_and_drops_no_entry_comes_twice_or_out_of_order_and_all_e
     for step, arg in steps:
         if step == "create":
             gateway.create()
+        elif step == "recreate":
+            gateway.recreate(arg)
         elif step in ("commit", "lose"):
             gateway.commit(arg, lost=step == "lose")
         elif step == "deliver":
@@ -345,3 +408,4 @@ def test_through_losses_and_drops_no_entry_comes_twice_or_out_of_order_and_all_e
     assert have == gateway.versions
     assert dict(follower.cursors) == gateway.versions
     assert {task_id: t["version"] for task_id, t in follower.tasks.items()} == gateway.versions
+    assert held == dict(follower.epochs) == gateway.epochs

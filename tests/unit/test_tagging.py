@@ -101,7 +101,7 @@ def test_at_most_the_limit_are_listed_newest_first_then_by_id_and_more_says_some
     assert bodies[0] == {"type": "tag", "tag": TAG, "taskIds": ["c", "b", "a"], "more": True}
     assert set(peer.subscriptions) == {"a", "b", "c"}
     assert tag_sub.floor == (5, "a")
-    assert not tag_sub.listing and tag_sub.known == {"a": 5, "b": 7, "c": 7}
+    assert not tag_sub.listing and tag_sub.known == {"a": (5, ""), "b": (7, ""), "c": (7, "")}
     assert play.stats()["subscriptions"] == 3
 
 
@@ -589,7 +589,7 @@ def test_a_listed_task_taken_over_by_another_tags_announcement_gets_no_second_re
             ("snapshot", task_id, "new"),
         ]
     assert len(bodies) == 5
-    assert listing.known == {"kept": kept.created_at_ms}
+    assert listing.known == {"kept": (kept.created_at_ms, "")}
 
 
 def test_a_listed_task_deleted_before_the_read_is_left_out_of_the_tag_frame(play: Play) -> None:
@@ -738,7 +738,7 @@ def test_without_a_reconcile_a_tag_subscription_forgets_tasks_a_margin_older_tha
         play.create(f"t{i}", [TAG])
         assert len(tag_sub.known) == i + 1
     newest = play.create("newest", [TAG])
-    assert min(tag_sub.known.values()) == newest.created_at_ms - 100
+    assert min(at for at, _ in tag_sub.known.values()) == newest.created_at_ms - 100
     assert len(tag_sub.known) == 101 and tag_sub.cap == MIN_REMEMBERED
 
 
@@ -761,7 +761,7 @@ def test_with_a_reconcile_a_tag_subscription_forgets_only_tasks_created_before_i
     play.create("b", [TAG])  # past the horizon: t..., kept
     for i in range(MIN_REMEMBERED):
         play.create(f"u{i}", [TAG])
-    assert all(at >= horizon for at in tag_sub.known.values())
+    assert all(at >= horizon for at, _ in tag_sub.known.values())
     assert {"a", "b"} <= set(tag_sub.known)
 
 
