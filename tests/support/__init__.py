@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import ssl
 import sys
 import time
@@ -35,8 +36,13 @@ GATEWAY_CLI = [sys.executable, "-m", "gateway.cli"]
 
 
 # Bounds one wait for something expected to happen promptly (a frame, a close, a counter catching up): room
-# for a loaded machine, yet a hang fails the test in seconds.
-STEP_S = 10.0
+# for a loaded machine (the suite runs on several processes, two a core, perhaps beside other work), yet a
+# hang fails the test in seconds. GATEWAY_TESTS_TIMEOUT_FACTOR scales it (and START_S) on a slower machine,
+# as websockets' WEBSOCKETS_TESTS_TIMEOUT_FACTOR does: a test that passes takes no longer for it.
+TIMEOUT_FACTOR = float(os.environ.get("GATEWAY_TESTS_TIMEOUT_FACTOR", "1"))
+STEP_S = 20.0 * TIMEOUT_FACTOR
+# Bounds a server's start or stop in the test's own process: imports, a migration check, the lifespan.
+START_S = 60.0 * TIMEOUT_FACTOR
 
 T = TypeVar("T")
 
@@ -178,7 +184,7 @@ async def running(server: uvicorn.Server, what: str) -> AsyncIterator[int]:
                 done.set()
 
         tg.start_soon(run)
-        with anyio.fail_after(10):
+        with anyio.fail_after(START_S):
             while not server.started:
                 if done.is_set():
                     raise RuntimeError(f"{what} did not start")
@@ -187,7 +193,7 @@ async def running(server: uvicorn.Server, what: str) -> AsyncIterator[int]:
             yield server.servers[0].sockets[0].getsockname()[1]
         finally:
             server.should_exit = True
-            with anyio.fail_after(10):
+            with anyio.fail_after(START_S):
                 await done.wait()
 
 

@@ -16,7 +16,7 @@ from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
 
-STEP_S = 10.0
+from tests.support import STEP_S
 
 
 class RawStream:
