@@ -557,15 +557,29 @@ async def test_a_websocket_that_reads_only_after_its_keepalive_ping_was_due_is_t
     As by default, the ping's interval (and timeout) is longer than the write timeout, so the cut comes
     first."""
     ping_s = 3.0
-    settings = {"write_timeout_ms": 500, "callback_rate_per_s": 0, "ws_ping_interval_ms": int(ping_s * 1000)}
+    settings = {
+        "write_timeout_ms": 500,
+        "callback_rate_per_s": 0,
+        "ws_ping_interval_ms": int(ping_s * 1000),
+        "max_body_bytes": 1 << 20,  # room for the flood's entries of a megabyte
+    }
     async with live_gateway(sqlite_url, **settings) as gw:
         made = await create_task(gw, "t", max_attempts=10)
         async with tcp(port(gw), receive_buffer=4096) as stream:
             ws = RawWebSocket(stream, f"/v1/tasks/t/ws?token={made.subscribe_token}")
             await ws.open()
             opened = anyio.current_time()
-            # Only until the cut: a flood that goes on past it would only delay the check below.
-            await flood(gw, "t", made.callback_token, 150, until=lambda: hub_stats(gw)["connections"] == 0)
+            # Only until the cut: a flood that goes on past it would only delay the check below. Entries of
+            # a megabyte fill the gateway's buffers in a score of callbacks (of 60 KB it took some 70, over
+            # 2 to 2.7 s beside two CPU burners: past the first ping now and then).
+            await flood(
+                gw,
+                "t",
+                made.callback_token,
+                150,
+                pad=1_000_000,
+                until=lambda: hub_stats(gw)["connections"] == 0,
+            )
             await wait_until(lambda: hub_stats(gw)["connections"] == 0, lambda: f"the cut: {hub_stats(gw)}")
             assert anyio.current_time() - opened < ping_s, "cut after the first ping: no test of it"
             # The peer's own behaviour under test: it goes on not reading past the first ping's deadline
