@@ -29,6 +29,7 @@ from gateway.jobs.relay import webhook_id
 from gateway.store.base import Notification
 from tests.support import (
     GATEWAY_CLI,
+    STEP_S,
     Running,
     create_task,
     drain_all,
@@ -48,10 +49,12 @@ pytestmark = pytest.mark.anyio
 SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 OTHER_SECRET = "whsec_" + base64.b64encode(bytes(range(1, 33))).decode()
 # Quick retries, so that the tests run through several in a few seconds. Settings' keyword arguments, as
-# running_gateway takes them (``**overrides: Any``).
+# running_gateway takes them (``**overrides: Any``). A try is given up on only past a step: the tests count
+# tries, and a receiver slow to answer on a loaded machine (over a second, now and then) is answering, not
+# lost (a try given up on is sent again). The tests of a receiver that hangs set their own timeout.
 FAST: dict[str, Any] = {
     "notify_secret": SECRET,
-    "notify_timeout_ms": 1_000,
+    "notify_timeout_ms": int(STEP_S * 1000),
     "notify_retry_min_ms": 20,
     "notify_retry_max_ms": 300,
     "notify_poll_ms": 100,
