@@ -52,6 +52,8 @@ pytestmark = pytest.mark.anyio
 # The task both deployments have.
 TASK_ID = "t1"
 BUS_LINE = re.compile(r"INFO: +gateway: bus Redis (\S+), channel (\S+)\n")
+# Said once the server listens, after uvicorn's "Uvicorn running on" (which ``serving()`` waits for).
+SAID_BUS = re.compile(BUS_LINE.pattern.encode())
 
 
 @pytest.fixture(params=["redis", "memory"])
@@ -227,6 +229,7 @@ async def test_processes_started_together_on_a_new_database_share_its_channel(
     async with gateway_processes(2, pg_url, tmp_path, env=env) as (first, second):
         (made,) = await stored_id(pg_url)
         for gw in (first, second):
+            await gw.wait_for(SAID_BUS)
             said = BUS_LINE.findall(gw.output())
             assert said == [("127.0.0.1:6379/0", deployment_channel(made))], gw.output()
         async with http_client(timeout=10) as client:
