@@ -14,7 +14,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from bench.checks.flood import flood
-from tests.support import bearer, http_client
+from tests.support import bearer, eventually, http_client
 from tests.support.processes import gateway_processes
 from tests.support.rawsocket import read_until_closed, tcp
 
@@ -27,6 +27,15 @@ async def create(client: httpx.AsyncClient, task_id: str) -> dict[str, str]:
 
 
 # --- logs ---------------------------------------------------------------------------------------------
+
+# The gateway's count of answers to the five hang-ups below (the create before them is a 201).
+HUNG_UP_ANSWERED = 'gateway_http_requests_total{method="POST",status="400"} 5.0'
+
+
+async def answered_posts(client: httpx.AsyncClient) -> list[str]:
+    """The lines of ``/metrics`` counting the POSTs answered, by status."""
+    lines = (await client.get("/metrics")).text.splitlines()
+    return [line for line in lines if line.startswith('gateway_http_requests_total{method="POST"')]
 
 
 @pytest.mark.anyio
@@ -47,6 +56,15 @@ async def test_logs_carry_no_token_and_no_traceback_for_a_hang_up(tmp_path: Path
                 async with tcp(gw.port) as stream:
                     head = b"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5000\r\n\r\n"
                     await stream.send(head + b'{"id": "x", "ttlMs": ')
+            # A hang-up has no access line (its answer has nobody to go to), and the gateway may handle it
+            # after a later request: wait until it has counted the answer it made to each, so that whatever
+            # their handling logs is in the log before it is read (a traceback would be, or a 500 counted
+            # instead).
+            await eventually(
+                lambda: answered_posts(client),
+                lambda counts: HUNG_UP_ANSWERED in counts,
+                "the five hang-ups answered (400) by the gateway",
+            )
             # The last line to wait for: everything above was logged before it.
             assert (await client.get("/healthz?last=1")).status_code == 200
         await gw.wait_for(re.compile(rb"GET /healthz\?last=1"))
