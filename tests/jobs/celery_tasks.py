@@ -45,6 +45,15 @@ def work(rounds: int) -> str:
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def say_pid(path: Path) -> None:
+    """Write this process's pid to ``path`` whole: written aside, then renamed, so that a test that sees the
+    file reads the pid (``write_text`` makes the file empty first, and a test polling for it could read
+    that)."""
+    aside = path.with_name(path.name + ".part")
+    aside.write_text(str(os.getpid()))
+    os.replace(aside, path)
+
+
 def task(app: Celery, **options: Any) -> Callable[[Callable[..., Any]], Any]:
     """``app.task(bind=True, **options)``, typed (Celery is not)."""
     return cast(Callable[[Callable[..., Any]], Any], app.task(bind=True, **options))
@@ -120,7 +129,7 @@ def make_app(
         """Reports ``value``, says it is holding (a file named for its id, holding its pid), then waits to
         be revoked (or cancelled: its progress() raises)."""
         progress(value, cursor="holding")
-        (place / f"{self.request.id}.pid").write_text(str(os.getpid()))
+        say_pid(place / f"{self.request.id}.pid")
         deadline = time.monotonic() + HOLD_S
         while time.monotonic() < deadline:
             work(5)
@@ -144,7 +153,7 @@ def make_app(
         for value in first:
             work(20)
             progress(value, cursor=f"at-{value}")
-        (place / f"{self.request.id}.pid").write_text(str(os.getpid()))
+        say_pid(place / f"{self.request.id}.pid")
         deadline = time.monotonic() + HOLD_S
         while time.monotonic() < deadline:
             time.sleep(0.02)
@@ -157,7 +166,7 @@ def make_app(
         it is done (``<id>.done``) and succeeds."""
         for value in first:
             progress(value, cursor=f"at-{value}")
-        (place / f"{self.request.id}.pid").write_text(str(os.getpid()))
+        say_pid(place / f"{self.request.id}.pid")
         deadline = time.monotonic() + HOLD_S
         while not (place / f"{self.request.id}.go").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -169,7 +178,7 @@ def make_app(
     def overrun(value: int) -> None:
         """Reports ``value``, says it is holding (a file named for its id), then works past any limit."""
         progress(value, cursor="overrunning")
-        (place / f"{app.current_task.request.id}.pid").write_text(str(os.getpid()))
+        say_pid(place / f"{app.current_task.request.id}.pid")
         deadline = time.monotonic() + HOLD_S
         while time.monotonic() < deadline:
             work(5)
