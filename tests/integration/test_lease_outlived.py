@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from gateway.client import AttemptOver, CallbackIgnored, SyncWorker, Worker
-from tests.support import STEP_S, Running, bearer, eventually, http_client, running_gateway
+from tests.support import STEP_S, FakeClock, Running, bearer, eventually, http_client, running_gateway
 from tests.support.celery_processes import API_KEY
 from tests.support.lease_outage import TIMED_OUT, RestartableGateway, restartable_gateway
 
@@ -140,13 +140,18 @@ async def _read(gw: Running, task_id: str) -> dict[str, Any]:
     return task
 
 
-async def test_a_worker_whose_lease_ran_out_takes_its_task_back_at_its_next_callback(sqlite_url: str) -> None:
-    async with running_gateway(sqlite_url) as gw, http_client() as client:
+async def test_a_worker_whose_lease_ran_out_takes_its_task_back_at_its_next_callback(
+    sqlite_url: str, clock: FakeClock
+) -> None:
+    # The gateway's time moves when the test says: the lease runs out after the progress, not before it (a
+    # second of the real clock, which two requests on a loaded machine can take).
+    async with running_gateway(sqlite_url, clock=clock) as gw, http_client() as client:
         task_id, token = await _create(gw, max_attempts=2, lease_ms=SHORT_LEASE_MS)
         # Outside ``async with``: no heartbeats (and the test's client, which it closes).
         worker = Worker(gw.url, task_id, token, client=client)
         await worker.start("w1")
         await worker.progress(40, cursor="row-40")
+        clock.advance(SHORT_LEASE_MS)
         await _lease_ended(gw, task_id)
         answer = await worker.succeed(*RESULT)
         assert answer["reason"] == "succeeded" and worker.attempt == 2
@@ -175,12 +180,16 @@ async def test_a_worker_whose_task_went_on_without_it_says_its_result_is_lost(
     raised: type[Exception],
     why: str,
     sqlite_url: str,
+    clock: FakeClock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async with running_gateway(sqlite_url) as gw, http_client() as client:
+    # The gateway's time moves when the test says: the other worker's lease does not run out too before the
+    # late one's result is refused and the task read (a second of the real clock).
+    async with running_gateway(sqlite_url, clock=clock) as gw, http_client() as client:
         task_id, token = await _create(gw, max_attempts=max_attempts, lease_ms=SHORT_LEASE_MS)
         late = Worker(gw.url, task_id, token, client=client)
         await late.start("w1")
+        clock.advance(SHORT_LEASE_MS)
         await _lease_ended(gw, task_id)
         if again_elsewhere:
             await Worker(gw.url, task_id, token, client=client).start("w2")
