@@ -99,16 +99,17 @@ def _require_chromium_and_playwright() -> None:
         _unavailable("the playwright package is not installed: pip install playwright")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def anyio_backend() -> str:
-    # Module scope, so that one Chromium serves every test of a module (same event loop).
+    # Session scope, so that one Chromium serves every browser test of a process (same event loop).
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 async def browser() -> AsyncIterator[Any]:
-    """Debian's Chromium, headless, launched once per module. Playwright gives it a fresh temporary
-    user data dir (removed on close); no browser is ever downloaded."""
+    """Debian's Chromium, headless, launched once per process of the suite (each test has a context of its
+    own: ``context``). Playwright gives it a fresh temporary user data dir (removed on close); no browser is
+    ever downloaded."""
     _require_chromium_and_playwright()
     from playwright.async_api import async_playwright
 
