@@ -2,7 +2,8 @@
 
 A :class:`Feed` drives one :class:`~gateway.live.peer.Peer`: its writer sleeps until there is work, makes
 the store reads its next frame needs, and a reader that sends faster than it reads its answers waits for
-room. The WebSocket and SSE endpoints (``gateway.web.live``) give each connection one.
+room. The WebSocket and SSE endpoints (``gateway.web.sockets``, ``gateway.web.sse``) give each connection
+one.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ deadline that received bytes do not extend:
 - ``headers`` (from a request's first byte): ``431 headers-too-large`` past ``max_header_bytes`` or
   ``max_header_count``; ``408 request-timeout`` past ``header_timeout``;
 - ``body`` (headers done, body not): the route that reads the body answers ``408`` past ``body_timeout``
-  (``gateway.web.http.read_body``); a body no route reads is dropped with its connection then.
+  (``gateway.web.request_body``); a body no route reads is dropped with its connection then.
 
 Connections from one client address are counted (WebSockets included, until they close): past
 ``max_connections_per_address`` a new one is answered ``429 too-many-connections`` at once and closed.

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, WebSocketRoute
+from starlette.routing import BaseRoute, Match, Mount, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -36,12 +36,41 @@ from gateway.metrics import Metrics
 from gateway.runtime import Clock, Gateway, wall_clock_ms
 from gateway.settings import Settings, is_loopback
 from gateway.store.database import database_unavailable, unavailable_reason
-from gateway.web.auth import Guard, host_name, origin_allowed
-from gateway.web.http import routes
-from gateway.web.live import live_routes
+from gateway.web import callbacks, pages, probes, results, sockets, sse, tasks
+from gateway.web.auth import host_name, origin_allowed
+from gateway.web.context import Context
+from gateway.web.openapi import openapi_bytes, package_version
+from gateway.web.tag_tokens import tag_token
 from gateway.web.wire import JSON
 
 log = logging.getLogger("gateway")
+
+# The routes of protocol.md, each a function of the module named for what it serves; each reaches the
+# gateway through its app's context (``gateway.web.context``).
+ROUTES: list[BaseRoute] = [
+    Route("/", pages.index, methods=["GET"]),
+    Route("/openapi.json", pages.openapi_json, methods=["GET"]),
+    Route("/docs", pages.api_page, methods=["GET"]),
+    Mount("/static", pages.Static(), name="static"),
+    Route("/v1/tasks", tasks.tasks, methods=["GET", "POST"]),
+    Route("/v1/tasks/{task_id}", tasks.get_task, methods=["GET"]),
+    Route("/v1/tasks/{task_id}/events", tasks.events, methods=["GET"]),
+    Route("/v1/tasks/{task_id}/callbacks", callbacks.callback, methods=["POST"]),
+    Route("/v1/tasks/{task_id}/cancel", tasks.cancel, methods=["POST"]),
+    Route("/v1/tasks/{task_id}/heartbeat", callbacks.heartbeat, methods=["POST"]),
+    Route("/v1/tasks/{task_id}/deliveries", results.deliver, methods=["POST"]),
+    Route("/v1/notifications/drain", results.drain, methods=["POST"]),
+    Route("/v1/tokens", tag_token, methods=["POST"]),
+    Route("/v1/demo", pages.demo_status, methods=["GET"]),
+    Route("/v1/demo/tasks", pages.start_demo, methods=["POST"]),
+    Route("/healthz", probes.healthz, methods=["GET"]),
+    Route("/readyz", probes.readyz, methods=["GET"]),
+    Route("/metrics", probes.metrics, methods=["GET"]),
+    WebSocketRoute("/v1/tasks/{task_id}/ws", sockets.task_socket),
+    WebSocketRoute("/v1/ws", sockets.multi_socket),
+    Route("/v1/tasks/{task_id}/stream", sse.stream, methods=["GET"]),
+]
+SOCKETS = tuple(route for route in ROUTES if isinstance(route, WebSocketRoute))
 
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None) -> Starlette:
@@ -66,10 +95,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
             log.error("%s", gw.startup_failure)
             raise
 
-    guard = Guard(gw.settings, gw.tokens)
-    sockets = live_routes(gw, guard)
     app = GatewayApp(
-        routes=[*routes(gw, guard), *sockets],
+        routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={
             GatewayError: _gateway_error,
@@ -82,6 +109,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
         },
     )
     app.state.gateway = gw
+    app.context = Context.of(gw, openapi_bytes(package_version(), open_mode=gw.settings.open_mode))
     gw.app = app
     if gw.settings.allowed_origins:
         # Pages on the allowed origins may import gateway-client.js and read SSE streams and task state.
@@ -94,7 +122,6 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None) 
     if gw.settings.open_mode:
         app.add_middleware(_OpenModeGuard, allowed_origins=gw.settings.allowed_origins)
     app.add_middleware(_CountRequests, metrics=gw.metrics)
-    app.sockets = tuple(route for route in sockets if isinstance(route, WebSocketRoute))
     app.socket_guard = (
         _OpenModeGuard(app.router, gw.settings.allowed_origins) if gw.settings.open_mode else None
     )
@@ -107,7 +134,9 @@ class GatewayApp(Starlette):
     for its whole life (about 5 KiB of an idle subscriber's memory). What those layers do for a socket is
     done here: the open-mode guard, and a socket with no route is left to Starlette (it refuses it)."""
 
-    sockets: tuple[WebSocketRoute, ...] = ()
+    # What the endpoints share (the Gateway, the Guard, ...): set by create_app.
+    context: Context
+    sockets: tuple[WebSocketRoute, ...] = SOCKETS
     socket_guard: _OpenModeGuard | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

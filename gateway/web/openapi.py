@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.metadata
 from typing import Any
 
 import orjson
@@ -159,6 +160,14 @@ def _schemas() -> dict[str, Any]:
     dearest part of the document to make (pydantic walks every model), so made once."""
     _, schemas = models_json_schema([(m, "validation") for m in _models()], ref_template=REF)
     return schemas
+
+
+def package_version() -> str:
+    """The installed gateway's version, which the document states."""
+    try:
+        return importlib.metadata.version("task-gateway")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
+        return "0+unknown"
 
 
 @functools.lru_cache(maxsize=4)

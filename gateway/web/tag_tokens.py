@@ -1,5 +1,5 @@
-"""``POST /v1/tokens``: its body, validated as the other wire models are (``gateway.web.wire``; its tag as
-every tag, ``gateway.web.tags``)."""
+"""``POST /v1/tokens``: its endpoint, and its body, validated as the other wire models are
+(``gateway.web.wire``; its tag as every tag, ``gateway.web.tags``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from typing import Annotated, Any
 
 from pydantic import Field, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
+from starlette.requests import Request
+from starlette.responses import Response
 
 from gateway.tokens import MAX_TAG_TOKEN_TTL_S
+from gateway.web.context import context_of
 from gateway.web.tags import Tag
-from gateway.web.wire import _Body, _validate, parse_json
+from gateway.web.wire import JSON, _Body, _validate, parse_json
 
 DEFAULT_TTL_S = 3600
 
@@ -43,3 +46,12 @@ class TokenBody(_Body):
 
 def parse_token_body(raw: bytes) -> TokenBody:
     return _validate(TokenBody, parse_json(raw))
+
+
+async def tag_token(request: Request) -> Response:
+    """``POST /v1/tokens``: a tag token, issued with the API key (or none in open mode)."""
+    context = context_of(request)
+    context.guard.management(request)
+    asked = parse_token_body(await context.body(request))
+    token, exp_s = context.gateway.tokens.issue_tag(asked.tag, asked.ttlS)
+    return JSON({"token": token, "expiresAtMs": exp_s * 1000}, status_code=201)

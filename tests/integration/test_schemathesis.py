@@ -34,8 +34,7 @@ from schemathesis.generation.meta import FuzzingPhaseData
 from schemathesis.specs.openapi.checks import negative_data_rejection
 
 from gateway.web import task_ids
-from gateway.web.http import _version
-from gateway.web.openapi import openapi_document
+from gateway.web.openapi import openapi_document, package_version
 from tests.support import bearer
 from tests.support.examples import examples
 from tests.support.threaded import ErrorLog, threaded_gateway
@@ -46,8 +45,8 @@ MAX_EXAMPLES = examples(40)
 # The documents the app serves, with an API key and in open mode (built by the same function;
 # test_the_served_documents_are_these checks it): loaded at collection, since schemathesis makes its tests
 # before any fixture runs.
-DOCUMENT = openapi_document(_version())
-OPEN_DOCUMENT = openapi_document(_version(), open_mode=True)
+DOCUMENT = openapi_document(package_version())
+OPEN_DOCUMENT = openapi_document(package_version(), open_mode=True)
 schema = schemathesis.openapi.from_dict(DOCUMENT)
 POSITIVE = SchemathesisConfig.from_dict({"generation": {"mode": "positive"}})
 # Valid requests only, for the runs that put one of our tasks in the path: a generated request made invalid

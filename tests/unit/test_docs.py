@@ -53,8 +53,9 @@ def error_codes() -> set[str]:
         for cls in vars(errors).values()
         if isinstance(cls, type) and issubclass(cls, errors.GatewayError) and cls is not errors.Conflict
     }
-    for module in ("book/book.py", "lease.py", "web/http.py", "web/wire.py"):
-        codes |= _strings_in_calls(ROOT / "gateway" / module, {"Conflict"}, 0)
+    web = sorted((ROOT / "gateway" / "web").glob("*.py"))
+    for path in [ROOT / "gateway" / "book" / "book.py", ROOT / "gateway" / "lease.py", *web]:
+        codes |= _strings_in_calls(path, {"Conflict"}, 0)
     return codes
 
 
