@@ -29,7 +29,6 @@ from gateway.jobs.sweeper import Sweeper
 from gateway.jobs.sweeper_thread import SweeperThread
 from gateway.live.hub import Hub
 from gateway.metrics import Metrics
-from gateway.rate import RateLimiter
 from gateway.secret_file import with_secret
 from gateway.settings import Settings
 from gateway.store import Database
@@ -78,7 +77,6 @@ class Gateway:
         self.tag_reads = TagReads(
             self.store, settings.retention_versions, deadline_s=settings.db_deadline_ms / 1000
         )
-        self.callback_rate = RateLimiter(settings.callback_rate_per_s)
         # Tag subscriptions compare creation times, stamped by the book's clock, with their own.
         self.hub = Hub(self.book, tags=self.tag_reads, wall=clock)
         # On PostgreSQL several batches commit at once, each on a connection of the pool.

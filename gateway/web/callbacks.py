@@ -21,7 +21,7 @@ async def callback(request: Request) -> Response:
         started = time.perf_counter()
         task_id = request.path_params["task_id"]
         context.guard.task(request, task_id, "callback")
-        gw.callback_rate.take(task_id)  # before the body is read: a flood costs no parsing
+        context.callback_rate.take(task_id)  # before the body is read: a flood costs no parsing
         parsed = wire.parse_callback(await context.body(request))
         digest = parsed.digest(task_id) if parsed.callbackId is not None else ""
         callback_request = CallbackRequest(
@@ -40,7 +40,7 @@ async def heartbeat(request: Request) -> Response:
     with gw.committer.answering():
         task_id = request.path_params["task_id"]
         context.guard.task(request, task_id, "callback")
-        gw.callback_rate.take(task_id)
+        context.callback_rate.take(task_id)
         parsed = wire.parse_heartbeat(await context.body(request))
         # Through group commit, with the callbacks: heartbeats of many tasks share a commit.
         outcome = await gw.committer.submit(CallbackRequest(task_id, None, attempt=parsed.attempt))

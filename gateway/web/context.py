@@ -1,6 +1,6 @@
 """What the endpoints share, set once by ``create_app`` on the app: the :class:`~gateway.runtime.Gateway`
-under them, the :class:`~gateway.web.auth.Guard`, the body limits and the OpenAPI
-document. An endpoint reaches it in one step (:func:`context_of`), as it reached the variables of
+under them, the :class:`~gateway.web.auth.Guard`, the callbacks' rate limiter, the body limits and the
+OpenAPI document. An endpoint reaches it in one step (:func:`context_of`), as it reached the variables of
 the builder it was once a closure of.
 
 It is an attribute of the app rather than an entry of Starlette's ``app.state``: a read of ``app.state``
@@ -16,6 +16,7 @@ from starlette.requests import HTTPConnection, Request
 from gateway.live.feed import Feed
 from gateway.runtime import Gateway
 from gateway.web.auth import Guard
+from gateway.web.rate import RateLimiter
 from gateway.web.request_body import read_body
 
 
@@ -23,6 +24,8 @@ from gateway.web.request_body import read_body
 class Context:
     gateway: Gateway
     guard: Guard
+    # Callbacks and heartbeats per second per task, counted before a body is read.
+    callback_rate: RateLimiter
     # What /openapi.json answers, made once for the gateway's mode.
     openapi: bytes
     body_limit: int
@@ -34,6 +37,7 @@ class Context:
         return cls(
             gateway,
             Guard(settings, gateway.tokens),
+            RateLimiter(settings.callback_rate_per_s),
             openapi,
             settings.max_body_bytes,
             settings.body_timeout_ms / 1000,

@@ -4,6 +4,7 @@ hold, and the answer each gets when it reaches a limit. Raw sockets send what cl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import socket
 import time
@@ -15,7 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.rate import RateLimiter
+from gateway.web.app import GatewayApp
+from gateway.web.rate import RateLimiter
 from tests.integration.test_live_support import STEP_S, live_gateway, wait_until
 from tests.support import (
     Running,
@@ -290,9 +292,12 @@ async def test_callbacks_past_the_rate_of_a_task_are_429_with_retry_after(sqlite
         # The gateway's limit, on a clock that stands still: no bucket refills while the test runs, however
         # slow the machine (on the real clock one callback more passed every 200 ms, the fresh token's below
         # among them when the requests took that long). The refill is tests/unit/test_limits.py's.
-        limiter = gw.gateway.callback_rate
+        app = gw.app
+        assert isinstance(app, GatewayApp)
+        limiter = app.context.callback_rate
         assert limiter.rate == 5
-        gw.gateway.callback_rate = RateLimiter(limiter.rate, clock=lambda: 0.0)
+        still = RateLimiter(limiter.rate, clock=lambda: 0.0)
+        app.context = dataclasses.replace(app.context, callback_rate=still)
         first = await create_task(gw, "first")
         other = await create_task(gw, "other")
         await post_callback(gw, "first", first.callback_token, {"type": "start", "worker": "w"})

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from gateway.errors import RateLimited
-from gateway.rate import RateLimiter
 from gateway.server.serve import RedactTokens, redact_query
+from gateway.web.rate import RateLimiter
 
 
 class Clock:
@@ -48,9 +48,9 @@ def test_rate_zero_is_no_limit_and_the_table_stays_bounded(monkeypatch: pytest.M
     unlimited = RateLimiter(0)
     for _ in range(1000):
         unlimited.take("t")
-    import gateway.rate
+    import gateway.web.rate
 
-    monkeypatch.setattr(gateway.rate, "MAX_KEYS", 100)
+    monkeypatch.setattr(gateway.web.rate, "MAX_KEYS", 100)
     clock = Clock()
     limiter = RateLimiter(5, clock=clock)
     for i in range(1000):
