@@ -24,8 +24,8 @@ Limits the connection itself hits before any route runs (``gateway.server.http_p
 shape: ``431 headers-too-large``, ``408 request-timeout``, ``429 too-many-connections``, ``503
 too-many-sockets`` (a WebSocket past the descriptor reserve).
 
-The pure state machine raises only :class:`InvalidRequest`, as the reference raises
-``AiError("invalid-request", ...)``.
+The pure state machine raises only :class:`InvalidRequest`: its refusals are all ``400 invalid-request``
+(protocol.md, Errors and The task's life).
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@ no clock.
 
 A task created with ``heartbeatMs`` holds a lease while it is ``running``: it ends ``heartbeatMs`` after the
 attempt's latest sign of life (its start, any callback of it, a heartbeat), by the gateway's clock. A lease
-that runs out is ended with the reference's own event, ``fail`` with ``error: "heartbeat-timeout"`` and
-``retryable: true``, stamped at the lease's end and decided by :func:`gateway.machine.apply_event` like any
-other fail: requeued while attempts remain, else failed. The lease is the gateway's state, not the
-reference's: it is kept beside the task (its row), never in :class:`gateway.machine.Task`, and a lease end
-on a task that is no longer running means nothing (it is renewed when an attempt starts).
+that runs out is ended with the task machine's own event (protocol.md, The task's life), ``fail`` with
+``error: "heartbeat-timeout"`` and ``retryable: true``, stamped at the lease's end and decided by
+:func:`gateway.machine.apply_event` like any other fail: requeued while attempts remain, else failed. The
+lease is the gateway's state, not the task machine's (protocol.md, Heartbeat leases): it is kept beside the
+task (its row), never in :class:`gateway.machine.Task`, and a lease end on a task that is no longer running
+means nothing (it is renewed when an attempt starts).
 """
 
 from __future__ import annotations
@@ -66,5 +67,5 @@ def heartbeat(task: Task) -> Transition:
 
 
 def timed_out(task: Task, lease_until_ms: int) -> Transition:
-    """The gateway's end of a lease: the reference's retryable fail, at the lease's end."""
+    """The gateway's end of a lease: the retryable fail of protocol.md's task life, at the lease's end."""
     return apply_event(task, Fail(lease_until_ms, TIMEOUT_ERROR, True))

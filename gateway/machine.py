@@ -1,15 +1,16 @@
-"""The task state machine: the reference's ``createAsyncTask``, ``expireTask`` and ``applyAsyncEvent``,
-plus one event of the gateway's own, :class:`Cancel` (:func:`cancel_task`), which the reference does not
-have: every reference event behaves exactly as there.
+"""The task state machine of protocol.md's task life: :func:`create_task`, :func:`expire_task` and
+:func:`apply_event`, plus one event of the gateway's own, :class:`Cancel` (:func:`cancel_task`), which is
+not one of the task machine's events (protocol.md, Shapes): each of those behaves exactly as the task life
+says, to the reason string.
 
 Pure: no I/O, no clock, no framework. Every function takes values and returns values, so the store, the
 in-memory model of the tests and a replay of a task's history all decide transitions the same way.
 
 A task does not carry its history here: a transition that changes the task returns the one new
 :class:`Entry` (``version`` = old version + 1) and the caller appends it, in the same transaction as the
-new task row. Checks run in the reference's order and fail with the reference's messages, as
-``InvalidRequest`` (the reference's ``AiError("invalid-request", "async-task: ...")``), without the
-reference's module prefix: a client reads ``ttlMs must be a positive number``, naming its own field.
+new task row. Checks run in the order of protocol.md's task life and fail as ``InvalidRequest``
+(``400 invalid-request``), with a message that names the client's own field and no module prefix: a client
+reads ``ttlMs must be a positive number``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from gateway.errors import InvalidRequest
 State: TypeAlias = Literal["queued", "running", "succeeded", "failed", "expired"]
 TERMINAL: Final[frozenset[str]] = frozenset({"succeeded", "failed", "expired"})
 
-# JavaScript's String.prototype.trim() whitespace, so that "blank" means what the reference means.
+# JavaScript's String.prototype.trim() whitespace, so that "blank" (protocol.md: a blank id, resultRef, key)
+# means what it means to the protocol's JavaScript clients.
 JS_WHITESPACE: Final = (
     "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
     "\u2028\u2029\u202f\u205f\u3000\ufeff"
@@ -70,7 +72,8 @@ class Expire:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """The gateway's own event, not the reference's: a backend or an operator ended a live task
+    """The gateway's own event, not the task machine's (protocol.md, Shapes): a backend or an operator ended
+    a live task
     (``POST /v1/tasks/{id}/cancel``). Never a worker's callback."""
 
     at_ms: float
@@ -105,7 +108,7 @@ class Task:
     result_ref: str | None = None
     result_hash: str | None = None
     error: str | None = None
-    # The gateway's own, not the reference's: fixed at creation, carried unchanged by every transition.
+    # The gateway's own (protocol.md, Shapes): fixed at creation, carried unchanged by every transition.
     tags: tuple[str, ...] = ()
     created_at_ms: int = 0
     # Which history of the id this is (protocol.md, Resuming): made at random when the task is created, so
@@ -268,8 +271,8 @@ ResumeMode: TypeAlias = Literal["caught-up", "delta", "snapshot"]
 
 
 def resume_mode(version: int, cursor: object, retention_versions: int) -> tuple[ResumeMode, str | None]:
-    """The reference's ``resume`` choice, with protocol.md's one difference: a cursor ahead of the task
-    (a history this task does not have) gets a snapshot, not ``caught-up``.
+    """The resume choice of protocol.md, Resuming: a cursor ahead of the task (a history this task does
+    not have) gets a snapshot, not ``caught-up``.
 
     Returns the mode and, for a snapshot, its reason.
     """
@@ -306,7 +309,7 @@ def resume_from(
     return resume_mode(task.version, cursor, retention_versions)
 
 
-# --- the reference's JSON shapes (camelCase), for history rows and the wire -----------------------------
+# --- protocol.md's JSON shapes (camelCase; its Shapes), for history rows and the wire ---------------------
 
 
 def _num(value: float) -> float:

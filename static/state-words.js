@@ -55,7 +55,7 @@ export function errorWords(error) {
  * retried."), or "" when there were none. Said from the task alone, so the same whether the page saw every
  * entry or caught up with a snapshot: a task is requeued only by a failed attempt with attempts left, so a
  * running or succeeded task at attempt n had n - 1 attempts fail before it; its `error` stays the last of
- * those failures' (the gateway keeps it, as the reference does) and is not the outcome.
+ * those failures' (the gateway keeps it: protocol.md, Shapes) and is not the outcome.
  */
 export function earlierAttempts(task) {
   if (!task || (task.state !== "running" && task.state !== "succeeded")) return "";

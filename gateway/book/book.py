@@ -1,5 +1,5 @@
-"""What the reference's ``AsyncBook`` does, over the store: callback dedup, the notification outbox,
-cursor resume and result delivery.
+"""The book of tasks over the store, as protocol.md states it: callback dedup (Callbacks), the
+notification outbox (Notifications), cursor resume (Resuming) and result delivery (Deliveries).
 
 The book holds the rules (the order of dedup, fencing and the machine; what goes to the outbox; when a
 receipt is reused); the store (``gateway.store``) holds the statements. Every change runs in one store
@@ -369,9 +369,10 @@ class Book:
 
     @shielded
     async def end_leases(self, limit: int = EXPIRY_BATCH, *, urgent: bool = True) -> int:
-        """End up to ``limit`` leases that ran out (``clock() >= lease end``) with the reference's retryable
-        fail at each one's end (``gateway.lease``), in one transaction, as :meth:`expire_due` does; returns
-        how many. Leases another process is ending are skipped, not waited for."""
+        """End up to ``limit`` leases that ran out (``clock() >= lease end``) with the retryable fail of
+        protocol.md's task life at each one's end (``gateway.lease``), in one transaction, as
+        :meth:`expire_due` does; returns how many. Leases another process is ending are skipped, not waited
+        for."""
 
         async def work(tx: WriteTx, commit: _Commit) -> list[int]:
             ended = [(s.task, s.lease_until_ms or 0) for s in await tx.claim_leases(self.clock(), limit)]

@@ -53,8 +53,8 @@ class Drained:
 
 
 def in_answer_order(rows: Sequence[tuple[int, Notification]]) -> list[Notification]:
-    """A batch as a drain lists it: by task id (UTF-16 code units, as JavaScript compares strings, like
-    the reference's ``drainNotifications``), then time, then the order they were queued."""
+    """A batch as a drain lists it: by task id (UTF-16 code units, as JavaScript compares strings:
+    protocol.md, Notifications), then time, then the order they were queued."""
     ordered = sorted(rows, key=lambda r: (r[1].task_id.encode("utf-16-be"), r[1].at_ms, r[0]))
     return [n for _, n in ordered]
 

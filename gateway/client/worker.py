@@ -67,7 +67,7 @@ __all__ = [
 
 log = logging.getLogger("gateway.client")
 
-# Reasons of an answer that did what the callback asked (the reference's transitions).
+# Reasons of an answer that did what the callback asked (the transitions of protocol.md's task life).
 APPLIED = frozenset({"started", "progress", "succeeded", "failed", "requeued"})
 # Reasons of an answer that changed nothing because it had been done already: the same progress or the
 # same result again, or a retry of a callback the gateway had applied (its first answer was lost).

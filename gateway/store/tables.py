@@ -156,7 +156,8 @@ class TaskTagRow(SQLModel, table=True):
 
 
 class CallbackRow(SQLModel, table=True):
-    """A callback id seen once. Ids are global, as in the reference; the digest is of the canonical body."""
+    """A callback id seen once. Ids are global (protocol.md, Callbacks); the digest is of the canonical
+    body."""
 
     __tablename__ = "callbacks"
     # Retention deletes a task's callback ids with it.

@@ -118,7 +118,8 @@ class ExpireEvent(_Body):
 
 
 class CancelEvent(_Body):
-    """The gateway's own event (not the reference's): the task was cancelled on request."""
+    """The gateway's own event (not one of the task machine's: protocol.md, Shapes): the task was cancelled
+    on request."""
 
     type: Literal["cancel"]
     atMs: int

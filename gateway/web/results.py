@@ -21,7 +21,7 @@ MAX_IDEMPOTENCY_KEY = 256
 
 def idempotency_key(request: Request) -> str | None:
     """The ``Idempotency-Key`` header, if sent; refused past ``MAX_IDEMPOTENCY_KEY`` characters (a blank
-    one is the book's to refuse, as the reference does)."""
+    one is the book's to refuse, as every blank key is: protocol.md, Deliveries)."""
     key = request.headers.get("idempotency-key")
     if key is not None and len(key) > MAX_IDEMPOTENCY_KEY:
         raise InvalidRequest(f"Idempotency-Key: at most {MAX_IDEMPOTENCY_KEY} characters")

@@ -4,7 +4,7 @@ An id travels in URL paths and is shown to people: no ``/``, not ``.`` or ``..``
 them), no control character (Unicode's category Cc: C0, DEL and C1, such as U+0085 NEXT LINE), and in
 Unicode normalization form C, so that two ids that look the same are one id. An id in another form is
 refused, not normalized: a backend may have minted tokens for the id it sent, and they would name another
-task. Blank ids are the state machine's to refuse (with the reference's message), and the length is the
+task. Blank ids are the state machine's to refuse (with its own message), and the length is the
 wire model's. An id that breaks the rule names no task: in a path it is ``unknown-task``, as any id no
 task has, so a task made before the rule keeps being reachable by its id.
 """

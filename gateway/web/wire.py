@@ -3,8 +3,9 @@ answers is ``gateway.web.render``).
 
 Type checks (JSON types, required and unknown fields) happen here and answer ``400 invalid-request``
 naming the field; range checks (progress over 100, a blank ``resultRef``) are the state machine's, in its
-order. Numbers the reference checks for integrality (``maxAttempts``, ``progress``) are accepted as any
-JSON number here so that the machine decides, as the reference does.
+order. Numbers the machine checks for integrality (``maxAttempts``, ``progress``) are accepted as any
+JSON number here so that the machine decides, in the order of protocol.md's task life (a ``progress`` on a
+queued task is ``not-running``, whatever its value).
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ class _Body(BaseModel):
 
 
 def _heartbeat_ms(value: Any) -> int:
-    """A lease of at least ``MIN_HEARTBEAT_MS``, in whole milliseconds (the gateway's own field: the reference
-    has no lease, so the range is checked here, with the types)."""
+    """A lease of at least ``MIN_HEARTBEAT_MS``, in whole milliseconds (the gateway's own field: the task
+    machine has no lease, so the range is checked here, with the types)."""
     number = _milliseconds(value)
     if not MIN_HEARTBEAT_MS <= number <= MAX_TTL_MS:
         raise PydanticCustomError(
@@ -473,7 +474,7 @@ def message_cursor(value: object, field: str = "cursor") -> Cursor:
 
 def cursor_in_range(cursor: int, field: str = "cursor") -> int:
     """A cursor's version the protocol takes, else ``invalid-request`` in its words (the machine's own
-    check, kept for the reference's sake, would name the reference's field, ``cursorVersion``)."""
+    check would name its internal field, ``cursorVersion``)."""
     if not 0 <= cursor <= MAX_CURSOR:
         raise InvalidRequest(f"{field}: must be an integer from 0 to {MAX_CURSOR}, got {cursor}")
     return cursor

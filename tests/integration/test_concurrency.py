@@ -127,7 +127,7 @@ async def test_concurrent_progress_callbacks_never_lose_an_update(database_url: 
         assert progress == sorted(set(progress)), "progress in the history must be strictly increasing"
         assert progress[-1] == max(progress_values)
         assert body["task"]["progress"] == max(progress_values)
-        # The answers of the refused ones are the reference's: stale (below) or duplicate (equal).
+        # The answers of the refused ones are the task life's: stale (below) or duplicate (equal).
         for b in bodies:
             if b["reason"] == "stale-progress":
                 assert b["duplicate"] is False
@@ -259,7 +259,7 @@ async def test_concurrent_drains_take_each_notification_once(database_url: str) 
         seen = [(n["taskId"], n["state"], n["version"]) for drained in lists for n in drained]
         assert len(seen) == len(set(seen)) == 30, "every notification in exactly one drain answer"
         assert {t: s for t, s, _ in seen} == expected
-        for drained in lists:  # each answer in the reference's order: by task id, then time
+        for drained in lists:  # each answer in protocol.md's order (Notifications): by task id, then time
             assert [n["taskId"] for n in drained] == sorted(n["taskId"] for n in drained)
         for n in (n for drained in lists for n in drained):
             if n["state"] == "expired":

@@ -2,8 +2,7 @@
 a callback after the deadline, no double expiry, state that survives a restart, and the one-process rule
 of a SQLite gateway.
 
-What is asserted about time (protocol.md, "Time and expiry"; the reference's ``expireTask`` and
-``AsyncBook.apply``):
+What is asserted about time (protocol.md, "The task's life", its deadline, and "Notifications"):
 
 - The sweeper expires a live task on the real clock, never before its deadline, its history entry and its
   notification both at ``expiresAtMs``; it wakes for a deadline, not at its interval; a task that fell
@@ -11,10 +10,10 @@ What is asserted about time (protocol.md, "Time and expiry"; the reference's ``e
   is held busy. How soon (within 1 s of the deadline) is no test, a loaded machine can miss it: it is the
   bench checks ``expiry-on-time``, ``expiry-wakes``, ``expiry-at-restart`` and ``expiry-busy-loop``
   (bench/checks/expiry.py, ``python -m bench checks``).
-- A callback at or after ``expiresAtMs`` expires the task (the reference's ``>=``). Its event is not
-  recorded; the ``expire`` entry is, at ``expiresAtMs``. The notification of that expiry is at the
-  callback's time, as the reference's ``apply`` stamps ``event.atMs`` on it (protocol.md pins the
-  notification to ``expiresAtMs`` only for the sweeper).
+- A callback at or after ``expiresAtMs`` expires the task (the task life's "at or after"). Its event
+  is not recorded; the ``expire`` entry is, at ``expiresAtMs``. The notification of that expiry is at the
+  callback's time (protocol.md, Notifications, pins the notification to ``expiresAtMs`` only for the
+  sweeper).
 """
 
 from __future__ import annotations
@@ -211,7 +210,7 @@ async def test_callback_at_or_after_the_deadline_expires_the_task(
         token = made["callbackToken"]
         deadline = made["task"]["expiresAtMs"]
         await post_callback(gw, "late", token, {"type": "start", "worker": "w"})
-        clock.advance(300 + late_ms)  # clock() - expiresAtMs == late_ms (the reference's >=)
+        clock.advance(300 + late_ms)  # clock() - expiresAtMs == late_ms (the task life's "at or after")
         callback_at = clock.now
 
         answer = await post_callback(
@@ -226,7 +225,8 @@ async def test_callback_at_or_after_the_deadline_expires_the_task(
         entries = await history(gw, "late")
         assert [e["event"]["type"] for e in entries] == ["start", "expire"]
         assert entries[1] == {"version": 2, "event": {"type": "expire", "atMs": deadline}}
-        # The reference stamps the notification of a callback-triggered expiry with the callback's time.
+        # The notification of a callback-triggered expiry is at the callback's time (protocol.md,
+        # Notifications).
         assert await drain(gw) == [{"taskId": "late", "state": "expired", "atMs": callback_at, "version": 2}]
 
         # The sweeper finds nothing left to do; a later callback is a terminal conflict and writes nothing.

@@ -2,9 +2,9 @@
 field, and changes nothing that is stored.
 
 Type checks (JSON types, required and unknown fields) are the HTTP layer's; range checks are the state
-machine's and happen in its order (protocol.md), so some "bad" values are a 200 with the reference's
-reason. Shape-only checks run on SQLite; checks that go through a database transaction (and must roll it
-back) run on both databases.
+machine's and happen in its order (protocol.md), so some "bad" values are a 200 with the reason of
+protocol.md's task life. Shape-only checks run on SQLite; checks that go through a database transaction
+(and must roll it back) run on both databases.
 """
 
 from __future__ import annotations

@@ -1,18 +1,19 @@
-"""Every reason string of the reference, reached through the HTTP API, with the whole answer checked.
+"""Every reason string of protocol.md's task life, reached through the HTTP API, with the whole answer
+checked.
 
 Each callback answer is compared whole: ``changed``, ``duplicate``, ``duplicateCallback``, ``notify``,
 ``reason`` and every field of ``task``. Then the protocol's 409s of callbacks, creation and delivery, the
-drain, and ``GET /v1/tasks/{id}/events`` (the reference's ``resume``).
+drain, and ``GET /v1/tasks/{id}/events`` (protocol.md, Resuming).
 
 Flows that write or read stored state run on both databases (``database_url``); pure HTTP-shape checks
 use ``sqlite_url`` only, to keep the suite fast. Time is a :class:`FakeClock`, so every ``atMs`` and
 ``expiresAtMs`` is known exactly.
 
-Two reasons of the reference cannot appear in an HTTP answer, and are covered as follows:
+Two reasons of the task life cannot appear in an HTTP answer, and are covered as follows:
 
 - ``duplicate-expire`` is what ``expireTask`` (or an ``expire`` event) answers on an expired task. A
   callback cannot carry type ``expire`` (``400``, see test_http_bad_input.py), and any other callback on an
-  expired task is ``terminal-conflict`` (the reference's order). Only the sweeper expires tasks as a system
+  expired task is ``terminal-conflict`` (the task life's order). Only the sweeper expires tasks as a system
   action; :func:`test_sweeper_expires_at_the_deadline` checks that it expires a task once and never again
   (another pass changes nothing, and the state machine answers ``duplicate-expire`` for that task as stored),
   and the unit tests (tests/unit/test_machine.py) cover the reason itself.
@@ -188,7 +189,7 @@ def stamped(event: dict[str, Any], at_ms: int) -> dict[str, Any]:
     return {**event, "atMs": at_ms}
 
 
-# --- the reference's reasons ------------------------------------------------------------------------------
+# --- the task life's reasons ------------------------------------------------------------------------------
 
 
 async def test_started_progress_succeeded(database_url: str, clock: FakeClock) -> None:
@@ -249,7 +250,7 @@ async def test_callback_at_the_deadline_expires(database_url: str, clock: FakeCl
         clock.advance(999)  # one millisecond before the deadline: still accepted
         t.becomes(progress=10)
         await t.expect(progress(10), "progress", changed=True)
-        clock.advance(1)  # exactly at expiresAtMs (the reference's >=)
+        clock.advance(1)  # exactly at expiresAtMs (the task life's "at or after")
         t.becomes(state="expired")
         await t.expect(SUCCEED, "expired", changed=True, notify=True, callback_id="late-1")
         assert await t.get() == t.expected
@@ -269,7 +270,8 @@ async def test_callback_at_the_deadline_expires(database_url: str, clock: FakeCl
         # Anything else on an expired task is a terminal conflict (there is no way to send an expire).
         await t.expect(SUCCEED, "terminal-conflict", changed=False)
         await t.expect(START, "terminal-conflict", changed=False)
-        # The notification is the reference's: the callback's time (the deadline here) and the version.
+        # The notification is protocol.md's (Notifications): the callback's time (the deadline here) and the
+        # version.
         drained = await gw.client.post("/v1/notifications/drain")
         assert drained.json() == [{"taskId": "r-4", "state": "expired", "atMs": deadline, "version": 3}]
 
@@ -298,7 +300,7 @@ async def test_sweeper_expires_at_the_deadline(database_url: str, clock: FakeClo
         await t.expect(START, "started", changed=True)
         clock.advance(999)
         assert await sweep_once(gw.gateway.book) == 0  # not yet due
-        clock.advance(1)  # exactly at expiresAtMs (the reference's >=)
+        clock.advance(1)  # exactly at expiresAtMs (the task life's "at or after")
         # Poll until the background sweeper has done it.
         await eventually(t.get, lambda task: task["state"] == "expired", "r-6 expired by the sweeper")
         t.becomes(state="expired")
@@ -638,7 +640,7 @@ async def test_not_succeeded_for_failed_and_expired(database_url: str, clock: Fa
         error(await deliver(gw, "n-e", "ke"), 409, "not-succeeded")
 
 
-async def test_drain_returns_each_notification_once_in_the_reference_order(
+async def test_drain_returns_each_notification_once_by_task_id_then_time(
     database_url: str, clock: FakeClock
 ) -> None:
     # Ids sorted as JavaScript compares strings (UTF-16 code units): "B" < "a" < "b" < "😀" < "\ue000";
@@ -838,7 +840,7 @@ async def test_events_bad_cursor(sqlite_url: str, clock: FakeClock) -> None:
         for cursor in ("-1", "abc", "1.5", "1e3"):
             message = error(await t.events(cursor), 400, "invalid-request")
             assert "cursor" in message, message
-        # In the protocol's words (its field is `cursor`), not the reference's internal ones (cursorVersion).
+        # In the protocol's words (its field is `cursor`), not the machine's internal ones (cursorVersion).
         for cursor in ("-1", str(2**53)):
             message = error(await t.events(cursor), 400, "invalid-request")
             assert message == f"cursor: must be an integer from 0 to 9007199254740991, got {cursor}", message

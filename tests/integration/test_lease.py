@@ -1,6 +1,7 @@
 """Heartbeat leases through the HTTP API of a real server (SQLite and PostgreSQL), on a clock the test moves:
 ``heartbeatMs`` at create, the lease in the callbacks' answers, ``POST /v1/tasks/{id}/heartbeat`` and its
-refusals, and an ended lease as the reference's retryable fail, pushed to a subscriber like any entry."""
+refusals, and an ended lease as the retryable fail of protocol.md's task life, pushed to a subscriber like
+any entry."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ async def test_heartbeat_ms_is_checked_and_a_create_with_another_is_another_crea
             message = error(await make(gw, "t", other), 409, "task-exists")
             assert "heartbeatMs 2000" in message
         plain = await create_task(gw, "plain")
-        assert "heartbeatMs" not in plain.task  # the task's shape is the reference's: the lease is not in it
+        assert "heartbeatMs" not in plain.task  # the task's shape is protocol.md's: the lease is not in it
         error(await make(gw, "plain", 2_000, ttlMs=600_000, maxAttempts=3), 409, "task-exists")
 
 

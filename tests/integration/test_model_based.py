@@ -275,7 +275,7 @@ class Driver:
             elif roll < 0.98:
                 callback_id = f"cb-{rng.randint(1, max(self.next_callback, 1))}"  # an old id, another body
             else:
-                callback_id = ""  # an id like any other, for the reference (``!== undefined``)
+                callback_id = ""  # an id like any other: only an absent callbackId is none
             label = f"callbackId={callback_id!r}"
         await self.send_callback(task_id, event, callback_id, attempt, label)
 

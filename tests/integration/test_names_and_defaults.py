@@ -35,8 +35,9 @@ async def test_a_create_without_max_attempts_gets_the_python_clients_default(sql
 
 
 async def test_a_progress_without_cursor_is_taken_with_an_empty_one(sqlite_url: str) -> None:
-    """The event in the history is the reference's, ``cursor`` included: an empty string when the worker sent
-    none. A callback id sent again with ``"cursor": ""`` is the same callback (the same event)."""
+    """The event in the history has every field of protocol.md's Shapes, ``cursor`` included: an empty string
+    when the worker sent none. A callback id sent again with ``"cursor": ""`` is the same callback (the same
+    event)."""
     async with running_gateway(sqlite_url) as gw:
         made = await create_task(gw, "bookmarks", max_attempts=1)
         cb = made["callbackToken"]

@@ -292,7 +292,8 @@ def check_event(book: FakeBook, task_id: str, frame: Frame, version: int) -> dic
 
 
 def check_resume(book: FakeBook, task_id: str, frame: Frame, cursor: int, retention: int = RETENTION) -> int:
-    """A resume frame for ``cursor``: the mode the reference chooses at its version; returns the version."""
+    """A resume frame for ``cursor``: the mode protocol.md's Resuming chooses at its version; returns the
+    version."""
     body = parse(frame)
     assert body["type"] in RESUME_TYPES, body
     assert body["taskId"] == task_id

@@ -18,6 +18,7 @@ from gateway.web import answers
 from gateway.web.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "gateway"
 PROTOCOL = (ROOT / "docs" / "protocol.md").read_text()
 README = (ROOT / "README.md").read_text()
 
@@ -110,6 +111,15 @@ def test_the_readme_is_the_map_of_every_page_and_nothing_points_outside_the_repo
     # gateway watch's environment is documented.
     walkthrough = (ROOT / "docs" / "walkthrough.md").read_text()
     assert "GATEWAY_URL" in walkthrough and "GATEWAY_TOKEN" in walkthrough
+
+
+def test_the_code_and_the_pages_point_to_rules_a_reader_can_open() -> None:
+    """The rules the task machine follows are protocol.md's (The task's life, Resuming, Notifications): no
+    module of the gateway, page of docs/ or README calls them "the reference", which is not in the
+    repository."""
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(PACKAGE.rglob("*.py"))]
+    naming = [str(p.relative_to(ROOT)) for p in texts if re.search(r"\bthe reference\b", p.read_text(), re.I)]
+    assert naming == []
 
 
 def _example_readmes() -> list[Path]:

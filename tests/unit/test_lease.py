@@ -1,5 +1,6 @@
 """Heartbeat leases (gateway.lease), as decisions and over the book on the in-memory store: what renews a
-lease, what a heartbeat answers, and how an ended lease fails the attempt with the reference's own event."""
+lease, what a heartbeat answers, and how an ended lease fails the attempt with the task machine's own
+event."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def test_a_heartbeat_is_taken_only_on_a_running_task_and_says_what_became_of_the
     assert stopped.value.to_json()["task"]["error"] == "cancelled"
 
 
-def test_an_ended_lease_is_the_references_retryable_fail_at_the_leases_end() -> None:
+def test_an_ended_lease_is_the_task_machines_retryable_fail_at_the_leases_end() -> None:
     end = NOW + HEARTBEAT_MS
     requeued = timed_out(running(max_attempts=2), end)
     assert requeued.reason == "requeued" and requeued.task.state == "queued" and not requeued.notify

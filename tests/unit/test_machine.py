@@ -1,4 +1,4 @@
-"""Example tests of the pure state machine (gateway/machine.py) against the reference's behaviour.
+"""Example tests of the pure state machine (gateway/machine.py) against protocol.md's task life.
 
 Values in, values out: every transition is compared whole (flags, reason, the resulting task, the new entry).
 """
@@ -89,7 +89,7 @@ def unchanged(task: Task, reason: str, *, duplicate: bool = False) -> Transition
 
 
 def invalid(message: str) -> AbstractContextManager[Any]:
-    """Expect ``InvalidRequest`` with exactly the reference's message, without its ``async-task:`` prefix."""
+    """Expect ``InvalidRequest`` with exactly this message, naming the client's field, with no prefix."""
     return pytest.raises(InvalidRequest, match=f"^{re.escape(message)}$")
 
 
@@ -151,7 +151,7 @@ def test_create_task_rejects_bad_max_attempts(max_attempts: float) -> None:
         create_task(id="t", now_ms=NOW, ttl_ms=TTL, max_attempts=max_attempts)
 
 
-def test_create_task_checks_in_reference_order() -> None:
+def test_create_task_checks_in_order() -> None:
     with invalid("id must not be blank"):
         create_task(id=" ", now_ms=-1, ttl_ms=0, max_attempts=0)
     with invalid("nowMs must be a non-negative number"):
@@ -381,7 +381,7 @@ def test_already_running() -> None:
 
 def test_not_startable_when_attempts_equal_max_attempts() -> None:
     # A queued task with attempts == maxAttempts is not reachable by transitions (requeue needs
-    # attempts < maxAttempts), but the check is the reference's.
+    # attempts < maxAttempts), but the check is the task life's (protocol.md: not-startable).
     task = Task(
         id="t", state="queued", expires_at_ms=DEADLINE, attempts=2, max_attempts=2, progress=0, version=4
     )

@@ -4,8 +4,8 @@ Hypothesis properties.
 A cancel is decided in ``apply_event``'s order, like any callback: a terminal task does not change
 (``terminal-conflict``), a cancel at or after the deadline expires the task instead, and otherwise a queued
 or running task ends ``failed`` with ``error: "cancelled"`` through one ``cancel`` entry that carries the
-reason, with a notification. It never changes how the reference's events behave: after a cancel every one of
-them is a ``terminal-conflict``, as after any failure.
+reason, with a notification. It never changes how the task machine's own events behave (protocol.md, The
+task's life): after a cancel every one of them is a ``terminal-conflict``, as after any failure.
 """
 
 from __future__ import annotations

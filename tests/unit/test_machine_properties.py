@@ -2,8 +2,8 @@
 
 A sequence starts from a created task and applies random events: every type, times around the deadline,
 progress in and out of range, blank and non-blank results, random ``retryable`` flags, maxAttempts 1..4,
-with now and then a sweeper's ``expire_task`` or a ``cancel`` (the gateway's own event, not the
-reference's). Events the machine rejects (``InvalidRequest``) are skipped, as a caller does: they must
+with now and then a sweeper's ``expire_task`` or a ``cancel`` (the gateway's own event, not the task
+machine's). Events the machine rejects (``InvalidRequest``) are skipped, as a caller does: they must
 leave the task as it was.
 """
 
@@ -139,7 +139,7 @@ class Run:
 
 
 def _invalid_input(event: Event) -> bool:
-    """Whether the event carries a value the reference can reject (a necessary condition of an error)."""
+    """Whether the event carries a value the machine can reject (a necessary condition of an error)."""
     at = event.at_ms
     if not math.isfinite(at) or at < 0:
         return True

@@ -233,7 +233,7 @@ def test_late_callback_expires_the_task(model: Model) -> None:
     status, body = succeed(model, now=11_000)
     assert (status, body["reason"], body["notify"]) == (200, "expired", True)
     assert model.history("t1")[-1] == {"version": 2, "event": {"type": "expire", "atMs": 11_000}}
-    # the notification is at the callback's time, as the reference's
+    # the notification is at the callback's time (protocol.md, Notifications)
     status, body = start(model, now=11_500)
     assert body["reason"] == "terminal-conflict"
     assert model.drain() == (200, [{"taskId": "t1", "state": "expired", "atMs": 11_000, "version": 2}])
@@ -414,7 +414,7 @@ def test_deliveries(model: Model) -> None:
     # another key delivers again, with the same hash
     second = model.deliver("t1", "k2", 3_000)[1]
     assert second["reason"] == "delivered" and second["receipt"]["resultHash"] == "h1"
-    # the key checks come before the task's existence, as in the reference
+    # the key checks come before the task's existence (protocol.md, Deliveries)
     assert code(model.deliver("t2", "k1", 3_000)) == (409, "key-reused-for-other-task")
     assert code(model.deliver("nope", "k1", 3_000)) == (409, "key-reused-for-other-task")
     assert code(model.deliver("nope", "k3", 3_000)) == (404, "unknown-task")
