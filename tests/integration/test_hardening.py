@@ -88,14 +88,17 @@ async def test_a_finished_sse_stream_is_not_reopened(sqlite_url: str) -> None:
         )
         done = {"type": "fail", "error": "e", "retryable": False}
         await gw.client.post("/v1/tasks/t/callbacks", json={"event": done}, headers=cb)
-        # An EventSource reconnecting after the terminal frame (id 2) is told to stop (204).
-        answer = await gw.client.get("/v1/tasks/t/stream", headers={"Last-Event-ID": "2"})
+        # An EventSource reconnecting after the terminal frame (id 2 of the task's epoch) is told to stop
+        # (204).
+        epoch = made["task"]["epoch"]
+        answer = await gw.client.get("/v1/tasks/t/stream", headers={"Last-Event-ID": f"2:{epoch}"})
         assert answer.status_code == 204
         # One still behind gets the rest.
-        async with gw.client.stream("GET", "/v1/tasks/t/stream", headers={"Last-Event-ID": "1"}) as stream:
+        behind = {"Last-Event-ID": f"1:{epoch}"}
+        async with gw.client.stream("GET", "/v1/tasks/t/stream", headers=behind) as stream:
             assert stream.status_code == 200
             body = b"".join([chunk async for chunk in stream.aiter_bytes()]).decode()
-        assert "event: delta\nid: 2\n" in body
+        assert f"event: delta\nid: 2:{epoch}\n" in body
 
 
 @pytest.mark.anyio

@@ -1,23 +1,24 @@
 """An in-memory model of the gateway's HTTP API: the oracle of the model-based tests.
 
-Built on the pure state machine (``gateway.machine``), it is the reference's ``AsyncBook`` with the
-differences protocol.md states, and it answers every operation as the HTTP API does, as
-``(status_code, json_body)`` in the protocol's JSON shapes (camelCase), without tokens:
+Built on the pure state machine (``gateway.machine``), it is the book of protocol.md's task life (its
+create, resume, callbacks, notifications and deliveries) with the gateway's additions protocol.md states,
+and it answers every operation as the HTTP API does, as ``(status_code, json_body)`` in the protocol's JSON
+shapes (camelCase), without tokens:
 
 - ``create``: the same id with the same parameters is idempotent (200, the current task); other parameters
-  are ``409 task-exists`` (the reference silently overwrote). The task carries the gateway's own three
-  fields: ``createdAtMs`` (``now_ms`` at create), ``tags`` (none: the model's creates name none) and
+  are ``409 task-exists`` (the task life's book would silently overwrite). The task carries the gateway's own
+  three fields: ``createdAtMs`` (``now_ms`` at create), ``tags`` (none: the model's creates name none) and
   ``epoch`` (made at random by the gateway: given to the model, ``""`` for none).
-- ``events``: the reference's ``resume``, but a cursor ahead of the task is a snapshot (``cursor-ahead``);
-  a snapshot carries its ``reason``; a cursor outside 0 to 2**53 - 1 is ``invalid-request`` in the
-  protocol's words (``cursor: ...``), not the reference's (``cursorVersion``), whether or not the task
-  exists (a bad query, like a non-integer cursor).
+- ``events``: protocol.md's resume (Resuming), but a cursor ahead of the task is a snapshot
+  (``cursor-ahead``); a snapshot carries its ``reason``; a cursor outside 0 to 2**53 - 1 is
+  ``invalid-request`` in the protocol's words (``cursor: ...``), not the task life's own (``cursorVersion``),
+  whether or not the task exists (a bad query, like a non-integer cursor).
 - ``callback``: the event comes without ``atMs`` (the model stamps ``now_ms``); a callback id reused with
   another body (task id, event and attempt, compared as parsed JSON) is ``409 callback-id-reused``; an
   ``attempt`` (a whole number from 0 to 2**63 - 1, else 400) that is not the task's current ``attempts`` is
   ``409 stale-attempt`` on progress, succeed and fail; every transition answers 200, ``terminal-conflict``
   included.
-- ``cancel``: the gateway's own event (not the reference's): ``POST /v1/tasks/{id}/cancel`` with
+- ``cancel``: the gateway's own event (not one of the task life's): ``POST /v1/tasks/{id}/cancel`` with
   ``{"reason"?}`` (or no body) applies ``cancel_task`` at ``now_ms`` and answers the callback's shape
   without ``duplicateCallback``; a bad body is 400, an unknown task 404.
 - ``sweep``: the sweeper expires overdue tasks; its notifications are at ``expiresAtMs``.
@@ -290,7 +291,7 @@ class Model:
             return _error(error)
         if callback_id is not None:
             self.callbacks[callback_id] = canonical
-        # the reference's notification time is the callback's, even when the callback expired the task
+        # protocol.md's notification time is the callback's, even when the callback expired the task
         self._record(transition, now_ms)
         return 200, {
             "changed": transition.changed,
@@ -330,7 +331,7 @@ class Model:
         return expired
 
     def deliver(self, task_id: str, key: str, now_ms: float) -> Answer:
-        """``POST /v1/tasks/{id}/deliveries``, ``Idempotency-Key: key``: the reference's ``deliverResult``."""
+        """``POST /v1/tasks/{id}/deliveries``, ``Idempotency-Key: key``: protocol.md's Deliveries."""
         if m.is_blank(key):
             return _error(m.fail("idempotencyKey must not be blank"))
         if isinstance(now_ms, bool) or not math.isfinite(now_ms) or now_ms < 0:
