@@ -33,6 +33,7 @@ CHECKS: dict[str, Check] = {
     "worker-heartbeats": heartbeats.held,
     "retention-growth": retention.growth,
     "db-deadline": db_deadline.answered,
+    "db-partition": db_deadline.partition,
     "tag-across-processes": tag_across.seen,
     "ws-keepalive": keepalive.dropped,
     "flood": flood.costs_little,
