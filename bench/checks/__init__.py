@@ -15,7 +15,17 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
-from bench.checks import db_deadline, expiry, flood, heartbeats, keepalive, retention, tag_across, under_load
+from bench.checks import (
+    db_deadline,
+    dead_link,
+    expiry,
+    flood,
+    heartbeats,
+    keepalive,
+    retention,
+    tag_across,
+    under_load,
+)
 from bench.lib import harness
 from bench.lib.verdict import Figure
 
@@ -36,6 +46,7 @@ CHECKS: dict[str, Check] = {
     "db-partition": db_deadline.partition,
     "tag-across-processes": tag_across.seen,
     "ws-keepalive": keepalive.dropped,
+    "watch-dead-link": dead_link.watch_replaced,
     "flood": flood.costs_little,
 }
 
