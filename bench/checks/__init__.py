@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from bench.checks import (
     db_deadline,
     dead_link,
+    dead_link_pages,
     expiry,
     flood,
     heartbeats,
@@ -47,6 +48,8 @@ CHECKS: dict[str, Check] = {
     "tag-across-processes": tag_across.seen,
     "ws-keepalive": keepalive.dropped,
     "watch-dead-link": dead_link.watch_replaced,
+    "page-dead-link": dead_link_pages.page_replaced,
+    "tag-page-back": dead_link_pages.tag_page_back,
     "flood": flood.costs_little,
 }
 
