@@ -166,7 +166,7 @@ async def page_replaced() -> list[Figure]:
             online_s = await replaced_back_online(page, relay, worker, 30, 4, WAIT_S)
             reconnecting_s = await noticed_out_of_reach(page, relay, WAIT_S)
     check = "page-dead-link (SQLite)"
-    detail = f"{relay.accepted} connections; heartbeatMs 3000, deadlineMs 3000, probeMs 1500"
+    detail = f"{relay.accepted} connections through the relay (the page's and its files')"
     return [
         Figure(check, measure, seconds, "s", BOUND_S, digits=2, detail=detail)
         for measure, seconds in (
