@@ -15,7 +15,18 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 
-from bench.checks import db_deadline, expiry, flood, heartbeats, keepalive, retention, tag_across, under_load
+from bench.checks import (
+    db_deadline,
+    dead_link,
+    dead_link_pages,
+    expiry,
+    flood,
+    heartbeats,
+    keepalive,
+    retention,
+    tag_across,
+    under_load,
+)
 from bench.lib import harness
 from bench.lib.verdict import Figure
 
@@ -33,8 +44,12 @@ CHECKS: dict[str, Check] = {
     "worker-heartbeats": heartbeats.held,
     "retention-growth": retention.growth,
     "db-deadline": db_deadline.answered,
+    "db-partition": db_deadline.partition,
     "tag-across-processes": tag_across.seen,
     "ws-keepalive": keepalive.dropped,
+    "watch-dead-link": dead_link.watch_replaced,
+    "page-dead-link": dead_link_pages.page_replaced,
+    "tag-page-back": dead_link_pages.tag_page_back,
     "flood": flood.costs_little,
 }
 

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from bench.checks.dead_link_pages import noticed_out_of_reach, replaced, replaced_back_online
 from gateway.client import Worker
 from tests.browser.conftest import VIEWPORTS, cut_or_off_screen, screenshot
-from tests.support import TcpProxy, create_task
+from tests.support import STEP_S, TcpProxy, create_task
 
 if TYPE_CHECKING:
     from tests.browser.conftest import Clocked, Console, Dashboard
@@ -155,12 +156,12 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
 
-async def test_a_silently_dead_link_is_replaced_within_ten_seconds(
-    dashboard: Dashboard, console: Console
-) -> None:
+async def test_a_silently_dead_link_is_replaced(dashboard: Dashboard, console: Console) -> None:
     """The page reaches the gateway through a relay that, at some point, stops forwarding both ways without
     closing anything (no FIN), as a phone changing networks or a NAT timing out. The client must notice by
-    its heartbeat, say so, mark the card as possibly stale, open a new connection and end exact."""
+    its heartbeat, say so, mark the card as possibly stale, open a new connection and end exact. How soon
+    (within 10 s) is no test, a loaded machine can miss it: it is the bench check ``page-dead-link``
+    (bench/checks/dead_link_pages.py), whose steps these are."""
     gw = dashboard.gw
     page = dashboard.page
     connection = dashboard.connection
@@ -177,12 +178,10 @@ async def test_a_silently_dead_link_is_replaced_within_ten_seconds(
         await expect(connection).to_have_attribute("data-state", "connected")
         await expect(banner).to_be_hidden()
 
-        # 1. The link dies silently; new connections get through. Within 10 s the dead socket is noticed
-        #    and replaced, and the entry committed meanwhile (lost in the relay) arrives on the new one.
+        # 1. The link dies silently; new connections get through. The dead socket is noticed and replaced,
+        #    and the entry committed meanwhile (lost in the relay) arrives on the new one.
         accepted = relay.accepted
-        relay.stall()
-        await worker.progress(20, "p20")
-        await dashboard.wait_card("dead-1", "d.version === '3' && d.stale === 'false'", 10_000)
+        await replaced(page, relay, worker, 20, 3, STEP_S)
         await expect(connection).to_have_attribute("data-state", "connected")
         seen = await dashboard.seen()
         assert "reconnecting" in seen["connection"], seen["connection"]
@@ -191,19 +190,12 @@ async def test_a_silently_dead_link_is_replaced_within_ten_seconds(
 
         # 2. Offline, the link dies, online again: reconnectNow() must not trust the old socket (it asks
         #    with a deadline and replaces it), so the indicator does not stay "Offline".
-        await page.context.set_offline(True)
-        await expect(connection).to_have_attribute("data-state", "offline")
-        relay.stall()
-        await page.context.set_offline(False)
-        await worker.progress(30, "p30")
-        await dashboard.wait_card("dead-1", "d.version === '4' && d.stale === 'false'", 10_000)
+        await replaced_back_online(page, relay, worker, 30, 4, STEP_S)
         await expect(connection).to_have_attribute("data-state", "connected", timeout=1_000)
 
-        # 3. The link dies and the gateway stays out of reach: within 10 s the indicator says reconnecting,
-        #    a banner says the connection is lost, and the card says its data may be out of date.
-        relay.refuse = True
-        relay.stall()
-        await expect(connection).to_have_attribute("data-state", "reconnecting", timeout=10_000)
+        # 3. The link dies and the gateway stays out of reach: the indicator says reconnecting, a banner
+        #    says the connection is lost, and the card says its data may be out of date.
+        await noticed_out_of_reach(page, relay, STEP_S)
         await expect(banner).to_be_visible(timeout=1_000)
         await expect(banner).to_contain_text("Connection lost")
         await expect(card).to_have_attribute("data-stale", "true")

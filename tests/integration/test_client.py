@@ -10,16 +10,16 @@ import re
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import anyio
 import pytest
 from anyio.abc import ByteReceiveStream, Process
 
+from bench.checks.dead_link import watch_through_a_dead_link
 from gateway.client import Worker, watch
 from gateway.client.backoff import Backoff
 from gateway.client.watch import LinkStatus, WatchError
-from tests.support import Running, TcpProxy, create_task, http_client, running_gateway, wait_until
+from tests.support import STEP_S, Running, TcpProxy, create_task, http_client, running_gateway, wait_until
 
 TERMINAL = {"succeeded", "failed", "expired"}
 
@@ -184,46 +184,21 @@ async def test_gateway_watch_shows_the_task_and_exits_by_its_fate(
 
 
 @pytest.mark.anyio
-async def test_watch_replaces_a_silently_dead_link_within_ten_seconds(sqlite_url: str) -> None:
+async def test_watch_replaces_a_silently_dead_link(sqlite_url: str) -> None:
     """The link dies without a FIN (the relay stops forwarding both ways and closes nothing): ``watch``
-    notices by its pings, opens a new connection within 10 s, resumes from its cursor and ends with the
-    task exactly as the gateway has it; the change is reported once each way."""
+    notices by its pings, opens a new connection, resumes from its cursor and ends with the task exactly as
+    the gateway has it; the change is reported once each way. How soon (within 10 s) is no test, a loaded
+    machine can miss it: it is the bench check ``watch-dead-link`` (bench/checks/dead_link.py), whose
+    scenario this is."""
     async with running_gateway(sqlite_url) as gw, TcpProxy(port_of(gw)) as proxy:
-        made = await create_task(gw, "dead-link", ttl_ms=120_000, max_attempts=1)
-        statuses: list[LinkStatus] = []
-        versions: list[int] = []
-        last: dict[str, Any] = {}
-        async with Worker(gw.url, "dead-link", made["callbackToken"]) as worker:
-            await worker.start("w1")
-            await worker.progress(10, "p10")
-            frames = watch(
-                proxy.url,
-                {"dead-link": made["subscribeToken"]},
-                backoff=Backoff(base_s=0.01, cap_s=0.1),
-                on_status=statuses.append,
-            )
-            with anyio.fail_after(30) as scope:
-                async for frame in frames:
-                    versions.extend(e["version"] for e in frame.get("events", ()))
-                    if frame["type"] in ("event", "snapshot", "caught-up"):
-                        versions.append(frame["version"])
-                    last = frame
-                    if frame["version"] == 2 and proxy.stalls == 0:
-                        proxy.stall()
-                        # Committed while the link is dead: what the old socket gets is lost in the relay.
-                        await worker.progress(20, "p20")
-                        await worker.progress(30, "p30")
-                        scope.deadline = anyio.current_time() + 10  # noticed, replaced, resumed in 10 s
-                    elif frame["version"] == 4:
-                        scope.deadline = anyio.current_time() + 20
-                        await worker.succeed("s3://results/dead-link", "sha256:0")
-        assert proxy.accepted == 2  # the dead socket was replaced by a new connection
-        assert sorted(set(versions)) == versions == [1, 2, 3, 4, 5], versions
-        final = (await gw.client.get("/v1/tasks/dead-link")).json()
-        assert last["task"] == final and final["state"] == "succeeded"
-        assert [s.connected for s in statuses] == [False, True], statuses
-        assert statuses[0].message.startswith(f"lost the connection to {proxy.url}"), statuses
-        assert statuses[1].message == f"reconnected to {proxy.url}"
+        watched = await watch_through_a_dead_link(gw.client, proxy, STEP_S)
+    assert proxy.accepted == 2  # the dead socket was replaced by a new connection
+    assert sorted(set(watched.versions)) == watched.versions == [1, 2, 3, 4, 5], watched.versions
+    assert watched.last["task"] == watched.final and watched.final["state"] == "succeeded"
+    statuses = watched.statuses
+    assert [s.connected for s in statuses] == [False, True], statuses
+    assert statuses[0].message.startswith(f"lost the connection to {proxy.url}"), statuses
+    assert statuses[1].message == f"reconnected to {proxy.url}"
 
 
 @pytest.mark.anyio
