@@ -35,6 +35,31 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # However the tests ended: every PostgreSQL database of this process (tests/support/databases.py).
     close_postgres_databases()
+    _every_test_ran(session, exitstatus)
+
+
+def _every_test_ran(session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
+    """A run that passes ran every test it collected: a scheduler that drops some (pytest-xdist's loadgroup
+    did, for tests that share an id) fails the run instead of passing it short. In the process that
+    reports (xdist's controller, or the only one)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if exitstatus != 0 or reporter is None or hasattr(session.config, "workerinput"):
+        return
+    if session.config.option.collectonly or session.shouldfail or session.shouldstop:
+        return
+    # One outcome a test: its call's, or its setup's where it never reached the call (a skip, an error).
+    outcomes = [
+        report
+        for kind in ("passed", "failed", "skipped", "error", "xfailed", "xpassed")
+        for report in reporter.stats.get(kind, [])
+        if getattr(report, "when", None) == "call"
+        or (getattr(report, "when", None) == "setup" and not report.passed)
+    ]
+    if len(outcomes) < session.testscollected:
+        reporter.write_line(
+            f"tests: {session.testscollected} collected, {len(outcomes)} ran: the run fails", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,8 @@ Two scenarios, each against a real server with ``subscription_backlog=32``:
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,18 +205,31 @@ async def run_stalled(db_url: str) -> Stalled:
     return out
 
 
-# The tests that read one stalled run, on one of the suite's processes (pyproject.toml: --dist loadgroup),
-# so that the run is made once, not once by every process that takes one of them.
-STALLED = pytest.mark.xdist_group("stalled-run")
-
-
 @pytest.fixture(scope="module")
-def stalled_run(tmp_path_factory: pytest.TempPathFactory) -> Stalled:
+def stalled_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Stalled:
+    """The stalled scenario, made once for the whole run: the suite's processes (pytest-xdist) each take
+    some of this module's tests, and the first to need the run makes it while the others wait, then read
+    what it saw (the run's own temporary folder, which they share). A run that fails is not kept: the next
+    process makes it again, and fails its own tests."""
+    if worker_id == "master":  # one process: nobody to share with
+        return made_stalled(tmp_path_factory)
+    shared = tmp_path_factory.getbasetemp().parent
+    with (shared / "stalled.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kept = shared / "stalled.pickle"
+        if kept.exists():
+            seen: Stalled = pickle.loads(kept.read_bytes())
+            return seen
+        seen = made_stalled(tmp_path_factory)
+        kept.write_bytes(pickle.dumps(seen))
+        return seen
+
+
+def made_stalled(tmp_path_factory: pytest.TempPathFactory) -> Stalled:
     db = Path(tmp_path_factory.mktemp("stalled")) / "gateway.db"
     return anyio.run(run_stalled, f"sqlite:///{db}")
 
 
-@STALLED
 def test_readers_get_every_entry_in_order_while_one_subscriber_is_stalled(stalled_run: Stalled) -> None:
     for checks in stalled_run.readers:
         for task_id, check in checks.items():
@@ -224,7 +239,6 @@ def test_readers_get_every_entry_in_order_while_one_subscriber_is_stalled(stalle
             check.assert_final(stalled_run.finals[task_id])
 
 
-@STALLED
 def test_the_stalled_subscribers_backlog_stays_bounded(stalled_run: Stalled) -> None:
     assert len(stalled_run.pending_samples) >= TASKS * ENTRIES_PER_TASK
     assert max(stalled_run.pending_samples) <= BACKLOG
@@ -233,7 +247,6 @@ def test_the_stalled_subscribers_backlog_stays_bounded(stalled_run: Stalled) -> 
     assert stalled_run.conflations >= 1
 
 
-@STALLED
 def test_the_stalled_connection_is_cut_and_what_reached_it_is_an_exact_prefix(stalled_run: Stalled) -> None:
     assert stalled_run.slow_consumers_metric.split()[-1] == "1.0"
     assert stalled_run.connections_after_cut == 3
@@ -243,7 +256,6 @@ def test_the_stalled_connection_is_cut_and_what_reached_it_is_an_exact_prefix(st
         assert 0 < check.version < stalled_run.finals[task_id]["version"]
 
 
-@STALLED
 def test_the_stalled_subscriber_reconnects_with_its_cursor_and_ends_exact(stalled_run: Stalled) -> None:
     for task_id, check in stalled_run.resumed.items():
         assert check.resume is not None
@@ -251,7 +263,6 @@ def test_the_stalled_subscriber_reconnects_with_its_cursor_and_ends_exact(stalle
         check.assert_final(stalled_run.finals[task_id])
 
 
-@STALLED
 def test_the_stalled_subscriber_is_told_4008_or_gets_a_conflated_snapshot(stalled_run: Stalled) -> None:
     conflated = sum(c.conflated for c in stalled_run.stalled.values())
     assert stalled_run.stalled_close_code == 4008 or conflated > 0, (
