@@ -24,7 +24,7 @@ from gateway.book.outcomes import CallbackOutcome, CallbackRequest, Delivery
 from gateway.bus.base import Bus, News
 from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.frames import event_frame
-from gateway.lease import heartbeat, lease_of, renewal, timed_out
+from gateway.lease import fence, heartbeat, lease_of, renewal, timed_out
 from gateway.machine import (
     Event,
     Resume,
@@ -311,11 +311,7 @@ class Book:
                         f"callbackId {request.callback_id!r} was already used with another body",
                     )
                 return CallbackOutcome(Transition(task, False, True, False, "duplicate-callback"), True), 0
-        if request.attempt is not None and request.attempt != task.attempts:
-            raise Conflict(
-                "stale-attempt",
-                f"attempt {request.attempt} is not the task's current attempt ({task.attempts})",
-            )
+        fence(task, request.attempt)
         if request.make_event is None:  # a heartbeat: it changes no entry of the task
             return CallbackOutcome(heartbeat(task), False), self.clock()
         now = self.clock()
