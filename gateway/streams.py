@@ -29,6 +29,8 @@ from gateway.lease import fence, heartbeat
 from gateway.machine import Task
 
 MAX_STREAMS: Final = 8
+# A stream's text at most, unless the settings say otherwise (GATEWAY_STREAM_MAX_BYTES).
+MAX_STREAM_BYTES: Final = 16 * 1024 * 1024
 NAME_PATTERN: Final = "^[a-z0-9_-]{1,32}$"
 _NAME = re.compile(NAME_PATTERN[1:-1])
 MAX_CHUNK_BYTES: Final = 64 * 1024
@@ -237,9 +239,10 @@ def read_start(head: Head | None, offset: int, *, same_history: bool = True) -> 
 
 def rows_to_read(head: Head | None, limit: int, page_bytes: int = PAGE_BYTES) -> int:
     """How many batches to read at once for a page of ``limit`` chunks and ``page_bytes``, by the stream's
-    average batch: enough for the page and one chunk past it in most cases, few past it."""
+    average batch: enough for the page and one chunk past it in most cases, few past it; two at least (a
+    read that goes on from a batch's end may find that batch again, and must find one more)."""
     if head is None or head.next_seq == 0:
-        return 1
+        return 2
     chunks_per = max(1, (head.next_offset - head.first_offset) // head.next_seq)
     bytes_per = max(1, head.size // head.next_seq)
     return max(2, min(limit + 1, -(-(limit + 1) // chunks_per) + 1, -(-page_bytes // bytes_per) + 2))

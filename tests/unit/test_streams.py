@@ -238,8 +238,8 @@ def test_a_stream_not_made_reads_from_0() -> None:
 
 
 def test_batches_to_read_at_once_follow_the_streams_average_batch() -> None:
-    assert rows_to_read(None, LIMIT) == 1
-    assert rows_to_read(replace(HEAD, next_seq=0), LIMIT) == 1
+    assert rows_to_read(None, LIMIT) == 2
+    assert rows_to_read(replace(HEAD, next_seq=0), LIMIT) == 2
     # 10 chunks of about 17 bytes in 3 batches: the chunk limit decides.
     assert rows_to_read(HEAD, 6) == 4
     # Big batches: the page's bytes decide.
