@@ -165,6 +165,24 @@ class ResumeAnswer(_Answer):
     events: list[EntryJson] = Field(description="the entries after the cursor, for a delta; else empty")
 
 
+# A worker's answers while its task runs with a heartbeat lease (a callback's, a stream append's).
+LeaseUntil = Annotated[
+    int | Absent,
+    Field(
+        description="while the task runs with a heartbeat lease: when it ends (epoch ms) unless renewed",
+        json_schema_extra=_drop_default,
+    ),
+]
+LeaseLength = Annotated[
+    int | Absent,
+    Field(
+        description="while the task runs with a heartbeat lease: the lease's length, which each callback, "
+        "heartbeat or stream append renews",
+        json_schema_extra=_drop_default,
+    ),
+]
+
+
 class CallbackAnswer(_Answer):
     changed: bool
     duplicate: bool
@@ -172,17 +190,8 @@ class CallbackAnswer(_Answer):
     notify: bool
     reason: Reason
     task: TaskJson
-    leaseUntilMs: int | Absent = Field(
-        default=None,
-        description="while the task runs with a heartbeat lease: when it ends (epoch ms) unless renewed",
-        json_schema_extra=_drop_default,
-    )
-    heartbeatMs: int | Absent = Field(
-        default=None,
-        description="while the task runs with a heartbeat lease: the lease's length, which each callback "
-        "or heartbeat renews",
-        json_schema_extra=_drop_default,
-    )
+    leaseUntilMs: LeaseUntil = None
+    heartbeatMs: LeaseLength = None
 
 
 class HeartbeatAnswer(_Answer):
@@ -272,16 +281,8 @@ class StreamAppended(_Answer):
     offset: int = Field(description="the offset of the batch's first chunk")
     nextOffset: int = Field(description="the offset after the batch's last chunk")
     duplicate: bool = Field(description="the batch was appended before (a retry): nothing was appended")
-    leaseUntilMs: int | Absent = Field(
-        default=None,
-        description="while the task runs with a heartbeat lease: when it ends (epoch ms) unless renewed",
-        json_schema_extra=_drop_default,
-    )
-    heartbeatMs: int | Absent = Field(
-        default=None,
-        description="while the task runs with a heartbeat lease: the lease's length",
-        json_schema_extra=_drop_default,
-    )
+    leaseUntilMs: LeaseUntil = None
+    heartbeatMs: LeaseLength = None
 
 
 class StreamPage(_Answer):
