@@ -13,8 +13,10 @@ the code once to its HTTP status (and, for sockets, to a close code)::
     ├── RequestTimeout          408 request-timeout (and the connection is closed)
     ├── Conflict                409 task-exists | key-reused-for-other-task | not-succeeded
     │                               | callback-id-reused | stale-attempt | history-full | not-running
-    │                               (not-running carries the task beside the error: ``task``)
-    ├── PayloadTooLarge         413 payload-too-large
+    │                               | seq-reused | seq-gap | too-many-streams
+    │                               (not-running carries the task beside the error: ``task``; seq-gap
+    │                               the seq a stream expects: ``expectedSeq``)
+    ├── PayloadTooLarge         413 payload-too-large | stream-full
     ├── UnsupportedMediaType    415 unsupported-media-type
     ├── RateLimited             429 rate-limited (with Retry-After)
     ├── Unavailable             503 unavailable (with Retry-After)
@@ -125,19 +127,30 @@ class RequestTimeout(GatewayError):
 class Conflict(GatewayError):
     """A 409 whose ``code`` names the conflict (task-exists, stale-attempt, ...). ``task``, the task's JSON
     where the conflict is about what became of it (``not-running``: a cancel, a requeue), goes in the body
-    beside ``error``, so that a worker learns why without another request."""
+    beside ``error``, so that a worker learns why without another request; so do ``extra`` fields (a
+    ``seq-gap``'s ``expectedSeq``)."""
 
     status = 409
     close_code = CLOSE_INVALID_REQUEST
 
-    def __init__(self, code: str, message: str, *, task: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        task: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(message, code=code)
         self.task = task
+        self.extra = extra
 
     def to_json(self) -> dict[str, Any]:
         body = super().to_json()
         if self.task is not None:
             body["task"] = dict(self.task)
+        if self.extra is not None:
+            body.update(self.extra)
         return body
 
 

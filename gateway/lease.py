@@ -48,6 +48,16 @@ def lease_of(task: Task, heartbeat_ms: int | None, until_ms: int | None) -> Leas
     return Lease(until_ms if heartbeat_ms is not None else None, heartbeat_ms)
 
 
+def fence(task: Task, attempt: int | None) -> None:
+    """``409 stale-attempt`` when a worker's ``attempt`` (``None``: a callback that carries none) is not the
+    task's current one: a worker whose attempt was requeued cannot write into the next one (its callbacks,
+    heartbeats and stream appends alike)."""
+    if attempt is not None and attempt != task.attempts:
+        raise Conflict(
+            "stale-attempt", f"attempt {attempt} is not the task's current attempt ({task.attempts})"
+        )
+
+
 def heartbeat(task: Task) -> Transition:
     """A heartbeat on ``task``, its attempt already matched: it renews only a running attempt, and changes
     nothing of the task (its answer is the lease, never this transition's reason). Else ``409

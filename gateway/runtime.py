@@ -20,6 +20,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from gateway.book.book import Book, Listeners
 from gateway.book.committer import Committer
+from gateway.book.stream_reads import StreamReads
 from gateway.book.tag_reads import TagReads
 from gateway.bus import Bus, bus_for
 from gateway.jobs.demo import run_demo_worker
@@ -72,7 +73,10 @@ class Gateway:
             max_history_versions=settings.max_history_versions,
             listeners=listeners,
             deadline_s=settings.db_deadline_ms / 1000,
+            stream_max_bytes=settings.stream_max_bytes,
         )
+        # Streams' reads (their totals, a page, a text), beside the book.
+        self.stream_reads = StreamReads(self.store, deadline_s=settings.db_deadline_ms / 1000)
         # Tags' reads (a tag's tasks, many resumes in one query), beside the book.
         self.tag_reads = TagReads(
             self.store, settings.retention_versions, deadline_s=settings.db_deadline_ms / 1000

@@ -76,6 +76,8 @@ _ENV = {
     "retain_finished_s": "GATEWAY_RETAIN_FINISHED_S",
     "ws_auth_deadline_s": "GATEWAY_WS_AUTH_DEADLINE_S",
     "worker_stable_s": "GATEWAY_WORKER_STABLE_S",
+    "stream_max_bytes": "GATEWAY_STREAM_MAX_BYTES",
+    "stream_backlog_bytes": "GATEWAY_STREAM_BACKLOG_BYTES",
 }
 # GATEWAY_* variables read elsewhere than the server's settings: `gateway watch`'s defaults, the tests'.
 _OTHER_VARIABLES = frozenset({"GATEWAY_URL", "GATEWAY_TOKEN", "GATEWAY_TEST_PG_URL"})
@@ -186,6 +188,12 @@ class Settings(BaseModel):
     # --workers: a worker that lived this long before it died counts as stable, and its slot's restart
     # delay starts again from the first (gateway.server.workers.RestartBackoff).
     worker_stable_s: float = Field(60.0, gt=0)
+    # --- streams (protocol.md, Streams) ---
+    # The most a stream's text (its attempt's chunks, UTF-8) may hold: past it an append is 413 stream-full.
+    stream_max_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    # Live chunks one socket may hold unsent (merged as it falls behind): past it the socket is closed with
+    # 4008, and its client resumes from its offsets.
+    stream_backlog_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> Settings:

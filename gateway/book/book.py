@@ -18,13 +18,14 @@ from typing import Any, TypeVar
 
 import orjson
 
+from gateway.book.appends import Appends
 from gateway.book.drain import DEFAULT_LIMIT, Drained, Encode, drain
 from gateway.book.listeners import Listeners
 from gateway.book.outcomes import CallbackOutcome, CallbackRequest, Delivery
 from gateway.bus.base import Bus, News
 from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.frames import event_frame
-from gateway.lease import heartbeat, lease_of, renewal, timed_out
+from gateway.lease import fence, heartbeat, lease_of, renewal, timed_out
 from gateway.machine import (
     Event,
     Resume,
@@ -41,6 +42,7 @@ from gateway.machine import (
 )
 from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
 from gateway.store.db_deadline import DB_DEADLINE_S, shielded
+from gateway.streams import MAX_STREAM_BYTES
 
 __all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Listeners", "Notification", "Receipt"]
 
@@ -88,8 +90,10 @@ class Book:
         max_history_versions: int = 0,
         listeners: Listeners | None = None,
         deadline_s: float = DB_DEADLINE_S,
+        stream_max_bytes: int = MAX_STREAM_BYTES,
     ) -> None:
         self.store = store
+        self.stream_max_bytes = stream_max_bytes  # a stream's text at most (GATEWAY_STREAM_MAX_BYTES)
         # The longest one database operation may take (GATEWAY_DB_DEADLINE_MS), then TimeoutError (a 503).
         self.deadline_s = deadline_s
         self.clock = clock
@@ -252,7 +256,8 @@ class Book:
         body is a conflict), then ``attempt`` fencing, then the state machine. A callback id is remembered
         even when the event changed nothing, never when the event was rejected. The tasks are locked and
         the callback ids looked up once for the whole batch; the writes are set-based, the running
-        attempts' lease renewals (``gateway.lease``) among them.
+        attempts' lease renewals (``gateway.lease``) and the stream appends (``gateway.book.appends``)
+        among them.
         """
 
         async def work(
@@ -263,12 +268,17 @@ class Book:
             renewed: dict[str, int] = {}  # the leases the batch renews, by task
             ids = [r.callback_id for r in requests if r.callback_id is not None]
             digests = await tx.callback_digests(ids) if ids else {}
+            streamed = [r.task_id for r in requests if r.append is not None]
+            appends = await Appends.load(tx, streamed, self.stream_max_bytes)
             outcomes: list[CallbackOutcome | GatewayError] = []
             transitions: list[tuple[Transition, float]] = []
             seen: list[tuple[str, str, int, str]] = []
             for request in requests:
                 try:
-                    outcome, at = self._decide(request, tasks, digests)
+                    if request.append is None:
+                        outcome, at = self._decide(request, tasks, digests)
+                    else:
+                        outcome, at = await appends.decide(tasks.get(request.task_id), request), self.clock()
                 except GatewayError as exc:
                     outcomes.append(exc)
                     continue
@@ -288,6 +298,8 @@ class Book:
                     seen.append((request.callback_id, request.task_id, at, request.digest))
             await self._record_many(tx, commit, transitions)
             await tx.insert_callbacks(seen)
+            if streamed:
+                await tx.write_streams(appends.writes())
             await tx.renew_leases(list(renewed.items()))
             return outcomes, min(renewed.values(), default=None)
 
@@ -311,11 +323,7 @@ class Book:
                         f"callbackId {request.callback_id!r} was already used with another body",
                     )
                 return CallbackOutcome(Transition(task, False, True, False, "duplicate-callback"), True), 0
-        if request.attempt is not None and request.attempt != task.attempts:
-            raise Conflict(
-                "stale-attempt",
-                f"attempt {request.attempt} is not the task's current attempt ({task.attempts})",
-            )
+        fence(task, request.attempt)
         if request.make_event is None:  # a heartbeat: it changes no entry of the task
             return CallbackOutcome(heartbeat(task), False), self.clock()
         now = self.clock()
@@ -343,7 +351,7 @@ class Book:
                 raise UnknownTask(task_id)
             now = self.clock()
             transition = decide(stored.task, now)
-            await self._record(tx, commit, transition, notify_at_ms=now)
+            await self._record_many(tx, commit, [(transition, now)])
             return transition
 
         return await self._write(work)
@@ -456,12 +464,6 @@ class Book:
             news = News.creation(task)
             await self.bus.announce(tx, [news])
             commit.news.append(news)
-
-    async def _record(
-        self, tx: WriteTx, commit: _Commit, transition: Transition, *, notify_at_ms: float
-    ) -> None:
-        """Write a transition that has an entry, and announce it in the same transaction."""
-        await self._record_many(tx, commit, [(transition, notify_at_ms)])
 
     async def _record_many(
         self, tx: WriteTx, commit: _Commit, transitions: Sequence[tuple[Transition, float]]

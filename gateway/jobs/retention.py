@@ -1,6 +1,6 @@
 """Retention: a loop, owned by the app's lifespan, that deletes the tasks finished longer ago than
-``GATEWAY_RETAIN_FINISHED_S`` with everything they own (history, callback ids, receipts, notification), so
-that the database holds the live tasks and the recent past, not every task ever run.
+``GATEWAY_RETAIN_FINISHED_S`` with everything they own (history, streams, callback ids, receipts,
+notification), so that the database holds the live tasks and the recent past, not every task ever run.
 
 A task's age is counted from ``finished_at_ms``, written with the transition that ended it (its terminal
 entry's time, the notification's ``atMs``, by the gateway's clock). It is deleted only once its
@@ -37,7 +37,7 @@ log = logging.getLogger("gateway.retention")
 
 Clock = Callable[[], int]
 
-# Tasks deleted per transaction (each with its entries, callback ids, receipts and notification).
+# Tasks deleted per transaction (each with its entries, streams, callback ids, receipts and notification).
 RETENTION_BATCH = 200
 # The longest and the shortest time between passes; between them, a tenth of the retention.
 MAX_INTERVAL_S = 60.0

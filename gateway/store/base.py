@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from gateway.machine import Task, Transition
+from gateway.streams import Batch, Head
 
 R = TypeVar("R")
 
@@ -77,6 +78,19 @@ class Outgoing:
     notification: Notification
     # Tries so far, this one included (1 on the first).
     attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamWrites:
+    """The stream appends of one transaction as rows (``gateway.book.appends`` makes them): the heads of the
+    streams they made and of those they moved on, by task id; their batches (task id, stream, batch); and,
+    for an attempt's first append to a stream an earlier attempt wrote, where the batches it drops end
+    (task id, stream, the new attempt's first offset: the stored batches before it go)."""
+
+    made: Sequence[tuple[str, Head]] = ()
+    moved: Sequence[tuple[str, Head]] = ()
+    batches: Sequence[tuple[str, str, Batch]] = ()
+    dropped: Sequence[tuple[str, str, int]] = ()
 
 
 class ReadTx(Protocol):
@@ -143,6 +157,16 @@ class ReadTx(Protocol):
         ``gateway.machine.resume_mode``). One statement for the whole map, whatever its size (PostgreSQL:
         two arrays; SQLite: one JSON object), not one per task."""
 
+    async def stream_heads(self, task_ids: Sequence[str]) -> dict[str, list[Head]]:
+        """The streams of each of these tasks that has one, by name (their running totals)."""
+
+    async def stream_batches(self, task_id: str, name: str, start: int, limit: int) -> list[Batch]:
+        """Up to ``limit`` batches of a stream in offset order, from the one that holds ``start`` (or, when
+        none does, the first): one range of its key, however long the stream."""
+
+    async def stream_batch(self, task_id: str, name: str, attempt: int, seq: int) -> Batch | None:
+        """The stored batch ``seq`` of the stream's attempt ``attempt``, or ``None``."""
+
 
 class WriteTx(ReadTx, Protocol):
     async def lock_task(self, task_id: str) -> StoredTask | None:
@@ -166,6 +190,10 @@ class WriteTx(ReadTx, Protocol):
         """Several ``record`` calls (transition, encoded event, notification time), in order, as set-based
         statements: one task row write per task (from its version before the first to its last state),
         every entry, every notification. Several transitions of one task follow each other's versions."""
+
+    async def write_streams(self, writes: StreamWrites) -> None:
+        """Store a transaction's stream appends (their tasks locked by it): drop the batches of earlier
+        attempts, insert the new batches, insert the heads made and update those moved."""
 
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
         """Up to ``limit`` live tasks past their deadline, earliest first, locked; rows another transaction
@@ -238,8 +266,8 @@ class WriteTx(ReadTx, Protocol):
         together take different tasks."""
 
     async def forget(self, task_ids: Sequence[str]) -> int:
-        """Delete these tasks and everything they own (``queries.TASK_OWNED``: history, callback ids,
-        receipts, notifications); how many tasks there were."""
+        """Delete these tasks and everything they own (``queries.TASK_OWNED``: history, streams, callback
+        ids, receipts, notifications); how many tasks there were."""
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         """Messages delivered to the channel's listeners, in order, when (and only if) this transaction

@@ -14,9 +14,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from gateway.machine import Task, Transition
-from gateway.store.base import DrainBatch, Notification, Outgoing, Receipt, StoredTask, StoreRace, WriteTx
+from gateway.store.base import (
+    DrainBatch,
+    Notification,
+    Outgoing,
+    Receipt,
+    StoredTask,
+    StoreRace,
+    StreamWrites,
+    WriteTx,
+)
 from gateway.store.priority_lock import PriorityLock
 from gateway.store.tables import ACTIVE_STATES
+from gateway.streams import Batch, Head
 
 R = TypeVar("R")
 
@@ -39,6 +49,8 @@ class _Data:
     drain_batches: dict[str, DrainBatch] = field(default_factory=dict)
     # When each terminal task finished (``tasks.finished_at_ms``).
     finished: dict[str, int] = field(default_factory=dict)
+    # Each task's streams by name: its head, and its batches in offset order.
+    streams: dict[str, dict[str, tuple[Head, list[Batch]]]] = field(default_factory=dict)
 
     def untaken(self, *, relay: bool) -> set[str]:
         """The tasks with a notification nobody took: not drained, nor relayed when ``relay``."""
@@ -59,12 +71,14 @@ class _Data:
             set(self.outbox_keys),
             dict(self.relay),
             dict(self.finished),
+            dict(self.streams),
         )
         gone = {i for i, n, _ in self.outbox if n.task_id in task_ids}
         for task_id in task_ids:
             self.tasks.pop(task_id, None)
             self.entries.pop(task_id, None)
             self.finished.pop(task_id, None)
+            self.streams.pop(task_id, None)
         self.callbacks = {k: v for k, v in self.callbacks.items() if v[1] not in task_ids}
         self.receipts = {k: r for k, r in self.receipts.items() if r.task_id not in task_ids}
         self.outbox = [row for row in self.outbox if row[0] not in gone]
@@ -81,6 +95,7 @@ class _Data:
                 self.outbox_keys,
                 self.relay,
                 self.finished,
+                self.streams,
             ) = saved
 
         return undo
@@ -217,6 +232,34 @@ class MemoryTx:
             missed = [(v, raw) for v, raw in self.data.entries[task_id] if cursor < v <= task.version]
             found[task_id] = (task, missed if within else [])
         return found
+
+    async def stream_heads(self, task_ids: Sequence[str]) -> dict[str, list[Head]]:
+        found = {i: self.data.streams.get(i, {}) for i in set(task_ids)}
+        return {i: [found[i][name][0] for name in sorted(found[i])] for i in sorted(found) if found[i]}
+
+    async def stream_batches(self, task_id: str, name: str, start: int, limit: int) -> list[Batch]:
+        batches = self.data.streams.get(task_id, {}).get(name, (None, []))[1]
+        holding = [i for i, batch in enumerate(batches) if batch.offset <= start]
+        first = holding[-1] if holding else 0
+        return batches[first : first + limit]
+
+    async def stream_batch(self, task_id: str, name: str, attempt: int, seq: int) -> Batch | None:
+        batches = self.data.streams.get(task_id, {}).get(name, (None, []))[1]
+        return next((b for b in batches if (b.attempt, b.seq) == (attempt, seq)), None)
+
+    async def write_streams(self, writes: StreamWrites) -> None:
+        saved = {task_id: dict(found) for task_id, found in self.data.streams.items()}
+        self.undo.append(lambda: setattr(self.data, "streams", saved))
+        streams = self.data.streams
+        for task_id, name, before in writes.dropped:
+            head, batches = streams[task_id][name]
+            streams[task_id][name] = (head, [b for b in batches if b.offset >= before])
+        for task_id, head in (*writes.made, *writes.moved):
+            held = streams.setdefault(task_id, {}).get(head.name)
+            streams[task_id][head.name] = (head, held[1] if held is not None else [])
+        for task_id, name, batch in writes.batches:
+            head, batches = streams[task_id][name]
+            streams[task_id][name] = (head, [*batches, batch])
 
     async def lock_task(self, task_id: str) -> StoredTask | None:
         return self.data.tasks.get(task_id)

@@ -50,9 +50,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.machine import Task, Transition
 from gateway.store import queries as q
-from gateway.store.base import StoredTask, StoreRace
+from gateway.store.base import StoredTask, StoreRace, StreamWrites
 from gateway.store.tables import task_values
-from gateway.store.transaction import SqlTx, finished, spans, task_row
+from gateway.store.transaction import SqlTx, finished, spans, stream_rows, task_row
 
 # The longest a rollback may take before its connection is given up (invalidated) instead, within what is
 # left of the transaction's deadline.
@@ -263,6 +263,17 @@ class PgTx(SqlTx):
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         self._batch.notices.extend((channel, p) for p in payloads)
+
+    async def write_streams(self, writes: StreamWrites) -> None:
+        # One statement: the drops, the batches and the heads (made, then moved with their key first).
+        drops, batches, made, moved = (rows for _, rows in stream_rows(writes))
+        moved = [(*row[-2:], *row[:-2]) for row in moved]
+        params = [
+            column
+            for rows, width in ((drops, 3), (batches, 9), (made, 9), (moved, 9))
+            for column in _arrays(rows, width)
+        ]
+        await self.run(q.pg_write_streams(), params)
 
     async def flush(self) -> None:
         """Send the writes held so far, in one statement."""

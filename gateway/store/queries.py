@@ -44,6 +44,8 @@ from gateway.store.tables import (
     callbacks,
     entries,
     outbox,
+    stream_batches,
+    streams,
     tasks,
 )
 
@@ -177,6 +179,30 @@ CALLBACK_COLUMNS = ("callback_id", "task_id", "at_ms", "digest")
 DIGESTS = "SELECT callback_id, digest FROM callbacks WHERE {ids}"
 INSERT_CALLBACK = _insert("callbacks", CALLBACK_COLUMNS)
 
+# --- streams (gateway.streams): a row of running totals per stream, a row per appended batch ---------------
+
+# A head's columns in ``gateway.streams.Head``'s order, and a batch's in ``Batch``'s.
+HEAD_COLUMNS = (
+    "name", "attempt", "first_offset", "next_offset", "text_bytes", "next_seq", "last_offset", "last_digest"
+)  # fmt: skip
+BATCH_COLUMNS = ("first_offset", "count", "attempt", "seq", "chunk_bytes", "digest", "chunks")
+STREAM_HEADS = f"SELECT task_id, {', '.join(HEAD_COLUMNS)} FROM streams WHERE {{ids}} ORDER BY task_id, name"
+# From the batch that holds an offset (the last that starts at or before it: one probe of the key, read
+# backwards), then those after it: one range of the key.
+_BATCH = f"SELECT {', '.join(BATCH_COLUMNS)} FROM stream_batches WHERE task_id = ? AND stream = ?"
+STREAM_BATCHES = (
+    f"{_BATCH} AND first_offset >= COALESCE((SELECT max(first_offset) FROM stream_batches "
+    "WHERE task_id = ? AND stream = ? AND first_offset <= ?), 0) ORDER BY first_offset LIMIT ?"
+)
+# A retry of an earlier batch than the last (rare: a worker sends one batch at a time): the stream's range
+# of the key, filtered.
+STREAM_BATCH = f"{_BATCH} AND attempt = ? AND seq = ?"
+DROP_BATCHES = "DELETE FROM stream_batches WHERE task_id = ? AND stream = ? AND first_offset < ?"
+INSERT_BATCH = _insert("stream_batches", ("task_id", "stream", *BATCH_COLUMNS))
+INSERT_STREAM = _insert("streams", ("task_id", *HEAD_COLUMNS))
+_MOVED = ", ".join(f"{name} = ?" for name in HEAD_COLUMNS[1:])
+UPDATE_STREAM = f"UPDATE streams SET {_MOVED} WHERE task_id = ? AND name = ?"
+
 # --- receipts ---------------------------------------------------------------------------------------------
 
 RECEIPT_COLUMNS = ("task_id", "result_ref", "result_hash", "idempotency_key", "delivered_at_ms")
@@ -224,6 +250,8 @@ RELAY_LATER = "UPDATE outbox SET relay_next_at_ms = ? WHERE id = ? AND relayed_a
 # keyed by task id joins by adding its line here (and its part to the in-memory twin's ``_Data.forget``).
 TASK_OWNED = (
     ("entries", "task_id"),
+    ("streams", "task_id"),
+    ("stream_batches", "task_id"),
     ("task_tags", "task_id"),
     ("callbacks", "task_id"),
     ("deliveries", "task_id"),
@@ -293,6 +321,25 @@ PG_RENEW_LEASES = (
 PG_DIGESTS = (
     "SELECT i.id, (SELECT digest FROM callbacks WHERE callback_id = i.id) FROM unnest(?::text[]) AS i(id)"
 )
+
+
+@functools.cache
+def pg_write_streams() -> str:
+    """A transaction's stream appends as one statement (``store.base.StreamWrites``): the dropped batches,
+    the new ones, the heads made and those moved; its parameters one array per column of each, in that
+    order."""
+    head = ("task_id", *HEAD_COLUMNS)
+    assigned = ", ".join(f"{name} = v.{name}" for name in HEAD_COLUMNS[1:])
+    return (
+        "WITH dropped AS (DELETE FROM stream_batches AS b USING "
+        f"{_unnest(stream_batches, ('task_id', 'stream', 'first_offset'), ('task_id', 'stream', 'before'))} "
+        "WHERE b.task_id = v.task_id AND b.stream = v.stream AND b.first_offset < v.before), "
+        f"added AS (INSERT INTO stream_batches (task_id, stream, {', '.join(BATCH_COLUMNS)}) "
+        f"SELECT * FROM {_unnest(stream_batches, ('task_id', 'stream', *BATCH_COLUMNS))}), "
+        f"made AS (INSERT INTO streams ({', '.join(head)}) SELECT * FROM {_unnest(streams, head)}) "
+        f"UPDATE streams AS s SET {assigned} FROM {_unnest(streams, head, head)} "
+        "WHERE s.task_id = v.task_id AND s.name = v.name"
+    )
 
 
 @functools.lru_cache(maxsize=512)

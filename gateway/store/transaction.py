@@ -21,8 +21,9 @@ import orjson
 
 from gateway.machine import Task, Transition
 from gateway.store import queries as q
-from gateway.store.base import DrainBatch, Notification, Outgoing, Receipt, StoredTask
+from gateway.store.base import DrainBatch, Notification, Outgoing, Receipt, StoredTask, StreamWrites
 from gateway.store.tables import TASK_COLUMNS, changed_values, tags_text, task_from_row, task_values
+from gateway.streams import Batch, Head
 
 
 def spans(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, tuple[int, Task]]:
@@ -67,6 +68,40 @@ def resumes_from_rows(rows: Sequence[Sequence[Any]]) -> dict[str, tuple[Task, li
         if version is not None:
             held[1].append((version, event))
     return found
+
+
+def stream_rows(writes: StreamWrites) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """A transaction's stream appends as rows of the statements that write them, in the order they run:
+    ``DROP_BATCHES``, ``INSERT_BATCH``, ``INSERT_STREAM``, ``UPDATE_STREAM`` (its key last)."""
+    return [
+        (q.DROP_BATCHES, list(writes.dropped)),
+        (q.INSERT_BATCH, [(t, name, *_batch_row(b)) for t, name, b in writes.batches]),
+        (q.INSERT_STREAM, [(t, *_head_row(h)) for t, h in writes.made]),
+        (q.UPDATE_STREAM, [(*_head_row(h)[1:], t, h.name) for t, h in writes.moved]),
+    ]
+
+
+def _batch(row: Sequence[Any]) -> Batch:
+    """A row of ``queries.BATCH_COLUMNS`` (a driver's blobs as bytes)."""
+    return Batch(row[0], row[1], row[2], row[3], row[4], bytes(row[5]), bytes(row[6]))
+
+
+def _batch_row(batch: Batch) -> tuple[Any, ...]:
+    return (batch.offset, batch.count, batch.attempt, batch.seq, batch.size, batch.digest, batch.chunks)
+
+
+def _head_row(head: Head) -> tuple[Any, ...]:
+    """A head as the values of ``queries.HEAD_COLUMNS``."""
+    return (
+        head.name,
+        head.attempt,
+        head.first_offset,
+        head.next_offset,
+        head.size,
+        head.next_seq,
+        head.last_offset,
+        head.last_digest,
+    )
 
 
 class SqlTx:
@@ -178,6 +213,29 @@ class SqlTx:
         source, params = self.cursor_rows(cursors)
         rows = await self.fetch(q.RESUME_ROWS.format(cursors=source), (*params, retention_versions))
         return resumes_from_rows(rows)
+
+    # --- streams ------------------------------------------------------------------------------------------
+
+    async def stream_heads(self, task_ids: Sequence[str]) -> dict[str, list[Head]]:
+        found: dict[str, list[Head]] = {}
+        for condition, params in self.in_list("task_id", sorted({i for i in task_ids if "\x00" not in i})):
+            for row in await self.fetch(q.STREAM_HEADS.format(ids=condition), params):
+                head = Head(row[1], row[2], row[3], row[4], row[5], row[6], row[7], bytes(row[8]))
+                found.setdefault(row[0], []).append(head)
+        return found
+
+    async def stream_batches(self, task_id: str, name: str, start: int, limit: int) -> list[Batch]:
+        rows = await self.fetch(q.STREAM_BATCHES, (task_id, name, task_id, name, start, limit))
+        return [_batch(row) for row in rows]
+
+    async def stream_batch(self, task_id: str, name: str, attempt: int, seq: int) -> Batch | None:
+        rows = await self.fetch(q.STREAM_BATCH, (task_id, name, attempt, seq))
+        return _batch(rows[0]) if rows else None
+
+    async def write_streams(self, writes: StreamWrites) -> None:
+        for sql, rows in stream_rows(writes):
+            if rows:
+                await self.run_many(sql, rows)
 
     def cursor_rows(self, cursors: Mapping[str, int]) -> tuple[str, list[Any]]:
         """A map of task id -> cursor as the rows ``c(id, after)`` of ``queries.RESUME_ROWS``, with its

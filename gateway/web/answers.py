@@ -62,6 +62,10 @@ ErrorCode = Literal[
     "method-not-allowed",
     "unavailable",
     "too-many-sockets",
+    "seq-reused",
+    "seq-gap",
+    "too-many-streams",
+    "stream-full",
     "internal",
 ]
 
@@ -161,6 +165,24 @@ class ResumeAnswer(_Answer):
     events: list[EntryJson] = Field(description="the entries after the cursor, for a delta; else empty")
 
 
+# A worker's answers while its task runs with a heartbeat lease (a callback's, a stream append's).
+LeaseUntil = Annotated[
+    int | Absent,
+    Field(
+        description="while the task runs with a heartbeat lease: when it ends (epoch ms) unless renewed",
+        json_schema_extra=_drop_default,
+    ),
+]
+LeaseLength = Annotated[
+    int | Absent,
+    Field(
+        description="while the task runs with a heartbeat lease: the lease's length, which each callback, "
+        "heartbeat or stream append renews",
+        json_schema_extra=_drop_default,
+    ),
+]
+
+
 class CallbackAnswer(_Answer):
     changed: bool
     duplicate: bool
@@ -168,17 +190,8 @@ class CallbackAnswer(_Answer):
     notify: bool
     reason: Reason
     task: TaskJson
-    leaseUntilMs: int | Absent = Field(
-        default=None,
-        description="while the task runs with a heartbeat lease: when it ends (epoch ms) unless renewed",
-        json_schema_extra=_drop_default,
-    )
-    heartbeatMs: int | Absent = Field(
-        default=None,
-        description="while the task runs with a heartbeat lease: the lease's length, which each callback "
-        "or heartbeat renews",
-        json_schema_extra=_drop_default,
-    )
+    leaseUntilMs: LeaseUntil = None
+    heartbeatMs: LeaseLength = None
 
 
 class HeartbeatAnswer(_Answer):
@@ -240,6 +253,11 @@ class ErrorAnswer(_Answer):
         'attempt (cancelled: `failed` with `error: "cancelled"`)',
         json_schema_extra=_drop_default,
     )
+    expectedSeq: int | Absent = Field(
+        default=None,
+        description="with `seq-gap` only: the seq the stream expects next (a batch before is missing)",
+        json_schema_extra=_drop_default,
+    )
 
 
 class Status(_Answer):
@@ -253,3 +271,41 @@ class DemoStatus(_Answer):
 class DemoCreated(_Answer):
     task: TaskJson
     subscribeToken: str
+
+
+class StreamAppended(_Answer):
+    """A stream append's answer (protocol.md, Streams)."""
+
+    stream: str
+    attempt: int
+    offset: int = Field(description="the offset of the batch's first chunk")
+    nextOffset: int = Field(description="the offset after the batch's last chunk")
+    duplicate: bool = Field(description="the batch was appended before (a retry): nothing was appended")
+    leaseUntilMs: LeaseUntil = None
+    heartbeatMs: LeaseLength = None
+
+
+class StreamPage(_Answer):
+    """A page of a stream's chunks, from an offset."""
+
+    stream: str
+    epoch: str = Field(description="the task's epoch: send it with an offset (`offset:epoch`)")
+    attempt: int = Field(description="the attempt the chunks are of (0: a stream not made yet)")
+    offset: int = Field(description="the offset of the first chunk: the one asked, or its attempt's first")
+    chunks: list[str]
+    nextOffset: int = Field(description="the offset after the last chunk: ask it next")
+    more: bool = Field(description="chunks follow this page")
+    closed: bool = Field(description="the task has ended: no chunk is appended any more")
+
+
+class StreamInfo(_Answer):
+    name: str
+    attempt: int
+    nextOffset: int
+    bytes: int = Field(description="the size of the stream's text (its attempt's chunks) in UTF-8")
+    closed: bool
+
+
+class StreamList(_Answer):
+    epoch: str
+    streams: list[StreamInfo]

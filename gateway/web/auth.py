@@ -184,6 +184,20 @@ class Guard:
         claims = self._tokens.check(value, task_id, scope)
         return Grant(claims.tag, claims.exp)
 
+    def producer(self, conn: HTTPConnection, task_id: str) -> None:
+        """A stream append's credential (protocol.md, Streams): the task's callback token, or the API key
+        from the ``Authorization`` header; in open mode none, as on the management routes (a token that is
+        sent must still be the task's callback token)."""
+        value, from_header = credential(conn)
+        if value is None and self._api_key is None:
+            return
+        if value is not None and from_header and self._is_api_key(value):
+            return
+        if value is None:
+            raise Unauthorized("missing callback token (or the API key, in the Authorization header)")
+        self._no_api_key_from(value, "a URL")
+        self._tokens.check(value, task_id, "callback")
+
     def tag_credential(self, value: str | None, tag: str, *, where: str) -> float | None:
         """``value`` for subscribing to ``tag`` (``where``: the message it came in): a tag token for this
         tag (its ``exp`` is returned: the subscription ends then), or none in open mode (``None``). A tag

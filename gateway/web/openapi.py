@@ -18,6 +18,7 @@ import orjson
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from gateway.streams import NAME_PATTERN
 from gateway.web import answers
 from gateway.web.operations import (
     API_KEY,
@@ -32,11 +33,15 @@ from gateway.web.operations import (
     WEBSOCKETS,
     Operation,
 )
+from gateway.web.stream_wire import STREAM_OPERATIONS
+
+# Every route the document states: the table's, and the streams'.
+ALL_OPERATIONS = (*OPERATIONS, *STREAM_OPERATIONS)
 
 
 def _models() -> list[type[BaseModel]]:
     found: list[type[BaseModel]] = [answers.ErrorAnswer, *LIST_OF.values()]
-    for op in OPERATIONS:
+    for op in ALL_OPERATIONS:
         found += [m for m in op.answers.values() if m is not None]
         if op.body is not None:
             found.append(op.body)
@@ -58,6 +63,9 @@ def _parameters(op: Operation) -> list[dict[str, Any]]:
                 "schema": {"type": "string", "maxLength": 128},
             }
         )
+    if "{name}" in op.path:  # a task's stream (protocol.md, Streams)
+        name = {"type": "string", "pattern": NAME_PATTERN}
+        out.append({"name": "name", "in": "path", "required": True, "schema": name})
     if op.query is not None:
         schema = op.query.model_json_schema()
         required = set(schema.get("required", ()))
@@ -182,7 +190,7 @@ def openapi_document(version: str, *, open_mode: bool = False) -> dict[str, Any]
     gateway with no API key serves it (its routes' credentials are not those of a keyed one)."""
     schemas = copy.deepcopy(_schemas())
     paths: dict[str, dict[str, Any]] = {}
-    for op in OPERATIONS:
+    for op in ALL_OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op, open_mode)
     schemes = dict(SECURITY_SCHEMES)
     if open_mode:

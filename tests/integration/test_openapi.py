@@ -71,6 +71,11 @@ async def test_the_document_lists_exactly_the_apps_routes_and_is_valid(sqlite_ur
     read = open_doc["paths"]["/v1/tasks/{task_id}"]["get"]["security"]
     assert {} in read and {"subscribeToken": []} in read
     assert open_doc["paths"]["/v1/tasks/{task_id}/callbacks"]["post"]["security"] == [{"callbackToken": []}]
+    # A stream append takes the callback token or the API key; in open mode, none (or the callback token).
+    appends = "/v1/tasks/{task_id}/streams/{name}"
+    assert doc["paths"][appends]["post"]["security"] == [{"callbackToken": []}, {"apiKey": []}]
+    assert open_doc["paths"][appends]["post"]["security"] == []
+    assert {"tagToken": []} in doc["paths"][appends]["get"]["security"]
     reasons = doc["components"]["schemas"]["CallbackAnswer"]["properties"]["reason"]["enum"]
     assert "terminal-conflict" in reasons and "duplicate-callback" in reasons
 
@@ -163,6 +168,35 @@ async def test_every_answer_of_a_real_server_matches_its_schema(sqlite_url: str,
         check("/readyz", "get")(await c.get("/readyz"), 200)
         check("/v1/demo", "get")(await c.get("/v1/demo"), 200)
         check("/v1/demo/tasks", "post")(await c.post("/v1/demo/tasks"), 404)
+        # A task's streams: an append and its refusals, a page, the list, the text.
+        appends = task + "/streams/{name}"
+        await create_task(gw, "r-4", headers=KEY)
+        running = await c.post(
+            "/v1/tasks", json={"id": "r-4", "ttlMs": 600_000, "maxAttempts": 3}, headers=KEY
+        )
+        cb4 = bearer(running.json()["callbackToken"])
+        await post_callback(gw, "r-4", running.json()["callbackToken"], {"type": "start", "worker": "w"})
+        path4 = "/v1/tasks/r-4/streams/output"
+        batch = {"attempt": 1, "seq": 0, "chunks": ["a", "b"]}
+        check(appends, "post")(await c.post(path4, json=batch, headers=cb4), 200)
+        check(appends, "post")(await c.post(path4, json=batch, headers=cb4), 200)  # a duplicate
+        gap = await c.post(path4, json={**batch, "seq": 5}, headers=cb4)
+        check(appends, "post")(gap, 409)
+        assert gap.json()["expectedSeq"] == 1
+        check(appends, "post")(await c.post(path4, json={**batch, "attempt": 0}, headers=cb4), 409)
+        check(appends, "post")(await c.post("/v1/tasks/r-2/streams/output", json=batch, headers=cb), 409)
+        check(appends, "post")(await c.post(path4, json={**batch, "chunks": []}, headers=cb4), 400)
+        check(appends, "post")(await c.post(path4, json=batch), 401)
+        check(appends, "get")(await c.get(path4, params={"offset": 1, "limit": 1}, headers=KEY), 200)
+        check(appends, "get")(await c.get(path4, params={"offset": "x"}, headers=KEY), 400)
+        check(task + "/streams", "get")(await c.get("/v1/tasks/r-4/streams", headers=KEY), 200)
+        check(task + "/streams", "get")(await c.get("/v1/tasks/nope/streams", headers=KEY), 404)
+        text = await c.get("/v1/tasks/r-4/streams/output/text", headers=KEY)
+        assert (text.status_code, text.text) == (200, "ab")
+        documented = doc["paths"][appends + "/text"]["get"]["responses"]["200"]
+        assert list(documented["content"]) == ["text/plain; charset=utf-8"]
+        for name, header in documented["headers"].items():
+            jsonschema.validate(text.headers[name], header["schema"])
         tokens = "/v1/tokens"
         issued = await c.post(tokens, json={"tag": "owner:u42", "ttlS": 60}, headers=KEY)
         check(tokens, "post")(issued, 201)

@@ -68,6 +68,10 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/tasks/{task_id}/callbacks"): "callback",
     ("POST", "/v1/tasks/{task_id}/cancel"): "api-key",  # MINE has succeeded: terminal-conflict, a 200
     ("POST", "/v1/tasks/{task_id}/heartbeat"): "callback",
+    ("POST", "/v1/tasks/{task_id}/streams/{name}"): "producer",  # a stream append
+    ("GET", "/v1/tasks/{task_id}/streams/{name}"): "subscribe",
+    ("GET", "/v1/tasks/{task_id}/streams/{name}/text"): "subscribe",
+    ("GET", "/v1/tasks/{task_id}/streams"): "subscribe",
     ("POST", "/v1/tasks/{task_id}/deliveries"): "api-key",
     ("POST", "/v1/notifications/drain"): "api-key",
     ("POST", "/v1/tokens"): "api-key",
@@ -235,6 +239,8 @@ WITH_API_KEY: dict[str, dict[str, str | None]] = {
         "tag token with a sub": U,
     },
 }
+# A stream append takes the task's callback token or the API key (from the header only).
+WITH_API_KEY["producer"] = {**WITH_API_KEY["callback"], "API key": OK}
 # On /v1/ws the credential is the subscribe message's token: there is no header, URL or scheme for it. The
 # API key is not taken there (it is taken only from the Authorization header: a key has no business in a
 # browser's socket message).
@@ -262,6 +268,11 @@ OPEN_MODE: dict[str, dict[str, str | None]] = {
         "none": OK,
     },
     "callback": {n: c for n, c in WITH_API_KEY["callback"].items() if "API key" not in n},
+    # As the management routes: none taken; a token that is sent must be the task's callback token.
+    "producer": {
+        **{n: c for n, c in WITH_API_KEY["producer"].items() if "API key" not in n},
+        "none": OK,
+    },
     "subscribe-message": {
         **{n: c for n, c in WITH_API_KEY["subscribe-message"].items() if "API key" not in n},
         "none": OK,
@@ -287,6 +298,15 @@ SPECIAL: dict[tuple[bool, str, str, str], str] = {
         (open_mode, "POST", "/v1/tasks/{task_id}/heartbeat", column): "not-running"
         for open_mode in (False, True)
         for column in ("task token", "task token in URL")
+    },
+    # And the stream append's, with the API key and (open mode) none among them.
+    **{
+        (open_mode, "POST", "/v1/tasks/{task_id}/streams/{name}", column): "not-running"
+        for open_mode, column in (
+            *((mode, column) for mode in (False, True) for column in ("task token", "task token in URL")),
+            (False, "API key"),
+            (True, "none"),
+        )
     },
 }
 
@@ -319,7 +339,7 @@ async def _tokens(gw: Running, headers: dict[str, str] | None) -> dict[str, str]
 
 
 def _request(method: str, path: str, task_id: str) -> tuple[str, str, dict[str, Any]]:
-    url = path.replace("{task_id}", task_id)
+    url = path.replace("{task_id}", task_id).replace("{name}", "output")
     if path == "/static":
         url = "/static/gateway-client.js"
     kwargs: dict[str, Any] = {}
@@ -331,6 +351,8 @@ def _request(method: str, path: str, task_id: str) -> tuple[str, str, dict[str, 
         kwargs["json"] = {"event": {"type": "progress", "progress": 50, "cursor": "c"}}
     elif path.endswith("/heartbeat"):
         kwargs["json"] = {"attempt": 1}
+    elif path.endswith("/{name}") and method == "POST":
+        kwargs["json"] = {"attempt": 1, "seq": 0, "chunks": ["x"]}
     elif path == "/v1/tokens":
         kwargs["json"] = {"tag": "owner:u42"}
     elif path.endswith("/deliveries"):
@@ -432,7 +454,11 @@ async def run_matrix(
                 if column.name not in expected[kind] or (column.task != MINE and not names_a_task):
                     continue
                 want = SPECIAL.get((open_mode, method, path, column.name), expected[kind][column.name])
-                scope = None if kind == "api-key" else ("callback" if kind == "callback" else "subscribe")
+                scope = (
+                    None
+                    if kind == "api-key"
+                    else ("callback" if kind in ("callback", "producer") else "subscribe")
+                )
                 value = column.make(scope, tokens)
                 if method == "WS" and kind == "subscribe-message":
                     got = await message_cell(gw, column, value)

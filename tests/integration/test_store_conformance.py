@@ -22,6 +22,7 @@ import sqlalchemy
 
 from gateway.book.book import EXPIRY_BATCH, Book, CallbackRequest
 from gateway.book.drain import KEEP_MS, Drained
+from gateway.book.stream_reads import StreamReads, Text
 from gateway.book.tag_reads import TagReads
 from gateway.errors import GatewayError
 from gateway.jobs.retention import Retention
@@ -37,10 +38,11 @@ from gateway.machine import (
     expire_task,
 )
 from gateway.store import Database
-from gateway.store.base import DrainBatch, Receipt, Store, StoreRace, WriteTx
+from gateway.store.base import DrainBatch, Receipt, Store, StoreRace, StreamWrites, WriteTx
 from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
 from gateway.store.transaction import SqlTx
+from gateway.streams import Append, Batch, Chunks, Head, Page
 from gateway.web.render import notifications_body
 from tests.support import FakeClock, opened, postgres_database
 
@@ -1218,3 +1220,228 @@ async def test_a_page_by_tags_is_newest_first_after_its_place_every_tag_matching
     async with store.read() as reading:
         (whole,) = await reading.tagged_tasks(("project:7",), state="running", before=None, limit=10)
     assert whole == start.task  # the whole task, as stored
+
+
+# --- streams ------------------------------------------------------------------------------------------------
+
+
+def stream_batch(offset: int, *chunks: str, attempt: int = 1, seq: int = 0) -> Batch:
+    made = Chunks.of(list(chunks))
+    return Batch(offset, made.count, attempt, seq, made.size, made.digest, made.encoded)
+
+
+def head_after(name: str, first: int, batches: list[Batch]) -> Head:
+    last = batches[-1]
+    size = sum(b.size for b in batches)
+    return Head(
+        name, last.attempt, first, last.offset + last.count, size, last.seq + 1, last.offset, last.digest
+    )
+
+
+async def test_a_streams_batches_and_totals_read_back_as_written(store: Store) -> None:
+    """A stream's totals and batches, by task; batches from the one that holds an offset, a few at a time;
+    a batch by its attempt and seq; an attempt's first append dropping the earlier attempt's batches."""
+    await add(store, "t")
+    await add(store, "u")
+    out = [stream_batch(0, "a", "b"), stream_batch(2, "c", seq=1), stream_batch(3, "d", "e", "f", seq=2)]
+    log = [stream_batch(0, "x")]
+    async with store.write() as tx:
+        await tx.write_streams(
+            StreamWrites(
+                made=[("t", head_after("output", 0, out)), ("t", head_after("log", 0, log))],
+                batches=[*(("t", "output", b) for b in out), ("t", "log", log[0])],
+            )
+        )
+    async with store.read() as tx:
+        assert await tx.stream_heads(["t", "u", "nope"]) == {
+            "t": [head_after("log", 0, log), head_after("output", 0, out)]
+        }
+        assert await tx.stream_batches("t", "output", 0, 10) == out
+        assert await tx.stream_batches("t", "output", 1, 10) == out  # the batch holding 1 starts at 0
+        assert await tx.stream_batches("t", "output", 2, 10) == out[1:]
+        assert await tx.stream_batches("t", "output", 4, 1) == out[2:]
+        assert await tx.stream_batches("t", "output", 6, 10) == out[2:]  # the end: the last batch
+        assert await tx.stream_batches("t", "steps", 0, 10) == []
+        assert await tx.stream_batch("t", "output", 1, 1) == out[1]
+        assert await tx.stream_batch("t", "output", 2, 1) is None
+    # Attempt 2 appends: attempt 1's batches go, its own start at the next offset.
+    retry = [stream_batch(6, "Y", attempt=2)]
+    async with store.write() as tx:
+        await tx.write_streams(
+            StreamWrites(
+                moved=[("t", head_after("output", 6, retry))],
+                batches=[("t", "output", retry[0])],
+                dropped=[("t", "output", 6)],
+            )
+        )
+    async with store.read() as tx:
+        assert (await tx.stream_heads(["t"]))["t"][1] == head_after("output", 6, retry)
+        assert await tx.stream_batches("t", "output", 0, 10) == retry  # none holds 0: from the first
+        assert await tx.stream_batches("t", "log", 0, 10) == log
+
+
+async def test_a_rolled_back_append_leaves_the_stream_as_it_was(store: Store) -> None:
+    await add(store, "t")
+    first = [stream_batch(0, "a")]
+    async with store.write() as tx:
+        await tx.write_streams(
+            StreamWrites(made=[("t", head_after("output", 0, first))], batches=[("t", "output", first[0])])
+        )
+    more = stream_batch(1, "b", seq=1)
+    with pytest.raises(RuntimeError):
+        async with store.write() as tx:
+            await tx.write_streams(
+                StreamWrites(
+                    made=[("t", head_after("log", 0, [stream_batch(0, "x")]))],
+                    moved=[("t", head_after("output", 0, [*first, more]))],
+                    batches=[("t", "output", more), ("t", "log", stream_batch(0, "x"))],
+                    dropped=[("t", "output", 1)],
+                )
+            )
+            raise RuntimeError("never committed")
+    async with store.read() as tx:
+        assert await tx.stream_heads(["t"]) == {"t": [head_after("output", 0, first)]}
+        assert await tx.stream_batches("t", "output", 0, 10) == first
+
+
+async def test_a_tasks_streams_are_forgotten_with_it(store: Store) -> None:
+    await finished(store, "gone", at=5_000)
+    await add(store, "kept")
+    for task_id in ("gone", "kept"):
+        async with store.write() as tx:
+            batch = stream_batch(0, "a")
+            await tx.write_streams(
+                StreamWrites(
+                    made=[(task_id, head_after("output", 0, [batch]))], batches=[(task_id, "output", batch)]
+                )
+            )
+    async with store.write() as tx:
+        await tx.drain(6_000, 1_000)
+        assert await tx.forget(["gone"]) == 1
+    async with store.read() as tx:
+        assert list(await tx.stream_heads(["gone", "kept"])) == ["kept"]
+        assert await tx.stream_batches("gone", "output", 0, 10) == []
+        assert len(await tx.stream_batches("kept", "output", 0, 10)) == 1
+
+
+def appending(task_id: str, attempt: int, seq: int, *chunks: str, stream: str = "output") -> CallbackRequest:
+    return CallbackRequest(task_id, None, append=Append(stream, attempt, seq, Chunks.of(list(chunks))))
+
+
+def answers(outcomes: list[Any]) -> list[Any]:
+    """Each outcome as what a worker is told: an error's code, an append's (offset, next offset,
+    duplicate), a callback's reason."""
+    found: list[Any] = []
+    for outcome in outcomes:
+        if isinstance(outcome, GatewayError):
+            found.append(outcome.code)
+        elif outcome.appended is not None:
+            found.append((outcome.appended.offset, outcome.appended.next_offset, outcome.appended.duplicate))
+        else:
+            found.append(outcome.transition.reason)
+    return found
+
+
+async def test_appends_are_decided_with_the_callbacks_of_their_group_commit_in_arrival_order(
+    store: Store,
+) -> None:
+    """One transaction: appends and callbacks of one task, each answered as it arrived among them: the
+    attempt's batches, a retry of one, a gap, a requeue between them, the next attempt replacing the first's
+    text in that same transaction (the first's batches are never written), an append after the end."""
+    book = Book(store, FakeClock())
+    await book.create("t", 600_000, 3)
+    outcomes = await book.callbacks(
+        [
+            appending("t", 0, 0, "early"),
+            CallbackRequest("t", lambda now: Start(now, "w1")),
+            appending("t", 1, 0, "a", "b"),
+            appending("t", 1, 1, "c"),
+            appending("t", 1, 0, "a", "b"),
+            appending("t", 1, 0, "A", "b"),
+            appending("t", 1, 3, "e"),
+            CallbackRequest("t", lambda now: Fail(now, "boom", True), attempt=1),
+            appending("t", 1, 2, "d"),
+            CallbackRequest("t", lambda now: Start(now, "w2")),
+            appending("t", 1, 2, "d"),
+            appending("t", 2, 0, "X"),
+            appending("t", 2, 1, "Y", "Z"),
+            appending("t", 2, 1, "Y", "Z"),
+            appending("zz", 1, 0, "a"),
+        ]
+    )
+    assert answers(outcomes) == [
+        "not-running",
+        "started",
+        (0, 2, False),
+        (2, 3, False),
+        (0, 2, True),
+        "seq-reused",
+        "seq-gap",
+        "requeued",
+        "not-running",
+        "started",
+        "stale-attempt",
+        (3, 4, False),
+        (4, 6, False),
+        (4, 6, True),
+        "unknown-task",
+    ]
+    reads = StreamReads(store)
+    task, heads = await reads.heads("t")
+    assert (task.version, task.attempts) == (3, 2)  # appends add no entry
+    assert [(h.name, h.attempt, h.first_offset, h.next_offset, h.size, h.next_seq) for h in heads] == [
+        ("output", 2, 3, 6, 3, 2)
+    ]
+    assert (await reads.text("t", "output"))[1] == Text(2, 6, "XYZ")
+    async with store.read() as tx:
+        assert [b.attempt for b in await tx.stream_batches("t", "output", 0, 10)] == [2, 2]
+
+
+async def test_a_retry_of_an_earlier_batch_is_found_in_the_store_and_a_later_attempt_drops_the_stored(
+    store: Store,
+) -> None:
+    book = Book(store, FakeClock(), stream_max_bytes=5)
+    await book.create("t", 600_000, 2)
+    await book.callbacks([CallbackRequest("t", lambda now: Start(now, "w1"))])
+    for seq, chunk in enumerate(("ab", "c", "d")):
+        await book.callbacks([appending("t", 1, seq, chunk)])
+    outcomes = await book.callbacks(
+        [
+            appending("t", 1, 0, "ab"),
+            appending("t", 1, 1, "x"),
+            appending("t", 1, 3, "xy"),
+            appending("t", 1, 3, "x"),
+            appending("t", 1, 0, "a", stream="log"),
+        ]
+    )
+    assert answers(outcomes) == [(0, 1, True), "seq-reused", "stream-full", (3, 4, False), (0, 1, False)]
+    await book.callbacks([CallbackRequest("t", lambda now: Fail(now, "boom", True), attempt=1)])
+    await book.callbacks([CallbackRequest("t", lambda now: Start(now, "w2"))])
+    # The text starts over: the limit counts the new attempt's alone.
+    assert answers(await book.callbacks([appending("t", 2, 0, "12345")])) == [(4, 5, False)]
+    reads = StreamReads(store)
+    assert (await reads.text("t", "output"))[1] == Text(2, 5, "12345")
+    assert (await reads.text("t", "log"))[1] == Text(1, 1, "a")  # attempt 2 has not written to it
+    async with store.read() as tx:
+        assert [b.offset for b in await tx.stream_batches("t", "output", 0, 10)] == [4]
+
+
+async def test_a_page_is_read_a_few_batches_at_a_time_from_where_the_read_starts(store: Store) -> None:
+    book = Book(store, FakeClock())
+    task, _ = await book.create("t", 600_000, 1)
+    await book.callbacks([CallbackRequest("t", lambda now: Start(now, "w1"))])
+    for seq in range(30):
+        await book.callbacks([appending("t", 1, seq, f"{seq}a", f"{seq}b")])
+    reads = StreamReads(store)
+    _, page = await reads.page("t", "output", 0, None, 45)
+    assert (page.offset, page.next_offset, page.more) == (0, 45, True)
+    assert page.chunks[:3] == ["0a", "0b", "1a"] and page.chunks[-1] == "22a"
+    _, page = await reads.page("t", "output", 45, task.epoch, 1000)
+    assert page == Page(1, 45, [f"{i // 2}{'ab'[i % 2]}" for i in range(45, 60)], False)
+    assert (await reads.page("t", "output", 60, None, 10))[1] == Page(1, 60, [], False)
+    # Past the end, or of another history of the id: from the first chunk.
+    assert (await reads.page("t", "output", 61, None, 2))[1] == Page(1, 0, ["0a", "0b"], True)
+    assert (await reads.page("t", "output", 7, "another", 2))[1] == Page(1, 0, ["0a", "0b"], True)
+    assert (await reads.page("t", "log", 7, None, 2))[1] == Page(0, 0, [], False)
+    with pytest.raises(GatewayError, match="unknown task nope"):
+        await reads.page("nope", "output", 0, None, 10)

@@ -1,0 +1,305 @@
+"""A task's streams (protocol.md, Streams): what an append and a read decide. Pure: no I/O, no clock.
+
+A stream is a sequence of chunks at offsets counted over the task's whole life. The store keeps it as one
+row of running totals, its :class:`Head` (so that neither an append nor a read scans it), and one row per
+appended :class:`Batch`, its chunks together as the JSON array the wire carries (encoded once, on the way
+in, and sent as it is stored). Every stored batch is of the head's attempt: the first append of an attempt
+drops the earlier attempt's batches in its transaction (no read or subscription may send them again), so
+that a stream holds at most ``GATEWAY_STREAM_MAX_BYTES`` whatever its retries.
+
+An append is decided in protocol.md's order: the attempt fenced (``stale-attempt``, ``not-running``), then
+its ``seq`` against the batches the attempt has appended (taken, a duplicate answered as the first time,
+``seq-reused``, ``seq-gap``), then room (``too-many-streams``, ``stream-full``). A duplicate of an earlier
+batch than the last needs that batch's digest, which the store reads (:class:`Lookup`); the last one's is
+in the head. A read starts where :func:`read_start` says and is cut into pages by :func:`page_of`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import orjson
+
+from gateway.errors import Conflict, InvalidRequest, PayloadTooLarge
+from gateway.lease import fence, heartbeat
+from gateway.machine import Task
+
+MAX_STREAMS: Final = 8
+# A stream's text at most, unless the settings say otherwise (GATEWAY_STREAM_MAX_BYTES).
+MAX_STREAM_BYTES: Final = 16 * 1024 * 1024
+NAME_PATTERN: Final = "^[a-z0-9_-]{1,32}$"
+_NAME = re.compile(NAME_PATTERN[1:-1])
+MAX_CHUNK_BYTES: Final = 64 * 1024
+MAX_CHUNKS: Final = 1_000
+# An append's body as sent, at most (whatever GATEWAY_MAX_BODY_BYTES says): its chunks are no more.
+MAX_APPEND_BYTES: Final = 1024 * 1024
+# A seq and an offset are at most what a JavaScript client holds exactly.
+MAX_SEQ: Final = 2**53 - 1
+MAX_OFFSET: Final = 2**53 - 1
+# A page of a read (and a live chunks frame) holds at most this many bytes of chunks, or a single chunk.
+PAGE_BYTES: Final = 1024 * 1024
+DEFAULT_PAGE_CHUNKS: Final = 1_000
+MAX_PAGE_CHUNKS: Final = 10_000
+
+
+def check_name(name: str, field: str = "stream") -> str:
+    """``name`` when it is a stream's name, else ``400 invalid-request`` naming ``field``."""
+    if not _NAME.fullmatch(name):
+        raise InvalidRequest(
+            f"{field}: a stream's name is 1 to 32 characters of a-z 0-9 _ -, got {name[:40]!r}"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Chunks:
+    """The chunks of one append, as stored: the JSON array the wire carries, their number, their size in
+    UTF-8 and a digest of them (two appends with the same chunks have the same, whatever their escaping
+    in the body that carried them)."""
+
+    encoded: bytes
+    count: int
+    size: int
+    digest: bytes
+
+    @classmethod
+    def of(cls, chunks: object) -> Chunks:
+        """An append's ``chunks`` as parsed from its JSON body, checked: 1 to ``MAX_CHUNKS`` strings of 1
+        byte to ``MAX_CHUNK_BYTES`` in UTF-8 each; else ``400 invalid-request`` naming the chunk."""
+        if not isinstance(chunks, list) or not 1 <= len(chunks) <= MAX_CHUNKS:
+            raise InvalidRequest(f"chunks: must be an array of 1 to {MAX_CHUNKS} strings")
+        size = 0
+        for i, chunk in enumerate(chunks):
+            if not isinstance(chunk, str):
+                raise InvalidRequest(f"chunks[{i}]: must be a string")
+            length = len(chunk.encode())
+            if not 1 <= length <= MAX_CHUNK_BYTES:
+                raise InvalidRequest(
+                    f"chunks[{i}]: must be 1 to {MAX_CHUNK_BYTES} bytes in UTF-8, got {length}"
+                )
+            size += length
+        encoded = orjson.dumps(chunks)
+        return cls(encoded, len(chunks), size, hashlib.blake2b(encoded, digest_size=16).digest())
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A stream's running totals, as its row keeps them."""
+
+    name: str
+    # The attempt of its last append: its text is that attempt's chunks.
+    attempt: int
+    # The offset of that attempt's first chunk, and the one after its last chunk.
+    first_offset: int
+    next_offset: int
+    # That attempt's chunks' size in UTF-8 (the text's), and how many batches it appended (the seq next).
+    size: int
+    next_seq: int
+    # The attempt's last batch: where it starts and its digest (a retry of it needs no other read).
+    last_offset: int
+    last_digest: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One appended batch as stored: its chunks at offsets ``offset`` to ``offset + count - 1``."""
+
+    offset: int
+    count: int
+    attempt: int
+    seq: int
+    size: int
+    digest: bytes
+    chunks: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """An append asked of ``stream`` by the worker of ``attempt``."""
+
+    stream: str
+    attempt: int
+    seq: int
+    chunks: Chunks
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """An append's answer (protocol.md): its chunks' offsets; ``duplicate`` when appended before."""
+
+    stream: str
+    attempt: int
+    offset: int
+    next_offset: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """An append taken: the head after it and the batch to store. ``replaces``: it is its attempt's first
+    on a stream an earlier attempt wrote, whose batches (those before ``head.first_offset``) are dropped."""
+
+    head: Head
+    batch: Batch
+    replaces: bool
+
+    @property
+    def answer(self) -> Appended:
+        batch = self.batch
+        return Appended(self.head.name, batch.attempt, batch.offset, batch.offset + batch.count, False)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """The answer needs the stored batch ``seq`` of the stream's attempt (a retry of an earlier batch than
+    the last): read it and pass its offsets and digest to :func:`duplicate`."""
+
+    seq: int
+
+
+def decide_append(
+    task: Task, head: Head | None, append: Append, *, streams: int, max_bytes: int
+) -> Take | Appended | Lookup:
+    """What an append does to a stream (``head``: ``None`` for a stream not made yet) of ``task``, which has
+    ``streams`` streams: taken, answered as a duplicate, or a read first; else the error that refuses it."""
+    fence(task, append.attempt)
+    heartbeat(task)  # 409 not-running with the task, as a heartbeat's
+    same = head is not None and head.attempt == append.attempt
+    expected = head.next_seq if head is not None and same else 0
+    if append.seq > expected:
+        raise Conflict(
+            "seq-gap",
+            f"stream {append.stream}: seq {append.seq} of attempt {append.attempt} is past the next one, "
+            f"{expected}: a batch before it is missing",
+            extra={"expectedSeq": expected},
+        )
+    if append.seq < expected:
+        assert head is not None
+        if append.seq < expected - 1:
+            return Lookup(append.seq)
+        return duplicate(append, head.last_offset, head.next_offset, head.last_digest)
+    if head is None and streams >= MAX_STREAMS:
+        raise Conflict("too-many-streams", f"task {task.id} has {streams} streams, the most a task may have")
+    chunks = append.chunks
+    held = head.size if head is not None and same else 0
+    if held + chunks.size > max_bytes:
+        raise PayloadTooLarge(
+            f"stream {append.stream} holds {held} bytes: {chunks.size} more would take it past its limit "
+            f"of {max_bytes} (GATEWAY_STREAM_MAX_BYTES); nothing was appended",
+            code="stream-full",
+        )
+    offset = head.next_offset if head is not None else 0
+    first = head.first_offset if head is not None and same else offset
+    batch = Batch(
+        offset, chunks.count, append.attempt, append.seq, chunks.size, chunks.digest, chunks.encoded
+    )
+    after = Head(
+        append.stream,
+        append.attempt,
+        first,
+        offset + chunks.count,
+        held + chunks.size,
+        append.seq + 1,
+        offset,
+        chunks.digest,
+    )
+    return Take(after, batch, replaces=head is not None and not same)
+
+
+def duplicate(append: Append, offset: int, next_offset: int, digest: bytes) -> Appended:
+    """A retried append's answer, given the batch stored under its ``seq`` (its offsets and digest: the
+    head's last, or a :class:`Lookup`'s): the first answer again when its chunks are the same, else ``409
+    seq-reused``."""
+    if digest != append.chunks.digest:
+        raise Conflict(
+            "seq-reused",
+            f"stream {append.stream}: seq {append.seq} of attempt {append.attempt} was appended with other "
+            "chunks",
+        )
+    return Appended(append.stream, append.attempt, offset, next_offset, True)
+
+
+# --- reads ------------------------------------------------------------------------------------------------
+
+
+def read_start(head: Head | None, offset: int, *, same_history: bool = True) -> int:
+    """Where a read or a subscription asked from ``offset`` starts: there, unless it is before the first
+    chunk of the stream's attempt or past its end, or of another history of the task id (``same_history``
+    false), where it starts at that first chunk (0 for a stream not made yet)."""
+    if head is None:
+        return 0
+    if not same_history or not head.first_offset <= offset <= head.next_offset:
+        return head.first_offset
+    return offset
+
+
+def rows_to_read(head: Head | None, limit: int, page_bytes: int = PAGE_BYTES) -> int:
+    """How many batches to read at once for a page of ``limit`` chunks and ``page_bytes``, by the stream's
+    average batch: enough for the page and one chunk past it in most cases, few past it; two at least (a
+    read that goes on from a batch's end may find that batch again, and must find one more)."""
+    if head is None or head.next_seq == 0:
+        return 2
+    chunks_per = max(1, (head.next_offset - head.first_offset) // head.next_seq)
+    bytes_per = max(1, head.size // head.next_seq)
+    return max(2, min(limit + 1, -(-(limit + 1) // chunks_per) + 1, -(-page_bytes // bytes_per) + 2))
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A read's answer: ``chunks`` of ``attempt`` at ``offset``...; ``more`` when chunks follow them."""
+
+    attempt: int
+    offset: int
+    chunks: list[str]
+    more: bool
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + len(self.chunks)
+
+
+def page_of(
+    start: int,
+    batches: Sequence[Batch],
+    *,
+    attempt: int,
+    limit: int,
+    complete: bool,
+    page_bytes: int = PAGE_BYTES,
+) -> Page | None:
+    """The page a read from ``start`` answers, given the batches read so far (in offset order, the one that
+    holds ``start`` first, if any does); ``complete`` when they run to the stream's end. ``None`` when more
+    batches are needed to know it (the page is not full, or whether chunks follow it is not known).
+
+    The page holds the chunks of one attempt only: the batches of a read are not read at one instant, and
+    an attempt that started meanwhile stops it there (its chunks follow, and its answer's offset says so).
+    A page whose first batch is past ``start`` (an attempt started meanwhile, dropping the batches that
+    held it) starts at that batch. ``attempt``: the page's when it has no chunk (the stream's)."""
+    chunks: list[str] = []
+    offset, size, held_attempt = start, 0, attempt
+    for batch in batches:
+        items: list[str] = orjson.loads(batch.chunks)
+        if not chunks:
+            held_attempt = batch.attempt
+            offset = max(start, batch.offset)
+            items = items[offset - batch.offset :]
+        elif batch.attempt != held_attempt:
+            return Page(held_attempt, offset, chunks, True)
+        for item in items:
+            length = len(item.encode())
+            if len(chunks) == limit or (chunks and size + length > page_bytes):
+                return Page(held_attempt, offset, chunks, True)
+            chunks.append(item)
+            size += length
+    if not complete:
+        return None
+    return Page(held_attempt, offset, chunks, False)
+
+
+def text_of(batches: Sequence[Batch]) -> str:
+    """A stream's text: its batches' chunks joined (the batches of one attempt, in offset order)."""
+    return "".join(chunk for batch in batches for chunk in orjson.loads(batch.chunks))
