@@ -36,7 +36,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection
 from gateway.web import task_ids
 from gateway.web.openapi import openapi_document, package_version
 from tests.support import bearer
-from tests.support.examples import examples
+from tests.support.examples import every_example, examples
 from tests.support.threaded import ErrorLog, threaded_gateway
 
 API_KEY = "schemathesis-api-key"
@@ -47,12 +47,16 @@ MAX_EXAMPLES = examples(40)
 # before any fixture runs.
 DOCUMENT = openapi_document(package_version())
 OPEN_DOCUMENT = openapi_document(package_version(), open_mode=True)
-schema = schemathesis.openapi.from_dict(DOCUMENT)
-POSITIVE = SchemathesisConfig.from_dict({"generation": {"mode": "positive"}})
+# Schemathesis's coverage phase (every boundary case the document defines, as explicit examples made at
+# collection, by each of the suite's processes, whether it runs these tests or not) in CI's profile; a
+# developer's default run fuzzes each operation with its share of the examples (tests/support/examples.py).
+PHASES = {"phases": {"coverage": {"enabled": every_example()}}}
+schema = schemathesis.openapi.from_dict(DOCUMENT, config=SchemathesisConfig.from_dict(PHASES))
+POSITIVE = SchemathesisConfig.from_dict({"generation": {"mode": "positive"}, **PHASES})
 # Valid requests only, for the runs that put one of our tasks in the path: a generated request made invalid
 # there (a task id over maxLength, say) would no longer be invalid once the id is ours.
 valid_only = schemathesis.openapi.from_dict(DOCUMENT, config=POSITIVE)
-open_schema = schemathesis.openapi.from_dict(OPEN_DOCUMENT)
+open_schema = schemathesis.openapi.from_dict(OPEN_DOCUMENT, config=SchemathesisConfig.from_dict(PHASES))
 open_valid_only = schemathesis.openapi.from_dict(OPEN_DOCUMENT, config=POSITIVE)
 
 

@@ -22,6 +22,12 @@ def load_profile() -> None:
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 
+def every_example() -> bool:
+    """Whether the profile loaded is CI's (or asks for more): some generators (schemathesis's coverage
+    phase, every boundary case the document defines) run whole or not at all."""
+    return bool(settings().max_examples >= CI_EXAMPLES)
+
+
 def examples(n: int) -> int:
     """``n`` examples in CI's profile, the same share of it in the one loaded."""
     return max(1, n * settings().max_examples // CI_EXAMPLES)
