@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
@@ -192,14 +192,28 @@ class PgTx(SqlTx):
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> Sequence[Sequence[Any]]:
         await self.flush()
         self.unanswered = True
-        rows: Sequence[Sequence[Any]] = await self._conn.fetch(q.numbered(sql), *params)
+        with self._usable():
+            rows: Sequence[Sequence[Any]] = await self._conn.fetch(q.numbered(sql), *params)
         self.unanswered = False
         return rows
 
     async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
         await self.flush()
-        status: str = await self._conn.execute(q.numbered(sql), *params)
+        with self._usable():
+            status: str = await self._conn.execute(q.numbered(sql), *params)
         return int(status.rpartition(" ")[2])  # "UPDATE 3", "INSERT 0 1"
+
+    @contextmanager
+    def _usable(self) -> Iterator[None]:
+        """A connection whose protocol the driver finds in the middle of another operation (``cannot switch
+        to state 12; another operation (2) is in progress``: seen on a pooled connection when PostgreSQL
+        stopped, its error never followed by the end of it) can run nothing more: it is given up, and
+        what the caller is told is the database's unavailability (a 503 or a one-line warning), not a bug."""
+        try:
+            yield
+        except asyncpg.InternalClientError as exc:
+            self._conn.terminate()
+            raise ConnectionError(f"the connection to PostgreSQL cannot be used: {exc}") from exc
 
     def in_list(self, column: str, values: Sequence[Any]) -> Iterator[tuple[str, list[Any]]]:
         if values:

@@ -317,3 +317,35 @@ async def test_a_burst_of_reads_waits_for_kept_connections_instead_of_opening_ne
         assert opened_connections - before <= most, "reads opened connections past the kept ones"
     finally:
         await store.close()
+
+
+async def test_a_connection_the_driver_finds_mid_operation_is_unavailable_and_given_up(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncpg can find a pooled connection's protocol still in another operation's state (seen when
+    PostgreSQL stopped: ``cannot switch to state 12; another operation (2) is in progress``). The read
+    on it is the database being unavailable (a 503, the sweeper's one-line warning), not a bug with a
+    traceback; the connection is given up, and the next read, on a new one, works."""
+    store = SqlStore(Database(url, pool_size=1, max_overflow=0))
+    await store.open()
+    try:
+        broken: list[Any] = []
+        real_fetch = asyncpg.Connection.fetch
+
+        async def mid_operation(self: Any, *args: Any, **kwargs: Any) -> Any:
+            broken.append(self)
+            monkeypatch.setattr(asyncpg.Connection, "fetch", real_fetch)
+            raise asyncpg.InternalClientError(
+                "cannot switch to state 12; another operation (2) is in progress"
+            )
+
+        monkeypatch.setattr(asyncpg.Connection, "fetch", mid_operation)
+        with pytest.raises(Exception) as failed:
+            async with store.read() as tx:
+                await tx.task("t")
+        assert database_unavailable(failed.value), repr(failed.value)
+        assert [conn.is_closed() for conn in broken] == [True]
+        async with store.read() as tx:
+            assert await tx.task("t") is None
+    finally:
+        await store.close()
