@@ -93,3 +93,22 @@ def text_frame(payload: bytes) -> bytes:
     if n < 65536:
         return struct.pack("!BBH", 0x81, 126, n) + payload
     return struct.pack("!BBQ", 0x81, 127, n) + payload
+
+
+def chunks_frame(task_id: str, stream: str, attempt: int, offset: int, chunks: Sequence[str]) -> Frame:
+    """Chunks of one attempt of a task's stream, from ``offset`` (protocol.md, Live: chunks and end)."""
+    body = {
+        "type": "chunks",
+        "taskId": task_id,
+        "stream": stream,
+        "attempt": attempt,
+        "offset": offset,
+        "chunks": chunks,
+    }
+    return Frame("chunks", -1, orjson.dumps(body).decode())
+
+
+def end_frame(task_id: str, stream: str, offset: int) -> Frame:
+    """A task's stream is complete: ``offset`` is its final ``nextOffset``."""
+    body = {"type": "end", "taskId": task_id, "stream": stream, "offset": offset}
+    return Frame("end", -1, orjson.dumps(body).decode())

@@ -82,7 +82,7 @@ class Gateway:
             self.store, settings.retention_versions, deadline_s=settings.db_deadline_ms / 1000
         )
         # Tag subscriptions compare creation times, stamped by the book's clock, with their own.
-        self.hub = Hub(self.book, tags=self.tag_reads, wall=clock)
+        self.hub = Hub(self.book, tags=self.tag_reads, wall=clock, streams=self.stream_reads)
         # On PostgreSQL several batches commit at once, each on a connection of the pool.
         self.committer = Committer(
             self.book, concurrency=1 if self.db.is_sqlite else commits_in_flight(settings.workers)

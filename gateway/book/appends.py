@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.book.outcomes import CallbackOutcome, CallbackRequest
+from gateway.bus.base import News
 from gateway.errors import UnknownTask
 from gateway.lease import heartbeat
 from gateway.machine import Task
@@ -81,6 +82,15 @@ class Appends:
         if stored is None:  # every batch of the stream's attempt is kept: the store lost one
             raise RuntimeError(f"task {task_id}: batch {seq} of stream {append.stream} is missing")
         return stored
+
+    def news(self) -> list[News]:
+        """News of the batches taken, for the subscribers of their streams on every process: announced in
+        the transaction and published after its commit, as an entry's."""
+        return [
+            News.appended(task_id, name, b.attempt, b.offset, b.count, b.chunks)
+            for (task_id, name), batches in self._taken.items()
+            for b in batches
+        ]
 
     def writes(self) -> StreamWrites:
         """What the transaction writes of its appends."""

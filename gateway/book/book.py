@@ -221,7 +221,8 @@ class Book:
                     )
                 return existing.task, False
             await tx.insert_task(task, ttl_ms, now, heartbeat_ms)
-            await self._announce_created(tx, commit, task)
+            if task.tags:  # news for the subscribers of its tags in every process
+                await self._announce(tx, commit, [News.creation(task)])
             return task, True
 
         made, created = await self._write(work)
@@ -300,6 +301,7 @@ class Book:
             await tx.insert_callbacks(seen)
             if streamed:
                 await tx.write_streams(appends.writes())
+                await self._announce(tx, commit, appends.news())
             await tx.renew_leases(list(renewed.items()))
             return outcomes, min(renewed.values(), default=None)
 
@@ -457,13 +459,12 @@ class Book:
             return result
         raise AssertionError("unreachable")
 
-    async def _announce_created(self, tx: WriteTx, commit: _Commit, task: Task) -> None:
-        """News of a task created with tags, for the subscribers of its tags in every process: announced in
-        the creating transaction and published after its commit, as an entry is."""
-        if task.tags and self.bus is not None:
-            news = News.creation(task)
-            await self.bus.announce(tx, [news])
-            commit.news.append(news)
+    async def _announce(self, tx: WriteTx, commit: _Commit, news: Sequence[News]) -> None:
+        """Announce news (an entry, a task created with tags, an append) in its transaction (PostgreSQL's
+        NOTIFY), and publish it once that has committed."""
+        if self.bus is not None and news:
+            await self.bus.announce(tx, news)
+            commit.news.extend(news)
 
     async def _record_many(
         self, tx: WriteTx, commit: _Commit, transitions: Sequence[tuple[Transition, float]]
@@ -481,10 +482,7 @@ class Book:
         else:
             await tx.record_many(items)
         commit.notified += sum(1 for t, _, _ in items if t.notify)
-        if self.bus is not None:
-            news = [News.of(t.task, event_frame(t.task, encoded)) for t, encoded, _ in items]
-            await self.bus.announce(tx, news)
-            commit.news.extend(news)
+        await self._announce(tx, commit, [News.of(t.task, event_frame(t.task, e)) for t, e, _ in items])
 
 
 def _with(

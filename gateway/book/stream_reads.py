@@ -11,6 +11,7 @@ needs, never the whole stream; every method runs within the database deadline, w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.errors import UnknownTask
@@ -43,6 +44,13 @@ class StreamReads:
         async with self.store.read() as tx:
             task = await _task(tx, task_id)
             return task, (await tx.stream_heads([task_id])).get(task_id, [])
+
+    @shielded
+    async def next_offsets(self, task_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """The next offset of each stream of these tasks, by task and name (a task with none is left out)."""
+        async with self.store.read() as tx:
+            heads = await tx.stream_heads(task_ids)
+        return {task_id: {h.name: h.next_offset for h in found} for task_id, found in heads.items()}
 
     @shielded
     async def page(

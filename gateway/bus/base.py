@@ -44,6 +44,28 @@ def deployment_channel(deployment_id: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamRun:
+    """Chunks appended to a task's stream, committed (protocol.md, Streams): ``attempt``'s chunks at
+    ``offset`` to ``next_offset - 1``, as the stored JSON array (``encoded``) or decoded from a message
+    (``chunks``); neither in a bare wake-up, which says only that the stream reaches ``next_offset`` (a
+    batch too large for a message: the subscribers read it from the store)."""
+
+    stream: str
+    attempt: int
+    offset: int
+    next_offset: int
+    encoded: bytes | None = None
+    chunks: list[str] | None = None
+
+    def items(self) -> list[str] | None:
+        """The chunks, or ``None`` for a bare wake-up."""
+        if self.chunks is not None or self.encoded is None:
+            return self.chunks
+        chunks: list[str] = orjson.loads(self.encoded)
+        return chunks
+
+
+@dataclass(frozen=True, slots=True)
 class News:
     """A committed entry: ``version`` of ``task_id``; ``task`` and ``frame`` unless it is a bare wake-up.
     Or, ``created``, a task created with tags (no entry): ``task`` as created, ``frame`` its ``snapshot``
@@ -59,10 +81,19 @@ class News:
     # most of them of tasks it has no subscriber of, or its own commits heard again (gateway.live.hub reads
     # only those a subscriber here needs).
     task_json: Any = field(default=None, compare=False, repr=False)
+    # News of chunks appended to a stream of the task (no entry: ``version`` is -1).
+    run: StreamRun | None = None
 
     @classmethod
     def of(cls, task: Task, frame: Frame) -> News:
         return cls(task.id, task.version, task, frame)
+
+    @classmethod
+    def appended(
+        cls, task_id: str, stream: str, attempt: int, offset: int, count: int, encoded: bytes
+    ) -> News:
+        """News of a batch of ``count`` chunks (``encoded``: their JSON array) appended to ``stream``."""
+        return cls(task_id, -1, run=StreamRun(stream, attempt, offset, offset + count, encoded))
 
     @classmethod
     def creation(cls, task: Task) -> News:
@@ -82,7 +113,10 @@ class News:
 
     def encode(self) -> str:
         """The message text: the frame itself, or ``{"taskId", "version"}`` (and ``"created": true``) where it
-        does not fit."""
+        does not fit. News of chunks: ``{"type": "chunks", "taskId", "stream", "attempt", "offset",
+        "nextOffset", "chunks"}``, without ``chunks`` where they do not fit."""
+        if self.run is not None:
+            return _encode_run(self.task_id, self.run)
         if self.frame is not None and len(self.frame.text) <= MAX_PAYLOAD_BYTES // 4:
             return self.frame.text  # fast path: even 4-byte UTF-8 everywhere cannot pass the limit
         if self.frame is not None and len(self.frame.text.encode()) <= MAX_PAYLOAD_BYTES:
@@ -97,6 +131,8 @@ class News:
         """Parse a message; ``ValueError`` for one that is not a gateway message."""
         try:
             body = orjson.loads(text)
+            if body.get("type") == "chunks":
+                return cls(body["taskId"], -1, run=_decode_run(body))
             task_id, version = body["taskId"], body["version"]
             if not isinstance(task_id, str) or isinstance(version, bool) or not isinstance(version, int):
                 raise TypeError
@@ -115,6 +151,36 @@ class News:
             return cls(task_id, version, None, frame, task_json=task_json)  # the task: read() makes it
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise ValueError(f"not a gateway bus message: {exc!r}") from None
+
+
+def _encode_run(task_id: str, run: StreamRun) -> str:
+    head = b'{"type":"chunks","taskId":%b,"stream":%b,"attempt":%d,"offset":%d,"nextOffset":%d' % (
+        orjson.dumps(task_id),
+        orjson.dumps(run.stream),
+        run.attempt,
+        run.offset,
+        run.next_offset,
+    )
+    encoded = run.encoded if run.encoded is not None else orjson.dumps(run.chunks)
+    if len(head) + len(encoded) + 12 <= MAX_PAYLOAD_BYTES:
+        return (head + b',"chunks":' + encoded + b"}").decode()
+    return (head + b"}").decode()
+
+
+def _decode_run(body: dict[str, Any]) -> StreamRun:
+    task_id, stream, chunks = body["taskId"], body["stream"], body.get("chunks")
+    numbers = [body["attempt"], body["offset"], body["nextOffset"]]
+    if not isinstance(task_id, str) or not isinstance(stream, str):
+        raise TypeError
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in numbers):
+        raise TypeError
+    attempt, offset, next_offset = numbers
+    if chunks is not None:
+        if not isinstance(chunks, list) or not all(isinstance(c, str) for c in chunks):
+            raise TypeError
+        if offset + len(chunks) != next_offset:
+            raise ValueError
+    return StreamRun(stream, attempt, offset, next_offset, chunks=chunks)
 
 
 OnNews = Callable[[News], None]

@@ -50,6 +50,11 @@ class Run:
     size: int
     live: bool = True
 
+    @classmethod
+    def of(cls, attempt: int, offset: int, chunks: Sequence[str]) -> Run:
+        """A batch the bus brought."""
+        return cls(attempt, offset, chunks, sum(len(chunk.encode()) for chunk in chunks))
+
     @property
     def end(self) -> int:
         return self.offset + len(self.chunks)
@@ -91,6 +96,7 @@ class StreamOut:
     """One stream of one subscription, from the offset asked (protocol.md, Live: chunks and end)."""
 
     __slots__ = (
+        "_again",
         "_ended",
         "_final",
         "_held",
@@ -121,6 +127,8 @@ class StreamOut:
         self._in_flight = False
         self._final: int | None = None
         self._ended = False
+        # The bus said chunks were committed while a read was in flight: read once more after it.
+        self._again = False
 
     @property
     def reading(self) -> bool:
@@ -130,6 +138,23 @@ class StreamOut:
     def ended(self) -> bool:
         """Its ``end`` frame was handed out: nothing more comes of this stream."""
         return self._ended
+
+    @property
+    def ending(self) -> bool:
+        """The task ended: the stream's final offset is known."""
+        return self._final is not None
+
+    @property
+    def drained(self) -> bool:
+        """The task ended and every chunk up to its final offset was handed out: only the ``end`` is left
+        (or it was handed out too)."""
+        return self._final is not None and not self._queue and not self.reading and self.next >= self._final
+
+    def has_work(self, *, end: bool = True) -> bool:
+        """Whether :meth:`read` or :meth:`take` (``take(end=end)``) hands something out now."""
+        if self._queue or (self._want is not None and not self._in_flight):
+            return True
+        return end and self.drained and not self._ended
 
     @property
     def backlog(self) -> int:
@@ -158,7 +183,8 @@ class StreamOut:
         if chunks:
             size = sum(len(c.encode()) for c in chunks)
             self._put(Run(attempt, offset, chunks, size, live=False))
-        if more:
+        if more or self._again:
+            self._again = False
             self._want = self.next
             return
         held, self._held = sorted(self._held, key=lambda run: run.offset), []
@@ -170,12 +196,32 @@ class StreamOut:
                 return
         self._check_end()
 
+    def failed(self, read: ReadStream) -> None:
+        """The read was not made: it is due again."""
+        if self._in_flight:
+            self._in_flight = False
+            self._want = read.offset
+
     def live(self, run: Run) -> None:
-        """A batch the bus brought (committed), in whatever order and however often it comes."""
+        """A batch the bus brought (committed), in whatever order and however often it comes. Once the task
+        ended, the store is the truth: the final offset says what is left to read."""
+        if self._final is not None:
+            return
         if self.reading:
             self._hold(run)
             return
         self._accept(run)
+
+    def notice(self, next_offset: int) -> None:
+        """The bus or a check of the store says the stream reaches ``next_offset`` (a batch too large for a
+        message, or one whose message was lost): the store is read from the client's offset if it lacks
+        some. A read in flight may have begun before that commit: one more read follows it."""
+        if self._final is not None or next_offset <= self.next:
+            return
+        if self._in_flight:
+            self._again = True
+        elif self._want is None:
+            self._want = self.next
 
     def end(self, final: int) -> None:
         """The task ended: ``final`` is the stream's last ``nextOffset`` (0 for a stream not made)."""
@@ -183,9 +229,10 @@ class StreamOut:
         if not self.reading:
             self._check_end()
 
-    def take(self, max_bytes: int = PAGE_BYTES) -> ChunksOut | EndOut | None:
+    def take(self, max_bytes: int = PAGE_BYTES, *, end: bool = True) -> ChunksOut | EndOut | None:
         """The next frame to write: the queued chunks of one attempt, merged up to ``max_bytes`` (one run at
-        least), or, once every chunk up to the final offset was handed out, the ``end``."""
+        least), or, once every chunk up to the final offset was handed out (and ``end`` allows it), the
+        ``end``."""
         if self._queue:
             first = self._unqueue()
             chunks, size = list(first.chunks), first.size
@@ -194,7 +241,8 @@ class StreamOut:
                 chunks.extend(run.chunks)
                 size += run.size
             return ChunksOut(self.name, first.attempt, first.offset, chunks)
-        if self._final is not None and not self._ended and not self.reading and self.next >= self._final:
+        if end and self.drained and not self._ended:
+            assert self._final is not None
             self._ended = True
             return EndOut(self.name, self._final)
         return None
@@ -256,6 +304,25 @@ class Streams:
     def ended(self) -> bool:
         return all(stream.ended for stream in self.by_name.values())
 
+    @property
+    def drained(self) -> bool:
+        """Every stream's chunks up to its final offset were handed out: only the ``end`` frames are left."""
+        return all(stream.drained for stream in self.by_name.values())
+
+    def has_work(self, *, end: bool = True) -> bool:
+        return any(stream.has_work(end=end) for stream in self.by_name.values())
+
+    def read(self) -> ReadStream | None:
+        """The first store read due now, if any (one at a time, for a driver that makes one at a time)."""
+        for stream in self.by_name.values():
+            read = stream.read()
+            if read is not None:
+                return read
+        return None
+
+    def failed(self, read: ReadStream) -> None:
+        self.by_name[read.stream].failed(read)
+
     def reads(self) -> list[ReadStream]:
         """The store reads due now, at most one per stream."""
         return [read for stream in self.by_name.values() if (read := stream.read()) is not None]
@@ -265,12 +332,12 @@ class Streams:
         for name, stream in self.by_name.items():
             stream.end(finals.get(name, 0))
 
-    def take(self, max_bytes: int = PAGE_BYTES) -> ChunksOut | EndOut | None:
+    def take(self, max_bytes: int = PAGE_BYTES, *, end: bool = True) -> ChunksOut | EndOut | None:
         """The next frame of any stream, the streams taking turns (one that falls behind holds up none)."""
         streams = list(self.by_name.values())
         for i in range(len(streams)):
             stream = streams[(self._turn + i) % len(streams)]
-            frame = stream.take(max_bytes)
+            frame = stream.take(max_bytes, end=end)
             if frame is not None:
                 self._turn = (self._turn + i + 1) % len(streams)
                 return frame

@@ -27,18 +27,9 @@ from collections.abc import Mapping, Sequence
 from typing import Final, Generic, Protocol, TypeVar
 
 from gateway.frames import Frame, event_frame, resume_frame
-from gateway.live.peer import (
-    Entries,
-    NeedEntries,
-    NeedTask,
-    Peer,
-    Published,
-    Read,
-    Subscription,
-    TagSub,
-    replay,
-)
-from gateway.machine import Resume, Task
+from gateway.live.peer import Peer, Subscription, TagSub
+from gateway.live.published import Entries, NeedEntries, NeedTask, Published, Read, replay
+from gateway.machine import RECREATED, Resume, Task
 
 __all__ = [
     "Channel",
@@ -328,6 +319,8 @@ class Fanout(Generic[H]):
         if not sub.active:  # unsubscribed or released while the state was being read
             return None
         sub.peer.held()
+        if resume.reason == RECREATED and sub.streams is not None:  # not the client's task: from the first
+            sub.peer.stream_backlog += sub.streams.restart()
         sub.last = resume.task
         carried, sub.head = sub.head or (), None
         sub.put_head((*carried, *first, resume_frame(resume)))
@@ -339,8 +332,10 @@ class Fanout(Generic[H]):
         return channel if channel.outbox else None
 
     def remove(self, sub: Subscription[H]) -> None:
-        sub.active = False
         peer, owner = sub.peer, sub.owner
+        if sub.active and sub.streams is not None:  # its live chunks no longer wait for the connection
+            peer.stream_backlog -= sub.streams.outs.backlog
+        sub.active = False
         if peer.subscriptions.get(sub.task_id) is sub:
             del peer.subscriptions[sub.task_id]
             if owner is not None:

@@ -13,9 +13,11 @@ from collections.abc import Callable, Mapping
 
 from gateway.errors import CLOSE_NO_SUBSCRIPTION, CLOSE_SLOW_CONSUMER
 from gateway.frames import Frame, error_frame
-from gateway.live.fanout import NeedTask, Peer, Read, Subscription, TagSub
+from gateway.live.fanout import NeedTask, Peer, Subscription, TagSub
 from gateway.live.hub import BookReads, Connection, DirectWriter, Hub
+from gateway.live.published import STREAM_BACKLOG_BYTES, NeedEntries, NeedStream, PeerRead, SubStreams
 from gateway.live.tagging import NEW
+from gateway.streams import MAX_PAGE_CHUNKS
 
 __all__ = ["Feed"]
 
@@ -33,11 +35,16 @@ class Feed:
         backlog: int = 256,
         max_subscriptions: int = 1000,
         max_control: int = 256,
+        stream_backlog: int = STREAM_BACKLOG_BYTES,
     ) -> None:
         self.hub = hub
         self.book = book
         self.peer: Peer[Connection] = Peer(
-            self, backlog=backlog, max_subscriptions=max_subscriptions, max_control=max_control
+            self,
+            backlog=backlog,
+            max_subscriptions=max_subscriptions,
+            max_control=max_control,
+            max_stream_backlog=stream_backlog,
         )
         # Where the socket can be written to directly (gateway.server.ws_protocol); None for SSE and in tests.
         self.writer: DirectWriter | None = None
@@ -85,15 +92,22 @@ class Feed:
         self.hub.watch(self)
 
     async def subscribe(
-        self, task_id: str, cursor: int, epoch: str | None = None
+        self,
+        task_id: str,
+        cursor: int,
+        epoch: str | None = None,
+        streams: Mapping[str, int] | None = None,
     ) -> Subscription[Connection]:
         """Subscribe (replacing an earlier subscription to the same task) and queue the resume frame, from
-        ``cursor`` of the history ``epoch`` (``None``: a bare version).
+        ``cursor`` of the history ``epoch`` (``None``: a bare version), then the chunks of ``streams`` from
+        the offsets given.
 
         Raises ``UnknownTask`` or ``InvalidRequest`` (a bad cursor, too many subscriptions) with nothing
         left subscribed.
         """
         sub = self.hub.fanout.subscribe(self.peer, task_id)  # live entries collect from here on
+        if streams:
+            sub.streams = SubStreams(streams)  # and live chunks
         try:
             resume = await self.book.resume(task_id, cursor, epoch)
         except BaseException:
@@ -234,13 +248,25 @@ class Feed:
             else:
                 await self._read(step)
 
-    async def _read(self, read: Read) -> None:
+    async def _read(self, read: PeerRead) -> None:
         try:
             if isinstance(read, NeedTask):
                 self.peer.task_read(read, await self.book.get(read.task_id))
-            else:
+            elif isinstance(read, NeedEntries):
                 entries = await self.book.entries_between(read.task_id, read.after, read.upto)
                 self.peer.entries_read(read, entries)
+            else:
+                store = self.hub.streams
+                assert store is not None, "the hub reads no streams"
+                if isinstance(read, NeedStream):
+                    asked = read.read
+                    _, page = await store.page(
+                        read.task_id, asked.stream, asked.offset, None, MAX_PAGE_CHUNKS
+                    )
+                    self.peer.stream_read(read, page.attempt, page.offset, page.chunks, more=page.more)
+                else:
+                    offsets = await store.next_offsets([read.task_id])
+                    self.peer.finals_read(read, offsets.get(read.task_id, {}))
         except BaseException:
             self.peer.read_failed(read)
             raise

@@ -37,17 +37,19 @@ from typing import Protocol
 
 import anyio
 
-from gateway.bus.base import News
+from gateway.bus.base import News, StreamRun
 from gateway.errors import (
     CLOSE_INTERNAL_ERROR,
     GatewayError,
     one_line,
 )
+from gateway.live.chunks import Run
 from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription, TagSub
 from gateway.live.tagging import NEW, Tagging
 from gateway.machine import Resume, Task
+from gateway.streams import Page
 
-__all__ = ["BookReads", "Connection", "DirectWriter", "Hub", "TagStore"]
+__all__ = ["BookReads", "Connection", "DirectWriter", "Hub", "StreamStore", "TagStore"]
 
 log = logging.getLogger("gateway.hub")
 
@@ -89,6 +91,17 @@ class TagStore(Protocol):
     ) -> builtins.list[tuple[str, str, str]]: ...
 
     async def list(self, tag: str, limit: int) -> tuple[builtins.list[str], bool]: ...
+
+
+class StreamStore(Protocol):
+    """The reads of streams the hub and its feeds make (``gateway.book.stream_reads.StreamReads`` has
+    them)."""
+
+    async def page(
+        self, task_id: str, name: str, offset: int, epoch: str | None, limit: int
+    ) -> tuple[Task, Page]: ...
+
+    async def next_offsets(self, task_ids: Sequence[str]) -> dict[str, dict[str, int]]: ...
 
 
 def wall_clock_ms() -> int:
@@ -149,14 +162,17 @@ class Hub:
         monotonic: Callable[[], float] = time.monotonic,
         tags: TagStore | None = None,
         wall: Callable[[], int] = wall_clock_ms,
+        streams: StreamStore | None = None,
     ) -> None:
         """``clock`` times the flush slices; ``monotonic`` is the connections' clock, the one their deadlines
         are measured on (a send that makes no progress, a socket held to having a subscription): read by
         the watchdog and by the endpoints that start those deadlines (tests set it to move time by hand).
         ``tags`` reads tags (none: no tag subscription); ``wall`` is the clock tasks are created by
-        (milliseconds, the book's), that the tags' reconcile compares creation times with."""
+        (milliseconds, the book's), that the tags' reconcile compares creation times with; ``streams`` reads
+        streams (none: no subscription asks for one)."""
         self.book = book
         self.tags = tags
+        self.streams = streams
         self.wall = wall
         self.monotonic = monotonic
         self.fanout: Fanout[Connection] = Fanout()
@@ -187,6 +203,9 @@ class Hub:
     def receive(self, news: News) -> None:
         """A committed entry, or a task created with tags, heard on the bus (this process's or another's).
         Never waits."""
+        if news.run is not None:
+            self._appended(news.task_id, news.run)
+            return
         if news.created:
             self._flush_all(self.tagging.created(news.read()))
             return
@@ -197,6 +216,17 @@ class Hub:
                 self._flush_soon(channel)
         if self.fanout.reads_due:
             self._wakeup.set()
+
+    def _appended(self, task_id: str, appended: StreamRun) -> None:
+        """Chunks appended to a stream of ``task_id``, committed: to each subscription of the task that asked
+        for the stream (``gateway.live.peer``), whose writer sends them."""
+        channel = self.fanout.channels.get(task_id)
+        subs = [s for s in channel.subscriptions if s.streams] if channel is not None else []
+        chunks = appended.items() if subs else None
+        run = None if chunks is None else Run.of(appended.attempt, appended.offset, chunks)
+        for sub in subs:
+            if sub.peer.stream_live(sub, appended.stream, run, appended.next_offset):
+                sub.peer.handle.signal()
 
     def resync(self) -> None:
         """Messages may have been missed (the bus reconnected): check every task against the store."""
@@ -236,6 +266,14 @@ class Hub:
         ids = list(self.fanout.channels)
         for start in range(0, len(ids), RECONCILE_CHUNK):
             self.fanout.behind(await self.book.versions(ids[start : start + RECONCILE_CHUNK]))
+        if self.streams is not None:  # the streams' offsets too: an append's message may have been lost
+            channels = self.fanout.channels.values()
+            streamed = [c.task_id for c in channels if any(s.streams for s in c.subscriptions)]
+            for start in range(0, len(streamed), RECONCILE_CHUNK):
+                found = await self.streams.next_offsets(streamed[start : start + RECONCILE_CHUNK])
+                for task_id, offsets in found.items():
+                    for name, next_offset in offsets.items():
+                        self._appended(task_id, StreamRun(name, 0, next_offset, next_offset))
         started = self.wall()
         check = self.tagging.checks()
         if check is not None and self.tags is not None:

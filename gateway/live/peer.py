@@ -21,80 +21,28 @@ a bounded time and work whatever it sends (protocol.md, Close codes).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Generic, TypeAlias, TypeVar
 
-import orjson
-
 from gateway.errors import CLOSE_SLOW_CONSUMER, InvalidRequest
-from gateway.frames import Frame, event_frame, snapshot_frame, text_frame
-from gateway.machine import RECREATED, Task, apply_event, event_from_json
+from gateway.frames import Frame, snapshot_frame
+from gateway.live.chunks import Run
+from gateway.live.holding import Holding
+from gateway.live.published import (
+    STREAM_BACKLOG_BYTES,
+    Entries,
+    NeedEntries,
+    NeedFinals,
+    NeedStream,
+    NeedTask,
+    PeerRead,
+    Published,
+    SubStreams,
+    replay,
+)
+from gateway.machine import RECREATED, Task
 
 H = TypeVar("H")  # what the driver keeps with a connection (its socket, its writer): never looked at here
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class NeedTask:
-    """Read the task as stored now, and answer with ``task_read(this, task)``."""
-
-    task_id: str
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class NeedEntries:
-    """Read the history entries ``after < version <= upto`` in order, and answer with
-    ``entries_read(this, entries)``."""
-
-    task_id: str
-    after: int
-    upto: int
-
-
-# A read is answered by identity: an answer to a read that is no longer awaited (its subscription went,
-# or a newer read took its place) changes nothing, so reads may be answered late and in any order.
-Read: TypeAlias = NeedTask | NeedEntries
-Entries: TypeAlias = Sequence[tuple[int, bytes]]
-
-
-def replay(base: Task, entries: Entries) -> list[tuple[Task, Frame]]:
-    """The ``event`` frames of stored entries, each with the task after it, replayed from ``base`` with the
-    pure machine: as many as follow on from ``base`` (history is whole, so all of them; a short answer
-    stays exact all the same)."""
-    out: list[tuple[Task, Frame]] = []
-    task = base
-    for version, raw in entries:
-        task = apply_event(task, event_from_json(orjson.loads(raw))).task
-        if task.version != version:
-            break
-        out.append((task, event_frame(task, raw)))
-    return out
-
-
-class Published:
-    """A committed entry as every subscription of its task gets it: the task after it, its frame, and
-    that frame as WebSocket bytes, framed once for every socket written to directly."""
-
-    __slots__ = ("_conflated", "_wire", "frame", "task")
-
-    def __init__(self, task: Task, frame: Frame) -> None:
-        self.task = task
-        self.frame = frame
-        self._wire: bytes | None = None
-        self._conflated: bytes | None = None
-
-    @property
-    def conflated_wire(self) -> bytes:
-        """A ``snapshot`` (``reason: conflated``) of the task after this entry, as WebSocket bytes."""
-        if self._conflated is None:
-            self._conflated = text_frame(snapshot_frame(self.task, "conflated").text.encode())
-        return self._conflated
-
-    @property
-    def wire(self) -> bytes:
-        if self._wire is None:
-            self._wire = text_frame(self.frame.text.encode())
-        return self._wire
 
 
 class Subscription(Generic[H]):
@@ -110,6 +58,7 @@ class Subscription(Generic[H]):
         "peer",
         "pending",
         "queued",
+        "streams",
         "task_id",
     )
 
@@ -125,6 +74,7 @@ class Subscription(Generic[H]):
         self.conflated = False  # its backlog was dropped: a snapshot is due
         self.queued = False  # in its connection's turn order
         self.active = True
+        self.streams: SubStreams | None = None  # the streams it asked for, if any
 
     def put_head(self, frames: Sequence[Frame]) -> None:
         """Frames to send before the pending entries. The head is always empty then: the resume frame comes
@@ -153,13 +103,23 @@ class Subscription(Generic[H]):
         return -1 if self.last is None else self.last.version
 
     def has_work(self) -> bool:
-        return bool(self.head or self.pending or self.conflated)
+        if self.head or self.pending or self.conflated:
+            return True
+        # Its streams' steps, once the resume frame is out (then the state sent is known).
+        return self.streams is not None and self.streams.has_work(
+            self.last is not None and self.last.terminal
+        )
 
     @property
     def finished(self) -> bool:
-        """Its terminal state has been handed out: a terminal task gets no further entry, so anything
-        still in ``pending`` is a stale copy of what was already sent."""
-        return self.last is not None and self.last.terminal and not self.head
+        """Its terminal state has been handed out, and its streams' ``end`` frames: a terminal task gets no
+        further entry, so anything still in ``pending`` is a stale copy of what was already sent."""
+        return (
+            self.last is not None
+            and self.last.terminal
+            and not self.head
+            and (self.streams is None or self.streams.outs.ended)
+        )
 
 
 class TagSub(Generic[H]):
@@ -197,10 +157,10 @@ class TagSub(Generic[H]):
         self.active = True
 
 
-Step: TypeAlias = "tuple[Subscription[H] | None, Frame] | Read | None"
+Step: TypeAlias = "tuple[Subscription[H] | None, Frame] | PeerRead | None"
 
 
-class Peer(Generic[H]):
+class Peer(Holding, Generic[H]):
     """One connection: its subscriptions taking turns, its control frames, and whether a frame may be written
     to its socket directly now (nothing of it queued, being prepared or being sent)."""
 
@@ -211,27 +171,35 @@ class Peer(Generic[H]):
         "closing",
         "conflations",
         "control",
-        "deadline_s",
         "direct",
         "handle",
-        "idle_since",
         "max_control",
-        "max_refusals",
+        "max_stream_backlog",
         "max_subscriptions",
         "owned",
         "preparing",
         "reading",
-        "refusals",
+        "stream_backlog",
         "subscriptions",
         "tags",
         "writing_since",
     )
 
     def __init__(
-        self, handle: H, *, backlog: int = 256, max_subscriptions: int = 1000, max_control: int = 256
+        self,
+        handle: H,
+        *,
+        backlog: int = 256,
+        max_subscriptions: int = 1000,
+        max_control: int = 256,
+        max_stream_backlog: int = STREAM_BACKLOG_BYTES,
     ) -> None:
+        super().__init__()
         self.handle = handle
         self.backlog = backlog
+        # Bytes of live chunks waiting for this connection, of every stream of every subscription, at most.
+        self.max_stream_backlog = max_stream_backlog
+        self.stream_backlog = 0
         self.max_subscriptions = max_subscriptions
         self.max_control = max_control
         self.subscriptions: dict[str, Subscription[H]] = {}
@@ -245,16 +213,10 @@ class Peer(Generic[H]):
         self.close_code: int | None = None
         self.direct = False  # its socket takes direct writes (a WebSocket of gateway.server)
         self.writing_since: float | None = None  # when the send under way began (the driver's clock)
-        self.reading: Read | None = None  # the store read its writer makes for ``preparing``
+        self.reading: PeerRead | None = None  # the store read its writer makes for ``preparing``
         self.preparing: Subscription[H] | None = None
         self.conflations = 0  # backlogs it dropped for a gap too long to fill
         self.closing: int | None = None  # the close code once the frames queued before it are sent
-        # Held to having a subscription (hold_to): the deadline, and since when it has held none (the driver's
-        # clock; None while it holds one); its messages refused since it last held one.
-        self.deadline_s: float | None = None
-        self.max_refusals = 0
-        self.idle_since: float | None = None
-        self.refusals = 0
 
     def make_room(self, replaced: int) -> None:
         """Raise ``InvalidRequest`` when it holds ``max_subscriptions`` already, less the ``replaced`` one (if
@@ -319,48 +281,6 @@ class Peer(Generic[H]):
             self._ready = deque()
         self._ready.append(None)
 
-    # --- held to having a subscription ---------------------------------------------------------------
-
-    def hold_to(self, now: float, deadline_s: float, max_refusals: int) -> None:
-        """From ``now`` on, this connection is closed when it holds no subscription for ``deadline_s``
-        (:meth:`idle_overdue`) or at its ``max_refusals``-th message refused while it holds none
-        (:meth:`refused`)."""
-        self.deadline_s = deadline_s
-        self.max_refusals = max_refusals
-        self.idle_since = now
-
-    def held(self) -> None:
-        """One of its subscriptions was authorized and resumed: no deadline, no refusal counted, while it
-        holds one."""
-        self.idle_since = None
-        self.refusals = 0
-
-    def let_go(self, now: float) -> None:
-        """A subscription of it ended: when it was the last (a tag's counts while it lasts), the deadline
-        starts again from ``now``."""
-        if self.deadline_s is not None and self.idle_since is None and not (self.subscriptions or self.tags):
-            self.idle_since = now
-
-    def refused(self) -> bool:
-        """One of its messages was refused (an error frame answers it); ``True`` when that is the
-        ``max_refusals``-th since it last held a subscription (or opened): then close it."""
-        if self.idle_since is None:
-            return False
-        self.refusals += 1
-        return self.refusals >= self.max_refusals
-
-    def idle_overdue(self, now: float) -> bool:
-        """Whether it has held no subscription for its deadline (one being authorized or resumed counts as
-        held): then close it."""
-        return (
-            self.deadline_s is not None
-            and self.idle_since is not None
-            and not (self.subscriptions or self.tags)
-            and self.close_code is None
-            and self.closing is None
-            and now - self.idle_since >= self.deadline_s
-        )
-
     def has_work(self) -> bool:
         """Whether :meth:`next` has something at once (a frame to send, or the end)."""
         return (
@@ -388,7 +308,8 @@ class Peer(Generic[H]):
                 if self.reading is not None:
                     return None
                 self.preparing = None
-                frame = sub.pop_head() if sub.head else None
+                # With streams, its next turn takes the head: their chunks may have to go before it.
+                frame = sub.pop_head() if sub.head and sub.streams is None else None
             else:
                 ready = self._ready
                 if not ready:
@@ -422,11 +343,25 @@ class Peer(Generic[H]):
                 return sub, frame
         return None
 
-    def _step(self, sub: Subscription[H]) -> Frame | Read | None:
+    def _step(self, sub: Subscription[H]) -> Frame | PeerRead | None:
+        streams = sub.streams
         if sub.head:
-            return sub.pop_head()
+            if streams is not None and streams.streaming and len(sub.head) == 1:
+                assert sub.last is not None
+                if sub.last.terminal:  # the terminal entry, a gap's last: its streams' chunks go first
+                    before = self._stream_step(sub, streams, ended=True, end=False)
+                    if before is not None:
+                        return before
+            frame = sub.pop_head()
+            if streams is not None and not sub.head:
+                streams.streaming = True  # the resume frame is out
+            return frame
         last = sub.last
         assert last is not None  # a subscription takes turns once its resume state is known
+        if streams is not None:
+            step = self._stream_step(sub, streams, ended=last.terminal, end=last.terminal)
+            if step is not None:
+                return step
         if sub.conflated:  # the newest state instead of the backlog it dropped
             sub.conflated = False  # entries committed from here on collect again
             return NeedTask(sub.task_id)
@@ -436,6 +371,10 @@ class Peer(Generic[H]):
             return None
         item = pending[0]
         if item.task.version == last.version + 1:
+            if streams is not None and item.task.terminal:  # its streams' chunks go first
+                before = self._stream_step(sub, streams, ended=True, end=False)
+                if before is not None:
+                    return before
             pending.popleft()
             if not pending:
                 sub.pending = None
@@ -449,6 +388,47 @@ class Peer(Generic[H]):
             self.conflations += 1
             return None
         return NeedEntries(sub.task_id, last.version, item.task.version - 1)
+
+    # --- streams (gateway.live.published.SubStreams) ----------------------------------------------------
+
+    def _stream_step(
+        self, sub: Subscription[H], streams: SubStreams, *, ended: bool, end: bool
+    ) -> Frame | PeerRead | None:
+        step, grown = streams.step(sub.task_id, ended=ended, end=end)
+        self.stream_backlog += grown
+        return step
+
+    def stream_live(self, sub: Subscription[H], stream: str, run: Run | None, next_offset: int) -> bool:
+        """An append to ``stream`` of ``sub``'s task committed (``SubStreams.live``). ``True`` when the writer
+        must be woken: it has work now, or the connection is closed for a backlog past its bound (``4008``:
+        its client resumes from the offsets it holds)."""
+        if sub.streams is None or not sub.active or self.close_code is not None:
+            return False
+        self.stream_backlog += sub.streams.live(stream, run, next_offset)
+        if self.stream_backlog > self.max_stream_backlog:
+            self.close(CLOSE_SLOW_CONSUMER)
+            return True
+        return sub.last is not None and sub.has_work() and self.wake(sub)
+
+    def stream_read(
+        self, read: NeedStream, attempt: int, offset: int, chunks: Sequence[str], more: bool
+    ) -> None:
+        """The answer to a :class:`NeedStream`: a page of the stream."""
+        sub = self._answered(read)
+        if sub is not None:
+            assert sub.streams is not None
+            self.stream_backlog += sub.streams.answered(read, attempt, offset, chunks, more)
+            self.preparing = None  # its next turn (a terminal entry in its head waits for it)
+            self.wake(sub)
+
+    def finals_read(self, read: NeedFinals, offsets: Mapping[str, int]) -> None:
+        """The answer to a :class:`NeedFinals`: the next offset of each stream the task made."""
+        sub = self._answered(read)
+        if sub is not None:
+            assert sub.streams is not None
+            sub.streams.finals(offsets)
+            self.preparing = None
+            self.wake(sub)
 
     def task_read(self, read: NeedTask, task: Task) -> None:
         """The answer to a :class:`NeedTask` of :meth:`next`: a conflated snapshot, unless the state sent
@@ -480,16 +460,19 @@ class Peer(Generic[H]):
         if sub.version < read.upto:
             sub.conflated = True  # history is whole, so this cannot happen; stay exact regardless
 
-    def read_failed(self, read: Read) -> None:
+    def read_failed(self, read: PeerRead) -> None:
         """The read was not made: the subscription tries again on its next turn."""
         sub = self._answered(read)
         if sub is not None:
             self.preparing = None
             if isinstance(read, NeedTask):
                 sub.conflated = True
+            elif isinstance(read, NeedStream):
+                assert sub.streams is not None
+                sub.streams.outs.failed(read.read)
             self.wake(sub)
 
-    def _answered(self, read: Read) -> Subscription[H] | None:
+    def _answered(self, read: PeerRead) -> Subscription[H] | None:
         if read is not self.reading:
             return None
         self.reading = None

@@ -55,6 +55,7 @@ class Context:
             gw.book,
             backlog=gw.settings.subscription_backlog,
             max_subscriptions=gw.settings.max_subscriptions,
+            stream_backlog=gw.settings.stream_backlog_bytes,
         )
 
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -41,6 +41,7 @@ from gateway.web.auth import Grant, origin_allowed
 from gateway.web.context import Context, context_of
 from gateway.web.expiry import Expiries, end_subscription
 from gateway.web.extensions import direct_socket
+from gateway.web.stream_wire import message_streams, query_streams
 from gateway.web.tag_messages import TagMessage, tag_message, tag_of
 from gateway.web.wire import Cursor, message_cursor, query_cursor
 
@@ -71,7 +72,8 @@ async def task_socket(ws: WebSocket) -> None:
             if not socket_origin_allowed(ws, context.gateway.settings.allowed_origins):
                 raise Forbidden("origin not allowed")
             grant = context.guard.task(ws, task_id, "subscribe")
-            sub = await subscribe(context, feed, grant, task_id, query_cursor(ws.query_params))
+            cursor, streams = query_cursor(ws.query_params), query_streams(ws.query_params)
+            sub = await subscribe(context, feed, grant, task_id, cursor, streams)
             authorized(context, ws)
             ended = error_frame("unauthorized", f"{EXPIRED}: connect again with a new one", task_id)
             end = functools.partial(feed.close_after, ended, CLOSE_UNAUTHORIZED)
@@ -117,15 +119,22 @@ def authorized(context: Context, ws: WebSocket) -> None:
         socket.authorized(context.gateway.settings.ws_max_message_bytes)
 
 
-async def subscribe(context: Context, feed: Feed, grant: Grant, task_id: str, cursor: Cursor) -> object:
+async def subscribe(
+    context: Context,
+    feed: Feed,
+    grant: Grant,
+    task_id: str,
+    cursor: Cursor,
+    streams: Mapping[str, int] | None = None,
+) -> object:
     """Subscribe ``feed`` to the task as ``grant`` allows, from ``cursor`` (a version, and the epoch of its
-    history if given); the subscription is returned. A tag token's task is read once first (it must carry
-    the tag: the subscription's resume frame would show it otherwise), and no such task is the same
-    ``Forbidden`` to it as a task without its tag."""
+    history if given), with ``streams`` from their offsets; the subscription is returned. A tag token's
+    task is read once first (it must carry the tag: the subscription's resume frame would show it
+    otherwise), and no such task is the same ``Forbidden`` to it as a task without its tag."""
     with grant.reading():
         if grant.tag is not None:
             grant.check(await context.gateway.book.get(task_id))
-        return await feed.subscribe(task_id, *cursor)
+        return await feed.subscribe(task_id, *cursor, streams=streams)
 
 
 async def refuse(ws: WebSocket, exc: GatewayError, task_id: str | None) -> None:
@@ -257,7 +266,8 @@ async def handle_multi(
         # A task's subscribe token, or a tag token for a tag of the task: the API key is taken from the
         # Authorization header alone (it has no business in a browser's socket message).
         grant = context.guard.task_credential(token, task_id, "subscribe", where="a subscribe message")
-        sub = await subscribe(context, feed, grant, task_id, cursor)
+        streams = message_streams(message.get("streams"))  # after the credential (protocol.md)
+        sub = await subscribe(context, feed, grant, task_id, cursor, streams)
         authorized(context, ws)
         ended = error_frame("unauthorized", f"{EXPIRED}: subscribe again with a new one", task_id)
         end = functools.partial(end_subscription, feed, ended, task_id=task_id)

@@ -23,6 +23,7 @@ from gateway.machine import same_history
 from gateway.web.context import context_of
 from gateway.web.expiry import Expiries
 from gateway.web.extensions import connection
+from gateway.web.stream_wire import parse_streams, query_streams
 from gateway.web.wire import parse_cursor, query_cursor
 
 _HEARTBEAT = Frame("heartbeat", -1, "")
@@ -35,14 +36,23 @@ async def stream(request: Request) -> Response:
     task_id = request.path_params["task_id"]
     grant = context.guard.task(request, task_id, "subscribe")
     last_id = request.headers.get("last-event-id")
-    cursor = query_cursor(request.query_params)  # a bad one is refused even where Last-Event-ID wins
+    # Bad ones are refused even where Last-Event-ID wins.
+    cursor, streams = query_cursor(request.query_params), query_streams(request.query_params)
     if last_id is not None:
-        cursor = parse_cursor(last_id)
+        # The cursor, then the next offset of each stream asked: "7:3f9a0c1b7d2e;output:42,log:130".
+        held, _, offsets = last_id.partition(";")
+        cursor = parse_cursor(held)
+        resumed = parse_streams(offsets, "Last-Event-ID")
+        if resumed is not None:
+            streams = {**(streams or {}), **resumed}
     if last_id is not None or grant.tag is not None:
         with grant.reading():
             task = grant.check(await context.gateway.book.get(task_id))
         version, epoch = cursor
         ended = task.terminal and version >= task.version and same_history(task, epoch)
+        if ended and streams and last_id is not None:  # and every stream's chunks and end were sent
+            finals = (await context.gateway.stream_reads.next_offsets([task_id])).get(task_id, {})
+            ended = all(offset >= finals.get(name, 0) for name, offset in streams.items())
         if last_id is not None and ended:
             # An EventSource reconnecting after the last frame: 204 tells it to stop reconnecting.
             return Response(status_code=204)
@@ -55,7 +65,7 @@ async def stream(request: Request) -> Response:
     feed = context.new_feed()
     try:
         with grant.reading():  # a task deleted meanwhile is no more than any other to a tag token
-            sub = await feed.subscribe(task_id, *cursor)
+            sub = await feed.subscribe(task_id, *cursor, streams=streams)
     except BaseException:
         feed.release()
         raise
@@ -83,6 +93,7 @@ async def _events(hub: Hub, feed: Feed, expiry: Expiries) -> AsyncIterator[str]:
     timer = loop.call_later(SSE_HEARTBEAT_S, heartbeat)
     try:
         yield f"retry: {SSE_RETRY_MS}\n\n"  # a dropped stream is retried after 1 s, not the browser's 3
+        cursor = ""  # the cursor of the last frame of the task: a stream's frames leave it as it was
         while True:
             item = await feed.next()
             if item is None:
@@ -93,7 +104,11 @@ async def _events(hub: Hub, feed: Feed, expiry: Expiries) -> AsyncIterator[str]:
             if subscription is None:
                 yield ": heartbeat\n\n"
             else:
-                yield f"event: {frame.type}\nid: {frame.cursor}\ndata: {frame.text}\n\n"
+                if frame.version >= 0:
+                    cursor = frame.cursor
+                streams = subscription.streams
+                event_id = cursor if streams is None else f"{cursor};{streams.offsets()}"
+                yield f"event: {frame.type}\nid: {event_id}\ndata: {frame.text}\n\n"
             feed.writing_since = None
             if subscription is not None and subscription.finished:
                 return

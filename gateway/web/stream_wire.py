@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictStr, WithJsonSchema
 from pydantic_core import PydanticCustomError
+from starlette.datastructures import QueryParams
 
 from gateway.errors import InvalidRequest
 from gateway.streams import (
@@ -17,6 +18,8 @@ from gateway.streams import (
     MAX_OFFSET,
     MAX_PAGE_CHUNKS,
     MAX_SEQ,
+    MAX_STREAMS,
+    check_name,
 )
 from gateway.web import answers, wire
 from gateway.web.operations import API_KEY, CALLBACK, SUBSCRIBE, SUBSCRIBE_QUERY, TAG, Operation
@@ -89,6 +92,57 @@ def parse_offset(raw: str | None) -> tuple[int, str | None]:
     if not 0 <= offset <= MAX_OFFSET:
         raise InvalidRequest(f"offset: must be an integer from 0 to {MAX_OFFSET}, got {offset}")
     return offset, match[2]
+
+
+# --- the streams a task subscription asks for (protocol.md, Live: chunks and end) ---------------------------
+
+
+def _stream_offset(name: str, value: object, field: str) -> tuple[str, int]:
+    check_name(name, field)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OFFSET:
+        raise InvalidRequest(f"{field}: {name}'s offset must be an integer from 0 to {MAX_OFFSET}")
+    return name, value
+
+
+def _at_most(streams: dict[str, int], field: str) -> dict[str, int] | None:
+    if len(streams) > MAX_STREAMS:
+        raise InvalidRequest(f"{field}: at most {MAX_STREAMS} streams, got {len(streams)}")
+    return streams or None
+
+
+def message_streams(value: object) -> dict[str, int] | None:
+    """A subscribe message's ``streams``: ``{"output": 0, "log": 120}``, at most 8 names, each with the
+    offset to start from (``None``: no stream asked)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequest('streams: must be an object of names and offsets, as {"output": 0}')
+    streams = dict(_stream_offset(name, offset, "streams") for name, offset in value.items())
+    return _at_most(streams, "streams")
+
+
+def parse_streams(raw: str | None, field: str = "streams") -> dict[str, int] | None:
+    """``output:0,log:120`` (a name alone is ``name:0``), as the single-task socket's and SSE's
+    ``?streams=`` and an SSE event's id after its ``;`` carry it."""
+    if raw is None or raw == "":
+        return None
+    streams: dict[str, int] = {}
+    for item in raw.split(","):
+        name, _, offset = item.partition(":")
+        if offset and not (offset.isascii() and offset.isdigit() and len(offset) <= 16):
+            raise InvalidRequest(f"{field}: {name[:40]}'s offset must be an integer, got {offset[:20]!r}")
+        if name in streams:
+            raise InvalidRequest(f"{field}: {name[:40]} is named twice")
+        streams.update([_stream_offset(name, int(offset or 0), field)])
+    return _at_most(streams, field)
+
+
+def query_streams(params: QueryParams) -> dict[str, int] | None:
+    """``?streams=output:0,log:120``; given more than once it is refused."""
+    values = params.getlist("streams")
+    if len(values) > 1:
+        raise InvalidRequest("streams: given more than once")
+    return parse_streams(values[0] if values else None)
 
 
 _STREAM = "/v1/tasks/{task_id}/streams"

@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs, no py.typed (as in gateway/store/database.py)
+import orjson
 import pytest
 from redis.asyncio import Redis
 
@@ -43,7 +44,8 @@ from tests.integration.test_live_support import (
     tag_subscribe,
     ws_url,
 )
-from tests.support import FakeClock, Running, postgres_database, wait_until
+from tests.support import FakeClock, Running, bearer, postgres_database, wait_until
+from tests.support.stream_text import StreamText
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
@@ -239,14 +241,7 @@ async def test_a_lost_message_is_found_by_the_periodic_check(pair: tuple[Running
             await opened.wait()
         token = created["callbackToken"]
         await post_event(first, "lost", token, {"type": "start", "worker": "w1"})
-        dropped: list[News] = []
-
-        async def drop_announce(tx: WriteTx, news: Sequence[News]) -> None:
-            dropped.extend(news)
-
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(bus, "publish", dropped.append)
-            patch.setattr(bus, "announce", drop_announce)
+        with lost_messages(bus) as dropped:
             await post_event(first, "lost", token, {"type": "progress", "progress": 1, "cursor": "c1"})
         assert {n.version for n in dropped} == {2}  # its announcement and its publish
         # The hub has no event for "caught up", so this polls its state (bounded), not a guessed time.
@@ -259,6 +254,64 @@ async def test_a_lost_message_is_found_by_the_periodic_check(pair: tuple[Running
     (check,) = checks
     assert check.event_versions == [1, 2, 3]
     check.assert_final(await get_task(second, "lost"))
+
+
+async def test_an_appends_lost_message_and_one_too_big_for_a_message_come_from_the_store(
+    pair: tuple[Running, Running],
+) -> None:
+    """Chunks appended through the first gateway reach a subscriber of the second: a batch whose messages
+    are lost (found by the periodic check of the streams' offsets, no later append revealing it) and one
+    too big for a message (its message says only where the stream ends) included."""
+    first, second = pair
+    bus = first.gateway.bus
+    created = await create_task(first, "chunks")
+    token = created["callbackToken"]
+    await post_event(first, "chunks", token, {"type": "start", "worker": "w1"})
+    holder = StreamText("chunks", {"output": 0})
+
+    async def append(seq: int, *chunks: str) -> None:
+        body = {"attempt": 1, "seq": seq, "chunks": list(chunks)}
+        answer = await first.client.post("/v1/tasks/chunks/streams/output", json=body, headers=bearer(token))
+        assert answer.status_code == 200, answer.text
+
+    query = {"cursor": 1, "token": created["subscribeToken"], "streams": "output"}
+    async with socket(ws_url(second, "/v1/tasks/chunks/ws", **query)) as ws:
+
+        async def until(offset: int) -> None:
+            with anyio.fail_after(WITHIN_S):
+                while holder.offsets["output"] < offset:
+                    holder.feed(await recv_frame(ws))
+
+        holder.feed(await recv_frame(ws))
+        await append(0, "a")
+        await until(1)
+        with lost_messages(bus) as dropped:
+            await append(1, "lost")
+        assert dropped and all(n.run is not None for n in dropped)  # its announcement and its publish
+        await until(2)
+        big = ["x" * 1000] * (MAX_PAYLOAD_BYTES // 1000 + 1)
+        bare = News.decode(News.appended("chunks", "output", 1, 2, len(big), orjson.dumps(big)).encode()).run
+        assert bare is not None and bare.items() is None  # where the stream ends, only
+        await append(2, *big)
+        await until(2 + len(big))
+        await post_event(first, "chunks", token, {"type": "succeed", "resultRef": "r", "resultHash": "h"})
+        with anyio.fail_after(WITHIN_S):
+            assert await read_to_close(ws, None) == 1000
+    assert holder.texts == {"output": "alost" + "".join(big)}
+
+
+@contextmanager
+def lost_messages(bus: object) -> Iterator[list[News]]:
+    """Within the block, ``bus`` loses every message (its announcements and its publishes): returned."""
+    dropped: list[News] = []
+
+    async def drop_announce(tx: WriteTx, news: Sequence[News]) -> None:
+        dropped.extend(news)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bus, "publish", dropped.append)
+        patch.setattr(bus, "announce", drop_announce)
+        yield dropped
 
 
 def handed_out(gw: Running, task_id: str, version: int) -> bool:
@@ -314,14 +367,7 @@ async def test_a_lost_creation_is_found_by_the_tags_reconcile(pair: tuple[Runnin
     async with socket(ws_url(second, "/v1/ws")) as ws:
         await ws.send(tag_subscribe(tag))
         watch.feed(await recv_frame(ws))
-        dropped: list[News] = []
-
-        async def drop_announce(tx: WriteTx, news: Sequence[News]) -> None:
-            dropped.extend(news)
-
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(bus, "publish", dropped.append)
-            patch.setattr(bus, "announce", drop_announce)
+        with lost_messages(bus) as dropped:
             created = await create_task(first, "lost-creation", tags=[tag])
         assert [n.created for n in dropped] == [True, True]  # its announcement and its publish
         with anyio.fail_after(WITHIN_S):

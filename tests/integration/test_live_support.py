@@ -12,7 +12,7 @@ state after its entry fails the check too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import urlencode
@@ -20,10 +20,11 @@ from urllib.parse import urlencode
 import anyio
 import httpx
 import orjson
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from gateway.machine import apply_event, event_from_json, task_from_json, task_to_json
+from gateway.machine import Resume, apply_event, event_from_json, task_from_json, task_to_json
 from tests.support import STEP_S as STEP_S
 from tests.support import Running, bearer, post_callback, running_gateway
 from tests.support import create_task as create_task
@@ -302,3 +303,25 @@ async def sse_frames(
                 ident = value
             elif field == "data":
                 data.append(value)
+
+
+async def hold_resume_until_committed(gw: Running, commit: Callable[[], Awaitable[Any]]) -> anyio.Event:
+    """Make the next subscription's resume read wait until ``commit`` has run, then let it go.
+
+    The subscription is registered with the hub before its resume state is read (the ordering guarantee's
+    first step), so the committed entry lands in its live backlog *and* in the resume state: the race of a
+    subscriber that connects just as the task's last callback is committed.
+    """
+    book = gw.gateway.book
+    original = book.resume
+    held = anyio.Event()
+    patch = pytest.MonkeyPatch()
+
+    async def resume(task_id: str, cursor: int, epoch: str | None = None) -> Resume:
+        patch.undo()  # only this one read is held
+        held.set()
+        await commit()
+        return await original(task_id, cursor, epoch)
+
+    patch.setattr(book, "resume", resume)
+    return held

@@ -7,19 +7,18 @@ close; an open socket gets the terminal entry (the sweeper's ``expire`` included
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import pytest
 
 from gateway.jobs.sweeper import sweep_once
-from gateway.machine import Resume
 from tests.integration.test_live_support import (
     STEP_S,
     StreamCheck,
     closed_with,
     get_task,
+    hold_resume_until_committed,
     live_gateway,
     read_to_close,
     recv_frame,
@@ -92,28 +91,6 @@ async def test_an_open_socket_gets_the_terminal_entry_then_1000(sqlite_url: str,
         final = await get_task(gw, "live-end")
         assert final["state"] == "expired"
         check.assert_final(final)
-
-
-async def hold_resume_until_committed(gw: Running, commit: Callable[[], Awaitable[Any]]) -> anyio.Event:
-    """Make the next subscription's resume read wait until ``commit`` has run, then let it go.
-
-    The subscription is registered with the hub before its resume state is read (the ordering guarantee's
-    first step), so the committed entry lands in its live backlog *and* in the resume state: the race of a
-    subscriber that connects just as the task's last callback is committed.
-    """
-    book = gw.gateway.book
-    original = book.resume
-    held = anyio.Event()
-    patch = pytest.MonkeyPatch()
-
-    async def resume(task_id: str, cursor: int, epoch: str | None = None) -> Resume:
-        patch.undo()  # only this one read is held
-        held.set()
-        await commit()
-        return await original(task_id, cursor, epoch)
-
-    patch.setattr(book, "resume", resume)
-    return held
 
 
 @pytest.mark.anyio

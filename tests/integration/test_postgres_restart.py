@@ -31,6 +31,7 @@ from tests.support.processes import (
     ResumingSubscriber,
     assert_history_is,
     gateway_processes,
+    start_all,
     task_callbacks,
     throwaway_postgres,
 )
@@ -121,11 +122,7 @@ async def test_gateways_recover_from_a_postgresql_restart_by_themselves(tmp_path
                     begun.set()
 
             async with anyio.create_task_group() as tg:
-                for subscriber in subscribers:
-                    tg.start_soon(subscriber.run)
-                with anyio.fail_after(STEP_S):
-                    for subscriber in subscribers:
-                        await subscriber.ready.wait()
+                await start_all(tg, subscribers)
                 for poster in posters:
                     calls = task_callbacks(poster.task_id, range(5, 100, 5))  # 21 callbacks
                     tg.start_soon(partial(poster.run, calls, pace_s=0.1, after_each=check_begun))

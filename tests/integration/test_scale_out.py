@@ -51,6 +51,7 @@ from tests.support.processes import (
     round_robin_balancer,
     socket_owner,
     spawn_gateway,
+    start_all,
     task_callbacks,
 )
 
@@ -139,11 +140,7 @@ async def test_three_processes_fan_out_exactly(bus: str | None, pg_url: str, tmp
                 for m, pick in zip(made, pickers, strict=True)
             ]
             async with anyio.create_task_group() as tg:
-                for subscriber in subscribers:
-                    tg.start_soon(subscriber.run)
-                with anyio.fail_after(STEP_S):
-                    for subscriber in subscribers:
-                        await subscriber.ready.wait()
+                await start_all(tg, subscribers)
                 async with anyio.create_task_group() as workers:
                     for poster in posters:
                         workers.start_soon(poster.run, task_callbacks(poster.task_id, FAN_OUT_PROGRESS))
@@ -216,11 +213,7 @@ async def test_a_process_killed_mid_run_loses_nothing(bus: str | None, pg_url: s
             victim_sockets = victim_connections = applied_at_kill = 0
             try:
                 async with anyio.create_task_group() as tg:
-                    for subscriber in subscribers:
-                        tg.start_soon(subscriber.run)
-                    with anyio.fail_after(STEP_S):
-                        for subscriber in subscribers:
-                            await subscriber.ready.wait()
+                    await start_all(tg, subscribers)
                     for poster in posters:
                         calls = task_callbacks(poster.task_id, range(5, 100, 5))
                         tg.start_soon(partial(poster.run, calls, pace_s=0.02, after_each=check_halfway))

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 from urllib.parse import quote, urlencode
 
 import anyio
@@ -407,6 +407,23 @@ async def throwaway_postgres(settings: Mapping[str, str] | None = None) -> Async
 # Close codes after which a subscriber comes back: a drop (1006, or no close at all), a server going away
 # (1001), the database unreachable for a new subscription (1013).
 RECONNECT_CODES = (None, 1001, 1006, 1013)
+
+
+class Ready(Protocol):
+    """A client that runs until done, and says once it holds its first frame."""
+
+    ready: anyio.Event
+
+    async def run(self) -> None: ...
+
+
+async def start_all(tg: anyio.abc.TaskGroup, clients: Sequence[Ready]) -> None:
+    """Start every client's run in ``tg`` and wait until each is ready."""
+    for client in clients:
+        tg.start_soon(client.run)
+    with anyio.fail_after(STEP_S):
+        for client in clients:
+            await client.ready.wait()
 
 
 class ResumingSubscriber:

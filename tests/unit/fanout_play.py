@@ -27,7 +27,8 @@ import orjson
 
 from gateway.bus.base import News
 from gateway.frames import Frame, event_frame
-from gateway.live.fanout import Channel, Fanout, NeedTask, Peer, Read, Subscription, TagSub
+from gateway.live.fanout import Channel, Fanout, NeedTask, Peer, Subscription, TagSub
+from gateway.live.published import NeedEntries, PeerRead
 from gateway.live.tagging import NEW, Tagging
 from gateway.machine import Event, Task, event_to_json, resume_mode, task_to_json
 from tests.unit.fake_book import RETENTION, Committed, FakeBook
@@ -209,10 +210,11 @@ class Play:
     def frames(self, peer: Peer[str], n: int | None = None) -> list[Frame]:
         return [frame for _, frame in self.take(peer, n)]
 
-    def answer(self, peer: Peer[str], read: Read) -> None:
+    def answer(self, peer: Peer[str], read: PeerRead) -> None:
         if isinstance(read, NeedTask):
             peer.task_read(read, self.book.get_now(read.task_id))
         else:
+            assert isinstance(read, NeedEntries), "no streams here"
             peer.entries_read(read, self.book.entries_now(read.task_id, read.after, read.upto))
 
     def reads(self, kind: str) -> list[tuple[str, str, int, int]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 import gateway.bus.base as bus_base
@@ -97,3 +98,29 @@ async def test_a_message_whose_task_cannot_be_read_wakes_the_store_read() -> Non
         stream += [frame for _, frame in await take(feed)]
     assert check_stream(book, "t", 0, stream) == 1
     assert [c[:3] for c in book.calls if c[0] == "entries"] == [("entries", "t", 0)]
+
+
+def test_news_of_an_append_carries_its_chunks_or_only_its_next_offset_where_they_do_not_fit() -> None:
+    small = News.appended("t", "output", 2, 5, 2, b'["a","\\u00e9"]')
+    heard = News.decode(small.encode())
+    assert heard.run is not None and heard.version == -1 and heard.task_id == "t"
+    assert (heard.run.stream, heard.run.attempt, heard.run.offset, heard.run.next_offset) == (
+        "output",
+        2,
+        5,
+        7,
+    )
+    assert small.run is not None and heard.run.items() == small.run.items() == ["a", "é"]
+    chunks = ["x" * 1000] * 9  # past a NOTIFY's payload: the subscribers read them from the store
+    large = News.decode(News.appended("t", "log", 1, 0, 9, orjson.dumps(chunks)).encode())
+    assert large.run is not None and large.run.items() is None and large.run.next_offset == 9
+    assert News.decode(heard.encode()) == heard  # decoded, encoded again (the twin's way)
+    for bad in (
+        '{"type":"chunks","taskId":"t","stream":"output","attempt":1,"offset":0,"nextOffset":2,"chunks":["a"]}',
+        '{"type":"chunks","taskId":"t","stream":"output","attempt":1,"offset":0,"nextOffset":1,"chunks":[1]}',
+        '{"type":"chunks","taskId":"t","stream":"output","attempt":true,"offset":0,"nextOffset":1}',
+        '{"type":"chunks","taskId":1,"stream":"output","attempt":1,"offset":0,"nextOffset":1}',
+        '{"type":"chunks","taskId":"t","stream":"output","offset":0,"nextOffset":1}',
+    ):
+        with pytest.raises(ValueError):
+            News.decode(bad)

@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from gateway.bus.base import News
 from gateway.errors import CLOSE_SLOW_CONSUMER, InvalidRequest
 from gateway.frames import Frame
-from gateway.live.fanout import Channel, Fanout, NeedTask, Peer, Read, Subscription
+from gateway.live.fanout import Channel, Fanout, NeedEntries, NeedTask, Peer, Read, Subscription
 from gateway.machine import Succeed, task_to_json
 from tests.support.examples import examples
 from tests.unit.fake_book import FakeBook
@@ -161,6 +161,7 @@ class FanoutMachine(RuleBasedStateMachine):
         step = conn.peer.next()
         if step is None or isinstance(step, tuple):
             return step
+        assert isinstance(step, NeedTask | NeedEntries), "no streams here"
         conn.read = (step, self.book.current(step.task_id).version)
         return None
 

@@ -10,7 +10,7 @@ from gateway.live.chunks import ChunksOut, EndOut, ReadStream, Run, StreamOut, S
 
 
 def run(offset: int, *chunks: str, attempt: int = 1) -> Run:
-    return Run(attempt, offset, list(chunks), sum(len(c.encode()) for c in chunks))
+    return Run.of(attempt, offset, list(chunks))
 
 
 def frames(stream: StreamOut | Streams, max_bytes: int = 1 << 20) -> list[ChunksOut | EndOut]:
@@ -215,3 +215,65 @@ def test_a_stream_asked_that_the_task_never_made_ends_at_0_with_the_others() -> 
         streams.by_name[read.stream].answered(0, 0, [], more=False)
     streams.end({})
     assert frames(streams) == [EndOut("output", 0), EndOut("steps", 0)]
+
+
+def test_a_bare_wake_up_reads_what_the_client_lacks_and_one_during_a_read_reads_once_more() -> None:
+    stream = caught_up(0, 1, "a")
+    assert chunks_of(frames(stream)) == [(1, 0, ["a"])]
+    stream.notice(1)  # nothing the client lacks
+    assert not stream.has_work() and stream.read() is None
+    stream.notice(3)  # a batch too large for a message, or one whose message was lost
+    assert stream.has_work() and stream.read() == ReadStream("output", 1)
+    stream.notice(4)  # committed while the read is in flight: the read may not see it
+    stream.answered(1, 1, ["b", "c"], more=False)
+    stream.notice(4)  # a read is due already: it will see it
+    assert stream.read() == ReadStream("output", 3)
+    stream.answered(1, 3, ["d"], more=False)
+    assert chunks_of(frames(stream)) == [(1, 1, ["b", "c", "d"])]
+    assert not stream.reading and stream.read() is None
+
+
+def test_a_read_that_failed_is_due_again() -> None:
+    stream = StreamOut("output", 4)
+    read = stream.read()
+    assert read is not None and stream.read() is None
+    stream.failed(read)
+    stream.failed(read)  # told twice: once is enough
+    assert stream.read() == ReadStream("output", 4)
+
+
+def test_once_the_task_ended_the_store_says_what_is_left_and_the_bus_is_not_heard() -> None:
+    stream = caught_up(0, 1, "a")
+    assert not stream.ending and not stream.drained
+    stream.end(3)
+    assert stream.ending and not stream.drained
+    stream.live(run(1, "b", "c"))  # late: the read the end asked for brings it
+    stream.notice(9)
+    assert stream.take() == ChunksOut("output", 1, 0, ["a"])
+    assert stream.read() == ReadStream("output", 1)
+    stream.answered(1, 1, ["b", "c"], more=False)
+    # Its chunks may go before something else (the terminal frame), and the end only after it.
+    assert stream.has_work(end=False) and not stream.drained
+    assert stream.take(end=False) == ChunksOut("output", 1, 1, ["b", "c"])
+    assert stream.drained and not stream.has_work(end=False) and stream.take(end=False) is None
+    assert stream.has_work() and stream.take() == EndOut("output", 3)
+    assert stream.drained and stream.ended and not stream.has_work()
+
+
+def test_a_subscriptions_streams_read_one_at_a_time_and_drain_together() -> None:
+    streams = Streams({"output": 0, "log": 5})
+    assert streams.has_work()
+    first = streams.read()
+    assert first == ReadStream("output", 0)
+    streams.failed(first)
+    assert streams.read() == ReadStream("output", 0)
+    assert streams.read() == ReadStream("log", 5)
+    assert streams.read() is None and not streams.has_work()
+    streams.by_name["output"].answered(1, 0, ["a"], more=False)
+    streams.by_name["log"].answered(0, 0, [], more=False)
+    streams.end({"output": 1})
+    assert not streams.drained
+    assert streams.take(end=False) == ChunksOut("output", 1, 0, ["a"])
+    assert streams.drained and not streams.has_work(end=False) and streams.take(end=False) is None
+    assert {frame.stream for frame in frames(streams)} == {"output", "log"}
+    assert streams.ended

@@ -29,6 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from gateway.bus.base import News
 from gateway.live.fanout import Fanout, NeedTask, Peer, Subscription, TagSub
+from gateway.live.published import NeedEntries
 from gateway.live.tagging import NEW, Tagging
 from gateway.machine import Resume, Succeed
 from tests.support.examples import examples
@@ -128,6 +129,7 @@ class TaggingMachine(RuleBasedStateMachine):
                 if isinstance(step, NeedTask):
                     peer.task_read(step, self.book.get_now(step.task_id))
                 else:
+                    assert isinstance(step, NeedEntries), "no streams here"
                     peer.entries_read(step, self.book.entries_now(step.task_id, step.after, step.upto))
                 step = peer.next()
             if step is None:
