@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.client import AttemptOver, SyncWorker, TaskCancelled, Worker
-from tests.support import create_task, eventually, post_callback, running_gateway
+from tests.support import create_task, eventually, http_client, post_callback, running_gateway
 from tests.support.lossy_proxy import LossyProxy
 from tests.support.threaded import Threaded, threaded_gateway
 
@@ -157,3 +157,29 @@ async def test_writes_inside_the_block_go_within_its_background_sender(sqlite_ur
                 "the write's text read back, with no other call of the job",
             )
             await worker.succeed("s3://r/1", "sha256:1")
+
+
+@pytest.mark.anyio
+async def test_a_worker_that_takes_its_task_back_sends_its_text_as_the_new_attempts(sqlite_url: str) -> None:
+    """Its lease ran out while the job still ran (here: no heartbeats, the worker used outside ``async
+    with``): the next append is answered not-running, the worker takes the task back as attempt 2 and sends
+    the batch again as that attempt's first, whose text replaces the first attempt's."""
+    async with running_gateway(sqlite_url) as gw:
+        body = {"id": "back-1", "ttlMs": 120_000, "maxAttempts": 2, "heartbeatMs": 1_000}
+        made = (await gw.client.post("/v1/tasks", json=body)).json()
+        async with http_client() as client:
+            worker = Worker(gw.url, "back-1", made["callbackToken"], client=client)
+            await worker.start("w1")
+            await worker.write("output", "first attempt")
+            await worker.flush()
+            await eventually(
+                lambda: gw.client.get("/v1/tasks/back-1"),
+                lambda answer: answer.json()["state"] == "queued",
+                "the lease ran out and requeued the task",
+            )
+            await worker.write("output", "taken back")
+            await worker.flush()
+            assert worker.attempt == 2
+            await worker.succeed("s3://r/1", "sha256:1")
+        text = await gw.client.get("/v1/tasks/back-1/streams/output/text")
+        assert (text.text, text.headers["Stream-Attempt"]) == ("taken back", "2")
