@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.browser.conftest import VIEWPORTS, cut_or_off_screen, screenshot
 from tests.support import Running, bearer, create_task, post_callback
 
 if TYPE_CHECKING:
@@ -85,18 +86,30 @@ async def test_the_js_client_hands_over_a_streams_chunks_in_order_and_a_retry_re
     assert console.errors == []
 
 
+@pytest.mark.parametrize("viewport", VIEWPORTS)
 async def test_the_dashboard_shows_a_tasks_output_as_it_is_written_and_a_retrys_instead(
-    gw: Running, page: Any, console: Console
+    gw: Running, page: Any, console: Console, viewport: dict[str, int]
 ) -> None:
     made = await create_task(gw, "answer-2", max_attempts=2)
     token = made.callback_token
     await post_callback(gw, "answer-2", token, START)
+    await page.set_viewport_size(viewport)
     await page.goto(f"{gw.url}/?task=answer-2&token={made.subscribe_token}")
     card = page.locator('.task-card[data-task-id="answer-2"]')
     output = card.locator(".task-output")
     assert await output.is_hidden()  # nothing written yet: no empty box
     await append(gw, "answer-2", token, 1, 0, "line 1\n", "line 2\n")
     await output.locator(".output-text").filter(has_text="line 2").wait_for()
+    long_line = "a-very-long-token-with-no-space-" * 20  # wrapped in the box, never past the screen
+    await append(gw, "answer-2", token, 1, 1, *(f"line {n}: {long_line}\n" for n in range(3, 40)))
+    await output.locator(".output-text").filter(has_text="line 39").wait_for()
+    assert await cut_or_off_screen(page, ".task-card, .task-output, .output-text") == []
+    # The last lines in view: the box scrolled to its end, the whole text a scroll away.
+    assert await output.locator(".output-text").evaluate(
+        "(pre) => pre.scrollHeight > pre.clientHeight"
+        " && pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 2"
+    )
+    await screenshot(page, "task-output")
     await post_callback(gw, "answer-2", token, RETRY)
     await post_callback(gw, "answer-2", token, START)
     await append(gw, "answer-2", token, 2, 0, "again 1\n")
