@@ -6,7 +6,8 @@ bench/programs/callback_client.py), one connection per stream.
 
 ``SPEC`` (JSON): ``producers``: ``[{"task", "token", "attempt", "stream", "index"}, ...]``; ``chunks``: chunks
 a batch; ``rate``: batches a second per producer (0: each sent once the previous one is answered);
-``batches``: batches per producer (0: until ``seconds`` have passed). A producer at a rate sends its batch
+``batches``: batches per producer (0: no bound but time); ``seconds``: no batch is sent once that long has
+passed since the start (a server far behind ends the run there). A producer at a rate sends its batch
 ``seq`` when due (``seq / rate`` after its start, the producers' starts spread over one period) or, if the
 previous one is still unanswered, as soon as it is answered. A batch answered 503 or 429 is sent again with
 the same ``seq`` after 50 ms (a producer's retry). Each answer's ``offset`` must be the stream's next.
@@ -47,7 +48,7 @@ async def produce(port: int, spec: dict[str, Any], producer: dict[str, Any], res
     start = result["start"] + period * producer["index"] / spec["spread"]
     seq = 0
     try:
-        while (seq < batches) if batches else (time.monotonic() < result["stop_at"]):
+        while (not batches or seq < batches) and time.monotonic() < result["stop_at"]:
             if rate:
                 due = start + seq * period
                 now = time.monotonic()
