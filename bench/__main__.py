@@ -4,8 +4,8 @@
     python -m bench checks [--only NAME,...]                                       the bounds (bench.checks)
     python -m bench WORKLOAD [its options]                                         one workload alone
 
-where WORKLOAD is one of: callbacks, celery_progress, expiry, fanout, hundredk, pg_ceiling, retention, tags,
-workers_cost (``python -m bench WORKLOAD --help``).
+where WORKLOAD is one of: callbacks, celery_progress, expiry, fanout, hundredk, pg_ceiling, retention,
+streams, tags, workers_cost (``python -m bench WORKLOAD --help``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ ALONE = (
     "fanout",
     "hundredk",
     "pg_ceiling",
+    "streams",
     "retention",
     "tags",
     "workers_cost",

@@ -1,6 +1,6 @@
 """Every benchmark workload in one command: one table of figures beside their floors, and docs/benchmarks.md.
 
-    python -m bench [--procs 4] [--pg-admin-url URL] [--only 1,2,...,14]
+    python -m bench [--procs 4] [--pg-admin-url URL] [--only 1,2,...,15]
     python -m bench --smoke
 
 Each figure is printed beside its floor measured in the same run (the same machine, the same noise) and
@@ -55,6 +55,7 @@ from bench.workloads import (
     pg_ceiling,
     retention,
     scale_one,
+    streams,
     tags,
     workers_cost,
 )
@@ -83,6 +84,7 @@ class Config:
     latency_e2e: latency_e2e.Sizes
     hosts: hosts.Sizes
     pg_ceiling: pg_ceiling.Sizes
+    streams: streams.Sizes
     celery_iterations: int
     celery_runs: int
     procs: int
@@ -110,6 +112,7 @@ FULL = Config(
     latency_e2e=latency_e2e.FULL,
     hosts=hosts.FULL,
     pg_ceiling=pg_ceiling.FULL,
+    streams=streams.FULL,
     celery_iterations=10_000,
     celery_runs=5,
     procs=4,
@@ -136,6 +139,7 @@ SMOKE = Config(
     latency_e2e=latency_e2e.SMOKE,
     hosts=hosts.SMOKE,
     pg_ceiling=pg_ceiling.SMOKE,
+    streams=streams.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
     procs=2,
@@ -218,6 +222,7 @@ SMOKE_SERVERS = {
     12: ("floor",),  # bench/workloads/latency_e2e.py starts its gateways (through bench/programs/timed.py)
     13: (),  # bench/workloads/hosts.py starts its namespaces, its PostgreSQL and its gateways
     14: (),  # bench/workloads/pg_ceiling.py starts its cluster and its gateways
+    15: (),  # bench/workloads/streams.py starts its gateways and floor handlers
 }
 
 
@@ -630,6 +635,7 @@ RUNNERS: dict[int, Workload] = {
     12: latency_e2e.workload,
     13: hosts.workload,
     14: pg_ceiling.workload,
+    15: streams.workload,
 }
 
 
@@ -731,7 +737,7 @@ def command(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
     parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
-    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-14)")
+    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-15)")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     args = parser.parse_args(argv)
     status = 1

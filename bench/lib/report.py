@@ -218,6 +218,27 @@ WORKLOADS = {
         "(`pg_stat_database`), write commits and each statement's time (`pg_stat_statements`). Checked: "
         "every acknowledged callback's id is in the database.",
     ),
+    15: (
+        "streams",
+        "a task's streams through the HTTP append and the reads (bench/workloads/streams.py), one "
+        "`gateway serve` process on a SQLite file and on a PostgreSQL database of its own, beside a bare "
+        "Starlette handler (bench/programs/stream_floor.py) that inserts each batch as one row (task, "
+        "stream, offset, attempt, seq, the chunks' JSON array) on the same driver with the same durability "
+        "(sqlite3 with WAL and synchronous=FULL, asyncpg), one commit per batch, and answers a read with a "
+        "bare `SELECT` of the stream's rows and one send. The producers (bench/programs/stream_client.py, a "
+        "process of their own) send both the same requests, one keep-alive connection per stream; every "
+        "chunk is 20 bytes and unique to its place. Ingest: 100 streams (a task each) x 20 batches/s x 10 "
+        "chunks for 30 s (a producer that falls behind sends each batch once the previous one is answered, "
+        "and none after 120 s): "
+        "the chunks taken and the rate achieved, every stream's text read back and compared with what was "
+        "taken, the server's CPU per chunk (its CPU-time clock), rows and commits per second (the gateway's: "
+        "its group-commit batches). One stream: batches of 10 chunks, each sent once the previous one is "
+        "answered, for 10 s. Storage: after the ingest and a 10,000-chunk stream, `VACUUM`, the stream "
+        "tables' and their indexes' bytes (SQLite: `dbstat`; PostgreSQL: `pg_total_relation_size`) per chunk "
+        "they hold, the task ids 16 bytes. Resume: the 10,000-chunk stream read from offset 0 following "
+        "`nextOffset` until its last chunk, in pages of the default limit (1,000) and of 10,000, beside the "
+        "floor's one read; medians of 7 reads each, taken in turn.",
+    ),
 }
 
 
