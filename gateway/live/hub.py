@@ -40,6 +40,7 @@ import anyio
 from gateway.bus.base import News, StreamRun
 from gateway.errors import (
     CLOSE_INTERNAL_ERROR,
+    CLOSE_SLOW_CONSUMER,
     GatewayError,
     one_line,
 )
@@ -225,8 +226,10 @@ class Hub:
         chunks = appended.items() if subs else None
         run = None if chunks is None else Run.of(appended.attempt, appended.offset, chunks)
         for sub in subs:
-            if sub.peer.stream_live(sub, appended.stream, run, appended.next_offset):
-                sub.peer.handle.signal()
+            peer = sub.peer
+            if peer.stream_live(sub, appended.stream, run, appended.next_offset):
+                # Work for its writer; or past its backlog (4008): its send under way, if any, is cut.
+                peer.handle.stall() if peer.close_code == CLOSE_SLOW_CONSUMER else peer.handle.signal()
 
     def resync(self) -> None:
         """Messages may have been missed (the bus reconnected): check every task against the store."""
@@ -445,6 +448,7 @@ class Hub:
             "pending_total": sum(len(s.pending or ()) for s in subscriptions),
             "pending_max": max((len(s.pending or ()) for s in subscriptions), default=0),
             "control_max": max((len(f.peer.control or ()) for f in self.feeds), default=0),
+            "stream_backlog_max": max((f.peer.stream_backlog for f in self.feeds), default=0),
             # Gaps too long to fill are counted by each connection; a closed one's count is kept here.
             "conflations": self.conflations + sum(f.peer.conflations for f in self.feeds),
             "catch_ups": self.catch_ups,
