@@ -61,6 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the task's subscribe token, or with --tag a tag token",
     )
     watch.add_argument("--cursor", type=int, help="the last version already seen (default 0)")
+    watch.add_argument(
+        "--stream",
+        metavar="NAME",
+        help="print the text of the task's stream NAME (output, log, ...) as it is written, on stdout "
+        "(the task's entries on stderr)",
+    )
     token = commands.add_parser(
         "token",
         help="mint a task token or a tag token (for operators)",
@@ -89,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             watch.error("give a task id or --tag TAG (one of them)")
         if args.tag is not None and args.cursor is not None:
             watch.error("--cursor is for one task; with --tag each task resumes from where it is")
+        if args.tag is not None and args.stream is not None:
+            watch.error("--stream is for one task: give its id instead of --tag")
         return _watch(args)
     return 2  # pragma: no cover  (argparse requires a command)
 
@@ -101,7 +109,9 @@ def _watch(args: argparse.Namespace) -> int:
     try:
         if args.tag is not None:
             return anyio.run(watch_tag_in_terminal, args.url, args.tag, args.token)
-        return anyio.run(watch_in_terminal, args.url, args.task_id, args.token, args.cursor or 0)
+        return anyio.run(
+            watch_in_terminal, args.url, args.task_id, args.token, args.cursor or 0, None, args.stream
+        )
     except KeyboardInterrupt:
         return 130
 

@@ -50,6 +50,8 @@ const RESUME = new Set(["caught-up", "delta", "snapshot"]);
 const LIST_KEY = "task-gateway:dashboard:tasks";
 
 const DASH = "—";
+// The stream a card shows as the task's output (docs/protocol.md, "Streams"; docs/browser.md).
+const OUTPUT_STREAM = "output";
 // One time style on the page: the user's locale, hours and minutes, no leading zero ("9:05 AM", "09:05").
 const TIME = { hour: "numeric", minute: "2-digit" };
 
@@ -111,9 +113,12 @@ class Card {
     });
     this.el = el;
     this.startCursor = client.cursor(id) ?? 0;
+    this.output = { text: "", attempt: null, ended: false }; // the task's stream "output", as written
     this.stop = follow
       ? client.subscribe(id, this.token, (frame, task) => this.onFrame(frame, task), {
           onError: (error) => this.onError(error),
+          streams: [OUTPUT_STREAM],
+          onChunks: (update) => this.onChunks(update),
         })
       : () => {};
     this.render();
@@ -145,6 +150,31 @@ class Card {
     }
     this.render();
     updateConnection();
+  }
+
+  /** Chunks of the task's output: appended, or the text started over (a retry's output replaces). */
+  onChunks(update) {
+    const output = this.output;
+    const text = update.chunks.join("");
+    output.text = update.replace ? text : output.text + text;
+    if (update.attempt !== null) output.attempt = update.attempt;
+    output.ended = update.ended;
+    this.renderOutput(update.replace);
+  }
+
+  renderOutput(startedOver) {
+    const box = this.el.querySelector(".task-output");
+    const pre = box.querySelector(".output-text");
+    const output = this.output;
+    // Kept at the bottom while the reader is there (the last lines in view); left where a reader scrolled.
+    const following = startedOver || pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
+    box.hidden = output.text === "" && output.attempt === null;
+    box.dataset.attempt = output.attempt === null ? "" : String(output.attempt);
+    box.dataset.ended = String(output.ended);
+    pre.textContent = output.text;
+    const retried = output.attempt !== null && output.attempt > 1;
+    box.querySelector(".output-attempt").textContent = retried ? `(attempt ${output.attempt})` : "";
+    if (following) pre.scrollTop = pre.scrollHeight;
   }
 
   onError(error) {

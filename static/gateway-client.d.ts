@@ -110,6 +110,47 @@ export interface SubscribeOptions {
   /** Start from this cursor instead of the one kept in storage (default: kept, else 0). */
   cursor?: Cursor;
   onError?: (error: SubscriptionError) => void;
+  /**
+   * The task's streams to follow (its output: a model's tokens, a log), by name from their start, or with
+   * the offset to start each from (the `nextOffset` held). The client keeps each stream's attempt and next
+   * offset and resumes from them after a drop.
+   */
+  streams?: string[] | Record<string, number>;
+  /** Each followed stream's chunks, in order, then its end once the task has ended. */
+  onChunks?: (update: StreamUpdate) => void;
+}
+
+/** Chunks of one of a task's streams (docs/protocol.md, "Streams"). */
+export interface StreamUpdate {
+  taskId: string;
+  stream: string;
+  /** The attempt that wrote the chunks (a greater one than before: a retry's output). */
+  attempt: number | null;
+  /** The offset of the first chunk (with `ended`: the stream's final next offset). */
+  offset: number;
+  chunks: string[];
+  /** The text starts over with these chunks (a retry's output replaces the failed attempt's). */
+  replace: boolean;
+  /** The task has ended and the stream with it: no chunk follows (`chunks` is empty). */
+  ended: boolean;
+}
+
+/** A stream's chunks as the gateway sends them. */
+export interface ChunksFrame {
+  type: "chunks";
+  taskId: string;
+  stream: string;
+  attempt: number;
+  offset: number;
+  chunks: string[];
+}
+
+/** A stream's end, after the task's terminal frame. */
+export interface EndFrame {
+  type: "end";
+  taskId: string;
+  stream: string;
+  offset: number;
 }
 
 /** A tag subscription's list of the tag's tasks, newest first, sent at each (re)subscription. */

@@ -13,6 +13,11 @@
  *     const stop = client.subscribe(taskId, subscribeToken, (frame, task) => render(task));
  *     // Every task carrying a tag (a tag token from POST /v1/tokens): those there are and those to come.
  *     client.subscribeTag("owner:u42", tagToken, (frame, task) => render(task), { onAdded, onTag });
+ *     // A task's output as its worker writes it (its streams): the text so far, then each chunk.
+ *     client.subscribe(taskId, subscribeToken, onFrame, {
+ *       streams: ["output"],
+ *       onChunks: (u) => (u.replace ? replaceText(u.chunks.join("")) : appendText(u.chunks.join(""))),
+ *     });
  *
  * Every frame handed to a listener is exactly what the gateway sent, in order: the resume frame
  * (`caught-up`, `delta` or `snapshot`) then `event` frames at version last + 1. The client checks that,
@@ -48,6 +53,10 @@ const CLOSE_TOO_BIG = 1009;
  * @typedef {(frame: Frame, task: Task) => void} FrameListener
  * @typedef {object} TagFrame  {type: "tag", tag, taskIds (newest first), more}
  * @typedef {object} AddedFrame  {type: "added", tag, taskId}
+ * @typedef {object} StreamUpdate  chunks of one of a task's streams, in order: {taskId, stream, attempt,
+ *   offset (the first chunk's), chunks, replace (true: the text starts over with these chunks: a retry's
+ *   output, or the stream sent again from its attempt's first chunk), ended (true: the task has ended and
+ *   the stream with it; `chunks` is empty and `offset` the stream's final next offset)}
  * @typedef {"idle"|"connecting"|"connected"|"reconnecting"|"offline"} ConnectionState  `idle`: nothing to
  *   watch, no socket (the gateway closes a socket that holds no subscription)
  */
@@ -111,11 +120,18 @@ export class GatewayClient {
    * @param {string} taskId
    * @param {string | null} token  the task's subscribe token (null where the gateway runs open)
    * @param {FrameListener} onFrame
-   * @param {{cursor?: Cursor, onError?: (error: {code: string, message: string}) => void}} [options]
+   * @param {{cursor?: Cursor, onError?: (error: {code: string, message: string}) => void,
+   *   streams?: string[] | Record<string, number>, onChunks?: (update: StreamUpdate) => void}} [options]
+   *   `streams`: the task's streams to follow, by name (from their start) or with the offset to start
+   *   each from; `onChunks` gets each stream's chunks in order, across reconnects (the client keeps each
+   *   stream's attempt and next offset, and resumes from them), then its end once the task has ended
    * @returns {() => void}  stops watching
    */
   subscribe(taskId, token, onFrame, options = {}) {
     const from = parseCursor(options.cursor) ?? this._loadCursor(taskId) ?? { version: 0, epoch: null };
+    const wanted = Array.isArray(options.streams)
+      ? options.streams.map((name) => [name, 0])
+      : Object.entries(options.streams ?? {});
     const sub = {
       taskId,
       token,
@@ -128,6 +144,10 @@ export class GatewayClient {
       task: null,
       source: null,
       resumeMode: null,
+      ended: false, // the task has ended (its streams' end frames may still be to come)
+      // stream name -> {attempt (null: none seen yet), next (the offset to resume from), ended}
+      streams: new Map(wanted.map(([name, offset]) => [name, { attempt: null, next: offset, ended: false }])),
+      onChunks: options.onChunks ?? null,
     };
     this._subs.set(taskId, sub);
     if (this.transport === "sse") {
@@ -440,6 +460,7 @@ export class GatewayClient {
     sub.awaiting = true;
     const message = { type: "subscribe", taskId: sub.taskId, cursor: cursorOf(sub.cursor, sub.epoch) };
     if (sub.token) message.token = sub.token;
+    if (sub.streams.size) message.streams = Object.fromEntries([...sub.streams].map(([name, s]) => [name, s.next]));
     this._ws.send(JSON.stringify(message));
   }
 
@@ -483,6 +504,7 @@ export class GatewayClient {
     if (this._closed || sub.done || this._subs.get(sub.taskId) !== sub) return; // closed or unsubscribed meanwhile
     const query = new URLSearchParams({ cursor: String(cursorOf(sub.cursor, sub.epoch)) });
     if (sub.token) query.set("token", sub.token);
+    if (sub.streams.size) query.set("streams", [...sub.streams].map(([name, s]) => `${name}:${s.next}`).join(","));
     const url = `${this.baseUrl}/v1/tasks/${encodeURIComponent(sub.taskId)}/stream?${query}`;
     const source = new this.EventSource(url);
     sub.source = source;
@@ -508,7 +530,9 @@ export class GatewayClient {
         sub.source = null;
       }
     };
-    for (const type of ["caught-up", "delta", "snapshot", "event"]) source.addEventListener(type, handle);
+    for (const type of ["caught-up", "delta", "snapshot", "event", "chunks", "end"]) {
+      source.addEventListener(type, handle);
+    }
     source.onerror = () => {
       // EventSource reconnects by itself with Last-Event-ID; a closed one (HTTP error) is reopened later.
       if (sub.done || this._closed) return;
@@ -538,14 +562,19 @@ export class GatewayClient {
       return;
     }
     if (!sub || sub.done) return;
+    if (frame.type === "chunks" || frame.type === "end") {
+      this._onStreamFrame(sub, frame);
+      return;
+    }
     if (RESUME.has(frame.type)) {
       // A snapshot also comes unasked: the newest state past a backlog (conflated), or the task made again.
       if (!sub.awaiting && !(frame.type === "snapshot" && ["conflated", "recreated"].includes(frame.reason))) return;
       sub.awaiting = false;
+      if (sub.ended) return; // resumed for its streams alone: the task's end was applied and told
       if (frame.reason !== "conflated") sub.resumeMode = frame.type;
       this._failures = 0;
     } else if (frame.type === "event") {
-      if (sub.awaiting) return; // sent before our resubscribe; its resume frame covers it
+      if (sub.awaiting || sub.ended) return; // sent before our resubscribe (its resume frame covers it)
       if (frame.version !== sub.cursor + 1) {
         resubscribe(sub);
         return;
@@ -557,8 +586,33 @@ export class GatewayClient {
     sub.epoch = frame.task.epoch ?? null; // a snapshot of a task made again under the id brings its own
     sub.task = frame.task;
     this._saveCursor(sub.taskId, sub.cursor, sub.epoch);
-    if (TERMINAL.has(frame.task.state)) sub.done = true;
+    if (TERMINAL.has(frame.task.state)) {
+      sub.ended = true;
+      sub.done = [...sub.streams.values()].every((s) => s.ended);
+    }
     sub.onFrame(frame, frame.task);
+  }
+
+  /** A `chunks` or `end` frame of a stream the subscription follows (docs/protocol.md, "Live"). */
+  _onStreamFrame(sub, frame) {
+    const stream = sub.streams.get(frame.stream);
+    // Before the resume frame of a subscription sent again, a frame is the earlier subscription's: the new
+    // one sends the stream again from the offset it was sent with.
+    if (!stream || stream.ended || sub.awaiting) return;
+    const update = { taskId: sub.taskId, stream: frame.stream, attempt: stream.attempt, offset: frame.offset };
+    if (frame.type === "end") {
+      stream.ended = true;
+      stream.next = frame.offset;
+      sub.done = sub.ended && [...sub.streams.values()].every((s) => s.ended);
+      if (sub.onChunks) sub.onChunks({ ...update, chunks: [], replace: false, ended: true });
+      return;
+    }
+    // The text goes on from the next offset of the attempt held; any other frame starts it over (a retry's
+    // output, or the stream sent from its attempt's first chunk).
+    const replace = frame.offset !== stream.next || (stream.attempt !== null && frame.attempt !== stream.attempt);
+    stream.attempt = frame.attempt;
+    stream.next = frame.offset + frame.chunks.length;
+    if (sub.onChunks) sub.onChunks({ ...update, attempt: frame.attempt, chunks: frame.chunks, replace, ended: false });
   }
 
   // --- tag subscriptions ---------------------------------------------------------------------------

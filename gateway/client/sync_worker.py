@@ -126,3 +126,12 @@ class SyncWorker:
 
     def heartbeat(self) -> dict[str, Any]:
         return self._call(self.worker.heartbeat)
+
+    def write(self, name: str, text: str) -> None:
+        """:meth:`Worker.write <gateway.client.Worker.write>`: ``text`` appended to the stream ``name``,
+        buffered (sent within 50 ms inside ``with``; at 64 KiB this call waits for the gateway's answer)."""
+        self._call(self.worker.write, name, text)
+
+    def flush(self) -> None:
+        """:meth:`Worker.flush <gateway.client.Worker.flush>`: send everything written, now."""
+        self._call(self.worker.flush)

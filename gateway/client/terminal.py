@@ -1,6 +1,8 @@
 """``gateway watch``: a terminal view of one task (state, a live progress bar, each entry as it comes), or
 with ``--tag`` of every task carrying a tag (a line per change, each task's id first, new tasks as they are
-created, until Ctrl-C).
+created, until Ctrl-C). With ``--stream NAME``, the task's stream instead: its text on stdout as the worker
+writes it (nothing else there, so that it can be piped or saved), its entries on stderr, and a new
+attempt's text after a line on stderr that says the output starts over.
 
 What goes wrong with the link (once per distinct failure) and why it gave up go to stderr; while the bar is
 live on a terminal, rich shows what is written to stderr above it. Nothing of the task is shown before its
@@ -57,9 +59,16 @@ def describe(event: dict[str, Any]) -> str:
 
 
 async def watch_in_terminal(
-    base_url: str, task_id: str, token: str | None, cursor: int = 0, console: Console | None = None
+    base_url: str,
+    task_id: str,
+    token: str | None,
+    cursor: int = 0,
+    console: Console | None = None,
+    stream: str | None = None,
 ) -> int:
     """Show the task until it is terminal; returns 0 (succeeded), 1 (failed), 3 (expired) or 4 (error)."""
+    if stream is not None:
+        return await _stream_in_terminal(base_url, task_id, token, cursor, stream)
     console = console or _Console()
     state = "unknown"
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn())
@@ -88,6 +97,51 @@ async def watch_in_terminal(
                         description=f"{task_id}  {state}  attempt {task['attempts']}/{task['maxAttempts']}",
                     )
         console.print(f"{task_id}: {state}")
+    except WatchError as exc:
+        print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return _reader_gone()
+    return EXIT_CODES.get(state, EXIT_ERROR)
+
+
+async def _stream_in_terminal(base_url: str, task_id: str, token: str | None, cursor: int, name: str) -> int:
+    """The text of the task's stream ``name`` on stdout as it comes; the task's entries on stderr."""
+    state = "unknown"
+    held: tuple[int, int] | None = None  # the attempt printed and the offset after its last chunk
+    ends_line = True  # what stdout has printed ends a line (or nothing was printed)
+
+    def note(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    followed = {task_id: {name: 0}}
+    frames = watch(
+        base_url, {task_id: token}, cursors={task_id: cursor}, streams=followed, on_status=_say_status
+    )
+    try:
+        async with aclosing(frames):
+            async for frame in frames:
+                kind = frame["type"]
+                if kind == "chunks":
+                    if held is not None and held != (frame["attempt"], frame["offset"]):
+                        # A retry's output (or the stream sent again from its attempt's start) replaces it.
+                        if not ends_line:
+                            print(flush=True)
+                        note(f"{task_id}: the output starts over (attempt {frame['attempt']})")
+                    text = "".join(frame["chunks"])
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                    ends_line = text.endswith("\n") if text else ends_line
+                    held = (frame["attempt"], frame["offset"] + len(frame["chunks"]))
+                elif kind == "event":
+                    state = frame["task"]["state"]
+                    note(f"v{frame['version']}  {describe(frame['event'])}")
+                elif kind != "end":
+                    state = frame["task"]["state"]
+                    note(f"v{frame['version']}  {kind}: {_summary(frame['task'])}")
+        if not ends_line:
+            print(flush=True)
+        note(f"{task_id}: {state}")
     except WatchError as exc:
         print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
         return EXIT_ERROR

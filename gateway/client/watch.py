@@ -5,10 +5,12 @@
 version it holds with the epoch of that task's history, so that a task made again under a deleted one's
 id comes as a ``snapshot``, never as the old one's next versions), checks that each ``event`` frame is
 ``version == last + 1`` and resubscribes from ``last`` when it is not, and ends once every watched task is
-terminal. ``watch_tag`` follows every task carrying a tag, those there
-are and those created later, with a cursor per task (``tag_follow.py``); it ends only when its caller
-stops. What they yield is exactly what the server sent, so a caller can apply frames in order and hold the
-exact task state.
+terminal. Given ``streams``, it also yields each task's ``chunks`` and ``end`` frames of those streams
+(docs/protocol.md, "Streams"), resumes each stream from the offset after its last chunk yielded, and ends
+a task once its streams' ``end`` frames have come too. ``watch_tag`` follows every task carrying a tag,
+those there are and those created later, with a cursor per task (``tag_follow.py``); it ends only when its
+caller stops. What they yield is exactly what the server sent, so a caller can apply frames in order and
+hold the exact task state.
 """
 
 from __future__ import annotations
@@ -46,25 +48,35 @@ async def watch(
     heartbeat_s: float = 3.0,
     deadline_s: float = 3.0,
     on_status: Callable[[LinkStatus], None] | None = log_status,
+    streams: Mapping[str, Mapping[str, int]] | None = None,
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Yield the frames of the tasks in ``tokens`` (task id -> subscribe token) until all are terminal.
 
     ``cursors`` holds the versions already seen (default 0), ``epochs`` the epoch of the task each was seen
-    in (its ``task["epoch"]``; without one a version is taken as one of the task the id names now). Raises
+    in (its ``task["epoch"]``; without one a version is taken as one of the task the id names now).
+    ``streams`` names, per task id, the streams to follow with the offset to start each from (0: all of its
+    text); a ``chunks`` frame whose ``offset`` is not the next one of the attempt held starts the text over
+    (a retry's output, or the stream sent from its attempt's first chunk). Raises
     :class:`WatchError` on an error the server will not change its mind about (bad token, unknown task), or
     after ``max_reconnects`` drops. ``on_status`` hears of each change in the link (None: silence).
     """
     cursor = {task_id: (cursors or {}).get(task_id, 0) for task_id in tokens}
     epoch = {task_id: e for task_id, e in (epochs or {}).items() if task_id in cursor}
-    done: set[str] = set()
+    # Per task, each stream still open -> the offset to resume it from.
+    offsets = {task_id: dict((streams or {}).get(task_id, {})) for task_id in tokens}
+    ended: set[str] = set()  # tasks whose terminal frame was yielded (their streams' end may be to come)
+    done: set[str] = set()  # tasks with nothing more to yield
     backoff = backoff or Backoff()
+
+    def subscribe(task_id: str) -> str:
+        return _subscribe(task_id, cursor[task_id], epoch.get(task_id), tokens[task_id], offsets[task_id])
 
     async def session(ws: ClientConnection) -> AsyncIterator[dict[str, Any]]:
         awaiting: set[str] = set()  # subscriptions whose resume frame has not come yet
         for task_id in cursor:
             if task_id not in done:
                 awaiting.add(task_id)
-                await ws.send(_subscribe(task_id, cursor[task_id], epoch.get(task_id), tokens[task_id]))
+                await ws.send(subscribe(task_id))
         async for raw in ws:
             frame = orjson.loads(raw)
             kind, task_id = frame.get("type"), frame.get("taskId")
@@ -74,18 +86,33 @@ async def watch(
                 continue
             if task_id not in cursor or task_id in done:
                 continue
+            if kind in ("chunks", "end"):
+                # Before a resubscription's resume frame, the earlier subscription's: the new one sends the
+                # stream again from the offset it was sent with.
+                if task_id in awaiting or frame.get("stream") not in offsets[task_id]:
+                    continue
+                if kind == "end":
+                    del offsets[task_id][frame["stream"]]
+                    if task_id in ended and not offsets[task_id]:
+                        done.add(task_id)
+                else:
+                    offsets[task_id][frame["stream"]] = frame["offset"] + len(frame["chunks"])
+                yield frame
+                continue
             if kind in RESUME_TYPES:
                 if task_id not in awaiting and kind != "snapshot":
                     continue
                 awaiting.discard(task_id)
                 backoff.reset()
+                if task_id in ended:
+                    continue  # resumed for its streams alone: its end was yielded
             elif kind == "event":
-                if task_id in awaiting:
+                if task_id in awaiting or task_id in ended:
                     continue  # from before a resubscribe; the new resume frame covers it
                 if frame["version"] != cursor[task_id] + 1:
                     # A gap: ask again from what we hold.
                     awaiting.add(task_id)
-                    await ws.send(_subscribe(task_id, cursor[task_id], epoch.get(task_id), tokens[task_id]))
+                    await ws.send(subscribe(task_id))
                     continue
             else:
                 continue
@@ -94,7 +121,9 @@ async def watch(
             if isinstance(held, str):  # a snapshot of a task made again under the id brings its own
                 epoch[task_id] = held
             if frame["task"]["state"] in TERMINAL:
-                done.add(task_id)
+                ended.add(task_id)
+                if not offsets[task_id]:
+                    done.add(task_id)
             yield frame
 
     async for frame in linked(
@@ -174,8 +203,12 @@ async def watch_tag(
         yield frame
 
 
-def _subscribe(task_id: str, cursor: int, epoch: str | None, token: str | None) -> str:
+def _subscribe(
+    task_id: str, cursor: int, epoch: str | None, token: str | None, streams: Mapping[str, int]
+) -> str:
     message: dict[str, Any] = {"type": "subscribe", "taskId": task_id, "cursor": cursor_of(cursor, epoch)}
     if token is not None:
         message["token"] = token
+    if streams:
+        message["streams"] = dict(streams)
     return orjson.dumps(message).decode()

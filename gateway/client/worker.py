@@ -28,6 +28,18 @@ again, and the callback it was sending, as that attempt (with a new id: the old 
 at WARNING; the job goes on and never sees it. A task that went on without the worker (a newer attempt
 started, the lease ended its last attempt) is logged at ERROR with what is lost (the result, the failure,
 the progress), and raised as before (:class:`AttemptOver`, :class:`CallbackIgnored`).
+
+**Streams.** ``await worker.write(name, text)`` appends ``text`` to the task's stream ``name`` (protocol.md,
+Streams: a model's tokens, a log's lines), buffered (:mod:`gateway.client.stream_out` decides): inside
+``async with`` a background task sends a stream's buffer 50 ms after its oldest write; a buffer of 64 KiB
+is sent by the write that filled it, which waits for its answer (so a job cannot write faster than the
+gateway takes); outside the block a write sends what is due itself. ``flush()`` sends everything now, and
+``succeed``/``fail`` flush before they report. A batch whose answer is lost is sent again with the same
+``seq`` (the gateway appends it once). A write raises :class:`AttemptOver` (:class:`TaskCancelled`) once
+the attempt is over, as a callback does; a batch the gateway refuses for good (``413 stream-full``, ``409
+too-many-streams``) raises :class:`CallbackError` from the write or flush that learns it (a background
+send's, from the next one). A worker that takes its task back sends what it had not had taken as the new
+attempt's, whose text starts over (the gateway drops an earlier attempt's chunks).
 """
 
 from __future__ import annotations
@@ -51,8 +63,9 @@ from gateway.client.errors import (
     cancelled,
     ignored,
 )
-from gateway.client.exchange import asend, problem, tries
+from gateway.client.exchange import asend, tries
 from gateway.client.retake import TakeBack, WentOn, lost, outlived
+from gateway.client.worker_streams import StreamWriting, refusal
 
 __all__ = [
     "APPLIED",
@@ -76,8 +89,6 @@ HARMLESS = frozenset({"duplicate-progress", "duplicate-result", "duplicate-callb
 
 # Below the gateway's idle timeout (GATEWAY_IDLE_TIMEOUT_MS, 5 s by default).
 KEEPALIVE_S = 2.0
-# The 409 codes that say a worker's attempt is over.
-ATTEMPT_OVER = frozenset({"stale-attempt", "not-running"})
 # The reasons of a fenced callback's answer that say the worker's attempt is over.
 ATTEMPT_ENDED = frozenset({"not-running", "terminal-conflict", "expired"})
 # The ``event_type`` of an error a heartbeat raises.
@@ -86,7 +97,7 @@ HEARTBEAT = "heartbeat"
 HEARTBEAT_FRACTION = 1 / 3
 
 
-class Worker:
+class Worker(StreamWriting):
     def __init__(
         self,
         base_url: str,
@@ -101,6 +112,7 @@ class Worker:
         self.task_id = task_id
         self.url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/callbacks"
         self.heartbeat_url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/heartbeat"
+        self.streams_url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/streams"
         self.headers = {"Authorization": f"Bearer {callback_token}"}
         # A pooled connection is not reused after KEEPALIVE_S idle: well before the gateway closes it
         # (GATEWAY_IDLE_TIMEOUT_MS, 5 s), so a callback is never sent on a connection being closed.
@@ -124,6 +136,7 @@ class Worker:
         self._name: str | None = None  # the ``worker`` of its start, for a start that takes the task back
         self._reached: tuple[int, str] | None = None  # the attempt's last progress taken (value, cursor)
         self._retaking: anyio.Lock | None = None  # one take-back at a time (made in the event loop)
+        self._init_streams()
 
     @property
     def heartbeating(self) -> bool:
@@ -147,7 +160,14 @@ class Worker:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        unsent: BaseException | None = None  # what sending the job's last writes ran into
+        if exc[0] is None and self._over is None and self._ended_by is None and self.attempt is not None:
+            try:
+                await self.flush()
+            except (WorkerError, httpx.HTTPError) as failed:
+                unsent = failed
         self._stop_heartbeat()
+        self._stop_flushing()
         heartbeats, block = self._heartbeats, self._block
         self._heartbeats = self._block = None
         assert heartbeats is not None and block is not None
@@ -161,6 +181,8 @@ class Worker:
                     await self._client.aclose()
         if self._over is not None and (cancelled_by_heartbeat or exc[0] is None):
             raise self._over from None  # not from the job's cancellation, which it caused
+        if unsent is not None:
+            raise unsent
 
     async def start(self, worker: str, *, take_over: bool = False) -> dict[str, Any]:
         """Begin an attempt. On a task that is already running (``already-running``: another worker holds
@@ -204,7 +226,10 @@ class Worker:
         return await self._last({"type": "fail", "error": error, "retryable": retryable}, callback_id)
 
     async def _last(self, event: dict[str, Any], callback_id: str | None) -> dict[str, Any]:
-        """The attempt's last callback: its heartbeat stops once it is answered (or refused)."""
+        """The attempt's last callback, after what the job wrote: its heartbeat stops once it is answered
+        (or refused)."""
+        if self.attempt is not None:
+            await self.flush()
         self._ending = True
         try:
             return await self.send(event, callback_id=callback_id, fenced=True)
@@ -263,12 +288,16 @@ class Worker:
         request = self._client.build_request("POST", url, json=body, headers=self.headers)
         sent = await asend(self._client, tries(request, retries=self.retries, backoff=backoff))
         if sent.response.status_code >= 300:
-            raise _refusal(sent.response, what, self.task_id)
+            raise refusal(sent.response, what, self.task_id)
         result: dict[str, Any] = sent.response.json()
-        if result.get("heartbeatMs") is not None:
-            self.heartbeat_ms = int(result["heartbeatMs"])
-            self._renewed_at = max(self._renewed_at, sent.sent_at)
+        self._renewed(result, sent.sent_at)
         return result
+
+    def _renewed(self, answer: dict[str, Any], sent_at: float) -> None:
+        """An answer that carries the lease counts as its renewal, from when its request was sent."""
+        if answer.get("heartbeatMs") is not None:
+            self.heartbeat_ms = int(answer["heartbeatMs"])
+            self._renewed_at = max(self._renewed_at, sent_at)
 
     # --- a job that outlives its lease ---------------------------------------------------------------------
 
@@ -381,15 +410,3 @@ def _check(event_type: str, answer: dict[str, Any]) -> None:
     if reason in APPLIED or reason in HARMLESS:
         return
     raise ignored(event_type, reason, answer.get("task") or {})
-
-
-def _refusal(response: httpx.Response, what: str, task_id: str) -> WorkerError:
-    """The error for a 4xx answer: :class:`AttemptOver` when it says the attempt is over (with the task the
-    answer carries, if any), :class:`TaskCancelled` when it is over because the task was cancelled, else
-    :class:`CallbackError`."""
-    said = problem(response)
-    if response.status_code != 409 or said.code not in ATTEMPT_OVER:
-        return CallbackError(response.status_code, said.code, said.message, task_id=task_id)
-    if said.task is not None and cancelled(said.task):
-        return TaskCancelled(what, said.code, said.task)
-    return AttemptOver(response.status_code, said.code, said.message, task_id=task_id, task=said.task)

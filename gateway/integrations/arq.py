@@ -64,15 +64,17 @@ from gateway.integrations.report import (
     Ticket,
     activate,
     aprogress,
+    awrite,
     current_run,
 )
 from gateway.integrations.ticket import gateway_config, requested
 
-__all__ = ["configure", "current_run", "enqueue_job", "install", "progress"]
+__all__ = ["configure", "current_run", "enqueue_job", "install", "progress", "write"]
 
 logger = logging.getLogger(__name__)
 
 progress = aprogress  # ``await progress(40, cursor=...)`` inside a job
+write = awrite  # ``await write("output", text)`` inside a job
 SCHEME = "arq"
 # The job's keyword argument that carries the ticket (the ``gateway`` header of Celery's messages).
 TICKET_KWARG = "_gateway_ticket"

@@ -58,10 +58,11 @@ from gateway.integrations.report import (
     aprogress,
     current_run,
     progress,
+    write,
 )
 from gateway.integrations.ticket import HEADER, gateway_config, requested
 
-__all__ = ["aprogress", "current_run", "install", "progress", "uninstall"]
+__all__ = ["aprogress", "current_run", "install", "progress", "uninstall", "write"]
 
 log = logging.getLogger("gateway.integrations.celery")
 

@@ -46,10 +46,10 @@ from typing import Any
 from dramatiq import Broker, Middleware
 from dramatiq.middleware import Retries
 
-from gateway.integrations.report import Reporter, Run, Ticket, activate, current_run, progress
+from gateway.integrations.report import Reporter, Run, Ticket, activate, current_run, progress, write
 from gateway.integrations.ticket import HEADER, gateway_config, requested
 
-__all__ = ["GatewayMiddleware", "current_run", "install", "progress"]
+__all__ = ["GatewayMiddleware", "current_run", "install", "progress", "write"]
 
 logger = logging.getLogger(__name__)
 

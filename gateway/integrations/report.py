@@ -21,7 +21,8 @@ when a job is published, and each run of the job, in whatever worker process, re
   main process, which must not wait for the gateway); :meth:`Run.cancel` and :meth:`Reporter.lost` likewise.
 - :meth:`Run.pending` / :meth:`Reporter.adopt`: a process about to exit with a run's reports unsent (an RQ
   work horse) hands them, as JSON, to a process that lives on (its worker), whose thread sends them.
-- :func:`progress` / :func:`aprogress`: the job's one call, for the run of the job executing here.
+- :func:`progress` / :func:`aprogress`: the job's one call, for the run of the job executing here;
+  :func:`write` / :func:`awrite` append text to one of its task's streams (``Run.write``).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ __all__ = [
     "Ticket",
     "activate",
     "aprogress",
+    "awrite",
     "current_run",
     "progress",
+    "write",
 ]
 
 log = logging.getLogger("gateway.integrations")
@@ -308,3 +311,19 @@ def progress(value: int, cursor: str = "") -> None:
 async def aprogress(value: int, cursor: str = "") -> None:
     """:func:`progress` for async jobs (arq): as non-blocking."""
     progress(value, cursor)
+
+
+def write(name: str, text: str) -> None:
+    """Append ``text`` to the current job's stream ``name`` (:meth:`Run.write`: buffered, never blocks).
+    Outside a run it does nothing (logged at DEBUG). Raises :class:`~gateway.client.TaskCancelled` once the
+    task was cancelled, :class:`~gateway.client.AttemptOver` once it went on without this run."""
+    run = _current.get()
+    if run is None:
+        log.debug("task-gateway: write(%r) outside a reported job: ignored", name)
+        return
+    run.write(name, text)
+
+
+async def awrite(name: str, text: str) -> None:
+    """:func:`write` for async jobs (arq): as non-blocking."""
+    write(name, text)

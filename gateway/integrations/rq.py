@@ -73,10 +73,20 @@ from gateway.integrations.report import (
     activate,
     current_run,
     progress,
+    write,
 )
 from gateway.integrations.ticket import gateway_config, requested
 
-__all__ = ["GatewayJob", "GatewayWorker", "current_run", "enqueue", "install", "on_stopped", "progress"]
+__all__ = [
+    "GatewayJob",
+    "GatewayWorker",
+    "current_run",
+    "enqueue",
+    "install",
+    "on_stopped",
+    "progress",
+    "write",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -10,13 +10,16 @@ the sender's) holds ``lock``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway.integrations.runstate import RunState
+from gateway.integrations.runstate import OVER, RunState
 from gateway.integrations.ticket import GatewayConfig, Ticket, error_text, result_hash, result_ref
+
+log = logging.getLogger("gateway.integrations")
 
 
 class Run(RunState):
@@ -57,6 +60,7 @@ class Run(RunState):
         )
         self._wake = wake
         self._cancel = cancel
+        self._dropped: set[str] = set()  # the streams a dropped write was said of
 
     def unblock(self) -> None:
         self.started.set()
@@ -80,6 +84,40 @@ class Run(RunState):
             taken = self.latest is None
             self.latest = (value, cursor)
         if taken:  # the sender may be asleep with nothing to do: tell it
+            self._wake()
+
+    def write(self, name: str, text: str) -> None:
+        """Append ``text`` to the task's stream ``name`` (protocol.md, Streams). Never blocks: kept, and sent
+        by the process's sender thread 50 ms after the oldest write not sent (at once past 64 KiB), all of
+        it before the outcome; a batch whose answer was lost goes again with the same ``seq``. Raises
+        :class:`~gateway.client.TaskCancelled` once the task was cancelled,
+        :class:`~gateway.client.AttemptOver` once it went on without this run; ``ValueError`` for a name
+        that is not a stream's. Past 16 MiB of a stream's text unsent (the gateway out of reach), or once the
+        gateway refused the stream's text, what is written is dropped (said once)."""
+        if self.cancelled is not None:
+            raise self.cancelled
+        if self.gone is not None:
+            raise self.gone
+        with self.lock:
+            out = self.streams.get(name)
+            idle = out is None or out.since is None
+            kept = self.write_kept(name, text, time.monotonic())
+            due_now = kept and self.streams[name].full()
+        if not kept and name not in self._dropped:
+            self._dropped.add(name)
+            if name in self.refused_streams:
+                why = "the gateway refused its text"
+            elif self.phase == OVER or self.ended:
+                why = "the run reports nothing more"
+            else:
+                why = "16 MiB of its text wait unsent"
+            log.warning(
+                "task-gateway: task %s: dropping what the job writes to stream %s (%s)",
+                self.task_id,
+                name,
+                why,
+            )
+        if kept and (idle or due_now):  # the sender may be asleep with nothing to send: tell it
             self._wake()
 
     def succeed(self, value: Any) -> None:

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from gateway.client.errors import TaskCancelled, cancelled
+from gateway.client.errors import AttemptOver, TaskCancelled, cancelled
 from gateway.client.retake import TakeBack, WentOn, outlived
+from gateway.client.stream_out import Again, Batch, Over, Refused
 from gateway.integrations.runstate import CREATE, RETAKE, START, WAIT, RunState, SenderConfig
 
 # How often a run waiting for the lease of a run before it reads the task again.
@@ -38,7 +39,7 @@ class Request:
     """``GET`` ``path`` (``body`` None) or ``POST`` the JSON ``body``, with ``token`` as its bearer (a
     callback token or the API key; None: none); ``kind`` says what it is, for its answer."""
 
-    kind: str  # create, start, read, callback, heartbeat, cancel, lost
+    kind: str  # create, start, read, callback, append, heartbeat, cancel, lost
     path: str
     body: dict[str, Any] | None
     token: str | None
@@ -126,9 +127,13 @@ class RunProtocol:
             callback_id, event = taken
             body = {"callbackId": callback_id, "attempt": run.attempt, "event": event}
             return Send(Request("callback", callbacks(run.task_id), body, run.token))
+        batch = run.take_append(now)
+        if isinstance(batch, Batch):
+            path = f"{task_path(run.task_id)}/streams/{batch.name}"
+            return Send(Request("append", path, batch.body(), run.token))
         if run.idle() or run.ended:
             return DONE  # everything said (the outcome answered), or the job has finished with nothing left
-        due = math.inf if taken is None else taken
+        due = min(math.inf if taken is None else taken, math.inf if batch is None else batch)
         if run.heartbeat_ms is not None:
             beat_at = run.renewed_at + run.heartbeat_ms / 3000
         elif run.asked:  # no lease, but a job that repeats its progress learns of a cancel this way
@@ -155,6 +160,8 @@ class RunProtocol:
         elif request.kind == "callback":
             assert request.body is not None
             self._called_back(run, str(request.body["event"]["type"]), answer)
+        elif request.kind == "append":
+            self._appended(run, request.path.rpartition("/")[2], answer)
         else:
             self._beaten(run, answer, now)
 
@@ -287,6 +294,26 @@ class RunProtocol:
         elif run.ended:
             run.over()
 
+    def _appended(self, run: RunState, name: str, answer: Answer) -> None:
+        """The answer to the batch on its way to the stream ``name`` (the same again until answered)."""
+        out = run.streams[name]
+        assert out.inflight is not None  # nothing renumbers it but an answer, read here
+        verdict = out.answered(out.inflight, answer.status, answer.body)
+        if isinstance(verdict, Over):
+            self._attempt_over(run, "append", verdict.code, verdict.task)
+        elif isinstance(verdict, Refused):
+            self._say(
+                logging.WARNING,
+                "task-gateway: stream %s of task %s refused: %s; what the job writes to it is dropped",
+                name,
+                run.task_id,
+                why(answer),
+            )
+            del run.streams[name]
+            run.refused_streams.add(name)
+        elif not isinstance(verdict, Again):  # taken: the batch's answer renews the lease as a callback's
+            self._answered(run, answer)
+
     def _beaten(self, run: RunState, answer: Answer, now: float) -> None:
         if answer.status < 300:
             self._answered(run, answer)
@@ -341,6 +368,8 @@ class RunProtocol:
             self._went_on(run, WentOn(said))
 
     def _went_on(self, run: RunState, verdict: WentOn) -> None:
+        said = f"the task went on without this run: {verdict.why}"
+        run.gone = AttemptOver(409, "not-running", said, task_id=run.task_id)
         self._say(
             logging.ERROR,
             "task-gateway: task %s went on without this run (%s); lost: %s",

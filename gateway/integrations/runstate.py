@@ -14,8 +14,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from gateway.client.errors import TaskCancelled
+from gateway.client.errors import AttemptOver, TaskCancelled
 from gateway.client.retake import lost
+from gateway.client.stream_out import Batch, StreamOut
 
 # A run's phases.
 CREATE = "create"  # no callback token: the worker creates the task first
@@ -31,6 +32,9 @@ RETAKE = "retake"
 OVER = "over"  # nothing more will be sent
 # The phases before the run reports as an attempt of its own.
 STARTING = (CREATE, START, WAIT, RETAKE)
+# What a run keeps of one stream's text unsent, at most (the gateway's GATEWAY_STREAM_MAX_BYTES by default:
+# a stream's text can hold no more); a write past it is dropped (said once), the job never waiting.
+STREAM_LIMIT_BYTES = 16 * 1024 * 1024
 
 
 class SenderConfig(Protocol):
@@ -117,6 +121,11 @@ class RunState:
         self.retry_at = 0.0  # monotonic: no request before
         self.failures = 0  # tries unanswered in a row
         self.handed = False  # given to another process (pending()): this one sends nothing more of it
+        # What the job wrote to its streams and the gateway has not taken yet, by name; the streams whose
+        # text the gateway refused for good (what is written to them is dropped).
+        self.streams: dict[str, StreamOut] = {}
+        self.refused_streams: set[str] = set()
+        self.gone: AttemptOver | None = None  # the task went on without this run: a write raises it
 
     def first_phase(self, heartbeat_ms: int | None = None) -> str:
         """The phase after the task is known to exist: ``START``, or ``WAIT`` for a rerun of a task with a
@@ -167,12 +176,40 @@ class RunState:
             value, cursor = latest
             event = {"type": "progress", "progress": value, "cursor": cursor}
             self.inflight = (f"{self.callback_ids()}:p{self.sent}", event)
-        elif outcome is not None:
+        elif outcome is not None and self.written():
             self.ended = True
             self.inflight = (f"{self.callback_ids()}:end", outcome)
         else:
             return None
         return self.inflight
+
+    def written(self) -> bool:
+        """Everything the job wrote has been taken by the gateway (the outcome goes after it)."""
+        return all(out.empty() for out in self.streams.values())
+
+    def write_kept(self, name: str, text: str, now: float) -> bool:
+        """Keep ``text`` for the stream ``name`` (``ValueError`` for a name the gateway would refuse); false
+        when it is dropped: the stream is full of unsent text, its text was refused, or the run reports
+        nothing more."""
+        out = self.streams.get(name) or StreamOut(name, limit_bytes=STREAM_LIMIT_BYTES)
+        if name in self.refused_streams or self.phase == OVER or self.ended:
+            return False
+        self.streams[name] = out
+        return out.write(text, now)
+
+    def take_append(self, now: float) -> Batch | float | None:
+        """The next append to send now (one on its way again, first), else when one will be due, else
+        ``None``. Every buffer goes at once when the job has finished or its outcome waits."""
+        assert self.attempt is not None  # a running run's (its outcome waits for the streams: never ended)
+        flush = self.finished or self.outcome is not None
+        due: float | None = None
+        for out in self.streams.values():
+            taken = out.take(self.attempt, now, flush=flush)
+            if isinstance(taken, Batch):
+                return taken
+            if taken is not None:
+                due = taken if due is None else min(due, taken)
+        return due
 
     def callback_ids(self) -> str:
         """What this run's callback ids begin with: ``<task>:<attempt>``, or ``<task>:<attempt>:<nonce>``
@@ -210,7 +247,9 @@ class RunState:
 
     def idle(self) -> bool:
         """Nothing left to send, and the job has finished."""
-        pending = not self.ended and (self.latest is not None or self.outcome is not None)
+        pending = not self.ended and (
+            self.latest is not None or self.outcome is not None or not self.written()
+        )
         return self.finished and self.inflight is None and not pending
 
     def reporting(self) -> bool:
@@ -227,14 +266,18 @@ class RunState:
         if self.phase == OVER or self.handed:
             return 0
         waiting = (self.phase in STARTING, self.inflight, self.latest, not self.ended and self.outcome)
-        return sum(1 for report in waiting if report)
+        return sum(1 for report in waiting if report) + sum(not out.empty() for out in self.streams.values())
 
     def unreported(self) -> str:
         """What the run had still to say, for a line that says it is lost."""
+        text = sum(out.unsent_chunks() for out in self.streams.values())
+        also = f"; {text} chunks of its streams' text" if text else ""
         if self.outcome is not None:
-            return lost(self.outcome)
+            return lost(self.outcome) + also
         reached = self.latest or self.last_sent
-        return f"its progress{f' ({reached[0]}%)' if reached else ''} and its outcome, once the job ends"
+        return (
+            f"its progress{f' ({reached[0]}%)' if reached else ''} and its outcome, once the job ends{also}"
+        )
 
     # --- another process takes over ------------------------------------------------------------------------
 
@@ -245,7 +288,13 @@ class RunState:
         self.handed = True
         if self.phase == OVER or (self.ended and self.inflight is None):
             return None
-        if self.phase == RUNNING and self.inflight is None and self.latest is None and self.outcome is None:
+        if (
+            self.phase == RUNNING
+            and self.inflight is None
+            and self.latest is None
+            and self.outcome is None
+            and self.written()
+        ):
             return None
         return {
             "taskId": self.task_id,
@@ -267,6 +316,7 @@ class RunState:
             "outcome": self.outcome,
             "ended": self.ended,
             "rerun": self.rerun,
+            "streams": [out.pending() for out in self.streams.values() if not out.empty()],
         }
 
     def resume(self, pending: Mapping[str, Any]) -> None:
@@ -292,5 +342,9 @@ class RunState:
         self.inflight = pair(pending.get("inflight"))
         self.ended = bool(pending.get("ended"))
         self.rerun = bool(pending.get("rerun"))
+        self.streams = {
+            str(out["name"]): StreamOut.resume(out, limit_bytes=STREAM_LIMIT_BYTES)
+            for out in pending.get("streams") or ()
+        }
         if self.phase in (RUNNING, RETAKE):
             self.unblock()

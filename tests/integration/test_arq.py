@@ -23,6 +23,7 @@ from tests.support import eventually, http_client, running_gateway, wait_until
 from tests.support.queue_runs import (
     API_KEY,
     ARQ_DB,
+    OK_OUTPUT,
     Expected,
     Followed,
     QueueWorker,
@@ -47,8 +48,9 @@ PLANS: list[tuple[str, Expected, bool]] = [
     ("kill", Expected("succeeded", 2, "heartbeat-timeout", result_ref="", last_progress=(20, 80)), True),
     ("abort", Expected("failed", 1, "cancelled", last_progress=(10,), cancelled=True), False),
     ("cancel", Expected("failed", 1, "cancelled", cancelled=True), False),
-    *[("ok", Expected("succeeded", 1, result_ref="", last_progress=(75,)), True)] * 8,
-    *[("ok-dict", Expected("succeeded", 1, result_ref="arq", last_progress=(75,)), True)] * 2,
+    *[("ok", Expected("succeeded", 1, result_ref="", last_progress=(75,), output=OK_OUTPUT), True)] * 8,
+    *[("ok-dict", Expected("succeeded", 1, result_ref="arq", last_progress=(75,), output=OK_OUTPUT), True)]
+    * 2,
     *[("retry", Expected("succeeded", 2, "Retry", result_ref="", last_progress=(30, 60)), True)] * 3,
     (
         "retry-fail",

@@ -207,6 +207,10 @@ async def test_celery_tasks_end_on_the_gateway_as_celery_ended_them(broker: Brok
             for task_id, expected in plan.items():
                 final = await read_history(client, task_id)
                 problems += _check_task(expected, final["task"], final["events"])
+                if expected.kind == "steps":  # what the task wrote, each write once, before its succeed
+                    text = (await client.get(f"/v1/tasks/{task_id}/streams/output/text")).text
+                    if text != "at-10 at-30 at-50 at-70 at-90 ":
+                        problems.append(f"steps {task_id}: output {text!r}")
             problems += await anyio.to_thread.run_sync(_celery_states, broker, plan)
             assert not problems, "\n".join(problems[:40])
         finally:

@@ -25,6 +25,7 @@ from gateway.integrations import dramatiq as gateway_dramatiq
 from tests.support import eventually, http_client, running_gateway, wait_until
 from tests.support.queue_runs import (
     API_KEY,
+    OK_OUTPUT,
     RQ_DB,
     Expected,
     Followed,
@@ -43,8 +44,19 @@ PLANS: list[tuple[str, int, Expected, bool]] = [
     ("kill", 1, Expected("succeeded", 2, "heartbeat-timeout", result_ref="", last_progress=(20, 80)), False),
     ("cancel", 1, Expected("failed", 1, "cancelled", cancelled=True), True),
     ("slow", 0, Expected("failed", 1, "TimeLimitExceeded", last_progress=(10,)), True),
-    *[("ok", n % 2, Expected("succeeded", 1, result_ref="", last_progress=(75,)), False) for n in range(7)],
-    *[("ok-dict", 1, Expected("succeeded", 1, result_ref="dramatiq", last_progress=(75,)), False)] * 2,
+    *[
+        ("ok", n % 2, Expected("succeeded", 1, result_ref="", last_progress=(75,), output=OK_OUTPUT), False)
+        for n in range(7)
+    ],
+    *[
+        (
+            "ok-dict",
+            1,
+            Expected("succeeded", 1, result_ref="dramatiq", last_progress=(75,), output=OK_OUTPUT),
+            False,
+        )
+    ]
+    * 2,
     *[
         (
             "retry",

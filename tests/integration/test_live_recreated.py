@@ -116,11 +116,17 @@ async def made_again(gw: Running, *, run_first: bool = True) -> dict[str, Any]:
     return await recreate_and_report_40(gw)
 
 
-async def recreated(gw: Running) -> tuple[str, dict[str, Any]]:
-    """:func:`made_again`, with the epoch of the task that had the id first."""
-    old = await create_task(gw, TASK, tags=[TAG])
-    await run_to_success(gw, old)
-    return old.task["epoch"], await made_again(gw, run_first=False)
+Recreated = tuple[Running, str, dict[str, Any]]
+
+
+@pytest.fixture
+async def recreated(database_url: str) -> AsyncGenerator[Recreated]:
+    """A gateway where ``job-X`` ran to success and was made again (:func:`made_again`): the gateway, the
+    epoch of the task that had the id first, and the new task."""
+    async with live_gateway(database_url) as gw:
+        old = await create_task(gw, TASK, tags=[TAG])
+        await run_to_success(gw, old)
+        yield gw, old.task["epoch"], await made_again(gw, run_first=False)
 
 
 def at(epoch: str, version: int = 2) -> str:
@@ -128,21 +134,20 @@ def at(epoch: str, version: int = 2) -> str:
 
 
 async def test_the_task_socket_answers_a_cursor_of_the_deleted_task_with_a_snapshot(
-    database_url: str,
+    recreated: Recreated,
 ) -> None:
-    async with live_gateway(database_url) as gw:
-        old, new = await recreated(gw)
-        async with socket(ws_url(gw, f"/v1/tasks/{TASK}/ws", cursor=at(old))) as ws:
-            frame = await recv_frame(ws)
-            assert (frame["type"], frame["reason"], frame["version"]) == ("snapshot", "recreated", 2)
-            assert frame["task"] == new
-            await post_callback(gw, TASK, await token(gw), {**PROGRESS_40, "progress": 50}, attempt=1)
-            frame = await recv_frame(ws)
-            assert (frame["type"], frame["version"], frame["task"]["epoch"]) == ("event", 3, new["epoch"])
-        # Its own epoch resumes by version; a bare version is taken as one of the task the id names now.
-        for cursor in (at(new["epoch"], 3), "3"):
-            async with socket(ws_url(gw, f"/v1/tasks/{TASK}/ws", cursor=cursor)) as ws:
-                assert (await recv_frame(ws))["type"] == "caught-up"
+    gw, old, new = recreated
+    async with socket(ws_url(gw, f"/v1/tasks/{TASK}/ws", cursor=at(old))) as ws:
+        frame = await recv_frame(ws)
+        assert (frame["type"], frame["reason"], frame["version"]) == ("snapshot", "recreated", 2)
+        assert frame["task"] == new
+        await post_callback(gw, TASK, await token(gw), {**PROGRESS_40, "progress": 50}, attempt=1)
+        frame = await recv_frame(ws)
+        assert (frame["type"], frame["version"], frame["task"]["epoch"]) == ("event", 3, new["epoch"])
+    # Its own epoch resumes by version; a bare version is taken as one of the task the id names now.
+    for cursor in (at(new["epoch"], 3), "3"):
+        async with socket(ws_url(gw, f"/v1/tasks/{TASK}/ws", cursor=cursor)) as ws:
+            assert (await recv_frame(ws))["type"] == "caught-up"
 
 
 async def token(gw: Running) -> str:
@@ -151,81 +156,77 @@ async def token(gw: Running) -> str:
 
 
 async def test_a_subscribe_on_v1_ws_with_a_cursor_of_the_deleted_task_gets_a_snapshot(
-    database_url: str,
+    recreated: Recreated,
 ) -> None:
-    async with live_gateway(database_url) as gw:
-        old, new = await recreated(gw)
-        async with socket(ws_url(gw, "/v1/ws")) as ws:
-            answers = []
-            for cursor in (at(old), at(new["epoch"]), 2, "1:" + new["epoch"], "2:", -1):
-                await ws.send(orjson.dumps({"type": "subscribe", "taskId": TASK, "cursor": cursor}).decode())
-                frame = await recv_frame(ws)
-                answers.append((frame["type"], frame.get("reason") or frame.get("code")))
-            assert answers == [
-                ("snapshot", "recreated"),
-                ("caught-up", None),
-                ("caught-up", None),
-                ("delta", None),
-                ("error", "invalid-request"),
-                ("error", "invalid-request"),
-            ]
+    gw, old, new = recreated
+    async with socket(ws_url(gw, "/v1/ws")) as ws:
+        answers = []
+        for cursor in (at(old), at(new["epoch"]), 2, "1:" + new["epoch"], "2:", -1):
+            await ws.send(orjson.dumps({"type": "subscribe", "taskId": TASK, "cursor": cursor}).decode())
+            frame = await recv_frame(ws)
+            answers.append((frame["type"], frame.get("reason") or frame.get("code")))
+        assert answers == [
+            ("snapshot", "recreated"),
+            ("caught-up", None),
+            ("caught-up", None),
+            ("delta", None),
+            ("error", "invalid-request"),
+            ("error", "invalid-request"),
+        ]
 
 
 async def test_an_sse_stream_resumed_with_a_last_event_id_of_the_deleted_task_starts_with_a_snapshot(
-    database_url: str,
+    recreated: Recreated,
 ) -> None:
-    async with live_gateway(database_url) as gw:
-        old, new = await recreated(gw)
-        headers = {"Last-Event-ID": at(old)}
-        with anyio.fail_after(STEP_S):
-            async with gw.client.stream("GET", f"/v1/tasks/{TASK}/stream", headers=headers) as response:
-                assert response.status_code == 200
-                name, ident, data = await anext(sse_frames(response))
-        assert (name, data["reason"], data["task"]) == ("snapshot", "recreated", new)
-        assert ident == at(new["epoch"])  # what the EventSource sends back if it reconnects
+    gw, old, new = recreated
+    headers = {"Last-Event-ID": at(old)}
+    with anyio.fail_after(STEP_S):
+        async with gw.client.stream("GET", f"/v1/tasks/{TASK}/stream", headers=headers) as response:
+            assert response.status_code == 200
+            name, ident, data = await anext(sse_frames(response))
+    assert (name, data["reason"], data["task"]) == ("snapshot", "recreated", new)
+    assert ident == at(new["epoch"])  # what the EventSource sends back if it reconnects
 
 
 async def test_the_http_resume_answers_a_cursor_of_the_deleted_task_with_a_snapshot(
-    database_url: str,
+    recreated: Recreated,
 ) -> None:
-    async with live_gateway(database_url) as gw:
-        old, new = await recreated(gw)
-        answers = []
-        for cursor in (at(old), at(old, 0), at(new["epoch"]), at(new["epoch"], 1), "2"):
-            answer = await gw.client.get(f"/v1/tasks/{TASK}/events", params={"cursor": cursor})
-            assert answer.status_code == 200, answer.text
-            body = answer.json()
-            assert body["task"] == new
-            answers.append((body["mode"], body.get("reason"), len(body["events"])))
-        assert answers == [
-            ("snapshot", "recreated", 0),
-            ("snapshot", "recreated", 0),
-            ("caught-up", None, 0),
-            ("delta", None, 1),
-            ("caught-up", None, 0),  # a bare version: of the task the id names now
-        ]
-        for bad in ("2:", "2:no such", ":ab12", "2.5:ab12"):
-            answer = await gw.client.get(f"/v1/tasks/{TASK}/events", params={"cursor": bad})
-            assert "cursor: must be a version" in error(answer, 400, "invalid-request")
+    gw, old, new = recreated
+    answers = []
+    for cursor in (at(old), at(old, 0), at(new["epoch"]), at(new["epoch"], 1), "2"):
+        answer = await gw.client.get(f"/v1/tasks/{TASK}/events", params={"cursor": cursor})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["task"] == new
+        answers.append((body["mode"], body.get("reason"), len(body["events"])))
+    assert answers == [
+        ("snapshot", "recreated", 0),
+        ("snapshot", "recreated", 0),
+        ("caught-up", None, 0),
+        ("delta", None, 1),
+        ("caught-up", None, 0),  # a bare version: of the task the id names now
+    ]
+    for bad in ("2:", "2:no such", ":ab12", "2.5:ab12"):
+        answer = await gw.client.get(f"/v1/tasks/{TASK}/events", params={"cursor": bad})
+        assert "cursor: must be a version" in error(answer, 400, "invalid-request")
 
 
 async def test_a_tags_cursors_map_with_a_cursor_of_the_deleted_task_gets_a_snapshot(
-    database_url: str,
+    recreated: Recreated,
 ) -> None:
-    async with live_gateway(database_url) as gw:
-        old, new = await recreated(gw)
-        async with socket(ws_url(gw, "/v1/ws")) as ws:
-            await ws.send(tag_subscribe(TAG, None, {TASK: at(old)}))
-            assert (await recv_frame(ws))["taskIds"] == [TASK]
-            frame = await recv_frame(ws)
-            assert (frame["type"], frame["reason"], frame["task"]) == ("snapshot", "recreated", new)
-            await ws.send(tag_subscribe(TAG, None, {TASK: at(new["epoch"], 1)}))
-            assert (await recv_frame(ws))["taskIds"] == [TASK]
-            assert (await recv_frame(ws))["type"] == "delta"
-            await ws.send(tag_subscribe(TAG, None, {TASK: "2:"}))
-            refused = await recv_frame(ws)
-            assert (refused["code"], refused["tag"]) == ("invalid-request", TAG)
-            assert refused["message"].startswith("cursors['job-X']: must be a version"), refused
+    gw, old, new = recreated
+    async with socket(ws_url(gw, "/v1/ws")) as ws:
+        await ws.send(tag_subscribe(TAG, None, {TASK: at(old)}))
+        assert (await recv_frame(ws))["taskIds"] == [TASK]
+        frame = await recv_frame(ws)
+        assert (frame["type"], frame["reason"], frame["task"]) == ("snapshot", "recreated", new)
+        await ws.send(tag_subscribe(TAG, None, {TASK: at(new["epoch"], 1)}))
+        assert (await recv_frame(ws))["taskIds"] == [TASK]
+        assert (await recv_frame(ws))["type"] == "delta"
+        await ws.send(tag_subscribe(TAG, None, {TASK: "2:"}))
+        refused = await recv_frame(ws)
+        assert (refused["code"], refused["tag"]) == ("invalid-request", TAG)
+        assert refused["message"].startswith("cursors['job-X']: must be a version"), refused
 
 
 # --- the Python clients -------------------------------------------------------------------------------------

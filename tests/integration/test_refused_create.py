@@ -53,7 +53,9 @@ def _said_not_shown(caplog: pytest.LogCaptureFixture, job_id: str) -> None:
     ), message
 
 
-async def _not_created(url: str, job_id: str) -> None:
+async def _not_shown(caplog: pytest.LogCaptureFixture, url: str, job_id: str) -> None:
+    """The job's task was not created, and the integration said so once, naming the job."""
+    _said_not_shown(caplog, job_id)
     async with http_client(base_url=url, headers=gateway_headers()) as client:
         answer = await client.get(f"/v1/tasks/{job_id}")
     assert answer.status_code == 404, answer.text
@@ -81,8 +83,7 @@ async def test_celery_says_which_job_is_not_shown(sqlite_url: str, caplog: pytes
             finally:
                 gateway_celery.uninstall(app)
                 app.close()
-            _said_not_shown(caplog, str(sent.id))
-            await _not_created(gw.url, str(sent.id))
+            await _not_shown(caplog, gw.url, str(sent.id))
             published = Redis.from_url(broker.url)
             assert published.llen(f"{broker.prefix}{broker.queue}") == 1  # published all the same
             published.close()
@@ -99,8 +100,7 @@ async def test_rq_says_which_job_is_not_shown(sqlite_url: str, caplog: pytest.Lo
         await anyio.to_thread.run_sync(
             lambda: gateway_rq.enqueue(queue, "tests.jobs.rq_jobs.work", "ok", job_id=job_id, gateway=REFUSED)
         )
-        _said_not_shown(caplog, job_id)
-        await _not_created(gw.url, job_id)
+        await _not_shown(caplog, gw.url, job_id)
         assert queue.job_ids == [job_id]  # enqueued all the same
         redis.close()
 
@@ -117,8 +117,7 @@ async def test_arq_says_which_job_is_not_shown(sqlite_url: str, caplog: pytest.L
                 redis, "work", "ok", _job_id=job_id, _queue_name=space.key("queue"), _gateway=REFUSED
             )
             assert job is not None  # enqueued all the same
-            _said_not_shown(caplog, job_id)
-            await _not_created(gw.url, job_id)
+            await _not_shown(caplog, gw.url, job_id)
         finally:
             await redis.aclose()
 
@@ -134,8 +133,7 @@ async def test_dramatiq_says_which_job_is_not_shown(
             gateway_dramatiq.install(broker, url=gw.url, api_key=API_KEY, timeout=5.0)
             actor = dramatiq.actor(actor_name="refused", queue_name=space.token, broker=broker)(lambda: None)
             message = await anyio.to_thread.run_sync(lambda: actor.send_with_options(gateway=REFUSED))
-            _said_not_shown(caplog, message.message_id)
-            await _not_created(gw.url, message.message_id)
+            await _not_shown(caplog, gw.url, message.message_id)
             queued = Redis.from_url(space.url)
             assert queued.hlen(f"dramatiq-{space.token}:{space.token}.msgs") == 1  # enqueued all the same
             queued.close()

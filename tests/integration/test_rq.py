@@ -24,6 +24,7 @@ from gateway.integrations import rq as gateway_rq
 from tests.support import eventually, http_client, running_gateway, wait_until
 from tests.support.queue_runs import (
     API_KEY,
+    OK_OUTPUT,
     RQ_DB,
     Expected,
     Followed,
@@ -49,10 +50,23 @@ PLANS: list[tuple[str, int, Expected, str]] = [
     ("stop", 0, Expected("failed", 1, "cancelled", last_progress=(10,), cancelled=True), JobStatus.STOPPED),
     ("cancel", 1, Expected("failed", 1, "cancelled", cancelled=True), JobStatus.FAILED),
     *[
-        ("ok", n % 2, Expected("succeeded", 1, result_ref="", last_progress=(75,)), JobStatus.FINISHED)
+        (
+            "ok",
+            n % 2,
+            Expected("succeeded", 1, result_ref="", last_progress=(75,), output=OK_OUTPUT),
+            JobStatus.FINISHED,
+        )
         for n in range(7)
     ],
-    *[("ok-dict", 1, Expected("succeeded", 1, result_ref="rq", last_progress=(75,)), JobStatus.FINISHED)] * 2,
+    *[
+        (
+            "ok-dict",
+            1,
+            Expected("succeeded", 1, result_ref="rq", last_progress=(75,), output=OK_OUTPUT),
+            JobStatus.FINISHED,
+        )
+    ]
+    * 2,
     *[
         (
             "retry",

@@ -27,7 +27,7 @@ from arq import Retry
 from arq.connections import RedisSettings
 
 from gateway.integrations import arq as gateway_arq
-from gateway.integrations.arq import progress
+from gateway.integrations.arq import progress, write
 
 WAIT_S = 60.0
 POLL_S = 0.05
@@ -49,6 +49,7 @@ async def work(ctx: dict[str, Any], plan: str) -> Any:
     if plan in ("ok", "ok-dict"):
         for value in (25, 50, 75):
             await progress(value, cursor=f"row-{value}")
+            await write("output", f"row-{value} ")
         return f"s3://results/{job_id}" if plan == "ok" else {"rows": 3, "job": job_id}
     if plan in ("retry", "retry-fail"):
         if run == 1:

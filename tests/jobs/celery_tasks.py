@@ -19,7 +19,7 @@ from typing import Any, cast
 from celery import Celery, states
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from gateway.integrations.celery import current_run, install, progress
+from gateway.integrations.celery import current_run, install, progress, write
 
 # How long a task that waits for the test (to be revoked, to be killed) waits at most.
 HOLD_S = 60.0
@@ -91,6 +91,7 @@ def make_app(
         for value in values:
             work(20)
             progress(value, cursor=f"at-{value}")
+            write("output", f"at-{value} ")  # the task's output, which the test reads back whole
         return result
 
     @task(app, name="tg.retry_once", max_retries=1)

@@ -29,7 +29,7 @@ from redis import Redis
 from rq import Retry, get_current_job
 
 from gateway.integrations import rq as gateway_rq
-from gateway.integrations.rq import progress
+from gateway.integrations.rq import progress, write
 
 WAIT_S = 60.0
 POLL_S = 0.05
@@ -59,6 +59,7 @@ def work(plan: str) -> Any:
     if plan in ("ok", "ok-dict"):
         for value in (25, 50, 75):
             progress(value, cursor=f"row-{value}")
+            write("output", f"row-{value} ")
         return f"s3://results/{job.id}" if plan == "ok" else {"rows": 3, "job": job.id}
     if plan == "retry":
         if run == 1:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,19 @@ class LossyProxy:
         self.carried: list[Carried] = []
         # What went wrong in a pipe (the test asserts there is nothing).
         self.errors: list[BaseException] = []
+
+    def check_appends(self, chunks: int) -> int:
+        """For a producer of a task's streams through this proxy: ``chunks`` chunks appended, each once; some
+        answers of the appends lost, and each lost one followed by a retry of the same batch (its ``seq``),
+        answered as a duplicate. Returns how many were lost."""
+        assert not self.errors
+        answers = [(json.loads(carried.body), carried.delivered) for carried in self.carried]
+        appends: list[tuple[dict[str, Any], bool]] = [(a, d) for a, d in answers if "nextOffset" in a]
+        lost = sum(not delivered for _, delivered in appends)
+        assert lost > 0, "no append's answer was lost: the test proves nothing"
+        assert sum(bool(answer["duplicate"]) for answer, _ in appends) == lost
+        assert sum(a["nextOffset"] - a["offset"] for a, _ in appends if not a["duplicate"]) == chunks
+        return lost
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[str]:

@@ -53,6 +53,8 @@ ENV_KEY = "TG_TEST_GATEWAY_KEY"
 ENV_TOKEN = "TG_TEST_TOKEN"
 ENV_QUEUE = "TG_TEST_QUEUE"
 ROOT = Path(__file__).resolve().parents[2]
+# What the ``ok`` jobs of tests/jobs/ write to their task's stream ``output``.
+OK_OUTPUT = "row-25 row-50 row-75 "
 
 
 @dataclass
@@ -202,6 +204,8 @@ class Expected:
     last_progress: tuple[int | None, ...] = ()
     cancelled: bool = False
     result_hash: str | None = None
+    # The text of the task's stream ``output`` (None: not checked): what the job wrote, each write once.
+    output: str | None = None
 
     def for_job(self, job_id: str, scheme: str) -> Expected:
         """With the result of the job ``job_id`` filled in, as the test jobs return them
@@ -269,6 +273,10 @@ class Followed:
             assert answer.status_code == 200, answer.text
             self.history.final(task_id, answer.json())
             problems += _differences(task_id, task, answer.json()["events"], want)
+            if want.output is not None:
+                text = await self.client.get(f"/v1/tasks/{quote(task_id, safe='')}/streams/output/text")
+                if text.text != want.output:
+                    problems.append(f"{task_id}: output {text.text!r}, expected {want.output!r}")
             subscriber = self.subscribers.get(task_id)
             if subscriber is not None:
                 try:

@@ -8,6 +8,7 @@ import {
   type ConnectionState,
   type Cursor,
   type Frame,
+  type StreamUpdate,
   type SubscriptionError,
   type TagFrame,
   type TagSubscriptionError,
@@ -150,3 +151,16 @@ console.log(tag);
 // @ts-expect-error progress is a number
 const progress: string = ({} as Task).progress;
 console.log(wrong, progress);
+
+// A task's streams: by name from their start, or from the offsets held; chunks in order, then the end.
+let answer = "";
+client.subscribe("llm-run", null, () => {}, {
+  streams: ["output"],
+  onChunks: (update: StreamUpdate) => {
+    answer = (update.replace ? "" : answer) + update.chunks.join("");
+    if (update.ended) console.log(`${update.stream} ended at ${update.offset}, attempt ${update.attempt ?? "none"}`);
+  },
+});
+client.subscribe("build-7", null, () => {}, { streams: { log: 120, output: 0 } });
+// @ts-expect-error an offset is a number
+client.subscribe("build-7", null, () => {}, { streams: { log: "120" } });

@@ -53,3 +53,18 @@ def test_the_types_declare_every_public_method_and_option_of_the_client() -> Non
     exports = set(re.findall(r"^export (?:class|function) (\w+)", source, re.MULTILINE))
     for name in sorted(exports):
         assert re.search(rf"^export (?:declare )?(?:class|function) {name}\b", types, re.MULTILINE), name
+
+
+def test_the_worker_types_declare_every_export_and_method_of_the_node_worker() -> None:
+    """gateway-worker.d.ts follows gateway-worker.js: an export or a public method added there and not here
+    fails (tsc checks that what is declared is used rightly: tests/types/worker.ts)."""
+    source = (ROOT / "static" / "gateway-worker.js").read_text()
+    types = (ROOT / "static" / "gateway-worker.d.ts").read_text()
+    body = source[source.index("export class GatewayWorker") :]
+    methods = set(re.findall(r"^  (?:async )?([a-z]\w*)\(", body, re.MULTILINE)) - {"constructor"}
+    assert {"start", "progress", "write", "flush", "heartbeat", "succeed", "fail", "close"} <= methods
+    for method in sorted(methods):
+        assert re.search(rf"^  {method}\(", types, re.MULTILINE), f"GatewayWorker.{method} is not declared"
+    exports = set(re.findall(r"^export (?:class|function) (\w+)", source, re.MULTILINE))
+    for name in sorted(exports):
+        assert re.search(rf"^export (?:declare )?(?:class|function) {name}\b", types, re.MULTILINE), name
