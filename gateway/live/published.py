@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Final, TypeAlias
 
 import orjson
@@ -102,6 +103,15 @@ class Published:
         return self._wire
 
 
+class Live(Enum):
+    """What the driver does with an append a subscription took (:meth:`Peer.stream_live`)."""
+
+    NOTHING = 0
+    WAKE = 1  # wake the connection's writer: it has work
+    DIRECT = 2  # the run is all there is: write its frame to the socket now, then say ``stream_written``
+    SLOW = 3  # the connection is closed (4008): its live chunks passed its bound; cut its send
+
+
 class SubStreams:
     """The streams one task subscription asked for (protocol.md, Live: chunks and end): their frames
     (``gateway.live.chunks``), the offsets the client holds (an SSE event's id carries them), and where
@@ -168,6 +178,24 @@ class SubStreams:
         else:
             out.live(run)
         return out.backlog - before
+
+    def only(self, stream: str, run: Run | None) -> bool:
+        """Whether ``run`` of ``stream``, just taken, is all there is to send (then it may be written straight
+        to the socket, framed by :meth:`wire`)."""
+        return run is not None and self.streaming and self.outs.only(stream, run)
+
+    @staticmethod
+    def wire(task_id: str, stream: str, run: Run) -> bytes:
+        """``run``'s ``chunks`` frame as WebSocket bytes, framed once for every socket in step with it."""
+        return text_frame(chunks_frame(task_id, stream, run.attempt, run.offset, run.chunks).text.encode())
+
+    def taken(self) -> int:
+        """The frame of the run :meth:`Streams.only` named was written straight to the socket: it is out."""
+        before = self.outs.backlog
+        out = self.outs.take(end=False)
+        assert isinstance(out, ChunksOut)
+        self.sent[out.stream] = out.offset + len(out.chunks)
+        return self.outs.backlog - before
 
     def answered(self, read: NeedStream, attempt: int, offset: int, chunks: Sequence[str], more: bool) -> int:
         """A page of the stream ``read`` asked for (protocol.md, Read)."""
