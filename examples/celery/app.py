@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from tasks import API_KEY, GATEWAY_URL, report
+from tasks import API_KEY, GATEWAY_URL, answer, report
 
 from gateway.client import AsyncBackend, ClientError
 
@@ -100,6 +100,29 @@ async def start_report(request: Request) -> JSONResponse:
     return JSONResponse({"taskId": task_id}, status_code=201)
 
 
+def publish_answer(user: str, question: str, flaky: bool) -> str:
+    """Publish one answer for ``user``; returns its id."""
+    headers = {"gateway": {"tags": [owner_tag(user)], "heartbeatMs": HEARTBEAT_MS}}
+    return str(answer.apply_async(args=(user, question), kwargs={"flaky": flaky}, headers=headers).id)
+
+
+async def ask(request: Request) -> JSONResponse:
+    """``{"user", "question", "flaky"?}``: start an answer, written word by word to its stream ``output``
+    (``flaky``: its first attempt stops half-way and is retried, to see a retry's answer replace it)."""
+    body = await request.json()
+    if not isinstance(body, dict):
+        return _refused("the body is a JSON object")
+    user, question, flaky = _user(body.get("user")), body.get("question"), body.get("flaky", False)
+    if user is None:
+        return _refused("user: 1 to 64 of A-Z a-z 0-9 . _ @ -")
+    if not isinstance(question, str) or not 1 <= len(question) <= 500:
+        return _refused("question: 1 to 500 characters")
+    if not isinstance(flaky, bool):
+        return _refused("flaky: true or false")
+    task_id = await run_in_threadpool(publish_answer, user, question, flaky)
+    return JSONResponse({"taskId": task_id}, status_code=201)
+
+
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
     async with AsyncBackend(GATEWAY_URL, API_KEY) as backend:
@@ -112,6 +135,7 @@ app = Starlette(
         Route("/", page),
         Route("/api/session", session),
         Route("/api/reports", start_report, methods=["POST"]),
+        Route("/api/answers", ask, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ],
     lifespan=lifespan,

@@ -1,4 +1,5 @@
-"""The example's Celery tasks: a report that takes a few seconds and says how far it got.
+"""The example's Celery tasks: a report that takes a few seconds and says how far it got, and an answer
+written word by word as a language model writes its tokens (no model here: words drawn from a fixed text).
 
 ``install`` is the whole integration: in the producer (app.py, which imports this module to publish) each
 published task is created on the gateway, with the Celery task id as its id; in the worker each run is
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 
 from celery import Celery, Task
 
-from gateway.integrations.celery import install, progress
+from gateway.integrations.celery import install, progress, write
 
 BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 # The example's own queue: the app publishes the reports to it, and the worker takes nothing else.
@@ -28,6 +30,62 @@ GATEWAY_URL = os.environ.get("GATEWAY_URL", "http://127.0.0.1:8000")
 API_KEY = os.environ.get("GATEWAY_API_KEY") or None
 # How long the report works on one row: 40 rows take about 4 s, long enough to watch.
 ROW_S = float(os.environ.get("REPORT_ROW_S", "0.1"))
+# The pace of an answer's words: 50 a second, as a model's tokens come.
+TOKEN_S = float(os.environ.get("ANSWER_TOKEN_S", "0.02"))
+# The words an answer is made of (a model would make them up).
+VOCABULARY = [
+    "the",
+    "gateway",
+    "keeps",
+    "each",
+    "task",
+    "as",
+    "a",
+    "versioned",
+    "state",
+    "machine",
+    "and",
+    "pushes",
+    "every",
+    "change",
+    "to",
+    "whoever",
+    "watches",
+    "it",
+    "a",
+    "worker",
+    "reports",
+    "start",
+    "progress",
+    "and",
+    "its",
+    "outcome",
+    "over",
+    "HTTP",
+    "while",
+    "its",
+    "output",
+    "streams",
+    "token",
+    "by",
+    "token",
+    "to",
+    "every",
+    "screen",
+    "resumed",
+    "from",
+    "its",
+    "offset",
+    "after",
+    "a",
+    "dropped",
+    "link",
+    "with",
+    "nothing",
+    "lost",
+    "or",
+    "repeated",
+]
 
 app = Celery("reports", broker=BROKER_URL)
 # No result backend: the gateway keeps each report's state and result, and the page reads it from there.
@@ -53,3 +111,23 @@ def report(self: Task, owner: str, rows: int = 40) -> str:
         time.sleep(ROW_S)  # the work on one row
         progress(row * 100 // rows, cursor=f"row-{row}")
     return f"reports/{owner}/{self.request.id}.csv"
+
+
+class ModelLost(Exception):
+    """The model's connection dropped mid-answer (the example's flaky first attempt): retried."""
+
+
+@app.task(bind=True, max_retries=2)
+def answer(self: Task, owner: str, question: str, words: int = 120, flaky: bool = False) -> str:
+    """Write an answer to ``question`` word by word to the task's stream ``output``, as a model's tokens
+    come; with ``flaky``, the first attempt stops half-way and is retried, and the second attempt's answer
+    replaces it on every screen. The returned string is the answer's reference."""
+    chooser = random.Random(f"{question}/{self.request.retries}")
+    for word in range(words):
+        if flaky and self.request.retries == 0 and word == words // 2:
+            raise self.retry(exc=ModelLost("the model's connection dropped"), countdown=0)
+        time.sleep(TOKEN_S)
+        write("output", ("" if word == 0 else " ") + chooser.choice(VOCABULARY))
+        progress((word + 1) * 100 // words)
+    write("output", ".\n")
+    return f"answers/{owner}/{self.request.id}.txt"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Awaitable
 from contextlib import ExitStack, aclosing
 from typing import Any
 
@@ -68,18 +69,19 @@ async def watch_in_terminal(
 ) -> int:
     """Show the task until it is terminal; returns 0 (succeeded), 1 (failed), 3 (expired) or 4 (error)."""
     if stream is not None:
-        return await _stream_in_terminal(base_url, task_id, token, cursor, stream)
+        return await _exit_code(_stream_in_terminal(base_url, task_id, token, cursor, stream))
     console = console or _Console()
-    state = "unknown"
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn())
-    try:
-        with ExitStack() as shown:
+
+    async def shown() -> str:
+        state = "unknown"
+        with ExitStack() as stack:
             progress: Progress | None = None  # the bar, from the first frame on
             frames = watch(base_url, {task_id: token}, cursors={task_id: cursor}, on_status=_say_status)
             async with aclosing(frames):
                 async for frame in frames:
                     if progress is None:
-                        progress = shown.enter_context(Progress(*columns, console=console, transient=False))
+                        progress = stack.enter_context(Progress(*columns, console=console, transient=False))
                         bar = progress.add_task(task_id, total=100)
                     task = frame["task"]
                     state = task["state"]
@@ -97,16 +99,14 @@ async def watch_in_terminal(
                         description=f"{task_id}  {state}  attempt {task['attempts']}/{task['maxAttempts']}",
                     )
         console.print(f"{task_id}: {state}")
-    except WatchError as exc:
-        print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
-        return EXIT_ERROR
-    except BrokenPipeError:
-        return _reader_gone()
-    return EXIT_CODES.get(state, EXIT_ERROR)
+        return state
+
+    return await _exit_code(shown())
 
 
-async def _stream_in_terminal(base_url: str, task_id: str, token: str | None, cursor: int, name: str) -> int:
-    """The text of the task's stream ``name`` on stdout as it comes; the task's entries on stderr."""
+async def _stream_in_terminal(base_url: str, task_id: str, token: str | None, cursor: int, name: str) -> str:
+    """The text of the task's stream ``name`` on stdout as it comes, the task's entries on stderr, until
+    the task and its stream have ended; returns the task's state."""
     state = "unknown"
     held: tuple[int, int] | None = None  # the attempt printed and the offset after its last chunk
     ends_line = True  # what stdout has printed ends a line (or nothing was printed)
@@ -118,30 +118,36 @@ async def _stream_in_terminal(base_url: str, task_id: str, token: str | None, cu
     frames = watch(
         base_url, {task_id: token}, cursors={task_id: cursor}, streams=followed, on_status=_say_status
     )
+    async with aclosing(frames):
+        async for frame in frames:
+            kind = frame["type"]
+            if kind == "chunks":
+                if held is not None and held != (frame["attempt"], frame["offset"]):
+                    # A retry's output (or the stream sent again from its attempt's start) replaces it.
+                    if not ends_line:
+                        print(flush=True)
+                    note(f"{task_id}: the output starts over (attempt {frame['attempt']})")
+                text = "".join(frame["chunks"])
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                ends_line = text.endswith("\n") if text else ends_line
+                held = (frame["attempt"], frame["offset"] + len(frame["chunks"]))
+            elif kind == "event":
+                state = frame["task"]["state"]
+                note(f"v{frame['version']}  {describe(frame['event'])}")
+            elif kind != "end":
+                state = frame["task"]["state"]
+                note(f"v{frame['version']}  {kind}: {_summary(frame['task'])}")
+    if not ends_line:
+        print(flush=True)
+    note(f"{task_id}: {state}")
+    return state
+
+
+async def _exit_code(shown: Awaitable[str]) -> int:
+    """The exit code of what ``shown`` followed: the task's end, a refusal (4) or its reader gone (141)."""
     try:
-        async with aclosing(frames):
-            async for frame in frames:
-                kind = frame["type"]
-                if kind == "chunks":
-                    if held is not None and held != (frame["attempt"], frame["offset"]):
-                        # A retry's output (or the stream sent again from its attempt's start) replaces it.
-                        if not ends_line:
-                            print(flush=True)
-                        note(f"{task_id}: the output starts over (attempt {frame['attempt']})")
-                    text = "".join(frame["chunks"])
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
-                    ends_line = text.endswith("\n") if text else ends_line
-                    held = (frame["attempt"], frame["offset"] + len(frame["chunks"]))
-                elif kind == "event":
-                    state = frame["task"]["state"]
-                    note(f"v{frame['version']}  {describe(frame['event'])}")
-                elif kind != "end":
-                    state = frame["task"]["state"]
-                    note(f"v{frame['version']}  {kind}: {_summary(frame['task'])}")
-        if not ends_line:
-            print(flush=True)
-        note(f"{task_id}: {state}")
+        state = await shown
     except WatchError as exc:
         print(f"gateway watch: giving up: {exc}", file=sys.stderr, flush=True)
         return EXIT_ERROR

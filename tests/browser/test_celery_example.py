@@ -27,6 +27,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -215,18 +216,29 @@ def test_the_readme_gives_the_commands_this_test_runs() -> None:
     assert f"export CELERY_BROKER_URL={broker_url(README_VHOST)} REPORT_QUEUE=" in readme
 
 
-@pytest.mark.anyio
-async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
-    context: Any, console: Console, vhost: str, tmp_path: Path
-) -> None:
+@dataclass
+class Example:
+    """The example running as its README says: the gateway, the worker, the app, alice's page."""
+
+    gw: GatewayProcess
+    worker: GatewayProcess
+    queue: str
+    page: Any
+    api: Any  # the gateway's API with its key
+    site: Any  # the example app
+
+
+@asynccontextmanager
+async def running_example(
+    context: Any, console: Console, vhost: str, tmp_path: Path, **environ: str
+) -> AsyncIterator[Example]:
     from playwright.async_api import expect
 
     app_port = free_port()
     origin = f"http://127.0.0.1:{app_port}"
     queue = f"tg-example-reports-{uuid.uuid4().hex[:8]}"
-    await anyio.to_thread.run_sync(publish_as_another_app, vhost)
     async with gateway_process(origin, tmp_path) as gw:
-        env = example_environ(gw.url, vhost, queue)
+        env = {**example_environ(gw.url, vhost, queue), **environ}
         async with (
             example_process("worker", WORKER, env, tmp_path) as worker,
             example_process("app", [*APP, str(app_port), "--host", "127.0.0.1"], env, tmp_path) as app,
@@ -243,75 +255,142 @@ async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
             await page.goto(f"{origin}/?user=alice")
             await page.wait_for_selector("body[data-ready=true]", state="attached")
             await expect(page.locator("#connection")).to_have_attribute("data-state", "connected")
+            yield Example(gw, worker, queue, page, api, site)
 
-            started = []
-            for _ in range(2):
-                async with page.expect_response("**/api/reports") as info:
-                    await page.get_by_role("button", name="Start a report").click()
-                answer = await info.value
-                assert answer.status == 201, await answer.text()
-                started.append((await answer.json())["taskId"])
-            # Another user's report, started meanwhile: alice's page never shows it.
-            bob = await site.post("/api/reports", json={"user": "bob"})
-            assert bob.status_code == 201, bob.text
 
-            for task_id in started:
-                card = page.locator(f'li.report[data-task-id="{task_id}"]')
-                await expect(card).to_have_attribute("data-state", "succeeded", timeout=REPORT_TIMEOUT_MS)
-                await expect(card.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
-                await expect(card.locator(".detail")).to_contain_text(f"result: reports/alice/{task_id}.csv")
-                await expect(card.locator(".state")).to_have_text("Done")
+@pytest.mark.anyio
+async def test_a_user_starts_reports_and_watches_them_progress_and_finish(
+    context: Any, console: Console, vhost: str, tmp_path: Path
+) -> None:
+    from playwright.async_api import expect
 
-            seen: dict[str, dict[str, list[Any]]] = await page.evaluate("window.__reports")
-            for task_id in started:
-                states, progress = seen[task_id]["state"], seen[task_id]["progress"]
-                assert "running" in states and states[-1] == "succeeded", states
-                assert any(0 < p < 100 for p in progress), progress  # seen progressing, not only done
-                assert progress == sorted(progress) and progress[-1] == 100, progress
+    await anyio.to_thread.run_sync(publish_as_another_app, vhost)
+    async with running_example(context, console, vhost, tmp_path) as example:
+        worker, queue, page, api, site = (
+            example.worker,
+            example.queue,
+            example.page,
+            example.api,
+            example.site,
+        )
 
-            # The gateway holds what the page showed: each report a task tagged with its owner, one attempt.
-            for task_id in started:
-                task = (await api.get(f"/v1/tasks/{task_id}")).json()
-                assert task["state"] == "succeeded" and task["attempts"] == 1, task
-                assert task["tags"] == ["owner:alice"], task
-                assert task["resultRef"] == f"reports/alice/{task_id}.csv", task
-            bob_id = bob.json()["taskId"]
-            await eventually(
-                lambda: api.get(f"/v1/tasks/{bob_id}"),
-                lambda answer: answer.json()["state"] == "succeeded",
-                "bob's report to finish",
-                REPORT_TIMEOUT_MS / 1000,
-                poll_s=0.1,
-            )
-            assert bob_id not in seen and await page.locator("li.report").count() == 2
+        started = []
+        for _ in range(2):
+            async with page.expect_response("**/api/reports") as info:
+                await page.get_by_role("button", name="Start a report").click()
+            answer = await info.value
+            assert answer.status == 201, await answer.text()
+            started.append((await answer.json())["taskId"])
+        # Another user's report, started meanwhile: alice's page never shows it.
+        bob = await site.post("/api/reports", json={"user": "bob"})
+        assert bob.status_code == 201, bob.text
 
-            # All of alice's reports, finished ones too, are there when she comes back.
-            await page.reload()
-            await page.wait_for_selector("body[data-ready=true]", state="attached")
-            for task_id in started:
-                card = page.locator(f'li.report[data-task-id="{task_id}"]')
-                await expect(card).to_have_attribute("data-state", "succeeded")
-            assert await page.locator("li.report").count() == 2
+        for task_id in started:
+            card = page.locator(f'li.report[data-task-id="{task_id}"]')
+            await expect(card).to_have_attribute("data-state", "succeeded", timeout=REPORT_TIMEOUT_MS)
+            await expect(card.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
+            await expect(card.locator(".detail")).to_contain_text(f"result: reports/alice/{task_id}.csv")
+            await expect(card.locator(".state")).to_have_text("Done")
 
-            # A report cancelled through the gateway (the README's curl) stops in the worker and reads
-            # Cancelled: the job's next progress() raised TaskCancelled. Its 1,000 rows (100 s) leave it
-            # running until then, however slow the machine.
-            started_doomed = await site.post("/api/reports", json={"user": "alice", "rows": 1000})
-            assert started_doomed.status_code == 201, started_doomed.text
-            doomed = started_doomed.json()["taskId"]
-            card = page.locator(f'li.report[data-task-id="{doomed}"]')
-            await expect(card).to_have_attribute("data-progress", re.compile("^[1-9][0-9]?$"))
-            cancelled = await api.post(f"/v1/tasks/{doomed}/cancel")
-            assert cancelled.json()["reason"] == "cancelled", cancelled.text
-            await expect(card.locator(".state")).to_have_text("Cancelled")
-            await expect(card).to_have_attribute("data-state", "failed")
-            await expect(card).to_have_class(re.compile(r"\bcancelled\b"))  # grey, not a failure's red
-            stopped = re.compile(rf"Task tasks\.report\[{doomed}\] raised unexpected: TaskCancelled".encode())
-            await worker.wait_for(stopped, timeout_s=REPORT_TIMEOUT_MS / 1000)
-            assert (await api.get(f"/v1/tasks/{doomed}")).json()["progress"] < 100
-            await page.close()
-            # The worker took its reports from the queue it was given, and nothing from another app's.
-            found = await queues(vhost)
-            assert found[CELERY_DEFAULT_QUEUE] == (1, 0), found
-            assert found[queue][1] == 1, found
+        seen: dict[str, dict[str, list[Any]]] = await page.evaluate("window.__reports")
+        for task_id in started:
+            states, progress = seen[task_id]["state"], seen[task_id]["progress"]
+            assert "running" in states and states[-1] == "succeeded", states
+            assert any(0 < p < 100 for p in progress), progress  # seen progressing, not only done
+            assert progress == sorted(progress) and progress[-1] == 100, progress
+
+        # The gateway holds what the page showed: each report a task tagged with its owner, one attempt.
+        for task_id in started:
+            task = (await api.get(f"/v1/tasks/{task_id}")).json()
+            assert task["state"] == "succeeded" and task["attempts"] == 1, task
+            assert task["tags"] == ["owner:alice"], task
+            assert task["resultRef"] == f"reports/alice/{task_id}.csv", task
+        bob_id = bob.json()["taskId"]
+        await eventually(
+            lambda: api.get(f"/v1/tasks/{bob_id}"),
+            lambda answer: answer.json()["state"] == "succeeded",
+            "bob's report to finish",
+            REPORT_TIMEOUT_MS / 1000,
+            poll_s=0.1,
+        )
+        assert bob_id not in seen and await page.locator("li.report").count() == 2
+
+        # All of alice's reports, finished ones too, are there when she comes back.
+        await page.reload()
+        await page.wait_for_selector("body[data-ready=true]", state="attached")
+        for task_id in started:
+            card = page.locator(f'li.report[data-task-id="{task_id}"]')
+            await expect(card).to_have_attribute("data-state", "succeeded")
+        assert await page.locator("li.report").count() == 2
+
+        # A report cancelled through the gateway (the README's curl) stops in the worker and reads
+        # Cancelled: the job's next progress() raised TaskCancelled. Its 1,000 rows (100 s) leave it
+        # running until then, however slow the machine.
+        started_doomed = await site.post("/api/reports", json={"user": "alice", "rows": 1000})
+        assert started_doomed.status_code == 201, started_doomed.text
+        doomed = started_doomed.json()["taskId"]
+        card = page.locator(f'li.report[data-task-id="{doomed}"]')
+        await expect(card).to_have_attribute("data-progress", re.compile("^[1-9][0-9]?$"))
+        cancelled = await api.post(f"/v1/tasks/{doomed}/cancel")
+        assert cancelled.json()["reason"] == "cancelled", cancelled.text
+        await expect(card.locator(".state")).to_have_text("Cancelled")
+        await expect(card).to_have_attribute("data-state", "failed")
+        await expect(card).to_have_class(re.compile(r"\bcancelled\b"))  # grey, not a failure's red
+        stopped = re.compile(rf"Task tasks\.report\[{doomed}\] raised unexpected: TaskCancelled".encode())
+        await worker.wait_for(stopped, timeout_s=REPORT_TIMEOUT_MS / 1000)
+        assert (await api.get(f"/v1/tasks/{doomed}")).json()["progress"] < 100
+        await page.close()
+        # The worker took its reports from the queue it was given, and nothing from another app's.
+        found = await queues(vhost)
+        assert found[CELERY_DEFAULT_QUEUE] == (1, 0), found
+        assert found[queue][1] == 1, found
+    console.assert_clean()
+
+
+@pytest.mark.anyio
+async def test_an_answer_grows_word_by_word_survives_a_silent_link_and_a_retry_replaces_it(
+    context: Any, console: Console, vhost: str, tmp_path: Path
+) -> None:
+    """The example's answer (a job writing words at a model's pace to its stream ``output``), its first
+    attempt failing half-way: the card's text grows, is replaced by the second attempt's, goes on through a
+    gateway that stops answering for a while (SIGSTOP: the page's link goes silent, then comes back), and
+    ends as the gateway's text."""
+    from playwright.async_api import expect
+
+    # 10 words a second: the first attempt writes for some 6 s before it fails, long enough to be seen.
+    async with running_example(context, console, vhost, tmp_path, ANSWER_TOKEN_S="0.1") as example:
+        page, api = example.page, example.api
+        form = page.locator("form#ask")
+        await form.get_by_label("its first attempt fails half-way").check()
+        async with page.expect_response("**/api/answers") as info:
+            await form.get_by_role("button", name="Ask").click()
+        answer = await info.value
+        assert answer.status == 201, await answer.text()
+        task_id = (await answer.json())["taskId"]
+        output = page.locator(f'li[data-task-id="{task_id}"] pre.output')
+        await expect(output).to_have_attribute("data-attempt", "1", timeout=REPORT_TIMEOUT_MS)
+        first = await output.text_content() or ""
+        # Word by word: more text of the same attempt than was first seen.
+        await page.wait_for_function(
+            "([id, more]) => document.querySelector(`li[data-task-id='${id}'] pre.output`).textContent.length"
+            " > more",
+            arg=[task_id, len(first)],
+        )
+        # The retry's words replace the first attempt's.
+        await expect(output).to_have_attribute("data-attempt", "2", timeout=REPORT_TIMEOUT_MS)
+        # The gateway stops answering: the page's link goes silent and is given up, then comes back.
+        os.kill(example.gw.pid, signal.SIGSTOP)
+        try:
+            # A ping unanswered past the client's deadline (3 s after 3 s of silence) gives the link up.
+            connection = page.locator("#connection")
+            await expect(connection).not_to_have_attribute("data-state", "connected", timeout=30_000)
+        finally:
+            os.kill(example.gw.pid, signal.SIGCONT)
+        await expect(output).to_have_attribute("data-ended", "true", timeout=REPORT_TIMEOUT_MS)
+        text = await api.get(f"/v1/tasks/{task_id}/streams/output/text")
+        assert await output.text_content() == text.text and text.text.endswith(".\n"), text.text
+        assert text.headers["Stream-Attempt"] == "2"
+        task = (await api.get(f"/v1/tasks/{task_id}")).json()
+        assert (task["state"], task["attempts"]) == ("succeeded", 2), task
+        await page.close()
     console.assert_clean()

@@ -1,5 +1,7 @@
-// The page: starts reports (POST /api/reports) and follows every report of its user live, with one tag
-// subscription to the gateway (gateway-client.js's subscribeTag, imported from the gateway itself).
+// The page: starts reports (POST /api/reports) and answers (POST /api/answers) and follows every task of its
+// user live, with one tag subscription to the gateway (gateway-client.js's subscribeTag, imported from the
+// gateway itself), and each task's output (its stream "output": an answer's words) with a subscription to
+// the task on the same socket.
 
 const user = new URLSearchParams(location.search).get("user") || "alice";
 const list = document.getElementById("reports");
@@ -44,9 +46,22 @@ function card(taskId) {
   el.dataset.taskId = taskId;
   el.innerHTML = `<div class="head"><span class="id"></span><strong class="state"></strong></div>
     <div class="bar" role="progressbar" aria-label="progress" aria-valuemin="0" aria-valuemax="100" aria-valuenow="0"><span></span></div>
-    <div class="detail"></div>`;
+    <div class="detail"></div><pre class="output" hidden></pre>`;
   el.querySelector(".id").textContent = taskId;
+  followOutput(taskId, el.querySelector(".output"));
   return el;
+}
+
+let followOutput = () => {}; // set once the client is there
+
+/** The task's stream "output", live: the text so far, then each word; a retry's answer replaces it. */
+function showOutput(pre, update) {
+  const words = update.chunks.join("");
+  pre.textContent = update.replace ? words : pre.textContent + words;
+  pre.hidden = pre.textContent === "";
+  pre.dataset.attempt = String(update.attempt ?? "");
+  if (update.ended) pre.dataset.ended = "true";
+  pre.scrollTop = pre.scrollHeight;
 }
 
 // Task id -> the cursor its last progress named ("row-12"), from the progress entries the page was handed: a
@@ -95,6 +110,11 @@ async function follow() {
         problem.textContent = `${error.code}: ${error.message}`;
       },
     });
+  followOutput = (taskId, pre) =>
+    client.subscribe(taskId, current.token, () => {}, {
+      streams: ["output"],
+      onChunks: (update) => showOutput(pre, update),
+    });
   subscribe(undefined);
   // A tag token is checked when the socket subscribes (again, after a drop): renew it before it expires.
   const renew = async () => {
@@ -127,9 +147,31 @@ button.addEventListener("click", async () => {
   }
 });
 
+const form = document.getElementById("ask");
+form.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const submit = form.querySelector("button");
+  submit.disabled = true;
+  try {
+    const answer = await fetch("/api/answers", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ user, question: form.elements.question.value, flaky: form.elements.flaky.checked }),
+    });
+    const body = await answer.json();
+    if (!answer.ok) throw new Error(body.error);
+    problem.textContent = "";
+  } catch (error) {
+    problem.textContent = `could not ask: ${error.message}`;
+  } finally {
+    submit.disabled = false;
+  }
+});
+
 follow().then(
   () => {
     button.disabled = false;
+    form.querySelector("button").disabled = false;
     document.body.dataset.ready = "true";
   },
   (error) => {
