@@ -19,6 +19,9 @@ from gateway.machine import Task, apply_event, event_from_json
 
 # Live chunks waiting for one connection at most (GATEWAY_STREAM_BACKLOG_BYTES): past it, 4008.
 STREAM_BACKLOG_BYTES: Final = 4 * 1024 * 1024
+# A subscription's catch-up reads pages of this many bytes of chunks at most, the next once the client has
+# taken all but less than one: what a catch-up holds is bounded by twice this, however long the stream.
+CATCH_UP_BYTES: Final = 128 * 1024
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -122,7 +125,7 @@ class SubStreams:
     __slots__ = ("ending", "outs", "sent", "streaming")
 
     def __init__(self, offsets: Mapping[str, int]) -> None:
-        self.outs = Streams(offsets)
+        self.outs = Streams(offsets, read_ahead=CATCH_UP_BYTES)
         # The next offset the client holds of each stream, once the frames handed out are sent.
         self.sent = dict(offsets)
         self.streaming = False  # the resume frame is out: stream frames may go
@@ -132,7 +135,7 @@ class SubStreams:
         """Every stream from its attempt's first chunk: the task is another than the client's (recreated).
         Before any read of them, so that what the bus brought meanwhile is in the reads."""
         dropped = self.outs.backlog
-        self.outs = Streams(dict.fromkeys(self.outs.by_name, 0))
+        self.outs = Streams(dict.fromkeys(self.outs.by_name, 0), read_ahead=CATCH_UP_BYTES)
         self.sent = dict.fromkeys(self.sent, 0)
         return -dropped
 
