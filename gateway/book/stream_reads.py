@@ -18,7 +18,7 @@ from gateway.errors import UnknownTask
 from gateway.machine import Task, same_history
 from gateway.store.base import ReadTx, Store
 from gateway.store.db_deadline import DB_DEADLINE_S, shielded
-from gateway.streams import Batch, Head, Page, page_of, read_start, rows_to_read, text_of
+from gateway.streams import PAGE_BYTES, Batch, Head, Page, page_of, read_start, rows_to_read, text_of
 
 # A stream's batches, all of them, in one statement: what a text read asks for.
 _ALL = 2**31
@@ -54,22 +54,31 @@ class StreamReads:
 
     @shielded
     async def page(
-        self, task_id: str, name: str, offset: int, epoch: str | None, limit: int
+        self,
+        task_id: str,
+        name: str,
+        offset: int,
+        epoch: str | None,
+        limit: int,
+        page_bytes: int = PAGE_BYTES,
     ) -> tuple[Task, Page]:
         """The task and a page of its stream ``name`` read from ``offset`` (of the history ``epoch``, or a
-        bare offset): at most ``limit`` chunks and ``PAGE_BYTES``, from where :func:`read_start` says."""
+        bare offset): at most ``limit`` chunks and ``page_bytes``, from where :func:`read_start` says."""
         async with self.store.read() as tx:
             task = await _task(tx, task_id)
             head = await _head(tx, task_id, name)
             start = read_start(head, offset, same_history=same_history(task, epoch))
-            attempt, rows = head.attempt if head is not None else 0, rows_to_read(head, limit)
+            attempt, rows = head.attempt if head is not None else 0, rows_to_read(head, limit, page_bytes)
             batches: list[Batch] = []
             at = start
             while True:
                 found = await tx.stream_batches(task_id, name, at, rows)
                 # Going on from a batch's end finds that batch again when it is the stream's last.
                 batches += found if not batches else [b for b in found if b.offset >= at]
-                page = page_of(start, batches, attempt=attempt, limit=limit, complete=len(found) < rows)
+                complete = len(found) < rows
+                page = page_of(
+                    start, batches, attempt=attempt, limit=limit, complete=complete, page_bytes=page_bytes
+                )
                 if page is not None:
                     return task, page
                 at = batches[-1].offset + batches[-1].count

@@ -196,6 +196,12 @@ class StreamOut:
                 return
         self._check_end()
 
+    def only(self, run: Run) -> bool:
+        """Whether ``run`` (as :meth:`live` took it) is all there is to hand out, with no read to make: a
+        driver may write its frame straight away (then :meth:`take` it)."""
+        queue = self._queue
+        return len(queue) == 1 and queue[0] is run and self._want is None and not self._in_flight
+
     def failed(self, read: ReadStream) -> None:
         """The read was not made: it is due again."""
         if self._in_flight:
@@ -322,6 +328,13 @@ class Streams:
 
     def failed(self, read: ReadStream) -> None:
         self.by_name[read.stream].failed(read)
+
+    def only(self, stream: str, run: Run) -> bool:
+        """Whether ``run`` of ``stream`` is all these streams have to hand out (:meth:`StreamOut.only`)."""
+        return all(
+            out.only(run) if name == stream else not out.has_work(end=False)
+            for name, out in self.by_name.items()
+        )
 
     def reads(self) -> list[ReadStream]:
         """The store reads due now, at most one per stream."""

@@ -15,7 +15,14 @@ from gateway.errors import CLOSE_NO_SUBSCRIPTION, CLOSE_SLOW_CONSUMER
 from gateway.frames import Frame, error_frame
 from gateway.live.fanout import NeedTask, Peer, Subscription, TagSub
 from gateway.live.hub import BookReads, Connection, DirectWriter, Hub
-from gateway.live.published import STREAM_BACKLOG_BYTES, NeedEntries, NeedStream, PeerRead, SubStreams
+from gateway.live.published import (
+    CATCH_UP_BYTES,
+    STREAM_BACKLOG_BYTES,
+    NeedEntries,
+    NeedStream,
+    PeerRead,
+    SubStreams,
+)
 from gateway.live.tagging import NEW
 from gateway.streams import MAX_PAGE_CHUNKS
 
@@ -260,9 +267,8 @@ class Feed:
                 assert store is not None, "the hub reads no streams"
                 if isinstance(read, NeedStream):
                     asked = read.read
-                    _, page = await store.page(
-                        read.task_id, asked.stream, asked.offset, None, MAX_PAGE_CHUNKS
-                    )
+                    task_id, name, offset = read.task_id, asked.stream, asked.offset
+                    _, page = await store.page(task_id, name, offset, None, MAX_PAGE_CHUNKS, CATCH_UP_BYTES)
                     self.peer.stream_read(read, page.attempt, page.offset, page.chunks, more=page.more)
                 else:
                     offsets = await store.next_offsets([read.task_id])

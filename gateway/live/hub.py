@@ -37,17 +37,16 @@ from typing import Protocol
 
 import anyio
 
-from gateway.bus.base import News, StreamRun
+from gateway.bus.base import News
 from gateway.errors import (
     CLOSE_INTERNAL_ERROR,
     GatewayError,
     one_line,
 )
-from gateway.live.chunks import Run
 from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription, TagSub
+from gateway.live.streaming import DirectWriter, StreamStore, check_streams, deliver
 from gateway.live.tagging import NEW, Tagging
 from gateway.machine import Resume, Task
-from gateway.streams import Page
 
 __all__ = ["BookReads", "Connection", "DirectWriter", "Hub", "StreamStore", "TagStore"]
 
@@ -93,27 +92,8 @@ class TagStore(Protocol):
     async def list(self, tag: str, limit: int) -> tuple[builtins.list[str], bool]: ...
 
 
-class StreamStore(Protocol):
-    """The reads of streams the hub and its feeds make (``gateway.book.stream_reads.StreamReads`` has
-    them)."""
-
-    async def page(
-        self, task_id: str, name: str, offset: int, epoch: str | None, limit: int
-    ) -> tuple[Task, Page]: ...
-
-    async def next_offsets(self, task_ids: Sequence[str]) -> dict[str, dict[str, int]]: ...
-
-
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-class DirectWriter(Protocol):
-    """A socket that can take already-framed bytes now (``gateway.server.ws_protocol``)."""
-
-    def can_write(self, size: int) -> bool: ...
-
-    def write(self, data: bytes) -> None: ...
 
 
 class Connection(Protocol):
@@ -204,7 +184,7 @@ class Hub:
         """A committed entry, or a task created with tags, heard on the bus (this process's or another's).
         Never waits."""
         if news.run is not None:
-            self._appended(news.task_id, news.run)
+            self.direct_writes += deliver(self.fanout, news.task_id, news.run)
             return
         if news.created:
             self._flush_all(self.tagging.created(news.read()))
@@ -216,17 +196,6 @@ class Hub:
                 self._flush_soon(channel)
         if self.fanout.reads_due:
             self._wakeup.set()
-
-    def _appended(self, task_id: str, appended: StreamRun) -> None:
-        """Chunks appended to a stream of ``task_id``, committed: to each subscription of the task that asked
-        for the stream (``gateway.live.peer``), whose writer sends them."""
-        channel = self.fanout.channels.get(task_id)
-        subs = [s for s in channel.subscriptions if s.streams] if channel is not None else []
-        chunks = appended.items() if subs else None
-        run = None if chunks is None else Run.of(appended.attempt, appended.offset, chunks)
-        for sub in subs:
-            if sub.peer.stream_live(sub, appended.stream, run, appended.next_offset):
-                sub.peer.handle.signal()
 
     def resync(self) -> None:
         """Messages may have been missed (the bus reconnected): check every task against the store."""
@@ -267,13 +236,7 @@ class Hub:
         for start in range(0, len(ids), RECONCILE_CHUNK):
             self.fanout.behind(await self.book.versions(ids[start : start + RECONCILE_CHUNK]))
         if self.streams is not None:  # the streams' offsets too: an append's message may have been lost
-            channels = self.fanout.channels.values()
-            streamed = [c.task_id for c in channels if any(s.streams for s in c.subscriptions)]
-            for start in range(0, len(streamed), RECONCILE_CHUNK):
-                found = await self.streams.next_offsets(streamed[start : start + RECONCILE_CHUNK])
-                for task_id, offsets in found.items():
-                    for name, next_offset in offsets.items():
-                        self._appended(task_id, StreamRun(name, 0, next_offset, next_offset))
+            await check_streams(self.fanout, self.streams)
         started = self.wall()
         check = self.tagging.checks()
         if check is not None and self.tags is not None:
@@ -445,6 +408,7 @@ class Hub:
             "pending_total": sum(len(s.pending or ()) for s in subscriptions),
             "pending_max": max((len(s.pending or ()) for s in subscriptions), default=0),
             "control_max": max((len(f.peer.control or ()) for f in self.feeds), default=0),
+            "stream_backlog_max": max((f.peer.stream_backlog for f in self.feeds), default=0),
             # Gaps too long to fill are counted by each connection; a closed one's count is kept here.
             "conflations": self.conflations + sum(f.peer.conflations for f in self.feeds),
             "catch_ups": self.catch_ups,

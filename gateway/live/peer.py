@@ -31,6 +31,7 @@ from gateway.live.holding import Holding
 from gateway.live.published import (
     STREAM_BACKLOG_BYTES,
     Entries,
+    Live,
     NeedEntries,
     NeedFinals,
     NeedStream,
@@ -398,17 +399,30 @@ class Peer(Holding, Generic[H]):
         self.stream_backlog += grown
         return step
 
-    def stream_live(self, sub: Subscription[H], stream: str, run: Run | None, next_offset: int) -> bool:
-        """An append to ``stream`` of ``sub``'s task committed (``SubStreams.live``). ``True`` when the writer
-        must be woken: it has work now, or the connection is closed for a backlog past its bound (``4008``:
-        its client resumes from the offsets it holds)."""
-        if sub.streams is None or not sub.active or self.close_code is not None:
-            return False
-        self.stream_backlog += sub.streams.live(stream, run, next_offset)
+    def stream_live(self, sub: Subscription[H], stream: str, run: Run | None, next_offset: int) -> Live:
+        """An append to ``stream`` of ``sub``'s task committed (``SubStreams.live``): what the driver does."""
+        streams = sub.streams
+        if streams is None or not sub.active or self.close_code is not None:
+            return Live.NOTHING
+        self.stream_backlog += streams.live(stream, run, next_offset)
         if self.stream_backlog > self.max_stream_backlog:
             self.close(CLOSE_SLOW_CONSUMER)
-            return True
-        return sub.last is not None and sub.has_work() and self.wake(sub)
+            return Live.SLOW
+        if sub.last is None or not sub.has_work():
+            return Live.NOTHING
+        quiet = self.direct and self.quiet() and not (sub.head or sub.pending or sub.conflated)
+        if quiet and not sub.last.terminal and streams.only(stream, run):
+            return Live.DIRECT
+        return Live.WAKE if self.wake(sub) else Live.NOTHING
+
+    def stream_written(self, sub: Subscription[H], written: bool) -> Live:
+        """After :attr:`Live.DIRECT`: the run's frame was written straight to the socket, or (``written``
+        false) it had no room, and the writer sends it."""
+        assert sub.streams is not None
+        if written:
+            self.stream_backlog += sub.streams.taken()
+            return Live.NOTHING
+        return Live.WAKE if self.wake(sub) else Live.NOTHING
 
     def stream_read(
         self, read: NeedStream, attempt: int, offset: int, chunks: Sequence[str], more: bool

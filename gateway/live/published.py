@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Final, TypeAlias
 
 import orjson
@@ -18,6 +19,9 @@ from gateway.machine import Task, apply_event, event_from_json
 
 # Live chunks waiting for one connection at most (GATEWAY_STREAM_BACKLOG_BYTES): past it, 4008.
 STREAM_BACKLOG_BYTES: Final = 4 * 1024 * 1024
+# A subscription's catch-up reads pages of this many bytes of chunks at most, the next once the client has
+# taken all but less than one: what a catch-up holds is bounded by twice this, however long the stream.
+CATCH_UP_BYTES: Final = 128 * 1024
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -102,6 +106,15 @@ class Published:
         return self._wire
 
 
+class Live(Enum):
+    """What the driver does with an append a subscription took (:meth:`Peer.stream_live`)."""
+
+    NOTHING = 0
+    WAKE = 1  # wake the connection's writer: it has work
+    DIRECT = 2  # the run is all there is: write its frame to the socket now, then say ``stream_written``
+    SLOW = 3  # the connection is closed (4008): its live chunks passed its bound; cut its send
+
+
 class SubStreams:
     """The streams one task subscription asked for (protocol.md, Live: chunks and end): their frames
     (``gateway.live.chunks``), the offsets the client holds (an SSE event's id carries them), and where
@@ -112,7 +125,7 @@ class SubStreams:
     __slots__ = ("ending", "outs", "sent", "streaming")
 
     def __init__(self, offsets: Mapping[str, int]) -> None:
-        self.outs = Streams(offsets)
+        self.outs = Streams(offsets, read_ahead=CATCH_UP_BYTES)
         # The next offset the client holds of each stream, once the frames handed out are sent.
         self.sent = dict(offsets)
         self.streaming = False  # the resume frame is out: stream frames may go
@@ -122,7 +135,7 @@ class SubStreams:
         """Every stream from its attempt's first chunk: the task is another than the client's (recreated).
         Before any read of them, so that what the bus brought meanwhile is in the reads."""
         dropped = self.outs.backlog
-        self.outs = Streams(dict.fromkeys(self.outs.by_name, 0))
+        self.outs = Streams(dict.fromkeys(self.outs.by_name, 0), read_ahead=CATCH_UP_BYTES)
         self.sent = dict.fromkeys(self.sent, 0)
         return -dropped
 
@@ -168,6 +181,24 @@ class SubStreams:
         else:
             out.live(run)
         return out.backlog - before
+
+    def only(self, stream: str, run: Run | None) -> bool:
+        """Whether ``run`` of ``stream``, just taken, is all there is to send (then it may be written straight
+        to the socket, framed by :meth:`wire`)."""
+        return run is not None and self.streaming and self.outs.only(stream, run)
+
+    @staticmethod
+    def wire(task_id: str, stream: str, run: Run) -> bytes:
+        """``run``'s ``chunks`` frame as WebSocket bytes, framed once for every socket in step with it."""
+        return text_frame(chunks_frame(task_id, stream, run.attempt, run.offset, run.chunks).text.encode())
+
+    def taken(self) -> int:
+        """The frame of the run :meth:`Streams.only` named was written straight to the socket: it is out."""
+        before = self.outs.backlog
+        out = self.outs.take(end=False)
+        assert isinstance(out, ChunksOut)
+        self.sent[out.stream] = out.offset + len(out.chunks)
+        return self.outs.backlog - before
 
     def answered(self, read: NeedStream, attempt: int, offset: int, chunks: Sequence[str], more: bool) -> int:
         """A page of the stream ``read`` asked for (protocol.md, Read)."""

@@ -122,6 +122,18 @@ _CURSOR = Param(
     {**_CURSOR_SCHEMA, "default": 0},
 )
 _READ_ERRORS = {401: "", 403: "", 404: "", 503: ""}
+_STREAM_NAME = "[a-z0-9_-]{1,32}"
+_STREAM_OFFSETS = f"{_STREAM_NAME}(:[0-9]{{1,15}})?(,{_STREAM_NAME}(:[0-9]{{1,15}})?){{0,7}}"
+# An SSE event's id: the cursor, then the next offset of each stream asked.
+_EVENT_ID = f"^-?[0-9]+(:[0-9A-Za-z]+)?(;{_STREAM_OFFSETS})?$"
+_LAST_EVENT_ID = f"^([0-9]{{1,15}}(:[0-9A-Za-z]{{1,32}})?)?(;{_STREAM_OFFSETS})?$"
+_STREAMS = Param(
+    "streams",
+    "query",
+    "the task's streams to send, each from the offset the client holds: `output:0,log:120` (a name alone "
+    "is `name:0`; a name given twice, its last offset), at most 8",
+    {"type": "string", "pattern": f"^{_STREAM_OFFSETS}$"},
+)
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
@@ -195,18 +207,21 @@ OPERATIONS: tuple[Operation, ...] = (
         security=(SUBSCRIBE, TAG, SUBSCRIBE_QUERY, API_KEY),
         params=(
             _CURSOR,
+            _STREAMS,
             Param(
                 "Last-Event-ID",
                 "header",
-                "set by EventSource on a reconnect: the last event's id, `version:epoch` (wins over cursor)",
-                _CURSOR_SCHEMA,
+                "set by EventSource on a reconnect: the last event's id, `version:epoch`, then with streams "
+                "`;name:offset,...` (wins over cursor, and over streams for each stream it names)",
+                {"type": "string", "pattern": _LAST_EVENT_ID},
             ),
         ),
         media_type="text/event-stream",
         tags=("subscriber",),
         description="The frames of the single-task WebSocket, each an SSE event named by its type with "
-        "`id:` its cursor, `version:epoch`. 204 when a reconnecting EventSource already holds the last "
-        "version of a finished task.",
+        "`id:` its cursor, `version:epoch`, and with streams the next offset of each after it "
+        "(`version:epoch;output:42,log:130`). 204 when a reconnecting EventSource already holds the last "
+        "version of a finished task (and its streams' ends).",
     ),
     Operation(
         "post",
@@ -389,8 +404,11 @@ SSE_EVENT: dict[str, Any] = {
     "type": "object",
     "required": ["data"],
     "properties": {
-        "event": {"type": "string", "enum": ["caught-up", "delta", "snapshot", "event", "error"]},
-        "id": {"type": "string", "pattern": "^-?[0-9]+(:[0-9A-Za-z]+)?$"},
+        "event": {
+            "type": "string",
+            "enum": ["caught-up", "delta", "snapshot", "event", "chunks", "end", "error"],
+        },
+        "id": {"type": "string", "pattern": _EVENT_ID},
         "data": {"type": "string", "contentMediaType": "application/json"},
         "retry": {"type": "integer", "minimum": 0},
     },
@@ -402,13 +420,16 @@ LIST_OF = {("/v1/notifications/drain", "post"): answers.NotificationJson}
 WEBSOCKETS: tuple[dict[str, str], ...] = (
     {
         "path": "/v1/tasks/{task_id}/ws",
-        "summary": "One task: ?cursor=N:E&token=T; the resume frame, then every entry; closes 1000 when done",
+        "summary": (
+            "One task: ?cursor=N:E&token=T&streams=output:0; the resume frame, then every entry and the "
+            "streams' chunks; closes 1000 when done"
+        ),
     },
     {
         "path": "/v1/ws",
         "summary": (
-            "Many tasks on one socket: subscribe, unsubscribe and ping messages; a task's (taskId, cursor) "
-            "or a tag's (tag, cursors: every task of it, new ones announced with an added frame)"
+            "Many tasks on one socket: subscribe, unsubscribe and ping messages; a task's (taskId, cursor, "
+            "streams) or a tag's (tag, cursors: every task of it, new ones announced with an added frame)"
         ),
     },
 )

@@ -43,7 +43,7 @@ async def stream(request: Request) -> Response:
         held, _, offsets = last_id.partition(";")
         cursor = parse_cursor(held)
         resumed = parse_streams(offsets, "Last-Event-ID")
-        if resumed is not None:
+        if resumed is not None:  # those of ?streams= it does not name too (8 of each at most)
             streams = {**(streams or {}), **resumed}
     if last_id is not None or grant.tag is not None:
         with grant.reading():

@@ -122,8 +122,8 @@ def message_streams(value: object) -> dict[str, int] | None:
 
 
 def parse_streams(raw: str | None, field: str = "streams") -> dict[str, int] | None:
-    """``output:0,log:120`` (a name alone is ``name:0``), as the single-task socket's and SSE's
-    ``?streams=`` and an SSE event's id after its ``;`` carry it."""
+    """``output:0,log:120`` (a name alone is ``name:0``; one given twice, its last offset), as the
+    single-task socket's and SSE's ``?streams=`` and an SSE event's id after its ``;`` carry it."""
     if raw is None or raw == "":
         return None
     streams: dict[str, int] = {}
@@ -131,8 +131,6 @@ def parse_streams(raw: str | None, field: str = "streams") -> dict[str, int] | N
         name, _, offset = item.partition(":")
         if offset and not (offset.isascii() and offset.isdigit() and len(offset) <= 16):
             raise InvalidRequest(f"{field}: {name[:40]}'s offset must be an integer, got {offset[:20]!r}")
-        if name in streams:
-            raise InvalidRequest(f"{field}: {name[:40]} is named twice")
         streams.update([_stream_offset(name, int(offset or 0), field)])
     return _at_most(streams, field)
 

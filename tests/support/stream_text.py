@@ -8,7 +8,7 @@ the client holds. Used by the live tests and the streams' chaos test, which resu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,8 +103,3 @@ class StreamText:
             held.chunks = list(chunks)
             held.restarts.append(frame["attempt"])
         held.next = frame["offset"] + len(chunks)
-
-
-def feed_all(holder: StreamText, frames: Iterable[Mapping[str, Any]]) -> None:
-    for frame in frames:
-        holder.feed(frame)

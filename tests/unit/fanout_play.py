@@ -257,7 +257,7 @@ def unframe(data: bytes) -> Frame:
         n, at = int.from_bytes(data[2:10]), 10
     assert len(data) == at + n
     body = orjson.loads(data[at:])
-    return Frame(body["type"], body["version"], data[at:].decode())
+    return Frame(body["type"], body.get("version", -1), data[at:].decode())  # a chunks frame has none
 
 
 def unframe_all(data: bytes) -> list[Frame]:

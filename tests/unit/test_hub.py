@@ -507,6 +507,7 @@ async def test_release_and_idle(book: FakeBook, hub: Hub) -> None:
         "pending_total",
         "pending_max",
         "control_max",
+        "stream_backlog_max",
         "conflations",
         "catch_ups",
         "direct_writes",

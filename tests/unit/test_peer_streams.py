@@ -14,7 +14,7 @@ import pytest
 from gateway.errors import CLOSE_SLOW_CONSUMER
 from gateway.live.chunks import Run
 from gateway.live.fanout import Peer, Subscription
-from gateway.live.published import NeedFinals, NeedStream, SubStreams
+from gateway.live.published import Live, NeedFinals, NeedStream, SubStreams
 from gateway.machine import Start, Succeed
 from tests.support.stream_text import StreamText
 from tests.unit.fanout_play import Play
@@ -71,7 +71,7 @@ def subscribe(play: Play, peer: Peer[str], offsets: dict[str, int], cursor: int 
     return sub
 
 
-def live(peer: Peer[str], sub: Subscription[str], name: str, run: Run | None, upto: int = 0) -> bool:
+def live(peer: Peer[str], sub: Subscription[str], name: str, run: Run | None, upto: int = 0) -> Live:
     return peer.stream_live(sub, name, run, upto)
 
 
@@ -102,9 +102,9 @@ def test_chunks_follow_the_resume_frame_then_live_and_every_one_goes_before_the_
     assert holder.texts == {"output": "bc", "log": ""}
     assert sub.streams is not None and sub.streams.offsets() == "output:3,log:0"
     # Live: the writer is woken when it had nothing to do.
-    assert live(peer, sub, "output", store.append("output", "d"))
-    assert not live(peer, sub, "output", store.append("output", "e"))  # woken already
-    assert not live(peer, sub, "steps", store.append("steps", "x"))  # not asked for
+    assert live(peer, sub, "output", store.append("output", "d")) is Live.WAKE
+    assert live(peer, sub, "output", store.append("output", "e")) is Live.NOTHING  # woken already
+    assert live(peer, sub, "steps", store.append("steps", "x")) is Live.NOTHING  # not asked for
     # Appended before the end, whose news the bus has not brought: read before the terminal frame.
     store.append("log", "l1")
     store.append("output", "f", "g", "h")
@@ -116,7 +116,9 @@ def test_chunks_follow_the_resume_frame_then_live_and_every_one_goes_before_the_
     assert kinds(frames)[-3:] == ["event", "end", "end"], kinds(frames)
     assert holder.ended and holder.texts == {"output": "bcdefgh", "log": "l1"}
     assert sub.finished and peer.stream_backlog == 0
-    assert not live(peer, sub, "output", store.append("output", "late"))  # ended: the store said so
+    assert (
+        live(peer, sub, "output", store.append("output", "late")) is Live.NOTHING
+    )  # ended: the store said so
 
 
 def test_a_conflated_snapshot_of_the_ended_task_waits_for_the_chunks_too(play: Play) -> None:
@@ -156,13 +158,13 @@ def test_chunks_heard_before_the_resume_state_wait_for_it_and_a_bare_wake_up_rea
     peer = play.connect()
     sub = play.fan.subscribe(peer, "t")
     sub.streams = SubStreams({"output": 0})
-    assert not live(peer, sub, "output", store.append("output", "a"))  # no state yet: no turn
+    assert live(peer, sub, "output", store.append("output", "a")) is Live.NOTHING  # no state yet: no turn
     play.resumed(sub, 0)
     assert kinds(sent(play, peer, store)) == ["delta", "chunks"]
     store.append("output", "b", "c")  # too large for a message: a bare wake-up
-    assert live(peer, sub, "output", None, 3)
+    assert live(peer, sub, "output", None, 3) is Live.WAKE
     assert [f["chunks"] for f in sent(play, peer, store)] == [["b", "c"]]
-    assert not live(peer, sub, "output", None, 3)  # nothing it lacks
+    assert live(peer, sub, "output", None, 3) is Live.NOTHING  # nothing it lacks
 
 
 def test_live_chunks_past_the_connections_backlog_close_it_4008(play: Play) -> None:
@@ -170,18 +172,18 @@ def test_live_chunks_past_the_connections_backlog_close_it_4008(play: Play) -> N
     peer = play.connect(max_stream_backlog=5)
     sub = subscribe(play, peer, {"output": 0})
     sent(play, peer, store)
-    assert live(peer, sub, "output", store.append("output", "12345"))
+    assert live(peer, sub, "output", store.append("output", "12345")) is Live.WAKE
     assert peer.stream_backlog == 5 and peer.close_code is None
-    assert live(peer, sub, "output", store.append("output", "6"))
+    assert live(peer, sub, "output", store.append("output", "6")) is Live.SLOW
     assert peer.close_code == CLOSE_SLOW_CONSUMER
-    assert not live(peer, sub, "output", store.append("output", "7"))  # closed: no more
+    assert live(peer, sub, "output", store.append("output", "7")) is Live.NOTHING  # closed: no more
     play.fan.remove(sub)
     assert peer.stream_backlog == 0
     play.fan.remove(sub)  # twice: counted once
     assert peer.stream_backlog == 0
-    assert not live(peer, sub, "output", store.append("output", "8"))
+    assert live(peer, sub, "output", store.append("output", "8")) is Live.NOTHING
     other = play.fan.subscribe(peer, "t")
-    assert not live(peer, other, "output", store.append("output", "9"))  # asked for no stream
+    assert live(peer, other, "output", store.append("output", "9")) is Live.NOTHING  # asked for no stream
 
 
 def test_a_recreated_task_sends_its_streams_from_their_first_chunks(play: Play) -> None:
@@ -190,7 +192,7 @@ def test_a_recreated_task_sends_its_streams_from_their_first_chunks(play: Play) 
     peer = play.connect()
     sub = play.fan.subscribe(peer, "t")
     sub.streams = SubStreams({"output": 7})
-    assert not live(peer, sub, "output", Run.of(1, 7, ["old"]))  # of the history the client held
+    assert live(peer, sub, "output", Run.of(1, 7, ["old"])) is Live.NOTHING  # of the history the client held
     assert peer.stream_backlog == 3
     # A cursor of another history of the id: the task was recreated since.
     play.flush(play.fan.resumed(sub, play.book.resume_now("t", 3, epoch="another")))
@@ -224,3 +226,36 @@ def test_a_read_not_made_is_made_again_and_an_answer_no_longer_awaited_changes_n
     play.fan.remove(sub)
     peer.finals_read(step, store.finals())
     assert peer.next() is None
+
+
+def test_a_batch_that_is_all_a_quiet_socket_has_to_send_goes_straight_to_it(play: Play) -> None:
+    store = Store()
+    peer = play.connect(direct=True)
+    sub = subscribe(play, peer, {"output": 0, "log": 0})
+    assert kinds(sent(play, peer, store)) == ["delta"]
+    run = store.append("output", "a", "b")
+    assert live(peer, sub, "output", run) is Live.DIRECT
+    assert SubStreams.wire("t", "output", run).endswith(b'"offset":0,"chunks":["a","b"]}')
+    assert peer.stream_written(sub, True) is Live.NOTHING
+    assert sub.streams is not None and sub.streams.offsets() == "output:2,log:0"
+    assert peer.next() is None and peer.stream_backlog == 0
+    # No room on the socket: its writer sends it.
+    assert live(peer, sub, "output", store.append("output", "c")) is Live.DIRECT
+    assert peer.stream_written(sub, False) is Live.WAKE
+    # Something else to send first: its writer sends it, merged with what waits.
+    assert live(peer, sub, "log", store.append("log", "l")) is Live.NOTHING
+    frames = sent(play, peer, store)  # the streams take turns: no order between them
+    assert sorted((f["stream"], f["chunks"]) for f in frames) == [("log", ["l"]), ("output", ["c"])]
+    # A bare wake-up reads the store: the writer's.
+    store.append("output", "d")
+    assert live(peer, sub, "output", None, 4) is Live.WAKE
+    assert [f["chunks"] for f in sent(play, peer, store)] == [["d"]]
+    # An entry queued for its writer (no room for it): a batch goes with it, by the writer (woken already).
+    play.room[peer] = False
+    play.commit("t")
+    assert live(peer, sub, "output", store.append("output", "e")) is Live.NOTHING
+    assert sorted(kinds(sent(play, peer, store))) == ["chunks", "event"]
+    # The task ended: the chunks go before its terminal frame, by the writer.
+    play.commit("t", Succeed(2_000, "s3://r", "sha256:1"))
+    assert live(peer, sub, "output", store.append("output", "f")) is Live.NOTHING
+    assert kinds(sent(play, peer, store)) == ["chunks", "event", "end", "end"]
