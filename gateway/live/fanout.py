@@ -395,6 +395,11 @@ class Fanout(Generic[H]):
         self._make_due(channel)
         return None
 
+    def known(self) -> dict[str, int]:
+        """Each channel's version that the store's is compared with (:meth:`behind`); -1 (any) for one that
+        ended its task, whose id may have been made again at a version of its own."""
+        return {t: -1 if _ended(channel) else channel.version for t, channel in self.channels.items()}
+
     def behind(self, stored: Mapping[str, int]) -> None:
         """Stored versions of some channels' tasks (a check after the bus reconnected, or a periodic one):
         those behind read the store."""

@@ -229,6 +229,7 @@ def test_a_check_against_the_store_finds_a_lost_tail_that_no_later_entry_reveals
     play.commit("u", publish=False)
     play.catch_up()
     assert not play.fan.reads_due
+    assert play.fan.known() == {"t": 1, "u": 1}  # what the store's versions are compared with
     play.fan.behind({"t": 4, "u": 2, "gone": 7})
     play.fan.behind({"t": 4})  # asked twice before the read: one read
     play.catch_up()

@@ -341,7 +341,7 @@ async def test_a_bare_wake_up_is_read_from_the_store(book: FakeBook, hub: Hub) -
     assert check_stream(book, "t", 0, stream) == 1
 
 
-async def test_a_resync_finds_a_lost_tail_with_one_versions_query(book: FakeBook, hub: Hub) -> None:
+async def test_a_resync_finds_a_lost_tail_with_one_query_of_the_tasks_ahead(book: FakeBook, hub: Hub) -> None:
     """The bus lost the last entries of two tasks (its listener was reconnecting): nothing later reveals
     the gap; the resync it asks for on reconnect compares every task with the store in one query."""
     feeds = {task_id: Feed(hub, book) for task_id in ("t", "u")}
@@ -354,7 +354,7 @@ async def test_a_resync_finds_a_lost_tail_with_one_versions_query(book: FakeBook
     hub.resync()
     assert [f.version for f in await frames(feeds["t"], 3)] == [1, 2, 3]
     assert [f.version for f in await frames(feeds["u"], 1)] == [1]
-    assert [c[0] for c in book.calls].count("versions") == 1
+    assert [c[0] for c in book.calls].count("ahead") == 1
     assert sorted(c[1] for c in book.calls if c[0] == "entries") == ["t", "u"]
 
 
