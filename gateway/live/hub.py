@@ -116,6 +116,10 @@ class Connection(Protocol):
 
     def close(self, code: int) -> None: ...
 
+    def finished(self, sub: Subscription[Connection]) -> None:
+        """``sub``'s terminal entry was written to its socket directly: end it, as its writer does after
+        sending one."""
+
     def stall(self) -> None:
         """The watchdog cut it (``4008``): cancel its stuck send."""
 
@@ -322,7 +326,8 @@ class Hub:
                         writer = sub.peer.handle.writer
                         if writer is not None and writer.can_write(len(data)):
                             writer.write(data)
-                            fan_round.sent(sub)
+                            if fan_round.sent(sub):
+                                sub.peer.handle.finished(sub)
                         else:
                             fan_round.full(sub)
                 except Exception:  # never leave the task's fan-out stuck: this connection starts over

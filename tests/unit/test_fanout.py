@@ -632,10 +632,10 @@ def test_entries_go_straight_to_a_socket_with_room_and_queue_in_order_when_it_ha
     play.commit("t")  # 7: the queue is empty again: straight to the socket
     assert len(play.writes[peer]) == 4
     assert play.direct_writes == 4
-    # The terminal entry goes through the writer, which ends the stream after it.
+    # The terminal entry goes straight to the socket too, and the driver is told to end the stream after it.
     play.commit("t", Succeed(9_000, "s3://r", "sha256:1"))
-    assert len(play.writes[peer]) == 4
-    play.take(peer)
+    assert len(play.writes[peer]) == 5
+    assert play.ended == [sub]
     assert check_stream(play.book, "t", 0, play.got[sub]) == 8
     assert sub.finished
 

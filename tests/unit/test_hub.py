@@ -221,12 +221,32 @@ async def test_entries_go_straight_to_a_socket_with_room_and_through_the_writer_
     await socket.wait_writes(2)
     assert socket.versions() == [[1, 2, 3], [6]]
     assert hub.stats()["direct_writes"] == 4
-    # The terminal entry goes through the writer, which ends the stream after it.
+    # The terminal entry goes straight to the socket too, with no wake-up of the writer; the stream ends
+    # after it (a /v1/ws socket's subscription ends: its feed has no ``on_finished``).
+    (sub,) = feed.subscriptions.values()
+    woken = anyio.Event()
+    feed.on_work = woken.set
     done = book.commit("t", Succeed(9_000, "s3://r", "sha256:1"))
     hub.receive(news(done))
-    ((sub, last),) = await take(feed)
-    assert last.version == 7 and sub is not None and sub.finished
-    assert len(socket.sent) == 2
+    await socket.wait_writes(3)
+    assert socket.versions() == [[1, 2, 3], [6], [7]]
+    assert sub.finished and feed.subscriptions == {}
+    assert not woken.is_set() and not feed.has_work()
+
+
+async def test_a_terminal_entry_written_straight_to_a_socket_ends_it_as_its_endpoint_says(
+    book: FakeBook, hub: Hub
+) -> None:
+    """The single-task socket closes after the task's last frame (``on_finished``), written straight too,
+    here in one write with the entry before it."""
+    socket = FakeSocket()
+    feed = await direct_feed(hub, book, socket)
+    ended: list[list[list[int]]] = []
+    feed.on_finished = lambda: ended.append(socket.versions())
+    commit(book, hub, "t")  # started
+    hub.receive(news(book.commit("t", Succeed(9_000, "s3://r", "sha256:1"))))
+    await socket.wait_writes(1)
+    assert ended == [[[1, 2]]]  # ended once, after the write
 
 
 async def test_a_socket_far_behind_gets_one_conflated_snapshot_straight_away(book: FakeBook) -> None:
