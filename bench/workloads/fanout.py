@@ -191,7 +191,7 @@ async def bench_gateway(
     frames = stats.get("deliveries", 0)
     return {
         **stats,
-        **{k: v for k, v in posted.items() if k != "latencies"},
+        **posted,
         "frames": frames,
         "direct_writes": direct,
         "entries": version - start_version,
@@ -199,6 +199,19 @@ async def bench_gateway(
         "cpu_us_per_frame": cpu * 1e6 / frames if frames else float("nan"),
         "cpu_us_per_callback": cpu * 1e6 / posted["posted"],
         "idle_bytes_per_subscriber": (rss_idle - rss_before) / subscribers if subscribers else float("nan"),
+    }
+
+
+def pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Runs of :func:`bench_gateway` as one: their callbacks' latencies pooled (p50, p99, how many), the
+    mean of their rates achieved and CPU per callback."""
+    latencies = [latency for run in runs for latency in run["latencies"]]
+    return {
+        "timed": len(latencies),
+        "callback_p50_ms": statistics.median(latencies) * 1000,
+        "callback_p99_ms": percentile(latencies, 0.99) * 1000,
+        "achieved_rate": statistics.mean(run["achieved_rate"] for run in runs),
+        "cpu_us_per_callback": statistics.mean(run["cpu_us_per_callback"] for run in runs),
     }
 
 

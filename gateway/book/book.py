@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -160,10 +160,10 @@ class Book:
             return await tx.entries(task_id, after, upto)
 
     @shielded
-    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
-        """The current version of each of these tasks (those that exist)."""
+    async def ahead(self, known: Mapping[str, int]) -> dict[str, int]:
+        """Of the tasks in ``known`` (id -> version), those stored at a higher version, with it."""
         async with self.store.read() as tx:
-            return await tx.versions(task_ids)
+            return await tx.ahead(known)
 
     @shielded
     async def next_deadline(self) -> int | None:

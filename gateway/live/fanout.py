@@ -82,6 +82,7 @@ class Round(Generic[H]):
         "conflations",
         "direct_writes",
         "done",
+        "ends",
         "first",
         "items",
         "joined",
@@ -96,8 +97,9 @@ class Round(Generic[H]):
         self.items = items
         self.first = items[0].task.version
         self.newest = items[-1].task
-        # A terminal entry takes the writer's way: the writer closes or unsubscribes after it.
-        self.open = not self.newest.terminal
+        # A round with an earlier history's end inside (the id made again) takes the writers' way.
+        self.ends = self.newest.terminal  # the driver ends a stream it writes this to (:meth:`sent`)
+        self.open = not any(item.task.terminal for item in items[:-1])
         self.done = 0  # subscriptions offered so far (the driver's slices)
         self.joined: dict[int, bytes] = {}
         self.direct_writes = 0
@@ -135,8 +137,9 @@ class Round(Generic[H]):
         self.full(sub)
         return None
 
-    def sent(self, sub: Subscription[H]) -> None:
-        """The bytes :meth:`offer` gave were written to the socket."""
+    def sent(self, sub: Subscription[H]) -> bool:
+        """The bytes :meth:`offer` gave were written to the socket. ``True``: they ended the task, and the
+        driver ends the stream as a writer does after a terminal frame (closes, or unsubscribes)."""
         assert sub.last is not None
         count = self.newest.version - sub.last.version
         if count > sub.backlog:
@@ -145,6 +148,7 @@ class Round(Generic[H]):
         else:
             self.direct_writes += count
         sub.last = self.newest
+        return self.ends
 
     def full(self, sub: Subscription[H]) -> None:
         """The socket had no room: queue the entries for the connection's writer, within the backlog."""
@@ -389,6 +393,11 @@ class Fanout(Generic[H]):
                 channel.ahead[message.version] = message
         self._make_due(channel)
         return None
+
+    def known(self) -> dict[str, int]:
+        """Each channel's version that the store's is compared with (:meth:`behind`); -1 (any) for one that
+        ended its task, whose id may have been made again at a version of its own."""
+        return {t: -1 if _ended(channel) else channel.version for t, channel in self.channels.items()}
 
     def behind(self, stored: Mapping[str, int]) -> None:
         """Stored versions of some channels' tasks (a check after the bus reconnected, or a periodic one):

@@ -59,6 +59,9 @@ class Feed:
         self.on_stall: Callable[[], object] | None = None
         # Called whenever there is work for the writer (the WebSocket endpoint starts one then).
         self.on_work: Callable[[], object] | None = None
+        # Called when a subscription's terminal entry was written directly (:meth:`finished`); by default
+        # it is unsubscribed.
+        self.on_finished: Callable[[], object] | None = None
         self._waiter: asyncio.Future[None] | None = None  # next() waiting for work
         self._room: asyncio.Event | None = None  # a reader waiting for room for a control frame (rare)
         hub.attach(self)
@@ -215,6 +218,15 @@ class Feed:
             "subscribe with a task's subscribe token on a new socket"
         )
         self.close_after(error_frame("request-timeout", message), CLOSE_NO_SUBSCRIPTION)
+
+    def finished(self, sub: Subscription[Connection]) -> None:
+        """``sub``'s terminal entry was written to the socket directly (the hub's fast path): the endpoint's
+        ``on_finished`` ends the connection (the single-task socket closes), or else the subscription ends,
+        as after a terminal frame its writer sent."""
+        if self.on_finished is not None:
+            self.on_finished()
+        elif self.peer.subscriptions.get(sub.task_id) is sub:
+            self.unsubscribe(sub.task_id)
 
     def stall(self) -> None:
         """The watchdog closed the connection (``4008``): cancel its stuck send."""

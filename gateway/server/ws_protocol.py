@@ -24,6 +24,7 @@ which is also its handle on the connection's limits:
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -69,24 +70,42 @@ class DirectWriter:
         if conn.max_message_size is not None and conn.max_message_size < max_message_bytes:
             conn.max_message_size = max_message_bytes
 
+    def close(self, code: int) -> bool:
+        """Send a close frame with ``code`` now, as the app's ``websocket.close`` would (its next receive is
+        the disconnect), without a pass through the ASGI send path; ``False`` if it is already closing."""
+        p = self._protocol
+        if self._closing():
+            return False
+        p.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": ""})
+        self._send_close(code, p.close_timeout, p.transport.close)
+        return True
+
     def close_stalled(self, code: int, grace_s: float) -> bool:
         """Queue a close frame with ``code`` behind the unread data and drop the connection ``grace_s``
         later unless the peer has read up to it and answered; ``False`` if it is already closing."""
-        p = self._protocol
-        if p.close_sent or p.disconnected or p.transport.is_closing():
+        if self._closing():
             return False
-        p.stop_keepalive()
+        self._protocol.stop_keepalive()
+        self._send_close(code, grace_s, functools.partial(drop, self._protocol.transport))
+        return True
+
+    def _closing(self) -> bool:
+        p = self._protocol
+        return p.close_sent or p.disconnected or p.transport.is_closing()
+
+    def _send_close(self, code: int, timeout_s: float, then: Callable[[], object]) -> None:
+        """Write the close frame, read on to see the peer's answering one, and ``then`` after ``timeout_s``
+        unless it came (uvicorn's handle_close and connection_lost cancel the timer; once the app returns it
+        leaves a connection with a close timer to it)."""
+        p = self._protocol
         p.conn.send_close(code)
         p.transport.write(b"".join(p.conn.data_to_send()))
         p.close_sent = True
-        if p.read_paused:  # read on, to see the peer's answering close frame
+        if p.read_paused:
             p.read_paused = False
             p.transport.resume_reading()
         p.read_held()
-        # uvicorn's handle_close and connection_lost cancel this timer; once the app returns it leaves a
-        # connection with a close timer to it.
-        p.close_timer = p.loop.call_later(grace_s, drop, p.transport)
-        return True
+        p.close_timer = p.loop.call_later(timeout_s, then)
 
 
 class _HeldReader(StreamReader):

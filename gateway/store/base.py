@@ -100,8 +100,9 @@ class ReadTx(Protocol):
     async def entries(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         """History entries ``after < version <= upto`` as ``(version, event JSON as stored)``, in order."""
 
-    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
-        """The current version of each of these tasks that exists."""
+    async def ahead(self, known: Mapping[str, int]) -> dict[str, int]:
+        """Of the tasks in ``known`` (task id -> a version), those whose stored version is above it, with
+        their version: the comparison made by the database, which sends back only those."""
 
     async def relay_pending(self) -> int:
         """How many notifications the webhook relay has not sent yet."""

@@ -148,9 +148,10 @@ class MemoryTx:
         found = self.data.entries.get(task_id, [])
         return [(v, raw) for v, raw in found if after < v <= upto]
 
-    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
+    async def ahead(self, known: Mapping[str, int]) -> dict[str, int]:
         stored = self.data.tasks
-        return {i: stored[i].task.version for i in task_ids if i in stored}
+        versions = {i: stored[i].task.version for i in known if i in stored}
+        return {i: version for i, version in versions.items() if version > known[i]}
 
     async def next_deadline(self) -> int | None:
         live = [s.task.expires_at_ms for s in self.data.tasks.values() if s.task.state in ACTIVE_STATES]

@@ -68,7 +68,9 @@ def _insert(table: str, columns: Sequence[str]) -> str:
 SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)}, ttl_ms, heartbeat_ms, lease_until_ms FROM tasks"
 TASK = f"{SELECT_TASK} WHERE id = ?"  # + LOCK in a write transaction
 TASKS = f"{SELECT_TASK} WHERE {{ids}} ORDER BY id"  # + LOCK; in id order, so that batches lock in one order
-VERSIONS = "SELECT id, version FROM tasks WHERE {ids}"
+# The tasks stored at a version above a known one: a map of them as rows ``c(id, after)`` (SQLITE_CURSORS,
+# PG_CURSORS), each joined to its row by primary key.
+AHEAD = "SELECT t.id, t.version FROM {cursors} JOIN tasks AS t ON t.id = c.id WHERE t.version > c.after"
 TASK_EXISTS = "SELECT 1 FROM tasks WHERE id = ?"
 NEXT_DEADLINE = f"SELECT min(expires_at_ms) FROM tasks WHERE {_LIVE}"
 # A running attempt whose lease ended before its deadline is left to LEASES_ENDED: its end comes first in the

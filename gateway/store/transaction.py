@@ -149,11 +149,11 @@ class SqlTx:
     async def entries(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         return [(r[0], r[1]) for r in await self.fetch(q.ENTRIES, (task_id, after, upto))]
 
-    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for condition, params in self.in_list("id", [i for i in task_ids if "\x00" not in i]):
-            found.update((r[0], r[1]) for r in await self.fetch(q.VERSIONS.format(ids=condition), params))
-        return found
+    async def ahead(self, known: Mapping[str, int]) -> dict[str, int]:
+        if not known:
+            return {}
+        source, params = self.cursor_rows(known)
+        return {r[0]: r[1] for r in await self.fetch(q.AHEAD.format(cursors=source), params)}
 
     async def relay_pending(self) -> int:
         (row,) = await self.fetch(q.RELAY_PENDING)
@@ -238,8 +238,8 @@ class SqlTx:
                 await self.run_many(sql, rows)
 
     def cursor_rows(self, cursors: Mapping[str, int]) -> tuple[str, list[Any]]:
-        """A map of task id -> cursor as the rows ``c(id, after)`` of ``queries.RESUME_ROWS``, with its
-        parameters: here one JSON object."""
+        """A map of task id -> cursor as the rows ``c(id, after)`` of ``queries.RESUME_ROWS`` and ``AHEAD``,
+        with its parameters: here one JSON object."""
         return q.SQLITE_CURSORS, [orjson.dumps(dict(cursors)).decode()]
 
     # --- writes ---------------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ class DirectSocket(Protocol):
         """A subscription of this socket is authorized: it may receive larger messages from now on."""
         ...
 
+    def close(self, code: int) -> bool:
+        """Send a close frame with ``code`` now (the app's next receive is the disconnect); ``False`` if the
+        socket is closing already."""
+        ...
+
     def close_stalled(self, code: int, grace_s: float) -> bool:
         """Close a socket cut for not reading: the close frame waits ``grace_s`` for it, then the socket is
         reset. ``False`` if the socket cannot be closed that way (the caller closes it as usual)."""

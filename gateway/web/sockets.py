@@ -40,7 +40,7 @@ from gateway.tokens import EXPIRED
 from gateway.web.auth import Grant, origin_allowed
 from gateway.web.context import Context, context_of
 from gateway.web.expiry import Expiries, end_subscription
-from gateway.web.extensions import direct_socket
+from gateway.web.extensions import DirectSocket, direct_socket
 from gateway.web.stream_wire import message_streams, query_streams
 from gateway.web.tag_messages import TagMessage, tag_message, tag_of
 from gateway.web.wire import Cursor, message_cursor, query_cursor
@@ -148,6 +148,9 @@ async def pump(context: Context, ws: WebSocket, feed: Feed, expiry: Expiries, *,
     The connection's own task reads; the writer is a task that runs only while frames wait for it (most
     go out through the hub's direct writes), so an idle socket holds one task, not two."""
     writer = _Writer(feed, lambda: write(context, ws, feed, single=single))
+    socket = direct_socket(ws.scope)
+    if single and socket is not None:
+        feed.on_finished = functools.partial(writer.end_directly, socket)
     try:
         with anyio.CancelScope() as reading:
             writer.on_end = reading.cancel
@@ -164,7 +167,6 @@ async def pump(context: Context, ws: WebSocket, feed: Feed, expiry: Expiries, *,
         # and tell it 4008 if it drains its socket within the grace; past that it is dropped (1006).
         feed.release()
         slow_close_grace_s = context.gateway.settings.slow_close_grace_ms / 1000
-        socket = direct_socket(ws.scope)
         if socket is not None and socket.close_stalled(code, slow_close_grace_s):
             return
         grace = slow_close_grace_s
@@ -343,6 +345,18 @@ class _Writer:
             self._done = asyncio.get_running_loop().create_future()
             await self._done
         return self._code
+
+    def end_directly(self, socket: DirectSocket) -> None:
+        """The task's terminal frame was written to the socket directly (the hub's fast path): close it
+        after that frame the same way, with no writer task and no ASGI send (the reading side's next receive
+        is the disconnect), and end as a socket that is gone."""
+        feed = self._feed
+        feed.on_work = None
+        self._code = _GONE
+        if self._task is not None:
+            self._task.cancel()
+        feed.close(CLOSE_NORMAL)  # nothing more is written to it
+        socket.close(CLOSE_NORMAL)
 
     def cancel(self) -> None:
         self._feed.on_work = None

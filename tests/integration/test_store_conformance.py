@@ -88,7 +88,9 @@ async def test_a_task_reads_back_as_written_and_an_id_is_taken_once(store: Store
     with pytest.raises(StoreRace):
         await add(store, "t1")
     async with store.read() as tx:
-        assert await tx.versions(["t1", "nope"]) == {"t1": 0}
+        assert await tx.ahead({"t1": -1, "nope": -1}) == {"t1": 0}
+        assert await tx.ahead({"t1": 0}) == {}
+        assert await tx.ahead({}) == {}
 
 
 TAGS = ("owner:u42", "project:7")
@@ -826,7 +828,7 @@ async def test_a_finished_task_is_forgotten_with_everything_it_owns_once_its_not
     async with store.read() as tx:
         assert await tx.task("gone") is None
         assert await tx.entries("gone", 0, 100) == []
-        assert await tx.versions(["gone", "kept", "live"]) == {"kept": 2, "live": 0}
+        assert await tx.ahead({"gone": -1, "kept": 1, "live": 0}) == {"kept": 2}
         assert [t.id for t in await tx.list_tasks(state=None, after=None, limit=10)] == ["kept", "live"]
         assert await tx.relay_pending() == 1  # kept's notification only
         assert await tx.finished_held(10_000, relay=False) == 1

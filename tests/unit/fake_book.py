@@ -11,7 +11,7 @@ it is a ``gateway.live.hub.BookReads`` (mypy checks that it fits, with no ignore
   ``machine.resume_from`` (retention 8 by default), a delta's entries bounded by the version of the task as
   read;
 - ``entries_between(task_id, after, upto)``: the entries ``after < version <= upto``, in order;
-- ``versions(task_ids)``: the current version of each task that exists;
+- ``ahead(known)``: of the tasks in ``known`` (id -> version), those stored at a higher version, with it;
 
 and the reads of tags (``gateway.live.hub.TagStore``, as ``gateway.book.tag_reads.TagReads`` answers them):
 
@@ -27,7 +27,7 @@ retention does, so that its id can be created again (another history).
 The pure tests call the same reads synchronously (``resume_now``, ``entries_now``); the driver tests await
 them. Each awaited read passes through named *points* a test can hook (``hooks[name]`` is awaited there):
 ``"resume"`` before the task is read, ``"resume:task-read"`` after the task is read and before its entries
-are, ``"get"``, ``"entries"``, ``"versions"``, ``"list"``, ``"resume_many"`` and ``"tagged_since"`` before
+are, ``"get"``, ``"entries"``, ``"ahead"``, ``"list"``, ``"resume_many"`` and ``"tagged_since"`` before
 those reads. Without a hook a point is one checkpoint.
 """
 
@@ -212,10 +212,11 @@ class FakeBook:
         await self._point("resume:task-read")
         return self.resume_now(task_id, cursor, as_of=as_of, epoch=epoch)
 
-    async def versions(self, task_ids: Sequence[str]) -> dict[str, int]:
-        await self._point("versions")
-        self.calls.append(("versions", ",".join(task_ids), 0, 0))
-        return {i: self.current(i).version for i in task_ids if i in self.states}
+    async def ahead(self, known: Mapping[str, int]) -> dict[str, int]:
+        await self._point("ahead")
+        self.calls.append(("ahead", ",".join(known), 0, 0))
+        versions = {i: self.current(i).version for i in known if i in self.states}
+        return {i: version for i, version in versions.items() if version > known[i]}
 
     async def entries_between(self, task_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         await self._point("entries")

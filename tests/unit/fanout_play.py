@@ -57,6 +57,8 @@ class Play:
         self.direct_writes = 0
         self.conflations = 0
         self.woken: list[Peer[str]] = []
+        # Subscriptions whose stream a direct write ended (the driver ends them: ``Round.sent``).
+        self.ended: list[Subscription[str]] = []
         self._names = 0
 
     # --- connections ----------------------------------------------------------------------------------
@@ -170,7 +172,8 @@ class Play:
                 if self.room.get(sub.peer, False):
                     self.writes[sub.peer].append(data)
                     self.got[sub].extend(unframe_all(data))
-                    fan_round.sent(sub)
+                    if fan_round.sent(sub):
+                        self.ended.append(sub)
                 else:
                     fan_round.full(sub)
             fan_round.done = stop

@@ -221,12 +221,32 @@ async def test_entries_go_straight_to_a_socket_with_room_and_through_the_writer_
     await socket.wait_writes(2)
     assert socket.versions() == [[1, 2, 3], [6]]
     assert hub.stats()["direct_writes"] == 4
-    # The terminal entry goes through the writer, which ends the stream after it.
+    # The terminal entry goes straight to the socket too, with no wake-up of the writer; the stream ends
+    # after it (a /v1/ws socket's subscription ends: its feed has no ``on_finished``).
+    (sub,) = feed.subscriptions.values()
+    woken = anyio.Event()
+    feed.on_work = woken.set
     done = book.commit("t", Succeed(9_000, "s3://r", "sha256:1"))
     hub.receive(news(done))
-    ((sub, last),) = await take(feed)
-    assert last.version == 7 and sub is not None and sub.finished
-    assert len(socket.sent) == 2
+    await socket.wait_writes(3)
+    assert socket.versions() == [[1, 2, 3], [6], [7]]
+    assert sub.finished and feed.subscriptions == {}
+    assert not woken.is_set() and not feed.has_work()
+
+
+async def test_a_terminal_entry_written_straight_to_a_socket_ends_it_as_its_endpoint_says(
+    book: FakeBook, hub: Hub
+) -> None:
+    """The single-task socket closes after the task's last frame (``on_finished``), written straight too,
+    here in one write with the entry before it."""
+    socket = FakeSocket()
+    feed = await direct_feed(hub, book, socket)
+    ended: list[list[list[int]]] = []
+    feed.on_finished = lambda: ended.append(socket.versions())
+    commit(book, hub, "t")  # started
+    hub.receive(news(book.commit("t", Succeed(9_000, "s3://r", "sha256:1"))))
+    await socket.wait_writes(1)
+    assert ended == [[[1, 2]]]  # ended once, after the write
 
 
 async def test_a_socket_far_behind_gets_one_conflated_snapshot_straight_away(book: FakeBook) -> None:
@@ -341,7 +361,7 @@ async def test_a_bare_wake_up_is_read_from_the_store(book: FakeBook, hub: Hub) -
     assert check_stream(book, "t", 0, stream) == 1
 
 
-async def test_a_resync_finds_a_lost_tail_with_one_versions_query(book: FakeBook, hub: Hub) -> None:
+async def test_a_resync_finds_a_lost_tail_with_one_query_of_the_tasks_ahead(book: FakeBook, hub: Hub) -> None:
     """The bus lost the last entries of two tasks (its listener was reconnecting): nothing later reveals
     the gap; the resync it asks for on reconnect compares every task with the store in one query."""
     feeds = {task_id: Feed(hub, book) for task_id in ("t", "u")}
@@ -354,7 +374,7 @@ async def test_a_resync_finds_a_lost_tail_with_one_versions_query(book: FakeBook
     hub.resync()
     assert [f.version for f in await frames(feeds["t"], 3)] == [1, 2, 3]
     assert [f.version for f in await frames(feeds["u"], 1)] == [1]
-    assert [c[0] for c in book.calls].count("versions") == 1
+    assert [c[0] for c in book.calls].count("ahead") == 1
     assert sorted(c[1] for c in book.calls if c[0] == "entries") == ["t", "u"]
 
 
