@@ -5,7 +5,7 @@
     python -m bench WORKLOAD [its options]                                         one workload alone
 
 where WORKLOAD is one of: callbacks, celery_progress, expiry, fanout, hundredk, pg_ceiling, retention, tags,
-workers_cost (``python -m bench WORKLOAD --help``).
+workers_cost, stream_live (``python -m bench WORKLOAD --help``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ ALONE = (
     "retention",
     "tags",
     "workers_cost",
+    "stream_live",
 )
 
 

@@ -55,6 +55,7 @@ from bench.workloads import (
     pg_ceiling,
     retention,
     scale_one,
+    stream_live,
     tags,
     workers_cost,
 )
@@ -83,6 +84,7 @@ class Config:
     latency_e2e: latency_e2e.Sizes
     hosts: hosts.Sizes
     pg_ceiling: pg_ceiling.Sizes
+    stream_live: stream_live.Sizes
     celery_iterations: int
     celery_runs: int
     procs: int
@@ -110,6 +112,7 @@ FULL = Config(
     latency_e2e=latency_e2e.FULL,
     hosts=hosts.FULL,
     pg_ceiling=pg_ceiling.FULL,
+    stream_live=stream_live.FULL,
     celery_iterations=10_000,
     celery_runs=5,
     procs=4,
@@ -136,6 +139,7 @@ SMOKE = Config(
     latency_e2e=latency_e2e.SMOKE,
     hosts=hosts.SMOKE,
     pg_ceiling=pg_ceiling.SMOKE,
+    stream_live=stream_live.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
     procs=2,
@@ -218,6 +222,7 @@ SMOKE_SERVERS = {
     12: ("floor",),  # bench/workloads/latency_e2e.py starts its gateways (through bench/programs/timed.py)
     13: (),  # bench/workloads/hosts.py starts its namespaces, its PostgreSQL and its gateways
     14: (),  # bench/workloads/pg_ceiling.py starts its cluster and its gateways
+    16: ("floor",),  # bench/workloads/stream_live.py starts its gateways and its resume floor
 }
 
 
@@ -630,6 +635,7 @@ RUNNERS: dict[int, Workload] = {
     12: latency_e2e.workload,
     13: hosts.workload,
     14: pg_ceiling.workload,
+    16: stream_live.workload,
 }
 
 
@@ -731,7 +737,7 @@ def command(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
     parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
-    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-14)")
+    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-14, 16)")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     args = parser.parse_args(argv)
     status = 1
