@@ -5,7 +5,7 @@
     python -m bench WORKLOAD [its options]                                         one workload alone
 
 where WORKLOAD is one of: callbacks, celery_progress, expiry, fanout, hundredk, pg_ceiling, retention,
-streams, tags, workers_cost (``python -m bench WORKLOAD --help``).
+streams, stream_live, tags, workers_cost (``python -m bench WORKLOAD --help``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ ALONE = (
     "retention",
     "tags",
     "workers_cost",
+    "stream_live",
 )
 
 

@@ -55,6 +55,7 @@ from bench.workloads import (
     pg_ceiling,
     retention,
     scale_one,
+    stream_live,
     streams,
     tags,
     workers_cost,
@@ -86,6 +87,7 @@ class Config:
     hosts: hosts.Sizes
     pg_ceiling: pg_ceiling.Sizes
     streams: streams.Sizes
+    stream_live: stream_live.Sizes
     celery_iterations: int
     celery_runs: int
     procs: int
@@ -115,6 +117,7 @@ FULL = Config(
     hosts=hosts.FULL,
     pg_ceiling=pg_ceiling.FULL,
     streams=streams.FULL,
+    stream_live=stream_live.FULL,
     celery_iterations=10_000,
     celery_runs=5,
     procs=4,
@@ -143,6 +146,7 @@ SMOKE = Config(
     hosts=hosts.SMOKE,
     pg_ceiling=pg_ceiling.SMOKE,
     streams=streams.SMOKE,
+    stream_live=stream_live.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
     procs=2,
@@ -226,6 +230,7 @@ SMOKE_SERVERS = {
     13: (),  # bench/workloads/hosts.py starts its namespaces, its PostgreSQL and its gateways
     14: (),  # bench/workloads/pg_ceiling.py starts its cluster and its gateways
     15: (),  # bench/workloads/streams.py starts its gateways and floor handlers
+    16: ("floor",),  # bench/workloads/stream_live.py starts its gateways and its resume floor
 }
 
 
@@ -653,6 +658,7 @@ RUNNERS: dict[int, Workload] = {
     13: hosts.workload,
     14: pg_ceiling.workload,
     15: streams.workload,
+    16: stream_live.workload,
 }
 
 
@@ -754,7 +760,7 @@ def command(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
     parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
-    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-15)")
+    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-16)")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     args = parser.parse_args(argv)
     status = 1

@@ -568,6 +568,8 @@ class Clients:
     ``received`` gives those times by version (``time.monotonic_ns()``), 0: none.
     ``prefix``: what runs each client process (``ip netns exec NS``: in a network namespace).
     ``stall_s``: a step (:meth:`expect`) also fails once no subscriber moved on for this long.
+    ``chunks``: a stream's name: each subscriber follows its ``chunks`` frames by offset, not the task's
+    versions (``final``: the last chunk's offset; see subscribers.py).
     """
 
     def __init__(
@@ -599,6 +601,7 @@ class Clients:
         timed_every: int = 0,
         prefix: Sequence[str] = (),
         stall_s: float | None = None,
+        chunks: str | None = None,
     ) -> Clients:
         total = sum(count for _, count, _ in groups)
         procs = max(1, min(max(procs, math.ceil(total / PER_PROCESS)), total))
@@ -629,6 +632,7 @@ class Clients:
                     "cores": sorted(cores) if cores else None,
                     "source": next_source() if spread else None,
                     "timed_every": timed_every,
+                    "chunks": chunks,
                 }
                 processes.append(
                     await spawn(

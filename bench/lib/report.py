@@ -240,6 +240,25 @@ WORKLOADS = {
         "`nextOffset` until its last chunk, in pages of the default limit (1,000) and of 10,000, beside the "
         "floor's one read; medians of 7 reads each, taken in turn.",
     ),
+    16: (
+        "streams live",
+        "a task's stream `output` followed live (bench/workloads/stream_live.py; `?streams=output:0` on the "
+        "single-task socket, one `gateway serve` process on a SQLite file), every subscriber checking its "
+        "chunks by offset (none missing, none repeated, every one up to the last). Chunk-to-frame: one "
+        "chunk per append at 20/s to 10 subscribers and 10/s to 1,000 (300 and 100 appends): p50 and p99 "
+        "of the time from just before an append's request to each timed subscriber's `chunks` frame (about "
+        "500 subscribers timed), beside raw `websockets`' publish-to-receive to as many receivers "
+        "(workload 12's floor run, frames of a `chunks` frame's size); servers and bench on one core, "
+        "clients on the other, as in workload 12. The request-to-frame time includes the append's HTTP "
+        "request and commit (an fsync), which the floor does not do. Resume: one subscriber asking a "
+        "running task's stream of 10,000 chunks of 20 bytes from offset 0, from its connect to its first "
+        "`chunks` frame and to its last chunk, beside a raw `websockets` server answering with a bare "
+        "`SELECT` of the stream's rows in the gateway's own SQLite file, their JSON arrays spliced into one "
+        "frame (bench/programs/resume_floor.py); medians of 11 runs taken in turn. Memory: 100 ended tasks "
+        "with a stream of 4 MiB each (chunks of 1,000 bytes), each read from offset 0 by 10 subscribers at "
+        "once: the peak RSS (`VmHWM`) of a gateway process started on the filled database for the reads "
+        "alone, beside the same with streams of 0.4 MiB.",
+    ),
 }
 
 

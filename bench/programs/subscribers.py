@@ -34,6 +34,11 @@ they miss), reorders (a version at or below one already seen), and the versions 
 socket the server closed with a code saying why (4008 slow consumer, 1001 going away, 1011, 1013, 44xx:
 the client knows it must resume), as ``cut``; otherwise (closed with 1000 before the end, or dropped), as
 lost.
+
+With ``chunks``, the same counts are of the stream's chunks by offset (protocol.md, Live: chunks and end;
+read from offset 0, one attempt): each ``chunks`` frame must start at the offset after the last chunk held;
+``final`` is the last chunk's offset, ``received`` the time of each chunk's frame by offset, ``deliveries``
+the frames; the task's ``event`` frames and the ``end`` frame are passed over.
 """
 
 from __future__ import annotations
@@ -172,6 +177,7 @@ async def main(spec: dict[str, Any]) -> None:
     source: str | None = spec.get("source")
     gate = asyncio.Semaphore(spec["concurrency"]) if spec["concurrency"] else None
     every = int(spec.get("timed_every") or 0)
+    chunks_of: str | None = spec.get("chunks")
     subs = [Sub(expect, own_final(url)[1]) for url, count, expect in groups for _ in range(count)]
     if every:
         for sub in subs[::every]:
@@ -230,7 +236,7 @@ async def main(spec: dict[str, Any]) -> None:
             ws, first = await subscribe(url, sub)
             try:
                 sub.resume = first.get("type")
-                sub.last = first.get("version", -1)
+                sub.last = -1 if chunks_of is not None else first.get("version", -1)
                 if sub.resume == "error":
                     sub.error = f"error frame: {first.get('code')}: {first.get('message')}"[:200]
                 ready = True
@@ -244,7 +250,9 @@ async def main(spec: dict[str, Any]) -> None:
                         sub.close_code = ws.close_code
                         break
                     kind, version = message.get("type"), message.get("version", -1)
-                    if kind == "event" or (kind == "snapshot" and message.get("reason") == "conflated"):
+                    if chunks_of is not None:
+                        follow_chunks(sub, chunks_of, message, at)
+                    elif kind == "event" or (kind == "snapshot" and message.get("reason") == "conflated"):
                         sub.deliveries += 1
                         if sub.received is not None:
                             sub.received.append((version, at))
@@ -334,6 +342,25 @@ async def main(spec: dict[str, Any]) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
     listener.cancel()
+
+
+def follow_chunks(sub: Sub, stream: str, message: dict[str, Any], at: int) -> None:
+    """A frame read by a subscriber following ``stream``'s chunks (``sub.last``: the last offset held)."""
+    kind = message.get("type")
+    if kind != "chunks" or message.get("stream") != stream:
+        if kind not in ("event", "end"):
+            sub.unexpected += 1
+        return
+    offset, count = message["offset"], len(message["chunks"])
+    sub.deliveries += 1
+    if sub.received is not None:
+        sub.received += [(offset + i, at) for i in range(count)]
+    if offset > sub.last + 1:
+        sub.gaps += 1
+        sub.missing += offset - sub.last - 1
+    elif offset <= sub.last:
+        sub.reorders += 1  # a chunk sent again
+    sub.last = max(sub.last, offset + count - 1)
 
 
 def own_final(url: str) -> tuple[str, int | None]:

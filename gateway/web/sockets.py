@@ -32,6 +32,7 @@ from gateway.errors import (
     GatewayError,
     InvalidRequest,
     Unavailable,
+    one_line,
 )
 from gateway.frames import PONG, Frame, error_frame
 from gateway.live.feed import Feed
@@ -324,9 +325,13 @@ class _Writer:
         code: int | None = _GONE
         try:
             code = await self._write()
-        except Exception:
-            log.exception("sending to a WebSocket failed")
-            code = CLOSE_INTERNAL_ERROR
+        except Exception as exc:
+            if not database_unavailable(exc):
+                log.exception("sending to a WebSocket failed")
+                code = CLOSE_INTERNAL_ERROR
+            else:  # a read the next frame needs (a stream's catch-up page, entries) found no database in time
+                log.warning("a WebSocket's read found the database unavailable: %s", one_line(exc))
+                code = Unavailable.close_code  # 1013: its client resumes later from what it holds
         finally:
             self._task = None
             if code is not None:

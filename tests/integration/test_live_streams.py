@@ -273,3 +273,25 @@ async def test_a_socket_behind_gets_chunks_merged_and_past_the_backlog_is_closed
             holder.feed(frame)
         assert code == 1000 and holder.ended and holder.offsets == {"output": appended}
         assert holder.texts["output"] == await text_of(gw, "slow", "output")
+
+
+async def test_a_catch_up_read_finding_no_database_closes_1013(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read the writer makes for a subscription (here a stream's catch-up page) past the database's
+    deadline closes the socket ``1013`` (protocol.md: the database cannot be reached, try again later), not
+    ``1011`` (an internal error)."""
+    async with live_gateway(sqlite_url) as gw:
+        producer, token = await running_task(gw, "no-db")
+        await producer.write("output", "a")
+        streams = gw.gateway.hub.streams
+        assert streams is not None
+
+        async def past_the_deadline(*args: Any, **kwargs: Any) -> Any:
+            raise TimeoutError
+
+        monkeypatch.setattr(streams, "page", past_the_deadline)
+        async with socket(ws_url(gw, "/v1/tasks/no-db/ws", token=token, streams="output")) as ws:
+            frames, code = await closed_with(ws)
+        assert [f["type"] for f in frames] == ["delta"]  # the resume frame, then no page to send
+        assert code == 1013
