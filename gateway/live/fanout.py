@@ -120,6 +120,9 @@ class Round(Generic[H]):
             and sub.head is None
             and not sub.conflated
             and peer.quiet()
+            # A terminal entry for a subscription with streams: its writer sends the streams' last chunks
+            # and their end frames after it, then ends the stream.
+            and not (self.ends and sub.streams is not None)
         ):
             items = self.items
             start = last.version + 1 - self.first

@@ -29,6 +29,7 @@ from gateway.live.fanout import (
     Subscription,
     replay,
 )
+from gateway.live.published import SubStreams
 from gateway.machine import Progress, Start, Succeed, event_to_json, task_to_json
 from tests.unit.fake_book import FakeBook
 from tests.unit.fanout_play import (
@@ -953,3 +954,18 @@ def test_the_fake_book_answers_as_book(play: Play) -> None:
     assert [v for v, _ in book.entries_now("t", 2, 5)] == [3, 4, 5]
     with pytest.raises(UnknownTask):
         book.get_now("nope")
+
+
+def test_a_terminal_entry_for_a_subscription_with_streams_goes_through_its_writer(play: Play) -> None:
+    """Its writer sends the streams' last chunks and their end frames after the terminal frame, then ends
+    the stream: straight to the socket, the terminal frame would end it before them."""
+    peer = play.connect(direct=True)
+    sub = play.subscribe(peer, "t", 0)
+    play.frames(peer)
+    sub.streams = SubStreams({"output": 0})  # (its catch-up is test_peer_streams' to play)
+    play.commit("t")
+    assert len(play.writes[peer]) == 1  # an entry that does not end the task: straight out
+    play.commit("t", Succeed(9_000, "s3://r", "sha256:1"))
+    # The terminal one: queued for the writer, which is woken; the stream not ended by the driver.
+    assert len(play.writes[peer]) == 1 and play.ended == [] and play.woken == [peer]
+    assert [item.task.version for item in sub.pending or ()] == [2]
