@@ -29,7 +29,7 @@ from typing import Final, Generic, Protocol, TypeVar
 from gateway.frames import Frame, event_frame, resume_frame
 from gateway.live.peer import Peer, Subscription, TagSub
 from gateway.live.published import Entries, NeedEntries, NeedTask, Published, Read, replay
-from gateway.machine import RECREATED, Resume, Task
+from gateway.machine import RECREATED, TERMINAL, Resume, Task
 
 __all__ = [
     "Channel",
@@ -398,9 +398,9 @@ class Fanout(Generic[H]):
         return None
 
     def known(self) -> dict[str, int]:
-        """Each channel's version that the store's is compared with (:meth:`behind`); -1 (any) for one that
-        ended its task, whose id may have been made again at a version of its own."""
-        return {t: -1 if _ended(channel) else channel.version for t, channel in self.channels.items()}
+        """Each channel's version the store's is compared with (:meth:`behind`), -1 (any) where it ended."""
+        lasts = ((t, channel.last) for t, channel in self.channels.items())
+        return {t: -1 if last is None or last.state in TERMINAL else last.version for t, last in lasts}
 
     def behind(self, stored: Mapping[str, int]) -> None:
         """Stored versions of some channels' tasks (a check after the bus reconnected, or a periodic one):
