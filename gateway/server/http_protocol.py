@@ -205,6 +205,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._address: str | None = None  # the slot this connection holds
         self._refused = False
         self._too_many_headers = False
+        self._header_size = 0  # the parsed header lines' bytes of the request being read
+        self._headers_oversize = False
         self._idle_extended = False  # this idle phase was extended once for bytes waiting unread
         self._counted = False  # this connection is among ``sockets.open``
 
@@ -274,6 +276,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self._too_many_headers:
             self._headers_too_large(f"more than {self.limits.max_header_count} request headers")
             return
+        if self._headers_oversize:
+            self._headers_too_large(f"request headers over {self.limits.max_header_bytes} bytes")
+            return
         super().send_400_response(msg)
 
     # --- the parser's callbacks -------------------------------------------------------------------------
@@ -283,6 +288,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cast(dict[str, Any], self.scope)["extensions"] = {CONNECTION: ConnectionHandle(self)}
         self._phase = "headers"
         self._header_count = 0
+        self._header_size = 0
         self._idle_extended = False
         self._arm(self.limits.header_timeout_s, self._headers_expired)
 
@@ -290,6 +296,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._header_count += 1
         if self._header_count > self.limits.max_header_count:
             self._too_many_headers = True
+            raise _HeaderLimit
+        # Counted as parsed too: a request whose headers arrive in one read is parsed whole by that read,
+        # before data_received could count its bytes against the limit.
+        self._header_size += len(name) + len(value) + 4
+        if self._header_size > self.limits.max_header_bytes:
+            self._headers_oversize = True
             raise _HeaderLimit
         super().on_header(name, value)
 
