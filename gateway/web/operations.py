@@ -131,8 +131,8 @@ _STREAMS = Param(
     "streams",
     "query",
     "the task's streams to send, each from the offset the client holds: `output:0,log:120` (a name alone "
-    "is `name:0`; a name given twice, its last offset), at most 8",
-    {"type": "string", "pattern": f"^{_STREAM_OFFSETS}$"},
+    "is `name:0`; a name given twice, its last offset), at most 8; empty, none",
+    {"type": "string", "pattern": f"^({_STREAM_OFFSETS})?$"},
 )
 
 OPERATIONS: tuple[Operation, ...] = (

@@ -20,6 +20,7 @@ from gateway.frames import Frame
 from gateway.live.feed import Feed
 from gateway.live.hub import Hub
 from gateway.machine import same_history
+from gateway.streams import MAX_STREAMS
 from gateway.web.context import context_of
 from gateway.web.expiry import Expiries
 from gateway.web.extensions import connection
@@ -43,8 +44,12 @@ async def stream(request: Request) -> Response:
         held, _, offsets = last_id.partition(";")
         cursor = parse_cursor(held)
         resumed = parse_streams(offsets, "Last-Event-ID")
-        if resumed is not None:  # those of ?streams= it does not name too (8 of each at most)
-            streams = {**(streams or {}), **resumed}
+        if resumed is not None:  # then those of ?streams= it does not name, 8 in all at most
+            merged = dict(resumed)
+            for name, offset in (streams or {}).items():
+                if name not in merged and len(merged) < MAX_STREAMS:
+                    merged[name] = offset
+            streams = merged
     if last_id is not None or grant.tag is not None:
         with grant.reading():
             task = grant.check(await context.gateway.book.get(task_id))

@@ -104,7 +104,7 @@ def _stream_offset(name: str, value: object, field: str) -> tuple[str, int]:
     return name, value
 
 
-def _at_most(streams: dict[str, int], field: str) -> dict[str, int] | None:
+def at_most(streams: dict[str, int], field: str) -> dict[str, int] | None:
     if len(streams) > MAX_STREAMS:
         raise InvalidRequest(f"{field}: at most {MAX_STREAMS} streams, got {len(streams)}")
     return streams or None
@@ -118,7 +118,7 @@ def message_streams(value: object) -> dict[str, int] | None:
     if not isinstance(value, dict):
         raise InvalidRequest('streams: must be an object of names and offsets, as {"output": 0}')
     streams = dict(_stream_offset(name, offset, "streams") for name, offset in value.items())
-    return _at_most(streams, "streams")
+    return at_most(streams, "streams")
 
 
 def parse_streams(raw: str | None, field: str = "streams") -> dict[str, int] | None:
@@ -127,12 +127,15 @@ def parse_streams(raw: str | None, field: str = "streams") -> dict[str, int] | N
     if raw is None or raw == "":
         return None
     streams: dict[str, int] = {}
-    for item in raw.split(","):
+    items = raw.split(",")
+    if len(items) > MAX_STREAMS:  # a name given twice counts twice: at most 8 entries, as the schema says
+        raise InvalidRequest(f"{field}: at most {MAX_STREAMS} streams, got {len(items)}")
+    for item in items:
         name, _, offset = item.partition(":")
-        if offset and not (offset.isascii() and offset.isdigit() and len(offset) <= 16):
+        if offset and not (offset.isascii() and offset.isdigit() and len(offset) <= 15):
             raise InvalidRequest(f"{field}: {name[:40]}'s offset must be an integer, got {offset[:20]!r}")
         streams.update([_stream_offset(name, int(offset or 0), field)])
-    return _at_most(streams, field)
+    return at_most(streams, field)
 
 
 def query_streams(params: QueryParams) -> dict[str, int] | None:

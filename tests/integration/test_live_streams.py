@@ -166,8 +166,16 @@ async def test_a_subscribe_with_bad_streams_is_refused_after_its_credential(sqli
                 async with socket(ws_url(gw, "/v1/tasks/b/ws", token=token, streams=query)) as ws:
                     frames, code = await closed_with(ws)
                 assert [f["code"] for f in frames] == ["invalid-request"] and code == 4400, (query, frames)
-            answer = await gw.client.get("/v1/tasks/b/stream", params={"token": token, "streams": "x:1:2"})
-            assert answer.status_code == 400, answer.text
+            # Nine entries (a name twice) and an offset of 16 digits: as the OpenAPI document says, refused.
+            for streams, last_id in (
+                ("a,a,b,c,d,e,f,g,h", None),
+                ("output:1234567890123456", None),
+                ("x:1:2", None),
+            ):
+                headers = {} if last_id is None else {"Last-Event-ID": last_id}
+                params = {"token": token, "streams": streams}
+                answer = await gw.client.get("/v1/tasks/b/stream", params=params, headers=headers)
+                assert answer.status_code == 400, (streams, answer.text)
 
 
 async def test_sse_ids_carry_the_offsets_and_last_event_id_resumes_the_streams(database_url: str) -> None:
