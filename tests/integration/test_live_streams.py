@@ -167,15 +167,10 @@ async def test_a_subscribe_with_bad_streams_is_refused_after_its_credential(sqli
                     frames, code = await closed_with(ws)
                 assert [f["code"] for f in frames] == ["invalid-request"] and code == 4400, (query, frames)
             # Nine entries (a name twice) and an offset of 16 digits: as the OpenAPI document says, refused.
-            for streams, last_id in (
-                ("a,a,b,c,d,e,f,g,h", None),
-                ("output:1234567890123456", None),
-                ("x:1:2", None),
-            ):
-                headers = {} if last_id is None else {"Last-Event-ID": last_id}
-                params = {"token": token, "streams": streams}
-                answer = await gw.client.get("/v1/tasks/b/stream", params=params, headers=headers)
-                assert answer.status_code == 400, (streams, answer.text)
+            for query in ("a,a,b,c,d,e,f,g,h", "output:1234567890123456", "x:1:2"):
+                params = {"token": token, "streams": query}
+                answer = await gw.client.get("/v1/tasks/b/stream", params=params)
+                assert answer.status_code == 400, (query, answer.text)
 
 
 async def test_sse_ids_carry_the_offsets_and_last_event_id_resumes_the_streams(database_url: str) -> None:
