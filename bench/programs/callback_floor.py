@@ -37,6 +37,14 @@ def ok(body: dict[str, Any]) -> Response:
     return Response(json.dumps(body), media_type="application/json")
 
 
+def durable_sqlite(path: str) -> sqlite3.Connection:
+    """A SQLite connection with the gateway's writer's durability: WAL, and an fsync at every commit."""
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    return db
+
+
 class Floor:
     def __init__(self, kind: str, target: str) -> None:
         self.kind, self.target = kind, target
@@ -95,9 +103,7 @@ class Floor:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         if self.kind == "sqlite":
-            self.db = sqlite3.connect(self.target, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
+            self.db = durable_sqlite(self.target)
             for statement in SCHEMA:
                 self.db.execute(statement.replace("BYTEA", "BLOB"))
         elif self.kind == "postgresql":

@@ -29,6 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from bench.programs.callback_floor import durable_sqlite
+
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS batches (task_id TEXT, stream TEXT, first_offset BIGINT, attempt BIGINT, "
     "seq BIGINT, chunks BYTEA, PRIMARY KEY (task_id, stream, first_offset))"
@@ -87,9 +89,7 @@ class Floor:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         if self.kind == "sqlite":
-            self.db = sqlite3.connect(self.target, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
+            self.db = durable_sqlite(self.target)
             self.db.execute(SCHEMA.replace("BYTEA", "BLOB") + " WITHOUT ROWID")
         else:
             self.pool = await asyncpg.create_pool(self.target, min_size=10, max_size=20)
