@@ -351,11 +351,17 @@ def gateway_env(bus: str | None = None, extra: dict[str, str] | None = None) -> 
 
 
 def gateway_command(port: int, database_url: str, *, counted: bool = False, timed: bool = False) -> list[str]:
-    """``gateway serve`` as a user runs it (this interpreter's, so that the venv's gateway runs); ``counted``:
+    """``gateway serve`` as a user runs it (this interpreter's, so that the venv's gateway runs, or that of
+    ``BENCH_GATEWAY_PYTHON``); ``counted``:
     through bench/programs/counted.py, which counts the store's queries on /metrics and changes nothing
     else; ``timed``: through bench/programs/timed.py, which writes each entry's commit time to the file named
     by ``BENCH_COMMIT_TIMES`` in its environment and changes nothing else."""
     command = [sys.executable, "-m", "gateway.cli"]
+    if os.environ.get("BENCH_GATEWAY_PYTHON"):
+        # Another checkout's venv (``.venv/bin/python`` of a clone at another commit), to compare commits in
+        # one sitting with the same bench: ``-P`` keeps the bench's folder off its path, so that it imports
+        # its own gateway. Plain ``gateway serve`` only.
+        command = [os.environ["BENCH_GATEWAY_PYTHON"], "-P", "-m", "gateway.cli"]
     if counted or timed:
         command = program("counted" if counted else "timed")
     return [*command, "serve", "--port", str(port), "--database-url", database_url]
