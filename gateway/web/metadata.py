@@ -1,6 +1,7 @@
 """``POST /v1/tasks/{task_id}/metadata`` (protocol.md, Metadata): a merge patch on a task's metadata, from its
-worker (the callback token: fenced by ``attempt``, counted against the task's callback rate, renewing its
-lease) or from a backend (the API key: any task, ended ones too, fenced only when it gives ``attempt``)."""
+worker (the callback token: only while the task runs, fenced by ``attempt`` when given, counted against the
+task's callback rate, renewing its lease) or from a backend (the API key: any task, ended ones too, fenced
+by ``attempt`` when given)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import InvalidRequest
 from gateway.machine import task_to_json
 from gateway.web import wire
 from gateway.web.context import context_of
@@ -18,8 +18,8 @@ from gateway.web.task_fields import MetadataObject
 class PatchBody(wire._Body):
     attempt: wire.Attempt | None = Field(
         default=None,
-        description="the attempt the worker is running (required with the callback token; with the API key "
-        "the patch is fenced by it only when given)",
+        description="the attempt the patch is for (the task's attempts at its start): fenced as a callback's "
+        "when given, which a worker does",
     )
     patch: MetadataObject = Field(
         description="an RFC 7396 merge patch on the task's metadata: null removes a key, objects merge"
@@ -34,8 +34,6 @@ async def patch_metadata(request: Request) -> Response:
     if worker:
         context.callback_rate.take(task_id)  # before the body is read, as a callback's
     body = wire._validate(PatchBody, wire.parse_json(await context.body(request)))
-    if worker and body.attempt is None:
-        raise InvalidRequest("attempt: required with the callback token (the attempt the worker runs)")
     patched = await gw.metadata.patch(task_id, body.patch, attempt=body.attempt, worker=worker)
     if patched.changed:
         gw.metrics.metadata_patches.inc()

@@ -317,8 +317,8 @@ OPERATIONS: tuple[Operation, ...] = (
         tags=("worker", "backend"),
         description="An RFC 7396 merge patch on the task's metadata (null removes a key, objects merge): no "
         "history entry, version unchanged, revision + 1 when the metadata changed (then a `metadata` frame "
-        "reaches every subscriber). With the callback token: attempt required and fenced, the lease renewed, "
-        "counted with the callbacks; with the API key: any task, ended ones too.",
+        "reaches every subscriber). With the callback token: only while the task runs, fenced by attempt, "
+        "the lease renewed, counted with the callbacks; with the API key: any task, ended ones too.",
     ),
     Operation(
         "post",

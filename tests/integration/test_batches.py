@@ -103,17 +103,18 @@ async def test_a_workers_patch_is_fenced_and_a_backends_reaches_any_task(databas
         # Not running yet: the worker's attempt is not one.
         error(await patch(gw, "t", {"attempt": 0, "patch": {}}, worker, 409), 409, "not-running")
         await post_callback(gw, "t", made["callbackToken"], START)
-        error(await patch(gw, "t", {"patch": {"x": 1}}, worker, 400), 400, "invalid-request")
+        unfenced = await patch(gw, "t", {"patch": {"x": 1}}, worker)  # attempt left out: not fenced
+        assert unfenced.json()["task"]["revision"] == 1
         error(await patch(gw, "t", {"attempt": 2, "patch": {"x": 1}}, worker, 409), 409, "stale-attempt")
         answer = await patch(
             gw, "t", {"attempt": 1, "patch": {"a": {"b": None, "c": 2}, "message": "page 3"}}, worker
         )
         task = answer.json()["task"]
-        assert task["metadata"] == {"a": {"c": 2}, "keep": True, "message": "page 3"}
-        assert (task["revision"], task["version"]) == (1, 1)  # beside the history: no entry
+        assert task["metadata"] == {"a": {"c": 2}, "keep": True, "message": "page 3", "x": 1}
+        assert (task["revision"], task["version"]) == (2, 1)  # beside the history: no entry
         # A patch that changes nothing: 200, no revision.
         same = await patch(gw, "t", {"attempt": 1, "patch": {"message": "page 3"}}, worker)
-        assert same.json()["task"]["revision"] == 1
+        assert same.json()["task"]["revision"] == 2
         for body in ({"attempt": 1, "patch": [1]}, {"attempt": 1}, {"attempt": 1, "patch": {}, "x": 1}):
             error(await patch(gw, "t", body, worker, 400), 400, "invalid-request")
         error(
