@@ -16,6 +16,7 @@ import orjson
 from gateway.frames import Frame, chunks_frame, end_frame, event_frame, snapshot_frame, text_frame
 from gateway.live.chunks import ChunksOut, ReadStream, Run, Streams
 from gateway.machine import Task, apply_event, event_from_json
+from gateway.task_times import stamped
 
 # Live chunks waiting for one connection at most (GATEWAY_STREAM_BACKLOG_BYTES): past it, 4008.
 STREAM_BACKLOG_BYTES: Final = 4 * 1024 * 1024
@@ -73,7 +74,10 @@ def replay(base: Task, entries: Entries) -> list[tuple[Task, Frame]]:
     out: list[tuple[Task, Frame]] = []
     task = base
     for version, raw in entries:
-        task = apply_event(task, event_from_json(orjson.loads(raw))).task
+        event = event_from_json(orjson.loads(raw))
+        # What the gateway records of the runs too, as the book did (the end at the entry's time: the
+        # notification's, but for a callback past the deadline, which the store's task shows).
+        task = stamped(apply_event(task, event), event.at_ms).task
         if task.version != version:
             break
         out.append((task, event_frame(task, raw)))

@@ -68,6 +68,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/tasks/{task_id}/callbacks"): "callback",
     ("POST", "/v1/tasks/{task_id}/cancel"): "api-key",  # MINE has succeeded: terminal-conflict, a 200
     ("POST", "/v1/tasks/{task_id}/heartbeat"): "callback",
+    ("POST", "/v1/tasks/{task_id}/metadata"): "producer",  # a metadata patch: its worker's, or a backend's
     ("POST", "/v1/tasks/{task_id}/streams/{name}"): "producer",  # a stream append
     ("GET", "/v1/tasks/{task_id}/streams/{name}"): "subscribe",
     ("GET", "/v1/tasks/{task_id}/streams/{name}/text"): "subscribe",
@@ -299,6 +300,12 @@ SPECIAL: dict[tuple[bool, str, str, str], str] = {
         for open_mode in (False, True)
         for column in ("task token", "task token in URL")
     },
+    # And the metadata patch's, as its worker's (a backend's, the API key or none in open mode, is taken).
+    **{
+        (open_mode, "POST", "/v1/tasks/{task_id}/metadata", column): "not-running"
+        for open_mode in (False, True)
+        for column in ("task token", "task token in URL")
+    },
     # And the stream append's, with the API key and (open mode) none among them.
     **{
         (open_mode, "POST", "/v1/tasks/{task_id}/streams/{name}", column): "not-running"
@@ -351,6 +358,8 @@ def _request(method: str, path: str, task_id: str) -> tuple[str, str, dict[str, 
         kwargs["json"] = {"event": {"type": "progress", "progress": 50, "cursor": "c"}}
     elif path.endswith("/heartbeat"):
         kwargs["json"] = {"attempt": 1}
+    elif path.endswith("/metadata"):
+        kwargs["json"] = {"attempt": 1, "patch": {"seen": True}}
     elif path.endswith("/{name}") and method == "POST":
         kwargs["json"] = {"attempt": 1, "seq": 0, "chunks": ["x"]}
     elif path == "/v1/tokens":

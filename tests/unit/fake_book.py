@@ -56,6 +56,7 @@ from gateway.machine import (
     event_to_json,
     resume_from,
 )
+from gateway.task_times import stamped
 
 RETENTION = 8
 
@@ -113,7 +114,7 @@ class FakeBook:
         if event is None:
             self.clock += 1
             event = next_event(task, self.clock, self.rng)
-        transition = apply_event(task, event)
+        transition = stamped(apply_event(task, event), event.at_ms)  # as the book does
         assert transition.entry is not None, f"{event} does not change {task}"
         new = transition.task
         encoded = orjson.dumps(event_to_json(transition.entry.event))
