@@ -40,6 +40,10 @@ def check_patch(patch: Any, what: str = "metadata") -> dict[str, Any]:
     return copy
 
 
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
 def apply(target: Any, patch: Any) -> Any:
     """RFC 7396: ``patch`` applied to ``target`` (neither is changed)."""
     if not isinstance(patch, dict):
@@ -88,11 +92,12 @@ class PatchQueue:
 
     def add(self, patch: dict[str, Any], *, after_progress: bool) -> None:
         """Keep ``patch``, as one with the last one waiting when one patch says both (and neither is on its
-        way, and both stand on the same side of a waiting progress)."""
+        way, both stand on the same side of a waiting progress, and the one is not past
+        :data:`MAX_METADATA_BYTES`: a refused patch would take the other with it)."""
         if self.items and not (self.sending and len(self.items) == 1):
             last = self.items[-1]
             both = compose(last[0], patch) if last[1] == after_progress else None
-            if both is not None:
+            if both is not None and _size(both) <= MAX_METADATA_BYTES:
                 last[0] = both
                 return
         self.items.append([patch, after_progress])

@@ -143,7 +143,7 @@ async def _stream_in_terminal(base_url: str, task_id: str, token: str | None, cu
             elif kind == "event":
                 state = frame["task"]["state"]
                 note(f"v{frame['version']}  {describe(frame['event'])}")
-            elif kind != "end":
+            elif kind not in ("end", "metadata", "children"):
                 state = frame["task"]["state"]
                 note(f"v{frame['version']}  {kind}: {_summary(frame['task'])}")
     if not ends_line:

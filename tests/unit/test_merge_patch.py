@@ -101,4 +101,7 @@ def test_a_patch_made_after_a_waiting_progress_goes_after_it() -> None:
     queue.add({"a": None}, after_progress=False)
     queue.add({"a": {"x": 1}}, after_progress=False)  # not one patch with the one before: kept apart
     assert PatchQueue.resume(queue.pending()).pending() == [{"b": 2}, {"a": None}, {"a": {"x": 1}}]
+    queue.add({"blob": "x" * 5_000}, after_progress=False)
+    queue.add({"more": "y" * 5_000}, after_progress=False)  # one would pass 8 KiB: kept apart
+    assert [sorted(patch) for patch in queue.pending()[2:]] == [["a", "blob"], ["more"]]
     assert PatchQueue.resume(None).pending() == []
