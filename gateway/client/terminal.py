@@ -71,7 +71,8 @@ async def watch_in_terminal(
     if stream is not None:
         return await _exit_code(_stream_in_terminal(base_url, task_id, token, cursor, stream))
     console = console or _Console()
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn())
+    # A title is the user's text, never rich markup.
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn())
 
     async def shown() -> str:
         state = "unknown"
@@ -87,12 +88,12 @@ async def watch_in_terminal(
                     kind = frame["type"]
                     if kind in ("metadata", "children"):
                         for said in line.live(frame):
-                            progress.console.print(said)
+                            progress.console.print(said, markup=False, highlight=False)  # the user's text
                         continue
                     task = frame["task"]
                     state = task["state"]
                     for said in line.task(task_id, task):
-                        progress.console.print(said)
+                        progress.console.print(said, markup=False, highlight=False)
                     if kind == "event":
                         progress.console.print(f"v{frame['version']}  {describe(frame['event'])}")
                     else:
