@@ -42,12 +42,6 @@ LIVE_TYPES = ("metadata", "children")
 LIVE_FIELDS = (*LIVE_TYPES, "revision")
 
 
-def historic(task: dict[str, Any]) -> dict[str, Any]:
-    """The task without what lives beside its history (metadata, children, revision), which no entry of the
-    history changes: what replaying its entries must give."""
-    return {key: value for key, value in task.items() if key not in LIVE_FIELDS}
-
-
 def live_gateway(database_url: str, **overrides: Any) -> AbstractAsyncContextManager[Running]:
     """``running_gateway`` with the background sweeper off unless a test asks for it: these tests drive
     expiry by hand (``sweep_once``) where they need it, so that no entry arrives unasked. The per-task
@@ -73,6 +67,17 @@ async def get_task(gw: Running, task_id: str, token: str | None = None) -> dict[
 def replay(task: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
     """The task (JSON) after one history entry's event, by the pure state machine."""
     return task_to_json(apply_event(task_from_json(task), event_from_json(event)).task)
+
+
+# What a task carries beside its history (protocol.md, Shapes): no entry sets it, so a replay of the
+# history does not make it (metadata and children change between entries; the runs' worker and times are
+# the gateway's record).
+BESIDE = ("metadata", "revision", "children", "worker", "startedAtMs", "endedAtMs")
+
+
+def history_part(task: dict[str, Any]) -> dict[str, Any]:
+    """A task's JSON without what it carries beside its history: what a replay of its history makes."""
+    return {name: value for name, value in task.items() if name not in BESIDE}
 
 
 class StreamCheck:
@@ -118,7 +123,10 @@ class StreamCheck:
         elif kind == "event":
             assert version == self.version + 1, f"gap, repeat or reorder: {where}, got event {version}"
             assert self.task is not None
-            assert historic(replay(self.task, frame["event"])) == historic(frame["task"]), (where, frame)
+            assert history_part(replay(self.task, frame["event"])) == history_part(frame["task"]), (
+                where,
+                frame,
+            )
             self.event_versions.append(version)
         else:
             assert kind == "snapshot" and frame.get("reason") == "conflated", (where, frame)
@@ -158,7 +166,7 @@ class StreamCheck:
                 task = self.task
                 for e in events:
                     task = replay(task, e["event"])
-                assert historic(task) == historic(frame["task"]), (task, frame)
+                assert history_part(task) == history_part(frame["task"]), (task, frame)
         else:
             reason = frame.get("reason")
             if reason == "cursor-ahead":
