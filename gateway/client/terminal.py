@@ -167,12 +167,15 @@ async def _exit_code(shown: Awaitable[str]) -> int:
 
 class _Line:
     """What ``gateway watch`` prints of a task beside its history: its title (with its id, once), its status
-    line (``metadata.message``) and a batch's counts, each when it changes."""
+    line (``metadata.message``) and a batch's counts, each when it changes; a frame's or a task's metadata
+    and counts only when not older than those printed (their ``revision``: a metadata frame may come before
+    an event frame whose task holds the metadata before it)."""
 
     def __init__(self) -> None:
         self.name: str | None = None  # the title, once known
         self.message: str | None = None
         self.children: dict[str, Any] | None = None
+        self.revision = -1
 
     def task(self, task_id: str, task: dict[str, Any]) -> list[str]:
         said = []
@@ -180,14 +183,27 @@ class _Line:
         if isinstance(title, str) and title != self.name:
             self.name = title
             said.append(f"{title}  ({task_id})")
+        if not self._newer(task.get("revision")):
+            return said
         said += self._message(task.get("metadata"))
         said += self._children(task.get("children"))
         return said
 
     def live(self, frame: dict[str, Any]) -> list[str]:
+        if not self._newer(frame.get("revision")):
+            return []
         if frame["type"] == "metadata":
             return self._message(frame.get("metadata"))
         return self._children(frame.get("children"))
+
+    def _newer(self, revision: Any) -> bool:
+        """Whether what carries ``revision`` is not older than what was printed (no revision: taken)."""
+        if not isinstance(revision, int):
+            return True
+        if revision < self.revision:
+            return False
+        self.revision = revision
+        return True
 
     def _message(self, metadata: Any) -> list[str]:
         text = metadata.get("message") if isinstance(metadata, dict) else None

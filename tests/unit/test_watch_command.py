@@ -37,3 +37,7 @@ def test_gateway_watch_says_a_title_a_status_line_and_a_batchs_counts_when_they_
     said = line.live({"type": "children", "children": counts})
     assert said == ["  children: 3 (1 queued, 1 running, 1 succeeded, 0 failed, 0 expired)"]
     assert line.task("t1", {"children": counts}) == [] and line.name == "Monthly export"
+    # A task older than what was printed (an event frame behind a metadata frame) changes nothing.
+    assert line.live({"type": "metadata", "revision": 5, "metadata": {"message": "Sheet 5"}}) == ["  Sheet 5"]
+    assert line.task("t1", {"revision": 4, "metadata": {"message": "Sheet 4"}}) == []
+    assert line.live({"type": "metadata", "revision": 3, "metadata": {"message": "Sheet 3"}}) == []
