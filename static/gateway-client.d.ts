@@ -29,6 +29,45 @@ export interface Task {
   resultHash?: string;
   /** Why a failed task failed (a worker's error), or `"cancelled"` for a task cancelled on request. */
   error?: string;
+  /** What a person reads for the task ("Monthly sales export"), given at its creation; absent when none. */
+  title?: string;
+  /**
+   * The task's live metadata (a JSON object, `{}` for none), changed beside its history by merge patches.
+   * `message`, when a string, is the status line a person reads ("Rendering page 3 of 12"). The client
+   * always sets it (the newest it holds, by `revision`).
+   */
+  metadata: JsonObject;
+  /** The id of the batch (task) this one is a child of; absent when none. */
+  parent?: string;
+  /** The gateway moves the task's progress as its children end. */
+  progressFromChildren?: true;
+  /** A batch's counts of its children, present once it has had one (a cancelled child counts as failed). */
+  children?: Children;
+  /**
+   * Counts the changes beside the history (metadata patches, changes of the children): the newest
+   * `metadata` and `children` are those of the highest revision. The client always sets it.
+   */
+  revision: number;
+  /** The worker of the last start, once started. */
+  worker?: string;
+  /** When the last attempt started, by the gateway's clock (epoch milliseconds). */
+  startedAtMs?: number;
+  /** When the task ended (succeeded, failed or expired), by the gateway's clock. */
+  endedAtMs?: number;
+}
+
+/** A JSON value, as metadata holds. */
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+export type JsonObject = { [key: string]: JsonValue };
+
+/** A batch's counts of its children, by state (`total` is their sum). */
+export interface Children {
+  total: number;
+  queued: number;
+  running: number;
+  succeeded: number;
+  failed: number;
+  expired: number;
 }
 
 /**
@@ -85,6 +124,42 @@ export interface EventFrame extends FrameBase {
   event: TaskEvent;
 }
 
+/** A task's whole metadata after a change, with the task's revision (no version: beside the history). */
+export interface MetadataFrame {
+  type: "metadata";
+  taskId: string;
+  revision: number;
+  metadata: JsonObject;
+}
+
+/** A batch's whole counts after a change of one of its children. */
+export interface ChildrenFrame {
+  type: "children";
+  taskId: string;
+  revision: number;
+  children: Children;
+}
+
+/**
+ * A task's metadata changed: from a `metadata` frame, or a newer one carried by a task's frame (after a
+ * reconnect, say). Told at the first frame too, and never an older one after a newer.
+ */
+export interface MetadataUpdate {
+  taskId: string;
+  revision: number;
+  metadata: JsonObject;
+  /** The task with this metadata; null when it came before the task's first frame. */
+  task: Task | null;
+}
+
+/** A batch's counts changed (as MetadataUpdate). */
+export interface ChildrenUpdate {
+  taskId: string;
+  revision: number;
+  children: Children;
+  task: Task | null;
+}
+
 /** A frame handed to a listener: the resume frame of a subscription, then its events, in order. */
 export type Frame = CaughtUpFrame | DeltaFrame | SnapshotFrame | EventFrame;
 
@@ -118,6 +193,10 @@ export interface SubscribeOptions {
   streams?: string[] | Record<string, number>;
   /** Each followed stream's chunks, in order, then its end once the task has ended. */
   onChunks?: (update: StreamUpdate) => void;
+  /** The task's metadata at its first frame and at each change (by revision, across reconnects). */
+  onMetadata?: (update: MetadataUpdate) => void;
+  /** A batch's counts of its children at its first frame and at each change. */
+  onChildren?: (update: ChildrenUpdate) => void;
 }
 
 /** Chunks of one of a task's streams (docs/protocol.md, "Streams"). */
@@ -187,6 +266,10 @@ export interface TagSubscribeOptions {
    */
   onAdded?: (frame: AddedFrame) => void;
   onError?: (error: TagSubscriptionError) => void;
+  /** Each task's metadata at its first frame and at each change, as `SubscribeOptions.onMetadata`. */
+  onMetadata?: (update: MetadataUpdate) => void;
+  /** Each batch's counts at its first frame and at each change. */
+  onChildren?: (update: ChildrenUpdate) => void;
 }
 
 /** The part of `Storage` the client uses to keep cursors across reloads. */
