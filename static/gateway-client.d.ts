@@ -248,6 +248,23 @@ export interface AddedFrame {
   taskId: string;
 }
 
+/** A batch subscription's list of its tasks, sent at each (re)subscription: the parent first, then its
+ * children newest first. */
+export interface BatchFrame {
+  type: "batch";
+  parent: string;
+  taskIds: string[];
+  /** Some children were left out (the gateway lists at most GATEWAY_TAG_SUBSCRIPTION_MAX). */
+  more: boolean;
+}
+
+/** A child added to a batch while subscribed; its `snapshot` (`reason: "new"`) and events follow. */
+export interface BatchAddedFrame {
+  type: "added";
+  parent: string;
+  taskId: string;
+}
+
 /** Why a tag subscription ended (it is not retried). `websocket-required`: the client fell back to
  * server-sent events, which have no tag stream. */
 export interface TagSubscriptionError {
@@ -269,6 +286,20 @@ export interface TagSubscribeOptions {
   /** Each task's metadata at its first frame and at each change, as `SubscribeOptions.onMetadata`. */
   onMetadata?: (update: MetadataUpdate) => void;
   /** Each batch's counts at its first frame and at each change. */
+  onChildren?: (update: ChildrenUpdate) => void;
+}
+
+export interface BatchSubscribeOptions {
+  /** The versions already seen, task id -> cursor (default: those kept in storage, else none). */
+  cursors?: Record<string, Cursor>;
+  /** The batch's tasks (the parent, then its children newest first) at each (re)subscription. */
+  onBatch?: (frame: BatchFrame) => void;
+  /** A child added while subscribed (announced once); its frames follow. */
+  onAdded?: (frame: BatchAddedFrame) => void;
+  onError?: (error: TagSubscriptionError) => void;
+  /** Each task's metadata at its first frame and at each change. */
+  onMetadata?: (update: MetadataUpdate) => void;
+  /** The parent's counts of its children at its first frame and at each change. */
   onChildren?: (update: ChildrenUpdate) => void;
 }
 
@@ -335,6 +366,17 @@ export class GatewayClient {
   tagCursors(tag: string): Record<string, number> | null;
   /** A tag subscription's tasks as they are now, newest first (createdAtMs, then id, descending). */
   tagTasks(tag: string): Task[];
+  /**
+   * Follow a batch, its parent and every child (those added later too), with one credential: a tag
+   * subscription whose tasks are the parent and its children (docs/protocol.md, Batches).
+   * @param token the parent's subscribe token, or a tag token for a tag the parent carries (null where the
+   *   gateway runs open)
+   * @returns a function that stops watching
+   */
+  subscribeBatch(parent: string, token: string | null, onFrame: FrameListener, options?: BatchSubscribeOptions): () => void;
+  unsubscribeBatch(parent: string): void;
+  /** A batch subscription's tasks as they are now (the parent among them), newest first. */
+  batchTasks(parent: string): Task[];
   /** Be told of connection state changes; returns a function that stops telling. */
   onState(listener: (state: ConnectionState) => void): () => void;
   /** Whether the network is up (watchBrowser calls this from `online`/`offline`). */

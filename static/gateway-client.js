@@ -48,6 +48,9 @@ const BESIDE = new Set(["metadata", "children"]);
 const FATAL = new Set(["unauthorized", "forbidden", "unknown-task", "invalid-request"]);
 const STORAGE_PREFIX = "task-gateway:cursor:";
 const TAG_STORAGE_PREFIX = "task-gateway:tag:"; // the ids of a tag's tasks (their cursors as above)
+const BATCH_STORAGE_PREFIX = "task-gateway:batch:"; // the ids of a batch's tasks
+// The frame that answers a tag's or a batch's subscribe, listing its tasks.
+const GROUP = new Set(["tag", "batch"]);
 const TAG_FATAL = new Set(["unauthorized", "forbidden", "invalid-request"]);
 // The gateway's bounds on a message (its defaults): before the socket holds an authorized subscription
 // (GATEWAY_WS_MAX_MESSAGE_BYTES_BEFORE_AUTH), and after (GATEWAY_WS_MAX_MESSAGE_BYTES). A tag's subscribe
@@ -66,7 +69,9 @@ const CLOSE_TOO_BIG = 1009;
  * @typedef {object} Frame  A server frame: {type, taskId, version, task, event?, events?, reason?}
  * @typedef {(frame: Frame, task: Task) => void} FrameListener
  * @typedef {object} TagFrame  {type: "tag", tag, taskIds (newest first), more}
- * @typedef {object} AddedFrame  {type: "added", tag, taskId}
+ * @typedef {object} AddedFrame  {type: "added", tag or parent, taskId}
+ * @typedef {object} BatchFrame  {type: "batch", parent, taskIds (the parent, then its children newest
+ *   first), more}
  * @typedef {object} StreamUpdate  chunks of one of a task's streams, in order: {taskId, stream, attempt,
  *   offset (the first chunk's), chunks, replace (true: the text starts over with these chunks: a retry's
  *   output, or the stream sent again from its attempt's first chunk), ended (true: the task has ended and
@@ -223,10 +228,52 @@ export class GatewayClient {
    * @returns {() => void}  stops watching
    */
   subscribeTag(tag, token, onFrame, options = {}) {
-    const previous = this._tags.get(tag);
+    return this._subscribeGroup("tag", tag, token, onFrame, options);
+  }
+
+  /**
+   * Follow a batch: its parent and every child, those added later too, on one subscription with one
+   * credential (docs/protocol.md, Batches): a tag subscription whose tasks are the parent and its children,
+   * with all that `subscribeTag` does (a cursor per task, resumed after a drop). `onBatch` gets the `batch`
+   * frame at each (re)subscription (the parent first, then its children newest first), `onAdded` each child
+   * added while subscribed. A second subscription to the same batch replaces the first.
+   * @param {string} parent  the parent task's id
+   * @param {string | null} token  the parent's subscribe token, or a tag token for a tag the parent carries
+   *   (null where the gateway runs open)
+   * @param {FrameListener} onFrame
+   * @param {{cursors?: Record<string, Cursor>, onBatch?: (frame: BatchFrame) => void,
+   *   onAdded?: (frame: AddedFrame) => void,
+   *   onError?: (error: {code: string, message: string}) => void,
+   *   onMetadata?: (update: MetadataUpdate) => void, onChildren?: (update: ChildrenUpdate) => void}} [options]
+   * @returns {() => void}  stops watching
+   */
+  subscribeBatch(parent, token, onFrame, options = {}) {
+    return this._subscribeGroup("parent", parent, token, onFrame, { ...options, onTag: options.onBatch });
+  }
+
+  /** @param {string} parent */
+  unsubscribeBatch(parent) {
+    this.unsubscribeTag(groupKey("parent", parent));
+  }
+
+  /**
+   * A batch's tasks as they are now (the parent among them), newest first; those whose first frame has not
+   * come yet are left out. @param {string} parent
+   * @returns {Task[]}
+   */
+  batchTasks(parent) {
+    return this.tagTasks(groupKey("parent", parent));
+  }
+
+  /** A tag's or a batch's subscription (`kind`: "tag" or "parent"), kept under groupKey(kind, name). */
+  _subscribeGroup(kind, name, token, onFrame, options) {
+    const key = groupKey(kind, name);
+    const previous = this._tags.get(key);
     if (previous) this._endTag(previous);
     const sub = {
-      tag,
+      kind,
+      name,
+      key,
       token,
       onFrame,
       onTag: options.onTag ?? null,
@@ -243,24 +290,25 @@ export class GatewayClient {
       sent: 0, // how many cursors the last subscribe sent
       retry: null,
     };
-    const cursors = options.cursors ?? this._loadTagCursors(tag);
+    const cursors = options.cursors ?? this._loadTagCursors(sub);
     for (const [taskId, cursor] of Object.entries(cursors)) {
       const from = parseCursor(cursor);
       if (from) sub.tasks.set(taskId, knownTask(from.version, from.epoch));
     }
-    this._tags.set(tag, sub);
+    this._tags.set(key, sub);
     if (this.transport === "sse") {
       // Server-sent events have no tag stream: a tag needs the WebSocket this network did not let through.
+      const what = kind === "tag" ? "a tag" : "a batch";
       this._tagError(sub, {
         code: "websocket-required",
-        message: "following a tag needs a WebSocket, and none could connect (server-sent events have no tag stream)",
+        message: `following ${what} needs a WebSocket, and none could connect (server-sent events have no tag stream)`,
       });
     } else if (this._ws && this._ws.readyState === 1) {
       this._sendTagSubscribe(sub);
     } else {
       this._connect();
     }
-    return () => this.unsubscribeTag(tag);
+    return () => this.unsubscribeTag(key);
   }
 
   /** @param {string} tag */
@@ -402,8 +450,9 @@ export class GatewayClient {
       } catch {
         return;
       }
-      if (frame.type === "tag" || RESUME.has(frame.type)) this._authorized = true;
-      if (frame.type === "tag" || frame.type === "added" || (frame.type === "error" && frame.tag !== undefined)) {
+      if (GROUP.has(frame.type) || RESUME.has(frame.type)) this._authorized = true;
+      const group = frame.tag !== undefined || frame.parent !== undefined;
+      if (GROUP.has(frame.type) || ((frame.type === "added" || frame.type === "error") && group)) {
         this._onTagFrame(frame);
         return;
       }
@@ -657,7 +706,7 @@ export class GatewayClient {
     sub.retry = null;
     sub.awaiting = true;
     for (const known of sub.tasks.values()) known.awaiting = true;
-    const message = { type: "subscribe", tag: sub.tag, cursors: {} };
+    const message = { type: "subscribe", [sub.kind]: sub.name, cursors: {} };
     if (sub.token) message.token = sub.token;
     const room = this._messageBytes[this._authorized ? 1 : 0] - utf8Length(JSON.stringify(message));
     message.cursors = this._cursorsToSend(sub, room);
@@ -690,7 +739,7 @@ export class GatewayClient {
     sub.done = true;
     clearTimeout(sub.retry);
     if (live && this._ws && this._ws.readyState === 1) {
-      this._ws.send(JSON.stringify({ type: "unsubscribe", tag: sub.tag }));
+      this._ws.send(JSON.stringify({ type: "unsubscribe", [sub.kind]: sub.name }));
     }
   }
 
@@ -701,7 +750,7 @@ export class GatewayClient {
 
   /** A frame about a tag subscription itself: `tag`, `added`, or an `error` with `tag`. */
   _onTagFrame(frame) {
-    const sub = this._tags.get(frame.tag);
+    const sub = this._tags.get(frame.tag !== undefined ? frame.tag : groupKey("parent", frame.parent));
     if (!sub || sub.done) return;
     if (frame.type === "error") {
       if (frame.code === "invalid-request" && sub.sent > sub.listed && sub.cap > sub.listed) {
@@ -716,14 +765,14 @@ export class GatewayClient {
         clearTimeout(sub.retry);
         sub.retry = setTimeout(() => {
           sub.retry = null;
-          if (!sub.done && this._tags.get(sub.tag) === sub && this._ws && this._ws.readyState === 1) {
+          if (!sub.done && this._tags.get(sub.key) === sub && this._ws && this._ws.readyState === 1) {
             this._sendTagSubscribe(sub);
           }
         }, wait);
       }
       return;
     }
-    if (frame.type === "tag") {
+    if (GROUP.has(frame.type)) {
       sub.awaiting = false;
       sub.listed = frame.taskIds.length;
       if (frame.more) sub.cap = Math.min(sub.cap, frame.taskIds.length);
@@ -784,11 +833,11 @@ export class GatewayClient {
     tellBeside(sub, known.held, task, changed);
   }
 
-  _loadTagCursors(tag) {
+  _loadTagCursors(sub) {
     if (!this.storage) return {};
     let ids;
     try {
-      ids = JSON.parse(this.storage.getItem(TAG_STORAGE_PREFIX + tag) ?? "[]");
+      ids = JSON.parse(this.storage.getItem(storageKey(sub)) ?? "[]");
     } catch {
       return {};
     }
@@ -804,7 +853,7 @@ export class GatewayClient {
   _saveTagIds(sub) {
     if (!this.storage) return;
     try {
-      this.storage.setItem(TAG_STORAGE_PREFIX + sub.tag, JSON.stringify([...sub.tasks.keys()]));
+      this.storage.setItem(storageKey(sub), JSON.stringify([...sub.tasks.keys()]));
     } catch {
       // storage full or denied: the cursors still live in memory
     }
@@ -951,6 +1000,16 @@ function isObject(value) {
 /** Whether two JSON values are the same (the gateway sends each the same way, so key order matches). */
 function sameJson(a, b) {
   return a === b || JSON.stringify(a) === JSON.stringify(b);
+}
+
+/** Where a tag's or a batch's subscription is kept: a tag under its name (no tag holds a NUL), a batch apart. */
+function groupKey(kind, name) {
+  return kind === "tag" ? name : `\u0000parent:${name}`;
+}
+
+/** Where the ids of a tag's or a batch's tasks are kept in storage. */
+function storageKey(sub) {
+  return (sub.kind === "tag" ? TAG_STORAGE_PREFIX : BATCH_STORAGE_PREFIX) + sub.name;
 }
 
 /** The bytes `text` takes in UTF-8 (what the gateway counts), with no TextEncoder (React Native). */

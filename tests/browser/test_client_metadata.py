@@ -172,3 +172,82 @@ async def test_the_client_keeps_the_newest_metadata_and_counts_by_revision_acros
     assert (held["metadata"], held["children"], held["revision"]) == (back["metadata"], COUNTS_1, 7)
     assert await page.evaluate("window.told") == []
     console.assert_clean()
+
+
+# A batch subscription on a scripted socket: every frame handed over and every batch frame, kept.
+BATCH = """
+async () => {
+  const { GatewayClient } = await import("/static/gateway-client.js");
+  window.sockets = [];
+  class Scripted {
+    constructor() {
+      this.readyState = 0;
+      this.sent = [];
+      window.sockets.push(this);
+      setTimeout(() => { this.readyState = 1; this.onopen && this.onopen(); }, 0);
+    }
+    send(message) { this.sent.push(JSON.parse(message)); }
+    close() { this.readyState = 3; }
+  }
+  window.deliver = (frame) => window.sockets.at(-1).onmessage({ data: JSON.stringify(frame) });
+  const client = new GatewayClient(location.origin, {
+    WebSocket: Scripted, EventSource: null, storage: null, heartbeatMs: 600000, deadlineMs: 600000,
+  });
+  window.client = client;
+  window.told = [];
+  const tell = (...what) => window.told.push(what);
+  client.subscribeBatch("import-7", "tok", (f, task) => tell("frame", f.type, task.id, task.title), {
+    onBatch: (f) => tell("batch", f.parent, f.taskIds),
+    onAdded: (f) => tell("added", f.parent, f.taskId),
+    onChildren: (u) => tell("children", u.taskId, u.children.total),
+    onError: (e) => tell("error", e.code),
+  });
+}
+"""
+
+
+def child(task_id: str, title: str, **fields: Any) -> dict[str, Any]:
+    return {
+        **task(0, 0, {}, None),
+        "id": task_id,
+        "title": title,
+        "version": 0,
+        "parent": "import-7",
+        **fields,
+    }
+
+
+async def test_a_batch_subscription_follows_the_parent_and_its_children_with_one_token(
+    gw: Running, page: Any, console: Console
+) -> None:
+    await page.goto(gw.url + "/docs")
+    await page.evaluate(BATCH)
+    assert await sent(page, 1) == [{"type": "subscribe", "parent": "import-7", "token": "tok", "cursors": {}}]
+    parent = {**task(1, 1, {}, COUNTS_3), "id": "import-7"}
+    frames = [
+        {"type": "batch", "parent": "import-7", "taskIds": ["import-7", "f-2", "f-1"], "more": False},
+        {"type": "snapshot", "reason": "new", "taskId": "import-7", "version": 1, "task": parent},
+        {"type": "snapshot", "reason": "new", "taskId": "f-2", "version": 0, "task": child("f-2", "file 2")},
+        {"type": "snapshot", "reason": "new", "taskId": "f-1", "version": 0, "task": child("f-1", "file 1")},
+        {"type": "added", "parent": "import-7", "taskId": "f-3"},
+        {"type": "snapshot", "reason": "new", "taskId": "f-3", "version": 0, "task": child("f-3", "file 3")},
+        {"type": "children", "taskId": "import-7", "revision": 2, "children": {**COUNTS_3, "total": 4}},
+    ]
+    await page.evaluate("(frames) => frames.forEach(deliver)", frames)
+    assert await told(page, 8) == [
+        ["batch", "import-7", ["import-7", "f-2", "f-1"]],
+        ["frame", "snapshot", "import-7", "Import of 3 files"],
+        ["children", "import-7", 3],
+        ["frame", "snapshot", "f-2", "file 2"],
+        ["frame", "snapshot", "f-1", "file 1"],
+        ["added", "import-7", "f-3"],
+        ["frame", "snapshot", "f-3", "file 3"],
+        ["children", "import-7", 4],
+    ]
+    held = await page.evaluate("client.batchTasks('import-7').map(t => t.id)")
+    assert sorted(held) == ["f-1", "f-2", "f-3", "import-7"]
+    # A tag's subscription of the same client is another thing: the batch's frames are not its.
+    assert await page.evaluate("client.tagTasks('import-7')") == []
+    await page.evaluate("client.unsubscribeBatch('import-7')")
+    assert (await sent(page, 2))[1] == {"type": "unsubscribe", "parent": "import-7"}
+    console.assert_clean()

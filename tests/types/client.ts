@@ -6,6 +6,7 @@ import {
   GatewayClient,
   watchBrowser,
   type Children,
+  type BatchFrame,
   type ChildrenUpdate,
   type ConnectionState,
   type Cursor,
@@ -204,4 +205,20 @@ client.subscribe("t", null, (frame, task) => {
 client.subscribe("t", null, () => {}, {
   // @ts-expect-error counts are numbers
   onChildren: (update) => update.children.total.toUpperCase(),
+});
+
+// A batch, its parent and every child, on one subscription with the parent's subscribe token.
+const batchTitles = new Map<string, string>();
+const stopBatch = client.subscribeBatch("import-7", "eyJ...", (frame, task) => batchTitles.set(task.id, task.title ?? task.id), {
+  onBatch: (frame: BatchFrame) => console.log(`${frame.parent}: ${frame.taskIds.length - 1} children`, frame.more),
+  onAdded: (frame) => console.log(`${frame.taskId} joined ${frame.parent}`),
+  onChildren: ({ children }) => console.log(children.total),
+  onError: (error) => console.error(error.code),
+});
+console.log(client.batchTasks("import-7").map((task) => task.parent ?? "the parent"));
+stopBatch();
+client.unsubscribeBatch("import-7");
+client.subscribeBatch("import-7", null, () => {}, {
+  // @ts-expect-error a batch's added frame names its parent, not a tag
+  onAdded: (frame) => console.log(frame.tag),
 });
