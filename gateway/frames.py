@@ -13,7 +13,8 @@ from typing import Any
 
 import orjson
 
-from gateway.machine import Resume, Task, task_to_json
+from gateway.machine import CHILDREN_FIELDS, Resume, Task, task_to_json
+from gateway.tag_names import parent_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,24 +62,33 @@ def snapshot_frame(task: Task, reason: str) -> Frame:
     return Frame("snapshot", task.version, orjson.dumps(body).decode(), task.epoch)
 
 
+def _about(tag: str) -> dict[str, str]:
+    """What a frame about a tag subscription names: the tag, or the parent a batch's subscription follows."""
+    parent = parent_of(tag)
+    return {"tag": tag} if parent is None else {"parent": parent}
+
+
 def error_frame(code: str, message: str, task_id: str | None = None, *, tag: str | None = None) -> Frame:
     body: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if task_id is not None:
         body["taskId"] = task_id
     if tag is not None:
-        body["tag"] = tag
+        body.update(_about(tag))
     return Frame("error", -1, orjson.dumps(body).decode())
 
 
 def tag_frame(tag: str, task_ids: Sequence[str], more: bool) -> Frame:
-    """The answer to a tag's ``subscribe``: its tasks, newest first; ``more`` when some were left out."""
-    body = {"type": "tag", "tag": tag, "taskIds": list(task_ids), "more": more}
-    return Frame("tag", -1, orjson.dumps(body).decode())
+    """The answer to a tag's ``subscribe``: its tasks, newest first; ``more`` when some were left out. For
+    a batch's (``tag`` a parent's key): a ``batch`` frame, the parent first, then its children."""
+    kind = "tag" if parent_of(tag) is None else "batch"
+    body = {"type": kind, **_about(tag), "taskIds": list(task_ids), "more": more}
+    return Frame(kind, -1, orjson.dumps(body).decode())
 
 
 def added_frame(tag: str, task_id: str) -> Frame:
-    """A task carrying ``tag`` was created: its ``snapshot`` (``reason: "new"``) follows."""
-    return Frame("added", -1, orjson.dumps({"type": "added", "tag": tag, "taskId": task_id}).decode())
+    """A task carrying ``tag`` (a child of the parent a batch's subscription follows) was created: its
+    ``snapshot`` (``reason: "new"``) follows."""
+    return Frame("added", -1, orjson.dumps({"type": "added", **_about(tag), "taskId": task_id}).decode())
 
 
 PONG = Frame("pong", -1, '{"type":"pong"}')
@@ -112,3 +122,83 @@ def end_frame(task_id: str, stream: str, offset: int) -> Frame:
     """A task's stream is complete: ``offset`` is its final ``nextOffset``."""
     body = {"type": "end", "taskId": task_id, "stream": stream, "offset": offset}
     return Frame("end", -1, orjson.dumps(body).decode())
+
+
+@dataclass(frozen=True, slots=True)
+class Beside:
+    """A task's state beside its history at one ``revision`` (protocol.md, Metadata and Batches): its whole
+    metadata (compact JSON text) and children counts, consistent with each other, as a ``metadata`` and a
+    ``children`` frame carry them. ``metadata`` is ``None`` in a bare wake-up (a bus message too large to
+    carry it): the state is then read from the store."""
+
+    task_id: str
+    revision: int
+    metadata: str | None
+    children: tuple[int, ...] | None = None
+    epoch: str = ""
+
+    @classmethod
+    def of(cls, task: Task) -> Beside:
+        return cls(task.id, task.revision, task.metadata, task.children, task.epoch)
+
+    @property
+    def bare(self) -> bool:
+        return self.metadata is None
+
+    def frames(self, sent: Beside | None) -> list[Frame]:
+        """The frames that bring a client holding ``sent`` to this state: a ``metadata`` frame where the
+        metadata differs, a ``children`` frame where the counts do (none where neither does)."""
+        out = []
+        if self.metadata is not None and (sent is None or sent.metadata != self.metadata):
+            out.append(self.metadata_frame())
+        if self.children is not None and (sent is None or sent.children != self.children):
+            out.append(self.children_frame())
+        return out
+
+    def metadata_frame(self) -> Frame:
+        assert self.metadata is not None
+        text = b'{"type":"metadata","taskId":%b,"revision":%d,"metadata":%b}' % (
+            orjson.dumps(self.task_id),
+            self.revision,
+            self.metadata.encode(),
+        )
+        return Frame("metadata", -1, text.decode())
+
+    def children_frame(self) -> Frame:
+        assert self.children is not None
+        counts = dict(zip(CHILDREN_FIELDS, self.children, strict=True))
+        body = {"type": "children", "taskId": self.task_id, "revision": self.revision, "children": counts}
+        return Frame("children", -1, orjson.dumps(body).decode())
+
+    def message(self) -> bytes:
+        """As a bus message (``gateway.bus.base.News``): ``{"type": "beside", "taskId", "epoch", "revision",
+        "metadata", "children"?}``, or without ``metadata`` and ``children`` for a bare wake-up."""
+        head = b'{"type":"beside","taskId":%b,"epoch":%b,"revision":%d' % (
+            orjson.dumps(self.task_id),
+            orjson.dumps(self.epoch),
+            self.revision,
+        )
+        if self.metadata is None:
+            return head + b"}"
+        counts = b"" if self.children is None else b',"children":' + orjson.dumps(self.children)
+        return head + b',"metadata":' + self.metadata.encode() + counts + b"}"
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Beside:
+        """The inverse of :meth:`message` (of its parsed JSON); ``TypeError`` or ``KeyError`` for another."""
+        task_id, epoch, revision = body["taskId"], body["epoch"], body["revision"]
+        if not isinstance(task_id, str) or not isinstance(epoch, str) or type(revision) is not int:
+            raise TypeError("not a beside message")
+        if "metadata" not in body:
+            return cls(task_id, revision, None, None, epoch)
+        metadata, children = body["metadata"], body.get("children")
+        if not isinstance(metadata, dict):
+            raise TypeError("metadata is not an object")
+        if children is not None and (
+            not isinstance(children, list)
+            or len(children) != len(CHILDREN_FIELDS)
+            or not all(type(c) is int for c in children)
+        ):
+            raise TypeError("children are not counts")
+        counts = None if children is None else tuple(children)
+        return cls(task_id, revision, orjson.dumps(metadata).decode(), counts, epoch)

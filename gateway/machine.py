@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeAlias
 
+import orjson
+
 from gateway.errors import InvalidRequest
 
 State: TypeAlias = Literal["queued", "running", "succeeded", "failed", "expired"]
@@ -114,6 +116,23 @@ class Task:
     # Which history of the id this is (protocol.md, Resuming): made at random when the task is created, so
     # that a task made again under the id of a deleted one is told apart from it ("": none given).
     epoch: str = ""
+    # The gateway's own fields of issue 34 (protocol.md, Shapes), beside the history, never in it: no event
+    # of the machine reads or sets them, every transition carries them unchanged (``dataclasses.replace``).
+    # Fixed at creation: a title a person reads, the parent of a child of a batch, and whether the gateway
+    # moves its progress as its children end.
+    title: str | None = None
+    parent: str | None = None
+    progress_from_children: bool = False
+    # Live state beside the history: the metadata as its compact JSON text, the counts of its children
+    # (``gateway.children.Children``; ``None`` until it has one), and their revision (each change counted).
+    metadata: str = "{}"
+    children: tuple[int, int, int, int, int, int] | None = None
+    revision: int = 0
+    # What the gateway saw of its runs (``gateway.task_times``): the last start's worker and time, and when
+    # the task became terminal.
+    worker: str | None = None
+    started_at_ms: int | None = None
+    ended_at_ms: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -311,6 +330,9 @@ def resume_from(
 
 # --- protocol.md's JSON shapes (camelCase; its Shapes), for history rows and the wire ---------------------
 
+# A task's ``children`` counts, in the order ``Task.children`` holds them.
+CHILDREN_FIELDS: Final = ("total", "queued", "running", "succeeded", "failed", "expired")
+
 
 def _num(value: float) -> float:
     """Integral numbers travel as JSON integers, as JavaScript prints them."""
@@ -376,6 +398,22 @@ def task_to_json(task: Task) -> dict[str, Any]:
         out["error"] = task.error
     if task.epoch:
         out["epoch"] = task.epoch
+    if task.title is not None:
+        out["title"] = task.title
+    out["metadata"] = orjson.loads(task.metadata) if task.metadata != "{}" else {}
+    if task.parent is not None:
+        out["parent"] = task.parent
+    if task.progress_from_children:
+        out["progressFromChildren"] = True
+    if task.children is not None:
+        out["children"] = dict(zip(CHILDREN_FIELDS, task.children, strict=True))
+    out["revision"] = task.revision
+    if task.worker is not None:
+        out["worker"] = task.worker
+    if task.started_at_ms is not None:
+        out["startedAtMs"] = task.started_at_ms
+    if task.ended_at_ms is not None:
+        out["endedAtMs"] = task.ended_at_ms
     return out
 
 
@@ -395,6 +433,15 @@ def task_from_json(data: dict[str, Any]) -> Task:
         tags=tuple(data.get("tags", ())),
         created_at_ms=data.get("createdAtMs", 0),
         epoch=data.get("epoch", ""),
+        title=data.get("title"),
+        parent=data.get("parent"),
+        progress_from_children=data.get("progressFromChildren", False),
+        metadata=orjson.dumps(data.get("metadata", {})).decode(),
+        children=tuple(data["children"][name] for name in CHILDREN_FIELDS) if "children" in data else None,
+        revision=data.get("revision", 0),
+        worker=data.get("worker"),
+        started_at_ms=data.get("startedAtMs"),
+        ended_at_ms=data.get("endedAtMs"),
     )
 
 

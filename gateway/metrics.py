@@ -43,6 +43,11 @@ class Metrics:
             "Heartbeats answered 200 (each renews its attempt's lease, where the task has one)",
             registry=self.registry,
         )
+        self.metadata_patches = Counter(
+            "gateway_metadata_patches",
+            "Metadata patches that changed a task's metadata (POST /v1/tasks/{task_id}/metadata)",
+            registry=self.registry,
+        )
         self.tasks_created = Counter("gateway_tasks_created", "Tasks created", registry=self.registry)
         self.sockets_refused = Counter(
             "gateway_sockets_refused",

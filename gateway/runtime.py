@@ -20,6 +20,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from gateway.book.book import Book, Listeners
 from gateway.book.committer import Committer
+from gateway.book.metadata import MetadataBook
 from gateway.book.stream_reads import StreamReads
 from gateway.book.tag_reads import TagReads
 from gateway.bus import Bus, bus_for
@@ -82,7 +83,11 @@ class Gateway:
             self.store, settings.retention_versions, deadline_s=settings.db_deadline_ms / 1000
         )
         # Tag subscriptions compare creation times, stamped by the book's clock, with their own.
-        self.hub = Hub(self.book, tags=self.tag_reads, wall=clock, streams=self.stream_reads)
+        # Metadata patches, and the reads of the state beside the history the hub makes good from.
+        self.metadata = MetadataBook(self.book)
+        self.hub = Hub(
+            self.book, tags=self.tag_reads, wall=clock, streams=self.stream_reads, besides=self.metadata
+        )
         # On PostgreSQL several batches commit at once, each on a connection of the pool.
         self.committer = Committer(
             self.book, concurrency=1 if self.db.is_sqlite else commits_in_flight(settings.workers)

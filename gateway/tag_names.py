@@ -65,3 +65,25 @@ def tags_problem(values: Sequence[object]) -> str | None:
             return f"{value!r} is given more than once (each tag once)"
         seen.add(value)
     return None
+
+
+# --- a batch followed as a tag is (protocol.md, Batches) -------------------------------------------------
+
+# A parent's subscription is a tag subscription under this key: its children are the tasks it lists and
+# announces. No tag starts with it (a tag has no control character), so the two never meet.
+PARENT_KEY = "\x00parent:"
+
+
+def parent_key(task_id: str) -> str:
+    """The key under which a subscription follows the children of ``task_id``."""
+    return PARENT_KEY + task_id
+
+
+def parent_of(key: str) -> str | None:
+    """The parent a key follows the children of, or ``None`` for a tag."""
+    return key[len(PARENT_KEY) :] if key.startswith(PARENT_KEY) else None
+
+
+def watched_keys(tags: Sequence[str], parent: str | None) -> tuple[str, ...]:
+    """The keys a task's creation is news for: its tags, and its parent's key where it has one."""
+    return tuple(tags) if parent is None else (*tags, parent_key(parent))

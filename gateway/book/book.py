@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import orjson
 
 from gateway.book.appends import Appends
+from gateway.book.batches import adopt, recount
+from gateway.book.beside import PLAIN, Beside, same_create
 from gateway.book.drain import DEFAULT_LIMIT, Drained, Encode, drain
 from gateway.book.listeners import Listeners
 from gateway.book.outcomes import CallbackOutcome, CallbackRequest, Delivery
@@ -43,6 +45,7 @@ from gateway.machine import (
 from gateway.store.base import Notification, ReadTx, Receipt, Store, StoreRace, WriteTx
 from gateway.store.db_deadline import DB_DEADLINE_S, shielded
 from gateway.streams import MAX_STREAM_BYTES
+from gateway.task_times import stamped
 
 __all__ = ["Book", "CallbackOutcome", "CallbackRequest", "Delivery", "Listeners", "Notification", "Receipt"]
 
@@ -194,35 +197,27 @@ class Book:
         max_attempts: Any,
         heartbeat_ms: int | None = None,
         tags: Sequence[str] = (),
+        beside: Beside = PLAIN,
     ) -> tuple[Task, bool]:
-        """Create a queued task (with a heartbeat lease of ``heartbeat_ms``, if given, and ``tags``, kept
-        sorted); the same id with the same parameters and tags (in any order) returns it again (``False``)."""
+        """Create a queued task (with a heartbeat lease of ``heartbeat_ms``, if given, ``tags``, kept sorted,
+        and the fields ``beside`` its history: a child of a parent is counted under it in the same
+        transaction); the same id with the same parameters, tags (in any order), title, parent and
+        ``progressFromChildren`` returns it again (``False``), with its metadata as it is now."""
         now = self.clock()
         made_now = create_task(id=task_id, now_ms=now, ttl_ms=ttl_ms, max_attempts=max_attempts)
         # Its epoch, 48 random bits: two tasks made under one id (the first deleted by retention) differ but
         # by a chance of one in 2^48, so that a cursor of the first never counts in the second's history.
-        task = replace(made_now, tags=tuple(sorted(tags)), created_at_ms=now, epoch=secrets.token_hex(6))
+        made_now = replace(made_now, tags=tuple(sorted(tags)), created_at_ms=now, epoch=secrets.token_hex(6))
+        task = beside.on(made_now)
 
         async def work(tx: WriteTx, commit: _Commit) -> tuple[Task, bool]:
             existing = await tx.task(task_id)
             if existing is not None:
-                made = (
-                    existing.ttl_ms,
-                    existing.task.max_attempts,
-                    existing.heartbeat_ms,
-                    existing.task.tags,
-                )
-                if made != (ttl_ms, task.max_attempts, heartbeat_ms, task.tags):
-                    raise Conflict(
-                        "task-exists",
-                        f"task {task_id} exists with other parameters (ttlMs {made[0]}, maxAttempts "
-                        f"{made[1]}, heartbeatMs {'none' if made[2] is None else made[2]}, tags "
-                        f"{orjson.dumps(made[3]).decode()})",
-                    )
+                same_create(existing, task, ttl_ms, heartbeat_ms)
                 return existing.task, False
+            news = await adopt(tx, task)  # counted by its parent, if any; news for their subscribers
             await tx.insert_task(task, ttl_ms, now, heartbeat_ms)
-            if task.tags:  # news for the subscribers of its tags in every process
-                await self._announce(tx, commit, [News.creation(task)])
+            await self._announce(tx, commit, news)
             return task, True
 
         made, created = await self._write(work)
@@ -272,7 +267,7 @@ class Book:
             streamed = [r.task_id for r in requests if r.append is not None]
             appends = await Appends.load(tx, streamed, self.stream_max_bytes)
             outcomes: list[CallbackOutcome | GatewayError] = []
-            transitions: list[tuple[Transition, float]] = []
+            transitions: list[tuple[Transition, float, str]] = []
             seen: list[tuple[str, str, int, str]] = []
             for request in requests:
                 try:
@@ -292,8 +287,8 @@ class Book:
                 outcomes.append(replace(outcome, lease=lease_of(task, held.heartbeat_ms, until)))
                 if outcome.duplicate_callback or request.make_event is None:
                     continue
+                transitions.append((outcome.transition, at, tasks[request.task_id].state))
                 tasks[request.task_id] = task
-                transitions.append((outcome.transition, at))
                 if request.callback_id is not None:
                     digests[request.callback_id] = request.digest
                     seen.append((request.callback_id, request.task_id, at, request.digest))
@@ -329,7 +324,7 @@ class Book:
         if request.make_event is None:  # a heartbeat: it changes no entry of the task
             return CallbackOutcome(heartbeat(task), False), self.clock()
         now = self.clock()
-        transition = apply_event(task, request.make_event(now))
+        transition = stamped(apply_event(task, request.make_event(now)), now)
         limit = self.max_history_versions
         if limit and transition.changed and not transition.task.terminal and transition.task.version > limit:
             # History is kept whole while a task lives (protocol.md), so it is bounded here instead: a task
@@ -352,8 +347,8 @@ class Book:
             if stored is None:
                 raise UnknownTask(task_id)
             now = self.clock()
-            transition = decide(stored.task, now)
-            await self._record_many(tx, commit, [(transition, now)])
+            transition = stamped(decide(stored.task, now), now)
+            await self._record_many(tx, commit, [(transition, now, stored.task.state)])
             return transition
 
         return await self._write(work)
@@ -369,7 +364,8 @@ class Book:
         async def work(tx: WriteTx, commit: _Commit) -> list[int]:
             due = await tx.claim_due(self.clock(), limit)
             # The notification, like the entry, is pinned to the deadline (protocol.md).
-            await self._record_many(tx, commit, [(expire_task(task), task.expires_at_ms) for task in due])
+            expired = [(stamped(expire_task(t), t.expires_at_ms), t.expires_at_ms, t.state) for t in due]
+            await self._record_many(tx, commit, expired)
             return [int(task.expires_at_ms) for task in due]
 
         deadlines = await self._write(work, urgent=urgent)
@@ -388,7 +384,8 @@ class Book:
             ended = [(s.task, s.lease_until_ms or 0) for s in await tx.claim_leases(self.clock(), limit)]
             # Its entry and a final fail's notification at the lease's end (an expiry's at the deadline).
             timeouts = [timed_out(task, end) for task, end in ended]
-            await self._record_many(tx, commit, [(t, t.entry.event.at_ms) for t in timeouts if t.entry])
+            at = [(t, t.entry.event.at_ms) for t in timeouts if t.entry]
+            await self._record_many(tx, commit, [(stamped(t, when), when, "running") for t, when in at])
             return [end for _, end in ended]
 
         ends = await self._write(work, urgent=urgent)
@@ -467,14 +464,12 @@ class Book:
             commit.news.extend(news)
 
     async def _record_many(
-        self, tx: WriteTx, commit: _Commit, transitions: Sequence[tuple[Transition, float]]
+        self, tx: WriteTx, commit: _Commit, transitions: Sequence[tuple[Transition, float, str]]
     ) -> None:
-        """Write the transitions that have an entry (set-based), and announce each in the same transaction."""
-        items = [
-            (t, orjson.dumps(event_to_json(t.entry.event)), at)
-            for t, at in transitions
-            if t.entry is not None
-        ]
+        """Write the transitions that have an entry (set-based), and announce each in the same transaction;
+        ``str``: each one's task's state before it. The parents of the children they move are counted
+        (``gateway.book.batches``) in the same transaction, and their progress moved where asked."""
+        items = [(t, orjson.dumps(event_to_json(t.entry.event)), at) for t, at, _ in transitions if t.entry]
         if not items:
             return
         if len(items) == 1:
@@ -483,6 +478,13 @@ class Book:
             await tx.record_many(items)
         commit.notified += sum(1 for t, _, _ in items if t.notify)
         await self._announce(tx, commit, [News.of(t.task, event_frame(t.task, e)) for t, e, _ in items])
+        moves = [(t, before) for t, _, before in transitions if t.task.parent and t.task.state != before]
+        if moves:
+            counted, progressed = await recount(tx, moves, self.clock())  # progress: no parent's state moves
+            await self._record_many(tx, commit, [(t, self.clock(), t.task.state) for t in progressed])
+            await self._announce(
+                tx, commit, [News.besides(p) for p in (*counted, *(t.task for t in progressed))]
+            )
 
 
 def _with(

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from gateway.machine import Resume, Task, resume_from
 from gateway.store.base import Store
 from gateway.store.db_deadline import DB_DEADLINE_S, shielded
+from gateway.tag_names import parent_key, parent_of
 
 
 class TagReads:
@@ -26,29 +27,52 @@ class TagReads:
     @shielded
     async def list(self, tag: str, limit: int) -> tuple[builtins.list[str], bool]:
         """The ids of the tasks carrying ``tag``, newest first (``createdAtMs`` descending, then id
-        descending), at most ``limit``; and whether more carry it."""
+        descending), at most ``limit``; and whether more carry it. For a parent's key
+        (``gateway.tag_names.parent_key``): the parent first, then its children newest first."""
+        parent = parent_of(tag)
         async with self.store.read() as tx:
-            ids = await tx.tagged(tag, limit + 1)
+            if parent is None:
+                ids = await tx.tagged(tag, limit + 1)
+            else:
+                children = await tx.newest_tasks(state=None, before=None, limit=limit, parent=parent)
+                ids = [parent, *(child.id for child in children)]
         return ids[:limit], len(ids) > limit
 
     @shielded
     async def list_tasks(
-        self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
+        self,
+        tags: Sequence[str],
+        *,
+        state: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+        parent: str | None = None,
+        title: str | None = None,
     ) -> builtins.list[Task]:
         """Up to ``limit`` tasks carrying every one of ``tags`` (every task, when there is none), newest
-        first, after ``before`` (a ``(createdAtMs, id)``) if given, only those in ``state`` if given: a page
-        of ``GET /v1/tasks?tag=`` (or ``?order=newest``)."""
+        first, after ``before`` (a ``(createdAtMs, id)``) if given, only those in ``state``, the children
+        of ``parent`` and those whose title contains ``title`` if given: a page of ``GET /v1/tasks?tag=``
+        (or ``?order=newest``, ``?parent=``, ``?title=``)."""
         async with self.store.read() as tx:
             if not tags:
-                return await tx.newest_tasks(state=state, before=before, limit=limit)
-            return await tx.tagged_tasks(tags, state=state, before=before, limit=limit)
+                return await tx.newest_tasks(
+                    state=state, before=before, limit=limit, parent=parent, title=title
+                )
+            return await tx.tagged_tasks(
+                tags, state=state, before=before, limit=limit, parent=parent, title=title
+            )
 
     @shielded
     async def tagged_since(self, tags: Sequence[str], since_ms: int) -> builtins.list[tuple[str, str, str]]:
         """``(tag, task id, epoch)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``,
-        by tag, then oldest first."""
+        by tag, then oldest first; for a parent's key, its children."""
+        keys = [(tag, parent_of(tag)) for tag in tags]
         async with self.store.read() as tx:
-            return await tx.tagged_since(tags, since_ms)
+            found = await tx.tagged_since([tag for tag, parent in keys if parent is None], since_ms)
+            parents = [parent for _, parent in keys if parent is not None]
+            if parents:
+                found += [(parent_key(p), i, e) for p, i, e in await tx.children_since(parents, since_ms)]
+            return found
 
     @shielded
     async def resume_many(

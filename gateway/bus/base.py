@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import orjson
 from anyio.abc import TaskStatus
 
-from gateway.frames import Frame, snapshot_frame
+from gateway.frames import Beside, Frame, snapshot_frame
 from gateway.machine import Task, task_from_json
 from gateway.store.base import WriteTx
 
@@ -83,6 +83,8 @@ class News:
     task_json: Any = field(default=None, compare=False, repr=False)
     # News of chunks appended to a stream of the task (no entry: ``version`` is -1).
     run: StreamRun | None = None
+    # News of a change beside the history (its metadata, its children counts: no entry, ``version`` -1).
+    beside: Beside | None = None
 
     @classmethod
     def of(cls, task: Task, frame: Frame) -> News:
@@ -94,6 +96,11 @@ class News:
     ) -> News:
         """News of a batch of ``count`` chunks (``encoded``: their JSON array) appended to ``stream``."""
         return cls(task_id, -1, run=StreamRun(stream, attempt, offset, offset + count, encoded))
+
+    @classmethod
+    def besides(cls, task: Task) -> News:
+        """News of ``task``'s state beside its history, changed (a metadata patch, a child's move)."""
+        return cls(task.id, -1, beside=Beside.of(task))
 
     @classmethod
     def creation(cls, task: Task) -> News:
@@ -117,6 +124,11 @@ class News:
         "nextOffset", "chunks"}``, without ``chunks`` where they do not fit."""
         if self.run is not None:
             return _encode_run(self.task_id, self.run)
+        if self.beside is not None:
+            text = self.beside.message()
+            if len(text) > MAX_PAYLOAD_BYTES:  # metadata of up to 8 KiB: the subscribers read the store
+                text = replace(self.beside, metadata=None, children=None).message()
+            return text.decode()
         if self.frame is not None and len(self.frame.text) <= MAX_PAYLOAD_BYTES // 4:
             return self.frame.text  # fast path: even 4-byte UTF-8 everywhere cannot pass the limit
         if self.frame is not None and len(self.frame.text.encode()) <= MAX_PAYLOAD_BYTES:
@@ -133,6 +145,9 @@ class News:
             body = orjson.loads(text)
             if body.get("type") == "chunks":
                 return cls(body["taskId"], -1, run=_decode_run(body))
+            if body.get("type") == "beside":
+                beside = Beside.decode(body)
+                return cls(beside.task_id, -1, beside=beside)
             task_id, version = body["taskId"], body["version"]
             if not isinstance(task_id, str) or isinstance(version, bool) or not isinstance(version, int):
                 raise TypeError

@@ -192,6 +192,7 @@ class Channel(Generic[H]):
         "outbox",
         "reading",
         "recheck",
+        "revision",
         "round",
         "subscriptions",
         "task_id",
@@ -212,6 +213,7 @@ class Channel(Generic[H]):
         self.reading: Read | None = None
         self.base: Task | None = None  # the state the entries being read follow on from
         self.newest: Task | None = None  # the stored task whose entry is being read (no state yet)
+        self.revision = -1  # the newest state beside the history handed out (gateway.live.beside_delivery)
 
     @property
     def version(self) -> int:

@@ -43,6 +43,7 @@ from gateway.errors import (
     GatewayError,
     one_line,
 )
+from gateway.live.beside_delivery import BesideStore, check_besides, deliver_beside, read_beside
 from gateway.live.fanout import Channel, Entries, Fanout, NeedTask, Peer, Read, Subscription, TagSub
 from gateway.live.streaming import DirectWriter, StreamStore, check_streams, deliver
 from gateway.live.tagging import NEW, Tagging
@@ -147,16 +148,20 @@ class Hub:
         tags: TagStore | None = None,
         wall: Callable[[], int] = wall_clock_ms,
         streams: StreamStore | None = None,
+        besides: BesideStore | None = None,
     ) -> None:
         """``clock`` times the flush slices; ``monotonic`` is the connections' clock, the one their deadlines
         are measured on (a send that makes no progress, a socket held to having a subscription): read by
         the watchdog and by the endpoints that start those deadlines (tests set it to move time by hand).
         ``tags`` reads tags (none: no tag subscription); ``wall`` is the clock tasks are created by
         (milliseconds, the book's), that the tags' reconcile compares creation times with; ``streams`` reads
-        streams (none: no subscription asks for one)."""
+        streams (none: no subscription asks for one); ``besides`` the state beside the history (none: only
+        what the bus brings)."""
         self.book = book
         self.tags = tags
         self.streams = streams
+        self.besides = besides
+        self._beside_reads: dict[str, None] = {}  # bare wake-ups of a change beside the history, to read
         self.wall = wall
         self.monotonic = monotonic
         self.fanout: Fanout[Connection] = Fanout()
@@ -189,6 +194,13 @@ class Hub:
         Never waits."""
         if news.run is not None:
             self.direct_writes += deliver(self.fanout, news.task_id, news.run)
+            return
+        if news.beside is not None:  # metadata, children counts (gateway.live.beside)
+            if not news.beside.bare:
+                self.direct_writes += deliver_beside(self.fanout, news.beside)
+            elif self.besides is not None and news.task_id in self.fanout.channels:
+                self._beside_reads[news.task_id] = None
+                self._wakeup.set()
             return
         if news.created:
             self._flush_all(self.tagging.created(news.read()))
@@ -226,6 +238,10 @@ class Hub:
                     await self.reconcile()
                 while (read := self.fanout.next_read()) is not None:
                     await self._catch_up(read)
+                while self._beside_reads and self.besides is not None:
+                    task_id = next(iter(self._beside_reads))
+                    self.direct_writes += await read_beside(self.fanout, self.besides, task_id)
+                    del self._beside_reads[task_id]
             except Exception as exc:  # a database outage: the next wake-up or check tries again
                 log.warning("hub: cannot read the store to catch up (%s)", one_line(exc))
                 self._resync = True
@@ -246,6 +262,8 @@ class Hub:
             self.fanout.behind(await self.book.ahead(chunk))
         if self.streams is not None:  # the streams' offsets too: an append's message may have been lost
             await check_streams(self.fanout, self.streams)
+        if self.besides is not None:  # and the revisions: a change beside the history's message too
+            self.direct_writes += await check_besides(self.fanout, self.besides)
         started = self.wall()
         check = self.tagging.checks()
         if check is not None and self.tags is not None:

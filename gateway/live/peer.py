@@ -12,10 +12,8 @@ valid. A connection whose writer is stuck in one send past its deadline is close
 What the connection's writer does next is a value (:meth:`Peer.next`): a frame to send, a read to make
 and answer, or nothing; so a test plays any interleaving of writes, reads and commits as plain calls.
 
-A connection may be held to having a subscription (:meth:`Peer.hold_to`, for ``/v1/ws``): one that has held
-none for a deadline (since it opened, or since its last subscription ended) or has had a number of messages
-refused while holding none is closed after a frame that says why, so that a socket with no credential costs
-a bounded time and work whatever it sends (protocol.md, Close codes).
+A connection may be held to having a subscription (``Holding``). A subscription's ``metadata`` and
+``children`` frames, merged, go on its turn too (``gateway.live.beside``).
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from typing import Generic, TypeAlias, TypeVar
 
 from gateway.errors import CLOSE_SLOW_CONSUMER, InvalidRequest
 from gateway.frames import Frame, snapshot_frame
+from gateway.live.beside import BesideOut
 from gateway.live.chunks import Run
 from gateway.live.holding import Holding
 from gateway.live.published import (
@@ -52,6 +51,7 @@ class Subscription(Generic[H]):
     __slots__ = (
         "active",
         "backlog",
+        "beside",
         "conflated",
         "head",
         "last",
@@ -76,12 +76,13 @@ class Subscription(Generic[H]):
         self.queued = False  # in its connection's turn order
         self.active = True
         self.streams: SubStreams | None = None  # the streams it asked for, if any
+        self.beside: BesideOut | None = None  # its metadata and children frames, once it has heard of one
 
     def put_head(self, frames: Sequence[Frame]) -> None:
         """Frames to send before the pending entries. The head is always empty then: the resume frame comes
         first, and a read's answer only comes when its turn found nothing else to send."""
         assert self.head is None
-        self.head = deque(frames)
+        self.head = deque(frames) if frames else None
 
     def pop_head(self) -> Frame:
         assert self.head
@@ -104,7 +105,7 @@ class Subscription(Generic[H]):
         return -1 if self.last is None else self.last.version
 
     def has_work(self) -> bool:
-        if self.head or self.pending or self.conflated:
+        if self.head or self.pending or self.conflated or (self.beside and self.beside.pending):
             return True
         # Its streams' steps, once the resume frame is out (then the state sent is known).
         return self.streams is not None and self.streams.has_work(
@@ -359,6 +360,9 @@ class Peer(Holding, Generic[H]):
             return frame
         last = sub.last
         assert last is not None  # a subscription takes turns once its resume state is known
+        if sub.beside is not None and (frames := sub.beside.take(last)):  # metadata, children: merged
+            sub.put_head(frames[1:])
+            return frames[0]
         if streams is not None:
             step = self._stream_step(sub, streams, ended=last.terminal, end=last.terminal)
             if step is not None:

@@ -29,6 +29,10 @@ bus lost is found by the reconcile (:meth:`Tagging.checks`, :meth:`Tagging.unkno
 :meth:`Tagging.checked`): the driver lists again the watched tags' tasks created since a horizon and reads
 those some subscription does not know, which are then announced. A task created before the horizon is
 never listed again, so a tag subscription forgets it: what it remembers stays bounded.
+
+A batch is followed the same way (protocol.md, Batches): a subscription to a parent is a tag subscription
+under the parent's key (``gateway.tag_names.parent_key``), which lists the parent and its children and
+announces each child created later.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from gateway.frames import added_frame, tag_frame
 from gateway.live.fanout import Channel, Fanout, Message
 from gateway.live.peer import Peer, Subscription, TagSub
 from gateway.machine import Resume, Task
+from gateway.tag_names import watched_keys
 
 __all__ = ["MARGIN_MS", "NEW", "Tagging"]
 
@@ -174,7 +179,7 @@ class Tagging(Generic[H]):
         if task is None:  # too big for a message: the reconcile finds it
             return []
         groups: dict[Peer[H], list[TagSub[H]]] = {}
-        for tag in task.tags:
+        for tag in watched_keys(task.tags, task.parent):  # a child is news for its parent's followers too
             for tag_sub in self.watched.get(tag, ()):
                 if not knows(tag_sub, task):
                     groups.setdefault(tag_sub.peer, []).append(tag_sub)
@@ -334,7 +339,7 @@ class Tagging(Generic[H]):
         channels: list[Channel[H] | None] = []
         for task in sorted(tasks, key=lambda t: (t.created_at_ms, t.id)):
             groups: dict[Peer[H], list[TagSub[H]]] = {}
-            for tag in task.tags:
+            for tag in watched_keys(task.tags, task.parent):
                 for tag_sub in self.watched.get(tag, ()):
                     if tag_sub.listing or knows(tag_sub, task):
                         continue

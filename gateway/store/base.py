@@ -104,6 +104,9 @@ class ReadTx(Protocol):
         """Of the tasks in ``known`` (task id -> a version), those whose stored version is above it, with
         their version: the comparison made by the database, which sends back only those."""
 
+    async def revisions_ahead(self, known: Mapping[str, int]) -> dict[str, int]:
+        """As :meth:`ahead`, of revisions (the changes beside the history: metadata, children counts)."""
+
     async def relay_pending(self) -> int:
         """How many notifications the webhook relay has not sent yet."""
 
@@ -122,11 +125,19 @@ class ReadTx(Protocol):
         once), since the comparison and the order use one collation."""
 
     async def newest_tasks(
-        self, *, state: str | None, before: tuple[int, str] | None, limit: int
+        self,
+        *,
+        state: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+        parent: str | None = None,
+        title: str | None = None,
     ) -> list[Task]:
         """One page of the operators' task list newest first: up to ``limit`` tasks, ``created_at_ms``
         descending, then id descending, only those that come after ``before`` (a ``(created_at_ms, id)``)
-        in that order when it is given, only those in ``state`` when it is given."""
+        in that order when it is given, only those in ``state`` when it is given, only the children of
+        ``parent`` when it is given, only those whose title contains ``title`` (letters' case aside; on
+        SQLite, ASCII letters') when it is given and not empty."""
 
     async def finished_held(self, cutoff_ms: int, *, relay: bool) -> int:
         """How many tasks that finished at or before ``cutoff_ms`` nobody has taken the notification of:
@@ -138,16 +149,28 @@ class ReadTx(Protocol):
         descending), at most ``limit``: one range of the tag index, read backwards."""
 
     async def tagged_tasks(
-        self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
+        self,
+        tags: Sequence[str],
+        *,
+        state: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+        parent: str | None = None,
+        title: str | None = None,
     ) -> list[Task]:
         """One page of the task list by tags: up to ``limit`` tasks carrying every one of ``tags`` (at least
         one), newest first (``created_at_ms`` descending, then id descending), only those that come after
-        ``before`` (a ``(created_at_ms, id)``) in that order when it is given, only those in ``state`` when
-        it is given. The first tag's index range drives it; the others are probed by task."""
+        ``before`` (a ``(created_at_ms, id)``) in that order when it is given, only those in ``state``, of
+        ``parent`` and whose title contains ``title`` (as :meth:`newest_tasks`) when they are given. The
+        first tag's index range drives it; the others are probed by task."""
 
     async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
         """``(tag, task id, epoch)`` of the tasks carrying any of ``tags`` created at or after ``since_ms``,
         by tag, then ``created_at_ms`` and id ascending; one statement per chunk of tags."""
+
+    async def children_since(self, parents: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
+        """``(parent, task id, epoch)`` of the children of any of ``parents`` created at or after
+        ``since_ms``, by parent, then ``created_at_ms`` and id ascending (ranges of ix_tasks_parent)."""
 
     async def resume_rows(
         self, cursors: Mapping[str, int], retention_versions: int
@@ -191,6 +214,11 @@ class WriteTx(ReadTx, Protocol):
         """Several ``record`` calls (transition, encoded event, notification time), in order, as set-based
         statements: one task row write per task (from its version before the first to its last state),
         every entry, every notification. Several transitions of one task follow each other's versions."""
+
+    async def write_tasks(self, tasks: Sequence[Task]) -> None:
+        """Task rows changed beside their history (their metadata, their children counts, their revision),
+        each locked by this transaction and at the version it read: no entry, no notification. The columns
+        written at insert never change."""
 
     async def write_streams(self, writes: StreamWrites) -> None:
         """Store a transaction's stream appends (their tasks locked by it): drop the batches of earlier
@@ -260,11 +288,11 @@ class WriteTx(ReadTx, Protocol):
     async def claim_finished(
         self, cutoff_ms: int, after: tuple[int, str] | None, limit: int, *, relay: bool
     ) -> list[tuple[int, str]]:
-        """Up to ``limit`` tasks that finished at or before ``cutoff_ms`` and whose notification was taken
-        (drained; or relayed, when ``relay``), as ``(finished at, id)`` in that order, only those after
-        ``after`` in it when given (a keyset: a pass goes on from its last batch's last task, past the
-        tasks it keeps); locked, rows another transaction holds skipped, so that processes retaining
-        together take different tasks."""
+        """Up to ``limit`` tasks that finished at or before ``cutoff_ms``, whose notification was taken
+        (drained; or relayed, when ``relay``) and whose parent, if any, is gone (a child never goes first), as
+        ``(finished at, id)`` in that order, only those after ``after`` in it when given (a keyset: a pass
+        goes on from its last batch's last task, past the tasks it keeps); locked, rows another transaction
+        holds skipped, so that processes retaining together take different tasks."""
 
     async def forget(self, task_ids: Sequence[str]) -> int:
         """Delete these tasks and everything they own (``queries.TASK_OWNED``: history, streams, callback

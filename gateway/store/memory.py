@@ -7,10 +7,11 @@ store; it keeps nothing across restarts.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from gateway.machine import Task, Transition
@@ -62,17 +63,8 @@ class _Data:
 
     def forget(self, task_ids: set[str]) -> Callable[[], None]:
         """Delete these tasks and everything they own (``queries.TASK_OWNED``); returns the undo."""
-        saved = (
-            dict(self.tasks),
-            dict(self.entries),
-            dict(self.callbacks),
-            dict(self.receipts),
-            list(self.outbox),
-            set(self.outbox_keys),
-            dict(self.relay),
-            dict(self.finished),
-            dict(self.streams),
-        )
+        # Every field as it was (each a copy): the undo puts them back; not the last id given (never again).
+        saved = {f.name: copy.copy(getattr(self, f.name)) for f in fields(self) if f.name != "outbox_ids"}
         gone = {i for i, n, _ in self.outbox if n.task_id in task_ids}
         for task_id in task_ids:
             self.tasks.pop(task_id, None)
@@ -86,19 +78,26 @@ class _Data:
         self.relay = {i: mark for i, mark in self.relay.items() if i not in gone}
 
         def undo() -> None:
-            (
-                self.tasks,
-                self.entries,
-                self.callbacks,
-                self.receipts,
-                self.outbox,
-                self.outbox_keys,
-                self.relay,
-                self.finished,
-                self.streams,
-            ) = saved
+            for name, value in saved.items():
+                setattr(self, name, value)
 
         return undo
+
+
+def _narrowed(found: list[Task], parent: str | None, title: str | None) -> list[Task]:
+    """Those of ``found`` of ``parent`` and whose title contains ``title``, where given (case aside)."""
+    if parent is not None:
+        found = [t for t in found if t.parent == parent]
+    if title:
+        found = [t for t in found if t.title is not None and title.lower() in t.title.lower()]
+    return found
+
+
+def _insert_only_kept(before: Task, task: Task) -> Task:
+    """``task`` with the fields written once, at insert, as ``before`` has them: no update changes them (as
+    in SQL, where no update sets their columns)."""
+    fixed = ("tags", "created_at_ms", "epoch", "title", "parent", "progress_from_children")
+    return replace(task, **{name: getattr(before, name) for name in fixed})
 
 
 class MemoryStore:
@@ -153,6 +152,11 @@ class MemoryTx:
         versions = {i: stored[i].task.version for i in known if i in stored}
         return {i: version for i, version in versions.items() if version > known[i]}
 
+    async def revisions_ahead(self, known: Mapping[str, int]) -> dict[str, int]:
+        stored = self.data.tasks
+        revisions = {i: stored[i].task.revision for i in known if i in stored}
+        return {i: revision for i, revision in revisions.items() if revision > known[i]}
+
     async def next_deadline(self) -> int | None:
         live = [s.task.expires_at_ms for s in self.data.tasks.values() if s.task.state in ACTIVE_STATES]
         return int(min(live)) if live else None
@@ -178,9 +182,15 @@ class MemoryTx:
         ]
 
     async def newest_tasks(
-        self, *, state: str | None, before: tuple[int, str] | None, limit: int
+        self,
+        *,
+        state: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+        parent: str | None = None,
+        title: str | None = None,
     ) -> list[Task]:
-        return self.tagged_page((), state, before, limit)
+        return _narrowed(self.tagged_page((), state, before, None), parent, title)[:limit]
 
     def _tagged(self, tags: Sequence[str]) -> list[tuple[str, int, str]]:
         """(tag, created at, task id) of the tasks carrying any of ``tags``: the rows of ``task_tags``."""
@@ -196,12 +206,19 @@ class MemoryTx:
         return [task_id for _, _, task_id in reversed(self._tagged([tag]))][:limit]
 
     async def tagged_tasks(
-        self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
+        self,
+        tags: Sequence[str],
+        *,
+        state: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+        parent: str | None = None,
+        title: str | None = None,
     ) -> list[Task]:
-        return self.tagged_page(tags, state, before, limit)
+        return _narrowed(self.tagged_page(tags, state, before, None), parent, title)[:limit]
 
     def tagged_page(
-        self, tags: Sequence[str], state: str | None, before: tuple[int, str] | None, limit: int
+        self, tags: Sequence[str], state: str | None, before: tuple[int, str] | None, limit: int | None
     ) -> list[Task]:
         """A page newest first of the tasks carrying every one of ``tags`` (every task: none)."""
         found = sorted(
@@ -219,6 +236,11 @@ class MemoryTx:
         tasks = self.data.tasks
         rows = self._tagged(tags)
         return [(tag, task_id, tasks[task_id].task.epoch) for tag, at, task_id in rows if at >= since_ms]
+
+    async def children_since(self, parents: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
+        found = [s.task for s in self.data.tasks.values() if s.task.parent in set(parents)]
+        found.sort(key=lambda t: (t.parent or "", t.created_at_ms, t.id))
+        return [(t.parent or "", t.id, t.epoch) for t in found if t.created_at_ms >= since_ms]
 
     async def resume_rows(
         self, cursors: Mapping[str, int], retention_versions: int
@@ -291,10 +313,9 @@ class MemoryTx:
         key = (task.id, task.state, task.version)
         if transition.notify and key in self.data.outbox_keys:
             raise StoreRace(f"notification {key} exists")
-        fixed = before.task.tags, before.task.created_at_ms, before.task.epoch
-        if (task.tags, task.created_at_ms, task.epoch) != fixed:
-            # Written once, at insert: no update changes them (as in SQL, where no update sets them).
-            task = replace(task, tags=fixed[0], created_at_ms=fixed[1], epoch=fixed[2])
+        task = _insert_only_kept(before.task, task)
+        if transition.notify:  # its row's finished_at_ms (as in SQL, which writes it with the notification)
+            task = replace(task, ended_at_ms=int(notify_at_ms))
         self.data.tasks[task.id] = replace(before, task=task)
         history = self.data.entries[task.id]
         history.append((entry.version, encoded_event))
@@ -324,6 +345,14 @@ class MemoryTx:
     async def record_many(self, items: Sequence[tuple[Transition, bytes, float]]) -> None:
         for transition, encoded_event, notify_at_ms in items:
             await self.record(transition, encoded_event, notify_at_ms)
+
+    async def write_tasks(self, tasks: Sequence[Task]) -> None:
+        for task in tasks:
+            before = self.data.tasks[task.id]
+            if before.task.version != task.version:
+                raise RuntimeError(f"task {task.id} changed under its lock")
+            self.data.tasks[task.id] = replace(before, task=_insert_only_kept(before.task, task))
+            self.undo.append(functools.partial(self.data.tasks.__setitem__, task.id, before))
 
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
         lease_first = {s.task.id for s, until in self._leased() if until < s.task.expires_at_ms}
@@ -454,7 +483,10 @@ class MemoryTx:
         due = sorted(
             (at, task_id)
             for task_id, at in self.data.finished.items()
-            if at <= cutoff_ms and (after is None or (at, task_id) > after) and task_id not in untaken
+            if at <= cutoff_ms
+            and (after is None or (at, task_id) > after)
+            and task_id not in untaken
+            and self.data.tasks[task_id].task.parent not in self.data.tasks  # a child outlives its parent
         )
         return due[:limit]
 

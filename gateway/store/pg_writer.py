@@ -93,6 +93,11 @@ class PgWriter:
                 kept = await self._checkin(conn, driver, committed=False, deadline=deadline)
             if isinstance(exc, asyncpg.UniqueViolationError):  # from any statement, or the COMMIT
                 raise StoreRace(str(exc)) from exc
+            if isinstance(exc, asyncpg.DeadlockDetectedError):
+                # Rolled back, nothing written: a child's write locks its parent after it, and a batch
+                # holding the parent's own callback may have locked them the other way round
+                # (gateway.book.batches). Run again, it finds the other committed.
+                raise StoreRace(str(exc)) from exc
             if not kept and isinstance(exc, _DRIVER_ERRORS):
                 # What the driver says of a connection that died under a statement varies (the server's
                 # FATAL message, "connection is closed", a protocol state error): it is one thing.
@@ -266,6 +271,15 @@ class PgTx(SqlTx):
             if t.notify:
                 batch.outbox.append((t.task.id, t.task.state, at, t.task.version))
 
+    async def write_tasks(self, tasks: Sequence[Task]) -> None:
+        batch = self._batch
+        for task in tasks:
+            changes = self._changes(task)
+            if changes:
+                batch.columns.update(changes)
+                held = batch.updates.get(task.id)
+                batch.updates[task.id] = (task.version if held is None else held[0], task)
+
     async def insert_callbacks(self, rows: Sequence[tuple[str, str, int, str]]) -> None:
         self._batch.callbacks.extend(rows)
 
@@ -299,9 +313,10 @@ class PgTx(SqlTx):
         params: list[Any] = []
         if batch.updates:
             ids = list(batch.updates)
-            # finished_at_ms is set on the tasks that end here; the others live, and keep it NULL.
+            # finished_at_ms is the task's ended_at_ms: set on the tasks that end here (the book stamps it at
+            # their notification's time), kept on those that ended before (a parent whose children change).
             values = [
-                {**task_values(task), "finished_at_ms": batch.finished.get(task_id)}
+                {**task_values(task), "finished_at_ms": batch.finished.get(task_id, task.ended_at_ms)}
                 for task_id, (_, task) in batch.updates.items()
             ]
             params += [ids, [before for before, _ in batch.updates.values()]]

@@ -38,6 +38,7 @@ from sqlalchemy.dialects import postgresql
 
 from gateway.store.tables import (
     ACTIVE_STATES,
+    INSERT_ONLY,
     LEASED,
     TASK_COLUMNS,
     UPDATED_COLUMNS,
@@ -71,6 +72,10 @@ TASKS = f"{SELECT_TASK} WHERE {{ids}} ORDER BY id"  # + LOCK; in id order, so th
 # The tasks stored at a version above a known one: a map of them as rows ``c(id, after)`` (SQLITE_CURSORS,
 # PG_CURSORS), each joined to its row by primary key.
 AHEAD = "SELECT t.id, t.version FROM {cursors} JOIN tasks AS t ON t.id = c.id WHERE t.version > c.after"
+# The same, of the revisions (the changes beside the history): each channel's oldest held one.
+REVISIONS_AHEAD = (
+    "SELECT t.id, t.revision FROM {cursors} JOIN tasks AS t ON t.id = c.id WHERE t.revision > c.after"
+)
 TASK_EXISTS = "SELECT 1 FROM tasks WHERE id = ?"
 NEXT_DEADLINE = f"SELECT min(expires_at_ms) FROM tasks WHERE {_LIVE}"
 # A running attempt whose lease ended before its deadline is left to LEASES_ENDED: its end comes first in the
@@ -79,7 +84,9 @@ DUE = (
     f"{SELECT_TASK} WHERE {_LIVE} AND expires_at_ms <= ? "
     f"AND NOT ({LEASED} AND lease_until_ms < expires_at_ms) ORDER BY expires_at_ms LIMIT ?"  # + CLAIM
 )
-INSERT_TASK = _insert("tasks", (*UPDATED_COLUMNS, "tags", "ttl_ms", "created_at_ms", "heartbeat_ms", "epoch"))
+# Its parameters: ``tables.task_values``, ``tables.insert_only_values``, then these three.
+_WRITTEN_ONCE = tuple(name for name in INSERT_ONLY if name != "created_at_ms")
+INSERT_TASK = _insert("tasks", (*UPDATED_COLUMNS, *_WRITTEN_ONCE, "ttl_ms", "created_at_ms", "heartbeat_ms"))
 
 # --- tags: fixed at creation, each a row of task_tags (ix_task_tags_tag) beside the task's ``tags`` column -
 
@@ -90,17 +97,24 @@ TAGGED = "SELECT task_id FROM task_tags WHERE tag = ? ORDER BY created_at_ms DES
 
 
 @functools.cache
-def tagged_tasks(*, others: int, by_state: bool, before: bool) -> str:
+def tagged_tasks(
+    *, others: int, by_state: bool, before: bool, parent: bool = False, title: bool = False
+) -> str:
     """One page of the task list by tags, newest first: the first tag's range of ix_task_tags_tag read
     backwards from ``(created_at_ms, task_id) < (?, ?)`` where asked, each of ``others`` more tags probed
-    by the task's primary key in task_tags, ``state = ?`` where asked; its parameters in that order, then
-    the limit. Keyset pagination: each page is one index range, however deep it is."""
+    by the task's primary key in task_tags, ``state = ?``, ``parent = ?`` and a title containing a text
+    (as ``newest_tasks``) where asked; its parameters in that order, then the limit. Keyset pagination:
+    each page is one index range, however deep it is."""
     where = ["g.tag = ?"]
     if before:
         where.append("(g.created_at_ms, g.task_id) < (?, ?)")
     where += ["EXISTS (SELECT 1 FROM task_tags AS o WHERE o.task_id = g.task_id AND o.tag = ?)"] * others
     if by_state:
         where.append("t.state = ?")
+    if parent:
+        where.append("t.parent = ?")
+    if title:
+        where.append("lower(t.title) LIKE ? ESCAPE '\\'")
     return (
         f"SELECT {', '.join(f't.{name}' for name in TASK_COLUMNS)} FROM task_tags AS g "
         f"JOIN tasks AS t ON t.id = g.task_id WHERE {' AND '.join(where)} "
@@ -113,6 +127,13 @@ def tagged_tasks(*, others: int, by_state: bool, before: bool) -> str:
 TAGGED_SINCE = (
     "SELECT g.tag, g.task_id, t.epoch FROM task_tags AS g JOIN tasks AS t ON t.id = g.task_id "
     "WHERE {tags} AND g.created_at_ms >= ? ORDER BY g.tag, g.created_at_ms, g.task_id"
+)
+
+# The children of some parents created since a time, each with its epoch: a range of ix_tasks_parent per
+# parent ({parents}: ``parent IN``/``= ANY``).
+CHILDREN_SINCE = (
+    "SELECT parent, id, epoch FROM tasks WHERE {parents} AND created_at_ms >= ? "
+    "ORDER BY parent, created_at_ms, id"
 )
 
 # --- heartbeat leases (gateway.lease) -----------------------------------------------------------------
@@ -134,17 +155,30 @@ def list_tasks(*, by_state: bool, after: bool) -> str:
 
 
 @functools.cache
-def newest_tasks(*, by_state: bool, before: bool) -> str:
+def newest_tasks(*, by_state: bool, before: bool, parent: bool = False, title: bool = False) -> str:
     """One page of the task list newest first (``created_at_ms`` descending, then id descending): one range
-    of ix_tasks_created read backwards from ``(created_at_ms, id) < (?, ?)`` where asked, ``state = ?``
+    of ix_tasks_created read backwards from ``(created_at_ms, id) < (?, ?)`` where asked (of
+    ix_tasks_parent, for a parent's children: ``parent = ?``), ``state = ?`` where asked, a title that
+    contains a text, case aside (``lower(title) LIKE ?``, the pattern lowered and escaped with ``\\``)
     where asked; its parameters in that order, then the limit. Keyset pagination, as the id order's."""
     where = [
         condition
-        for condition, wanted in (("(created_at_ms, id) < (?, ?)", before), ("state = ?", by_state))
+        for condition, wanted in (
+            ("parent = ?", parent),
+            ("(created_at_ms, id) < (?, ?)", before),
+            ("state = ?", by_state),
+            ("lower(title) LIKE ? ESCAPE '\\'", title),
+        )
         if wanted
     ]
     clause = f" WHERE {' AND '.join(where)}" if where else ""
     return f"{SELECT_TASK}{clause} ORDER BY created_at_ms DESC, id DESC LIMIT ?"
+
+
+def contains_pattern(text: str) -> str:
+    """A ``LIKE`` pattern (escaped with ``\\``) of the strings that contain ``text``, lowered."""
+    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 @functools.cache
@@ -270,14 +304,21 @@ def _untaken(*, relay: bool) -> str:
     return f"SELECT 1 FROM outbox WHERE outbox.task_id = tasks.id AND drained_at_ms IS NULL{relayed}"
 
 
+# A child is never deleted before its parent (protocol.md, Batches): it is kept while its parent is (found
+# by its primary key); a task with no parent has none (``p.id = NULL`` holds for no row).
+_PARENT_KEPT = "SELECT 1 FROM tasks AS p WHERE p.id = tasks.parent"
+
+
 @functools.cache
 def finished_due(*, relay: bool) -> str:
-    """Tasks finished at or before a cutoff whose notification was taken, oldest first, after a point
-    ``(finished_at_ms, id)`` (a keyset: one pass walks the index ix_tasks_finished once, past the tasks it
-    keeps); its parameters: the cutoff, the point, the limit. + CLAIM."""
+    """Tasks finished at or before a cutoff whose notification was taken and whose parent (if any) is gone,
+    oldest first, after a point ``(finished_at_ms, id)`` (a keyset: one pass walks the index
+    ix_tasks_finished once, past the tasks it keeps); its parameters: the cutoff, the point, the limit.
+    + CLAIM."""
     return (
         "SELECT finished_at_ms, id FROM tasks WHERE finished_at_ms <= ? AND (finished_at_ms, id) > (?, ?) "
-        f"AND NOT EXISTS ({_untaken(relay=relay)}) ORDER BY finished_at_ms, id LIMIT ?"
+        f"AND NOT EXISTS ({_untaken(relay=relay)}) AND NOT EXISTS ({_PARENT_KEPT}) "
+        "ORDER BY finished_at_ms, id LIMIT ?"
     )
 
 

@@ -6,36 +6,80 @@ written, and can be sent as it was stored.
 """
 
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, LargeBinary, String, Text, text
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, LargeBinary, String, Text, false, text
 from sqlmodel import Field, SQLModel
 
-from gateway.machine import Task
+from gateway.machine import CHILDREN_FIELDS, Task
+
+NO_CHILDREN = (0, 0, 0, 0, 0, 0)
 
 ACTIVE_STATES = ("queued", "running")
 # The rows of running attempts that hold a lease: the predicate of the partial index ix_tasks_lease_end.
 LEASED = "state = 'running' AND lease_until_ms IS NOT NULL"
-# The columns of a ``tasks`` row that hold the machine's task: named and ordered as its fields, so that a
-# row that starts with them is the task's arguments in order (``task_from_row``). The last three are
-# written once, at insert, and never updated: a task's tags (sorted, joined by one space, ``''`` for none; a
-# tag has no whitespace), its creation time and its epoch.
-TASK_COLUMNS = tuple(field.name for field in fields(Task))
-INSERT_ONLY = ("tags", "created_at_ms", "epoch")
-assert TASK_COLUMNS[-len(INSERT_ONLY) :] == INSERT_ONLY, "task_from_row reads them last"
-# The columns a task's life changes: what an update may set.
-UPDATED_COLUMNS = TASK_COLUMNS[: -len(INSERT_ONLY)]
-_TAGS = len(UPDATED_COLUMNS)
+# A task's children counts, one column each, in ``Task.children``'s order.
+CHILDREN_COLUMNS = tuple(f"children_{name}" for name in CHILDREN_FIELDS)
+# The columns of a ``tasks`` row that hold the machine's task, in the order ``task_from_row`` reads them (by
+# position, which costs less than by name on every driver's rows). Those a task's life changes first (what
+# an update may set: ``UPDATED_COLUMNS``), then those written once, at insert, and never updated
+# (``INSERT_ONLY``): its tags (sorted, joined by one space, ``''`` for none; a tag has no whitespace), its
+# creation time, its epoch, its title, its parent and whether its children move its progress. The task's
+# ``ended_at_ms`` is the row's ``finished_at_ms``, which retention counts from.
+UPDATED_COLUMNS = (
+    "id",
+    "state",
+    "expires_at_ms",
+    "attempts",
+    "max_attempts",
+    "progress",
+    "version",
+    "result_ref",
+    "result_hash",
+    "error",
+    "metadata",
+    "revision",
+    *CHILDREN_COLUMNS,
+    "worker",
+    "started_at_ms",
+    "finished_at_ms",
+)
+INSERT_ONLY = ("tags", "created_at_ms", "epoch", "title", "parent", "progress_from_children")
+TASK_COLUMNS = (*UPDATED_COLUMNS, *INSERT_ONLY)
 _END = len(TASK_COLUMNS)
 
 
 def task_from_row(row: Sequence[Any]) -> Task:
-    """The task in a row that starts with ``TASK_COLUMNS``: the one way a row becomes a task (by position,
-    which costs less than by name on every driver's rows)."""
-    tags = row[_TAGS]
-    values: Sequence[Any] = (*row[:_TAGS], tuple(tags.split(" ")) if tags else (), *row[_TAGS + 1 : _END])
-    return Task(*values)
+    """The task in a row that starts with ``TASK_COLUMNS``: the one way a row becomes a task."""
+    (
+        task_id, state, expires, attempts, max_attempts, progress, version, result_ref, result_hash, error,
+        metadata, revision, total, queued, running, succeeded, failed, expired, worker, started, ended,
+        tags, created, epoch, title, parent, from_children,
+    ) = row[:_END]  # fmt: skip
+    return Task(
+        task_id,
+        state,
+        expires,
+        attempts,
+        max_attempts,
+        progress,
+        version,
+        result_ref,
+        result_hash,
+        error,
+        tuple(tags.split(" ")) if tags else (),
+        created,
+        epoch,
+        title,
+        parent,
+        bool(from_children),
+        metadata,
+        (total, queued, running, succeeded, failed, expired) if total else None,
+        revision,
+        worker,
+        started,
+        ended,
+    )
 
 
 def tags_text(tags: Sequence[str]) -> str:
@@ -46,6 +90,7 @@ def tags_text(tags: Sequence[str]) -> str:
 def task_values(task: Task) -> dict[str, Any]:
     """The machine's task as the values of its ``tasks`` row that its life changes, by column
     (``UPDATED_COLUMNS`` order)."""
+    children = task.children or NO_CHILDREN
     return {
         "id": task.id,
         "state": task.state,
@@ -57,13 +102,25 @@ def task_values(task: Task) -> dict[str, Any]:
         "result_ref": task.result_ref,
         "result_hash": task.result_hash,
         "error": task.error,
+        "metadata": task.metadata,
+        "revision": task.revision,
+        **dict(zip(CHILDREN_COLUMNS, children, strict=True)),
+        "worker": task.worker,
+        "started_at_ms": task.started_at_ms,
+        "finished_at_ms": task.ended_at_ms,
     }
+
+
+def insert_only_values(task: Task) -> tuple[Any, ...]:
+    """The values of ``INSERT_ONLY`` but the creation time, which the insert is given apart: its tags,
+    epoch, title, parent and whether its children move its progress."""
+    return (tags_text(task.tags), task.epoch, task.title, task.parent, task.progress_from_children)
 
 
 def changed_values(before: Task | None, task: Task) -> dict[str, Any]:
     """The columns of ``task``'s row that differ from ``before`` (all but the id when the row was not read):
     what an update writes. A progress callback changes two, progress and version; none ever changes the
-    tags or the creation time."""
+    columns written at insert."""
     values = task_values(task)
     del values["id"]
     if before is None:
@@ -92,6 +149,15 @@ class TaskRow(SQLModel, table=True):
         ),
         # The task list newest first (queries.newest_tasks): one range, read backwards.
         Index("ix_tasks_created", "created_at_ms", "id"),
+        # A parent's children newest first (queries.newest_tasks with a parent): one range, read backwards.
+        Index(
+            "ix_tasks_parent",
+            "parent",
+            "created_at_ms",
+            "id",
+            sqlite_where=text("parent IS NOT NULL"),
+            postgresql_where=text("parent IS NOT NULL"),
+        ),
         # The sweeper's other question: which running attempts' leases have ended?
         Index(
             "ix_tasks_lease_end",
@@ -128,6 +194,30 @@ class TaskRow(SQLModel, table=True):
     # task is running: a start renews it, so a value left by an earlier attempt is never read.
     heartbeat_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
     lease_until_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
+    # Beside the history (issue 34; protocol.md, Shapes). Fixed at creation: a title, the parent task's id
+    # (``ix_tasks_parent`` lists a parent's children), whether the children move its progress.
+    title: str | None = Field(default=None, sa_column=Column(Text))
+    parent: str | None = Field(default=None, sa_column=Column(String(128)))
+    progress_from_children: bool = Field(
+        default=False, sa_column=Column(Boolean, nullable=False, server_default=false())
+    )
+    # Live: the metadata as compact JSON text, the revision counting its changes and the children's, and
+    # the children counts by state, written in the transaction of each child's creation and change.
+    metadata_: str = Field(
+        default="{}", sa_column=Column("metadata", Text, nullable=False, server_default="{}")
+    )
+    revision: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    children_total: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    children_queued: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    children_running: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    children_succeeded: int = Field(
+        default=0, sa_column=Column(BigInteger, nullable=False, server_default="0")
+    )
+    children_failed: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    children_expired: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    # The last start's worker and time (the task list's worker and duration, with finished_at_ms).
+    worker: str | None = Field(default=None, sa_column=Column(Text))
+    started_at_ms: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
 class EntryRow(SQLModel, table=True):

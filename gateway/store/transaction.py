@@ -22,7 +22,7 @@ import orjson
 from gateway.machine import Task, Transition
 from gateway.store import queries as q
 from gateway.store.base import DrainBatch, Notification, Outgoing, Receipt, StoredTask, StreamWrites
-from gateway.store.tables import TASK_COLUMNS, changed_values, tags_text, task_from_row, task_values
+from gateway.store.tables import TASK_COLUMNS, changed_values, insert_only_values, task_from_row, task_values
 from gateway.streams import Batch, Head
 
 
@@ -44,8 +44,7 @@ def finished(items: Sequence[tuple[Transition, bytes, float]]) -> dict[str, int]
 
 def task_row(task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None) -> tuple[Any, ...]:
     """The parameters of ``queries.INSERT_TASK``."""
-    values = task_values(task).values()
-    return (*values, tags_text(task.tags), ttl_ms, created_at_ms, heartbeat_ms, task.epoch)
+    return (*task_values(task).values(), *insert_only_values(task), ttl_ms, created_at_ms, heartbeat_ms)
 
 
 def stored_from_row(row: Sequence[Any]) -> StoredTask:
@@ -155,6 +154,12 @@ class SqlTx:
         source, params = self.cursor_rows(known)
         return {r[0]: r[1] for r in await self.fetch(q.AHEAD.format(cursors=source), params)}
 
+    async def revisions_ahead(self, known: Mapping[str, int]) -> dict[str, int]:
+        if not known:
+            return {}
+        source, params = self.cursor_rows(known)
+        return {r[0]: r[1] for r in await self.fetch(q.REVISIONS_AHEAD.format(cursors=source), params)}
+
     async def relay_pending(self) -> int:
         (row,) = await self.fetch(q.RELAY_PENDING)
         return int(row[0])
@@ -175,10 +180,28 @@ class SqlTx:
         return [task_from_row(r) for r in await self.fetch(query, (*params, limit))]
 
     async def newest_tasks(
-        self, *, state: str | None, before: tuple[int, str] | None, limit: int
+        self,
+        *,
+        state: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+        parent: str | None = None,
+        title: str | None = None,
     ) -> list[Task]:
-        query = q.newest_tasks(by_state=state is not None, before=before is not None)
-        params = [*(before or ()), *((state,) if state is not None else ())]
+        if "\x00" in (parent or "") + (title or ""):  # no task has one, and PostgreSQL text cannot hold it
+            return []
+        query = q.newest_tasks(
+            by_state=state is not None,
+            before=before is not None,
+            parent=parent is not None,
+            title=bool(title),
+        )
+        params = [
+            *((parent,) if parent is not None else ()),
+            *(before or ()),
+            *((state,) if state is not None else ()),
+            *((q.contains_pattern(title),) if title else ()),
+        ]
         return [task_from_row(r) for r in await self.fetch(query, (*params, limit))]
 
     # --- tags ---------------------------------------------------------------------------------------------
@@ -189,13 +212,34 @@ class SqlTx:
         return [r[0] for r in await self.fetch(q.TAGGED, (tag, limit))]
 
     async def tagged_tasks(
-        self, tags: Sequence[str], *, state: str | None, before: tuple[int, str] | None, limit: int
+        self,
+        tags: Sequence[str],
+        *,
+        state: str | None,
+        before: tuple[int, str] | None,
+        limit: int,
+        parent: str | None = None,
+        title: str | None = None,
     ) -> list[Task]:
         first, *others = tags
-        if any("\x00" in tag for tag in tags):  # no tag has one, and PostgreSQL text cannot hold it
+        if any("\x00" in text for text in (*tags, parent or "", title or "")):  # PostgreSQL text has none
             return []
-        query = q.tagged_tasks(others=len(others), by_state=state is not None, before=before is not None)
-        params = [first, *(before or ()), *others, *((state,) if state is not None else ()), limit]
+        query = q.tagged_tasks(
+            others=len(others),
+            by_state=state is not None,
+            before=before is not None,
+            parent=parent is not None,
+            title=bool(title),
+        )
+        params = [
+            first,
+            *(before or ()),
+            *others,
+            *((state,) if state is not None else ()),
+            *((parent,) if parent is not None else ()),
+            *((q.contains_pattern(title),) if title else ()),
+            limit,
+        ]
         return [task_from_row(r) for r in await self.fetch(query, params)]
 
     async def tagged_since(self, tags: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
@@ -204,6 +248,13 @@ class SqlTx:
             rows = await self.fetch(q.TAGGED_SINCE.format(tags=condition), (*params, since_ms))
             found += [(r[0], r[1], r[2]) for r in rows]
         return found  # the chunks follow each other in tag order
+
+    async def children_since(self, parents: Sequence[str], since_ms: int) -> list[tuple[str, str, str]]:
+        found: list[tuple[str, str, str]] = []
+        for condition, params in self.in_list("parent", sorted({p for p in parents if "\x00" not in p})):
+            rows = await self.fetch(q.CHILDREN_SINCE.format(parents=condition), (*params, since_ms))
+            found += [(r[0], r[1], r[2]) for r in rows]
+        return found
 
     async def resume_rows(
         self, cursors: Mapping[str, int], retention_versions: int
@@ -299,6 +350,18 @@ class SqlTx:
         notified = [(t.task.id, t.task.state, at, t.task.version) for t, _, at in items if t.notify]
         if notified:
             await self.run_many(q.INSERT_NOTIFICATION, notified)
+
+    async def write_tasks(self, tasks: Sequence[Task]) -> None:
+        updates: dict[str, list[tuple[Any, ...]]] = {}
+        for task in tasks:
+            changes = self._changes(task)
+            if changes:
+                updates.setdefault(q.update_task(tuple(changes)), []).append(
+                    (*changes.values(), task.id, task.version)
+                )
+        for query, rows in updates.items():
+            if await self.run_many(query, rows) != len(rows):
+                raise RuntimeError("a task changed under its lock")
 
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
         rows = await self.fetch(q.DUE + self.CLAIM, (now_ms, limit))

@@ -66,6 +66,8 @@ ErrorCode = Literal[
     "seq-gap",
     "too-many-streams",
     "stream-full",
+    "parent-ended",
+    "metadata-too-large",
     "internal",
 ]
 
@@ -75,6 +77,17 @@ class _Answer(BaseModel):
 
 
 Tag = Annotated[str, WithJsonSchema(TAG_SCHEMA)]
+
+
+class ChildrenJson(_Answer):
+    """A parent's children by state (a cancelled child is ``failed``); ``total`` is the sum of the others."""
+
+    total: int = Field(ge=0)
+    queued: int = Field(ge=0)
+    running: int = Field(ge=0)
+    succeeded: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    expired: int = Field(ge=0)
 
 
 class TaskJson(_Answer):
@@ -98,6 +111,36 @@ class TaskJson(_Answer):
     resultRef: str | Absent = ABSENT
     resultHash: str | Absent = ABSENT
     error: str | Absent = ABSENT
+    # Beside the history (protocol.md, Shapes): never in it, and no event's outcome depends on them.
+    title: str | Absent = Field(
+        default=None, json_schema_extra=_drop_default, description="what a person reads"
+    )
+    metadata: dict[str, Any] = Field(description="live state beside the history; {} for none")
+    parent: str | Absent = Field(
+        default=None, json_schema_extra=_drop_default, description="the parent's id, for a child of a batch"
+    )
+    progressFromChildren: Literal[True] | Absent = Field(
+        default=None,
+        json_schema_extra=_drop_default,
+        description="the gateway moves the progress as the children end",
+    )
+    children: ChildrenJson | Absent = Field(
+        default=None,
+        json_schema_extra=_drop_default,
+        description="the children's counts by state, once the task has had a child",
+    )
+    revision: int = Field(
+        ge=0, description="counts the changes beside the history (metadata, children): apply the newest"
+    )
+    worker: str | Absent = Field(
+        default=None, json_schema_extra=_drop_default, description="the last start's"
+    )
+    startedAtMs: int | Absent = Field(
+        default=None, json_schema_extra=_drop_default, description="the last start's time, in epoch ms"
+    )
+    endedAtMs: int | Absent = Field(
+        default=None, json_schema_extra=_drop_default, description="when it became terminal, in epoch ms"
+    )
 
 
 class StartEvent(StartBody):
@@ -192,6 +235,10 @@ class CallbackAnswer(_Answer):
     task: TaskJson
     leaseUntilMs: LeaseUntil = None
     heartbeatMs: LeaseLength = None
+
+
+class PatchedAnswer(_Answer):
+    task: TaskJson = Field(description="the task after the patch")
 
 
 class HeartbeatAnswer(_Answer):

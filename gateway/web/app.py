@@ -36,7 +36,7 @@ from gateway.metrics import Metrics
 from gateway.runtime import Clock, Gateway, wall_clock_ms
 from gateway.settings import Settings, is_loopback
 from gateway.store.database import database_unavailable, unavailable_reason
-from gateway.web import callbacks, pages, probes, results, sockets, sse, streams, tasks
+from gateway.web import callbacks, metadata, pages, probes, results, sockets, sse, streams, tasks
 from gateway.web.auth import host_name, origin_allowed
 from gateway.web.context import Context
 from gateway.web.openapi import openapi_bytes, package_version
@@ -58,6 +58,7 @@ ROUTES: list[BaseRoute] = [
     Route("/v1/tasks/{task_id}/callbacks", callbacks.callback, methods=["POST"]),
     Route("/v1/tasks/{task_id}/cancel", tasks.cancel, methods=["POST"]),
     Route("/v1/tasks/{task_id}/heartbeat", callbacks.heartbeat, methods=["POST"]),
+    Route("/v1/tasks/{task_id}/metadata", metadata.patch_metadata, methods=["POST"]),
     Route("/v1/tasks/{task_id}/streams", streams.listing, methods=["GET"]),
     Route("/v1/tasks/{task_id}/streams/{name}", streams.append_or_page, methods=["GET", "POST"]),
     Route("/v1/tasks/{task_id}/streams/{name}/text", streams.text, methods=["GET"]),

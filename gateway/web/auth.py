@@ -198,6 +198,21 @@ class Guard:
         self._no_api_key_from(value, "a URL")
         self._tokens.check(value, task_id, "callback")
 
+    def patcher(self, conn: HTTPConnection, task_id: str) -> bool:
+        """A metadata patch's credential (protocol.md, Metadata): ``True`` for the task's callback token
+        (its worker's patch), ``False`` for the API key from the ``Authorization`` header (a backend's), or
+        none in open mode; as :meth:`producer` otherwise."""
+        value, from_header = credential(conn)
+        if value is None and self._api_key is None:
+            return False
+        if value is not None and from_header and self._is_api_key(value):
+            return False
+        if value is None:
+            raise Unauthorized("missing callback token (or the API key, in the Authorization header)")
+        self._no_api_key_from(value, "a URL")
+        self._tokens.check(value, task_id, "callback")
+        return True
+
     def tag_credential(self, value: str | None, tag: str, *, where: str) -> float | None:
         """``value`` for subscribing to ``tag`` (``where``: the message it came in): a tag token for this
         tag (its ``exp`` is returned: the subscription ends then), or none in open mode (``None``). A tag

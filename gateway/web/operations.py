@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.web import answers, tag_tokens, task_list, wire
+from gateway.web import answers, metadata, tag_tokens, task_list, wire
 
 REF = "#/components/schemas/{model}"
 
@@ -146,8 +146,11 @@ OPERATIONS: tuple[Operation, ...] = (
             401: "",
             403: "",
             408: "",
-            409: "`task-exists`: this id exists with other parameters (tags compared as a set)",
-            413: "",
+            404: "`unknown-task`: no task has the `parent` id",
+            409: "`task-exists`: this id exists with other parameters (tags compared as a set; title, parent "
+            "and progressFromChildren too); `parent-ended`: the parent has ended (the body carries it as "
+            "`task`)",
+            413: "`metadata-too-large`: `metadata` past 8192 bytes as compact JSON",
             415: "",
             503: "",
         },
@@ -168,8 +171,9 @@ OPERATIONS: tuple[Operation, ...] = (
         query=task_list.TaskListQuery,
         tags=("operator",),
         description="Every task, a page at a time, in id order; follow `nextCursor` until it is null. "
-        "With `tag` (repeatable: every one must match), the tasks carrying it, newest first. A tag token "
-        "lists only with its own tag among the `tag` parameters (else 403).",
+        "With `tag` (repeatable: every one must match), the tasks carrying it, newest first; with `parent`, "
+        "a batch's children, and with `title`, the tasks whose title contains a text, newest first. A tag "
+        "token lists only with its own tag among the `tag` parameters (else 403).",
     ),
     Operation(
         "get",
@@ -289,6 +293,32 @@ OPERATIONS: tuple[Operation, ...] = (
         description="Renews the lease of the running attempt (heartbeatMs from now, by the gateway's "
         "clock) and adds no history entry. On a task created without heartbeatMs it renews nothing and "
         "answers nulls: the attempt is still current.",
+    ),
+    Operation(
+        "post",
+        _TASK + "/metadata",
+        "Patch a task's metadata",
+        {200: answers.PatchedAnswer},
+        {
+            400: "",
+            401: "",
+            403: "",
+            404: "",
+            408: "",
+            409: "`stale-attempt`: attempt is not the task's current one; `not-running` (the callback token "
+            "only): the worker's attempt is over; the body carries the task beside the error",
+            413: "`metadata-too-large`: the metadata after the patch would pass 8192 bytes as compact JSON",
+            415: "",
+            429: "",
+            503: "",
+        },
+        security=(CALLBACK, API_KEY),
+        body=metadata.PatchBody,
+        tags=("worker", "backend"),
+        description="An RFC 7396 merge patch on the task's metadata (null removes a key, objects merge): no "
+        "history entry, version unchanged, revision + 1 when the metadata changed (then a `metadata` frame "
+        "reaches every subscriber). With the callback token: attempt required and fenced, the lease renewed, "
+        "counted with the callbacks; with the API key: any task, ended ones too.",
     ),
     Operation(
         "post",

@@ -37,13 +37,14 @@ from gateway.errors import (
 from gateway.frames import PONG, Frame, error_frame
 from gateway.live.feed import Feed
 from gateway.store.database import database_unavailable
+from gateway.tag_names import parent_key, parent_of
 from gateway.tokens import EXPIRED
 from gateway.web.auth import Grant, origin_allowed
 from gateway.web.context import Context, context_of
 from gateway.web.expiry import Expiries, end_subscription
 from gateway.web.extensions import DirectSocket, direct_socket
 from gateway.web.stream_wire import message_streams, query_streams
-from gateway.web.tag_messages import TagMessage, tag_message, tag_of
+from gateway.web.tag_messages import TagMessage, parent_of_message, tag_message, tag_of
 from gateway.web.wire import Cursor, message_cursor, query_cursor
 
 log = logging.getLogger("gateway")
@@ -250,8 +251,9 @@ async def handle_multi(
             return PONG
         if kind not in ("subscribe", "unsubscribe"):
             raise InvalidRequest(f"type: must be subscribe, unsubscribe or ping, got {_show(kind)}")
-        if "tag" in message:
-            tag = tag_of(message)
+        if "tag" in message or "parent" in message:
+            parent = parent_of_message(message)
+            tag = tag_of(message) if parent is None else parent_key(parent)
             tag_max = context.gateway.settings.tag_subscription_max
             await handle_tag(context, ws, feed, expiry, tag_message(kind, message, tag_max))
             return None
@@ -292,8 +294,15 @@ async def handle_tag(
     if message.kind == "unsubscribe":
         feed.unsubscribe_tag(message.tag)
         return
-    # A tag token for this tag (or none in open mode); never the API key, as for a task's subscribe.
-    exp = context.guard.tag_credential(message.token, message.tag, where="a subscribe message")
+    parent = parent_of(message.tag)
+    if parent is None:
+        # A tag token for this tag (or none in open mode); never the API key, as for a task's subscribe.
+        exp = context.guard.tag_credential(message.token, message.tag, where="a subscribe message")
+    else:  # a batch: the parent's subscribe token, or a tag token of a tag the parent carries
+        grant = context.guard.task_credential(message.token, parent, "subscribe", where="a subscribe message")
+        with grant.reading():
+            grant.check(await context.gateway.book.get(parent))
+        exp = grant.expires_at
     tag_sub = await feed.subscribe_tag(
         message.tag, message.cursors, context.gateway.settings.tag_subscription_max, message.epochs
     )

@@ -1,5 +1,6 @@
 """A ``/v1/ws`` message about a tag (protocol.md, Live: tags), validated: ``{"type": "subscribe", "tag",
-"token", "cursors"}`` or ``{"type": "unsubscribe", "tag"}``. Each refusal is ``invalid-request`` in words
+"token", "cursors"}`` or ``{"type": "unsubscribe", "tag"}``; or about a batch, the same with ``parent``
+instead of ``tag`` (protocol.md, Batches). Each refusal is ``invalid-request`` in words
 that name the field at fault."""
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import InvalidRequest
-from gateway.tag_names import MAX_TAG_LENGTH, check_tag
+from gateway.tag_names import MAX_TAG_LENGTH, check_tag, parent_key
+from gateway.web.task_ids import MAX_LENGTH as MAX_TASK_ID
 from gateway.web.wire import message_cursor
 
 
@@ -29,12 +31,27 @@ def tag_of(message: dict[str, Any]) -> str | None:
     return tag if isinstance(tag, str) and len(tag) <= MAX_TAG_LENGTH else None
 
 
+def parent_of_message(message: dict[str, Any]) -> str | None:
+    """The parent a message follows the batch of, once it is known to be one (for its error frame)."""
+    parent = message.get("parent")
+    return parent if isinstance(parent, str) and len(parent) <= MAX_TASK_ID else None
+
+
 def tag_message(kind: str, message: dict[str, Any], max_cursors: int) -> TagMessage:
-    """A ``subscribe`` or ``unsubscribe`` message that names a ``tag``; at most ``max_cursors`` cursors
+    """A ``subscribe`` or ``unsubscribe`` message that names a ``tag``, or a ``parent`` (a batch: its
+    ``tag`` is then the parent's key, ``gateway.tag_names.parent_key``); at most ``max_cursors`` cursors
     (GATEWAY_TAG_SUBSCRIPTION_MAX)."""
-    if "taskId" in message:
+    if "taskId" in message and "tag" in message:
         raise InvalidRequest("a message names a taskId or a tag, not both")
-    tag = check_tag(message.get("tag"))
+    if "parent" in message and ("taskId" in message or "tag" in message):
+        raise InvalidRequest("a message names a taskId, a tag or a parent: one of them")
+    if "parent" in message:
+        parent = message["parent"]
+        if not isinstance(parent, str) or not 1 <= len(parent) <= MAX_TASK_ID:
+            raise InvalidRequest(f"parent: must be a task id (a string of 1 to {MAX_TASK_ID} characters)")
+        tag = parent_key(parent)
+    else:
+        tag = check_tag(message.get("tag"))
     if kind == "unsubscribe":
         return TagMessage(kind, tag)
     token = message.get("token")

@@ -68,6 +68,15 @@ class TaskListQuery(BaseModel):
         description="newest: newest first (createdAtMs, then id, descending), as a list by tag always is; "
         "absent: id order (by tag: newest first)",
     )
+    parent: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None,
+        description="only the children of this task (protocol.md, Batches). With it the list is newest first",
+    )
+    title: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None,
+        description="only tasks whose title contains this text, letters' case aside. With it the list is "
+        "newest first",
+    )
     cursor: (
         Annotated[str, Field(max_length=1024, json_schema_extra={"pattern": PAGE_CURSOR_PATTERN})] | None
     ) = Field(
@@ -77,8 +86,8 @@ class TaskListQuery(BaseModel):
 
     @property
     def newest_first(self) -> bool:
-        """Whether the list is newest first: by tag, or asked for."""
-        return self.tag is not None or self.order == "newest"
+        """Whether the list is newest first: by tag, parent or title, or asked for."""
+        return self.tag is not None or self.order == "newest" or self.parent is not None or bool(self.title)
 
     def after(self) -> str | None:
         """Id order: the id the page starts after, from the cursor."""

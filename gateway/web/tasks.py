@@ -8,8 +8,10 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.book.beside import Beside
 from gateway.errors import InvalidRequest
 from gateway.machine import cancel_task, is_blank, task_to_json
+from gateway.metadata import EMPTY, encoded
 from gateway.web import render, task_list, wire
 from gateway.web.context import context_of
 from gateway.web.task_ids import task_id_problem
@@ -31,9 +33,20 @@ async def create_task(request: Request) -> Response:
         raise InvalidRequest(f"id: {problem}")
     if created_body.ttlMs > wire.MAX_TTL_MS:
         raise InvalidRequest(f"ttlMs: at most {wire.MAX_TTL_MS} (2**52, about 142,800 years)")
+    beside = Beside(
+        created_body.title,
+        encoded(created_body.metadata) if created_body.metadata is not None else EMPTY,
+        created_body.parent,
+        created_body.progressFromChildren,
+    )
     gw = context.gateway
     task, created = await gw.book.create(
-        task_id, created_body.ttlMs, created_body.maxAttempts, created_body.heartbeatMs, created_body.tags
+        task_id,
+        created_body.ttlMs,
+        created_body.maxAttempts,
+        created_body.heartbeatMs,
+        created_body.tags,
+        beside,
     )
     if created:
         gw.metrics.tasks_created.inc()
@@ -56,7 +69,12 @@ async def list_tasks(request: Request) -> Response:
         )
         return wire.JSON(task_list.task_page_json(found, query.limit))
     found = await context.gateway.tag_reads.list_tasks(
-        query.tag or (), state=query.state, before=query.before(), limit=query.limit + 1
+        query.tag or (),
+        state=query.state,
+        before=query.before(),
+        limit=query.limit + 1,
+        parent=query.parent,
+        title=query.title,
     )
     return wire.JSON(task_list.task_page_json(found, query.limit, newest_first=True))
 

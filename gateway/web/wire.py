@@ -37,8 +37,10 @@ from gateway.book.drain import MAX_LIMIT as DRAIN_MAX_LIMIT
 from gateway.errors import InvalidRequest
 from gateway.lease import MIN_HEARTBEAT_MS
 from gateway.machine import Event, Fail, Progress, Start, Succeed
+from gateway.metadata import MAX_METADATA_BYTES
 from gateway.web import task_ids
 from gateway.web.tags import TaskTags
+from gateway.web.task_fields import MetadataObject, Title
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -174,6 +176,21 @@ class CreateBody(_Body):
         default=(),
         description="the task's tags (owner:u42, project:7), at most 16, each once, fixed at creation "
         "(answered sorted): what GET /v1/tasks?tag= finds it by",
+    )
+    title: Title | None = Field(default=None, description="what a person reads where the task is shown")
+    metadata: MetadataObject | None = Field(
+        default=None,
+        description="live state beside the history, changed by POST /v1/tasks/{task_id}/metadata; "
+        f"at most {MAX_METADATA_BYTES} bytes as compact JSON (413 metadata-too-large past it)",
+    )
+    parent: TaskId | None = Field(
+        default=None,
+        description="the id of a task that has not ended: this task is one of its children, counted in its "
+        "children (404 unknown-task, 409 parent-ended)",
+    )
+    progressFromChildren: StrictBool = Field(
+        default=False,
+        description="the gateway moves this task's progress as its children end (ended x 100 / total)",
     )
 
 

@@ -195,6 +195,12 @@ TASK_JSON = {
     "createdAtMs": CREATED,
     "resultRef": RESULT_REF,
     "resultHash": RESULT_HASH,
+    # Revision 0012: no metadata, no change beside its history; its end is when revision 0004 found it ended
+    # (its terminal entry's time); its worker and start, which no row of 0.1.0 kept beside the history, are
+    # not shown.
+    "metadata": {},
+    "revision": 0,
+    "endedAtMs": CREATED + 20,
 }
 
 

@@ -20,11 +20,12 @@ import orjson
 import pytest
 import sqlalchemy
 
+from gateway.book.beside import Beside
 from gateway.book.book import EXPIRY_BATCH, Book, CallbackRequest
 from gateway.book.drain import KEEP_MS, Drained
 from gateway.book.stream_reads import StreamReads, Text
 from gateway.book.tag_reads import TagReads
-from gateway.errors import GatewayError
+from gateway.errors import Conflict, GatewayError, UnknownTask
 from gateway.jobs.retention import Retention
 from gateway.jobs.sweeper import sweep_once
 from gateway.machine import (
@@ -33,6 +34,7 @@ from gateway.machine import (
     Start,
     Succeed,
     apply_event,
+    cancel_task,
     create_task,
     event_to_json,
     expire_task,
@@ -43,6 +45,7 @@ from gateway.store.memory import MemoryStore
 from gateway.store.sql import SqlStore
 from gateway.store.transaction import SqlTx
 from gateway.streams import Append, Batch, Chunks, Head, Page
+from gateway.task_times import stamped
 from gateway.web.render import notifications_body
 from tests.support import FakeClock, opened, postgres_database
 
@@ -123,7 +126,11 @@ async def test_a_tasks_tags_and_creation_time_read_back_through_every_read_and_o
         await tx.record(expired, orjson.dumps(event_to_json(expired.entry.event)), due.expires_at_ms)  # type: ignore[union-attr]
     async with store.read() as tx:
         after = await tx.task("tagged")
-    assert after is not None and after.task == replace(expired.task, tags=TAGS, created_at_ms=1_234)
+    # Its end is its notification's time, which the store keeps (finished_at_ms).
+    ended = int(due.expires_at_ms)
+    assert after is not None and after.task == replace(
+        expired.task, tags=TAGS, created_at_ms=1_234, ended_at_ms=ended
+    )
     assert after.task.epoch == "epoch-tagged"
     assert after.task.state == "expired"
 
@@ -163,7 +170,8 @@ async def test_entries_append_in_order_with_the_task_and_the_outbox(store: Store
     async with store.write() as tx:
         await tx.record(expired, orjson.dumps(event_to_json(expired.entry.event)), 9_999)  # type: ignore[union-attr]
     async with store.read() as tx:
-        assert (await tx.task("t1")).task == expired.task  # type: ignore[union-attr]
+        # Its end is its notification's time, kept with it (retention counts from it).
+        assert (await tx.task("t1")).task == replace(expired.task, ended_at_ms=9_999)  # type: ignore[union-attr]
         assert [v for v, _ in await tx.entries("t1", 0, 100)] == [1, 2, 3, 4]
         assert await tx.entries("t1", 1, 3) == [(2, encoded[1]), (3, encoded[2])]
     async with store.write() as tx:
@@ -1447,3 +1455,217 @@ async def test_a_page_is_read_a_few_batches_at_a_time_from_where_the_read_starts
     assert (await reads.page("t", "log", 7, None, 2))[1] == Page(0, 0, [], False)
     with pytest.raises(GatewayError, match="unknown task nope"):
         await reads.page("nope", "output", 0, None, 10)
+
+
+# --- beside the history (issue 34): titles, metadata, batches, what the gateway records of runs -----------
+
+
+async def test_a_tasks_fields_beside_its_history_read_back_through_every_read_and_change_apart(
+    store: Store,
+) -> None:
+    """Its title, parent and progressFromChildren are written once; its metadata, revision and children
+    counts change apart from its history (``write_tasks``: no entry, version unchanged), and a transition
+    carries them; a rolled-back change of them leaves them as they were."""
+    task, ttl_ms, now = queued("child", tags=TAGS)
+    task = replace(task, title="Monthly export", parent="p", progress_from_children=True, metadata='{"a":1}')
+    async with store.write() as tx:
+        await tx.insert_task(task, ttl_ms, now)
+    async with store.read() as tx:
+        stored = await tx.task("child")
+        assert stored is not None and stored.task == task
+        assert await tx.list_tasks(state=None, after=None, limit=5) == [task]
+        assert await tx.newest_tasks(state=None, before=None, limit=5) == [task]
+        assert await tx.tagged_tasks(TAGS, state=None, before=None, limit=5) == [task]
+        assert (await tx.resume_rows({"child": 0}, 8))["child"][0] == task
+    counted = replace(task, metadata='{"a":2,"message":"page 3"}', revision=4, children=(3, 1, 1, 1, 0, 0))
+    with pytest.raises(RuntimeError):
+        async with store.write() as tx:
+            await tx.lock_tasks(["child"])
+            await tx.write_tasks([counted])
+            raise RuntimeError("rolled back")
+    async with store.read() as tx:
+        assert (await tx.task("child")).task == task  # type: ignore[union-attr]
+    async with store.write() as tx:
+        await tx.lock_tasks(["child"])
+        # The fields written at insert are not changed by a write, whatever the task says.
+        await tx.write_tasks([replace(counted, title="other", parent=None, progress_from_children=False)])
+    async with store.write() as tx:
+        locked = (await tx.lock_tasks(["child"]))["child"].task
+        assert locked == counted
+        started = stamped(apply_event(locked, Start(2_000, "w7")), 2_000)
+        await tx.record(started, orjson.dumps(event_to_json(started.entry.event)), 2_000)  # type: ignore[union-attr]
+    async with store.write() as tx:
+        locked = (await tx.lock_tasks(["child"]))["child"].task
+        assert locked == replace(
+            counted, state="running", attempts=1, version=1, worker="w7", started_at_ms=2_000
+        )
+        ended = apply_event(locked, Fail(2_500, "boom", False))
+        await tx.record(ended, orjson.dumps(event_to_json(ended.entry.event)), 2_600)  # type: ignore[union-attr]
+    async with store.read() as tx:
+        after = (await tx.task("child")).task  # type: ignore[union-attr]
+    # Its end is its notification's time, written with it (``finished_at_ms``: retention counts from it).
+    assert after == replace(ended.task, ended_at_ms=2_600)
+    assert (after.metadata, after.revision, after.children) == (counted.metadata, 4, (3, 1, 1, 1, 0, 0))
+
+
+async def test_a_parents_children_and_titles_are_listed_newest_first_paged(store: Store) -> None:
+    """``parent=``: one parent's children only (ix_tasks_parent), newest first, paged, by state too;
+    ``title=``: the titles that contain a text, case aside, its ``%`` and ``_`` taken as they are."""
+    made: dict[str, Any] = {}
+    for n, (task_id, parent, title) in enumerate(
+        [
+            ("p", None, "Import of 2,000 files"),
+            ("c1", "p", "file_1.csv"),
+            ("c2", "p", "FILE 2.csv"),
+            ("other", "q", "100% done"),
+            ("c3", "p", None),
+        ]
+    ):
+        task, ttl_ms, now = queued(task_id, now=1_000 + n)
+        made[task_id] = replace(task, parent=parent, title=title)
+        async with store.write() as writing:
+            await writing.insert_task(made[task_id], ttl_ms, now)
+    async with store.write() as writing:
+        c2 = (await writing.lock_tasks(["c2"]))["c2"].task
+        await writing.record(apply_event(c2, Start(2_000, "w")), b'{"type":"start"}', 2_000)
+    async with store.read() as tx:
+        children = await tx.newest_tasks(state=None, before=None, limit=5, parent="p")
+        assert [t.id for t in children] == ["c3", "c2", "c1"]
+        page = await tx.newest_tasks(state=None, before=(1_004, "c3"), limit=1, parent="p")
+        assert [t.id for t in page] == ["c2"]
+        assert [t.id for t in await tx.newest_tasks(state="queued", before=None, limit=5, parent="p")] == [
+            "c3",
+            "c1",
+        ]
+        assert await tx.newest_tasks(state=None, before=None, limit=5, parent="nobody") == []
+        assert await tx.newest_tasks(state=None, before=None, limit=5, parent="nul\x00") == []
+
+        async def titled(text: str) -> list[str]:
+            return [t.id for t in await tx.newest_tasks(state=None, before=None, limit=5, title=text)]
+
+        assert await titled("file") == ["c2", "c1", "p"]
+        assert await titled("file_") == ["c1"]  # "_" is no wildcard
+        assert await titled("0%") == ["other"]  # nor "%"
+        assert await titled("% d") == ["other"]
+        assert await titled("nothing") == []
+        assert await titled("") == [t.id for t in await tx.newest_tasks(state=None, before=None, limit=5)]
+        both = await tx.newest_tasks(state=None, before=None, limit=5, parent="p", title="csv")
+        assert [t.id for t in both] == ["c2", "c1"]
+
+
+async def children_in_store(store: Store, parent: str) -> tuple[int, ...]:
+    """A count of the parent's children by state, from their rows: what its counts must equal."""
+    async with store.read() as tx:
+        children = await tx.newest_tasks(state=None, before=None, limit=500, parent=parent)
+    states = [t.state for t in children]
+    return (len(states), *(states.count(s) for s in ("queued", "running", "succeeded", "failed", "expired")))
+
+
+async def test_a_parents_counts_move_in_the_transaction_of_each_childs_creation_and_change(
+    store: Store,
+) -> None:
+    """Through the book: a child counted at its creation, then at each change of state (a cancel counts as
+    failed, a requeue back to queued, an expiry as expired), after its parent ended too; a parent created
+    with progressFromChildren moved by the gateway only upward and only while it runs; every count equal
+    to a count of the children's rows."""
+    clock = FakeClock(1_000)
+    book = Book(store, clock)
+    parent, _ = await book.create("p", 60_000, 1, beside=Beside(title="Import", progress_from_children=True))
+    assert parent.children is None
+    for n in range(4):
+        await book.create(f"c{n}", 1_000 if n == 3 else 60_000, 2, beside=Beside(parent="p"))
+    with pytest.raises(UnknownTask):
+        await book.create("orphan", 60_000, 1, beside=Beside(parent="nobody"))
+    counts = (await book.get("p")).children
+    assert counts == (4, 4, 0, 0, 0, 0) == await children_in_store(store, "p")
+    assert (await book.get("p")).revision == 4
+    await book.callback("p", lambda now: Start(now, "boss"))
+    await book.callback("c0", lambda now: Start(now, "w0"))
+    await book.callback("c1", lambda now: Start(now, "w1"))
+    await book.callback("c1", lambda now: Succeed(now, "r", "h"))
+    assert (await book.get("p")).children == (4, 2, 1, 1, 0, 0) == await children_in_store(store, "p")
+    # progressFromChildren: 1 of 4 ended -> 25, an entry of the gateway's with its mark.
+    after = await book.get("p")
+    assert (after.progress, after.revision) == (25, 7)
+    async with store.read() as tx:
+        (last,) = await tx.entries("p", after.version - 1, after.version)
+    assert orjson.loads(last[1]) == {
+        "type": "progress",
+        "atMs": 1_000,
+        "progress": 25,
+        "cursor": "children:1/4",
+    }
+    await book.callback("c0", lambda now: Fail(now, "again", True))  # requeued: running -> queued
+    await book.act("c2", lambda task, now: cancel_task(task, now, "not wanted"))  # failed
+    assert (await book.get("p")).children == (4, 2, 0, 1, 1, 0) == await children_in_store(store, "p")
+    assert (await book.get("p")).progress == 50
+    clock.advance(1_000)
+    assert await book.expire_due() == 1  # c3
+    assert (await book.get("p")).children == (4, 1, 0, 1, 1, 1) == await children_in_store(store, "p")
+    assert (await book.get("p")).progress == 75
+    # The parent ends: no child is added any more, but those it has are still counted.
+    await book.act("p", lambda task, now: cancel_task(task, now))
+    with pytest.raises(Conflict) as refused:
+        await book.create("late", 60_000, 1, beside=Beside(parent="p"))
+    assert refused.value.code == "parent-ended" and refused.value.task is not None
+    await book.callback("c0", lambda now: Start(now, "w0"))
+    await book.callback("c0", lambda now: Succeed(now, "r", "h"))
+    ended = await book.get("p")
+    assert ended.children == (4, 0, 0, 2, 1, 1) == await children_in_store(store, "p")
+    assert (ended.state, ended.progress) == ("failed", 75)  # not moved once it ended
+    async with store.read() as tx:
+        assert await tx.task("late") is None and await tx.task("orphan") is None
+
+
+async def test_a_create_again_compares_its_title_parent_and_progress_from_children_not_its_metadata(
+    store: Store,
+) -> None:
+    book = Book(store, FakeClock(1_000))
+    await book.create("p", 60_000, 1)
+    made, created = await book.create("c", 60_000, 1, beside=Beside("Sales", '{"n":1}', "p"))
+    assert created and (made.title, made.metadata, made.parent) == ("Sales", '{"n":1}', "p")
+    again, created = await book.create("c", 60_000, 1, beside=Beside("Sales", '{"n":2}', "p"))
+    assert not created and again == made  # counted once; its metadata as it is
+    assert (await book.get("p")).children == (1, 1, 0, 0, 0, 0)
+    for other in (
+        Beside("Other", '{"n":1}', "p"),
+        Beside("Sales", "{}", None),
+        Beside("Sales", "{}", "p", True),
+    ):
+        with pytest.raises(Conflict) as refused:
+            await book.create("c", 60_000, 1, beside=other)
+        assert refused.value.code == "task-exists"
+
+
+async def test_the_last_starts_worker_and_time_and_the_end_are_recorded_with_the_entries(
+    store: Store,
+) -> None:
+    clock = FakeClock(1_000)
+    book = Book(store, clock)
+    await book.create("t", 60_000, 2)
+    await book.callback("t", lambda now: Start(now, "first"))
+    clock.advance(10)
+    requeued = (await book.callback("t", lambda now: Fail(now, "flaky", True))).transition.task
+    assert (requeued.worker, requeued.started_at_ms, requeued.ended_at_ms) == ("first", 1_000, None)
+    clock.advance(10)
+    await book.callback("t", lambda now: Start(now, "second"))
+    clock.advance(10)
+    done = (await book.callback("t", lambda now: Succeed(now, "r", "h"))).transition.task
+    assert (done.worker, done.started_at_ms, done.ended_at_ms) == ("second", 1_020, 1_030)
+    assert await book.get("t") == done
+
+
+async def test_a_child_is_never_forgotten_before_its_parent(store: Store) -> None:
+    """Retention keeps a finished child while its parent is there (protocol.md, Batches), and takes it once
+    the parent is gone; a parent is never held by its children."""
+    book = Book(store, FakeClock(1_000))
+    await book.create("p", 60_000, 1)
+    await book.create("c", 60_000, 1, beside=Beside(parent="p"))
+    for task_id in ("c", "p"):
+        await book.act(task_id, lambda task, now: cancel_task(task, now))
+    await book.drain(notifications_body)
+    async with store.write() as tx:
+        assert await tx.claim_finished(1_000, None, 10, relay=False) == [(1_000, "p")]
+        assert await tx.forget(["p"]) == 1
+    async with store.write() as tx:
+        assert await tx.claim_finished(1_000, None, 10, relay=False) == [(1_000, "c")]

@@ -125,11 +125,11 @@ async def issue_tag_token(
 
 
 def error(answer: httpx.Response, status: int, code: str) -> str:
-    """Check an error answer's status and shape (protocol.md, Errors: a ``not-running`` carries the task
-    beside the error); return its message."""
+    """Check an error answer's status and shape (protocol.md, Errors: a ``not-running`` and a
+    ``parent-ended`` carry the task beside the error); return its message."""
     assert answer.status_code == status, answer.text
     body = answer.json()
-    shape = {"error", "task"} if code == "not-running" else {"error"}
+    shape = {"error", "task"} if code in ("not-running", "parent-ended") else {"error"}
     assert set(body) == shape and set(body["error"]) == {"code", "message"}, body
     assert body["error"]["code"] == code, body
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]

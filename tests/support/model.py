@@ -8,7 +8,9 @@ shapes (camelCase), without tokens:
 - ``create``: the same id with the same parameters is idempotent (200, the current task); other parameters
   are ``409 task-exists`` (the task life's book would silently overwrite). The task carries the gateway's own
   three fields: ``createdAtMs`` (``now_ms`` at create), ``tags`` (none: the model's creates name none) and
-  ``epoch`` (made at random by the gateway: given to the model, ``""`` for none).
+  ``epoch`` (made at random by the gateway: given to the model, ``""`` for none); and those beside the
+  history a create without them has (``metadata`` ``{}``, ``revision`` 0), with what the gateway records of
+  the runs (``gateway.task_times``: the last start's worker and time, when the task ended).
 - ``events``: protocol.md's resume (Resuming), but a cursor ahead of the task is a snapshot
   (``cursor-ahead``); a snapshot carries its ``reason``; a cursor outside 0 to 2**53 - 1 is
   ``invalid-request`` in the protocol's words (``cursor: ...``), not the task life's own (``cursorVersion``),
@@ -37,6 +39,7 @@ from typing import Any
 
 from gateway import machine as m
 from gateway.errors import Conflict, GatewayError, InvalidRequest, UnknownTask
+from gateway.task_times import stamped
 
 MAX_CURSOR = 2**53 - 1  # the largest cursor the protocol takes (JavaScript's largest safe integer)
 
@@ -286,7 +289,7 @@ class Model:
             )
         # 5. the state machine: an invalid event is not remembered
         try:
-            transition = m.apply_event(task, event)
+            transition = stamped(m.apply_event(task, event), now_ms)
         except InvalidRequest as error:
             return _error(error)
         if callback_id is not None:
@@ -311,7 +314,7 @@ class Model:
         task = self.tasks.get(task_id)
         if task is None:
             return _error(UnknownTask(task_id))
-        transition = m.cancel_task(task, now_ms, reason)
+        transition = stamped(m.cancel_task(task, now_ms, reason), now_ms)
         self._record(transition, now_ms)
         return 200, {
             "changed": transition.changed,
@@ -326,7 +329,7 @@ class Model:
         expired = []
         for task_id, task in sorted(self.tasks.items()):
             if not task.terminal and now_ms >= task.expires_at_ms:
-                self._record(m.expire_task(task), task.expires_at_ms)
+                self._record(stamped(m.expire_task(task), task.expires_at_ms), task.expires_at_ms)
                 expired.append(task_id)
         return expired
 

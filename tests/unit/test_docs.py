@@ -56,12 +56,14 @@ def error_codes() -> set[str]:
     }
     web = sorted((ROOT / "gateway" / "web").glob("*.py"))
     streams = ROOT / "gateway" / "streams.py"
-    for path in [ROOT / "gateway" / "book" / "book.py", ROOT / "gateway" / "lease.py", streams, *web]:
+    book = sorted((ROOT / "gateway" / "book").glob("*.py"))
+    for path in [*book, ROOT / "gateway" / "lease.py", streams, *web]:
         codes |= _strings_in_calls(path, {"Conflict"}, 0)
-    # An error of another class under a code of its own (413 stream-full).
-    for node in ast.walk(ast.parse(streams.read_text())):
-        if isinstance(node, ast.keyword) and node.arg == "code" and isinstance(node.value, ast.Constant):
-            codes.add(str(node.value.value))
+    # An error of another class under a code of its own (413 stream-full, 413 metadata-too-large).
+    for path in (streams, ROOT / "gateway" / "metadata.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "code" and isinstance(node.value, ast.Constant):
+                codes.add(str(node.value.value))
     return codes
 
 
@@ -91,6 +93,8 @@ def test_every_error_code_and_close_code_is_documented() -> None:
         "unavailable",
         "seq-gap",
         "stream-full",
+        "parent-ended",
+        "metadata-too-large",
     } <= codes
     assert [c for c in sorted(codes) if not documented(c)] == []
     assert set(typing.get_args(answers.ErrorCode)) == codes

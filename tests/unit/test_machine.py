@@ -587,6 +587,9 @@ def test_task_to_json_omits_absent_optional_fields() -> None:
         # The gateway's own fields, always there: none and 0 until the book sets them (create_task does not).
         "tags": [],
         "createdAtMs": 0,
+        # Beside the history (issue 34): always there, {} and 0 for none.
+        "metadata": {},
+        "revision": 0,
     }
     assert "resultRef" not in data and "resultHash" not in data and "error" not in data
 
@@ -604,6 +607,8 @@ def test_task_to_json_includes_present_optional_fields() -> None:
         "createdAtMs": 0,
         "resultRef": "ref-1",
         "resultHash": "hash-1",
+        "metadata": {},
+        "revision": 0,
     }
     assert task_to_json(failed())["error"] == "boom"
     assert "resultRef" not in task_to_json(failed())
