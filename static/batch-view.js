@@ -13,11 +13,20 @@
  *
  * State for tests: `.batch[data-total][data-ended][data-queued][data-running][data-succeeded][data-failed]
  * [data-expired]`, each child `li.child[data-task-id][data-state][data-progress]` with `.child-title`,
- * `.state-badge` and `.child-line`.
+ * `.state-badge`, `.child-line` (its status line) and `.child-error` (why a failed one failed).
  */
 
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
-import { childrenEnded, childrenWords, shownState, statusLine, stateWord, taskName } from "./state-words.js";
+import {
+  childrenEnded,
+  childrenWords,
+  errorWords,
+  sentence,
+  shownState,
+  statusLine,
+  stateWord,
+  taskName,
+} from "./state-words.js";
 
 // The most children a card lists (a bigger batch says how many are left out; All tasks lists them all).
 export const SHOWN = 100;
@@ -38,12 +47,9 @@ function createdFirst(a, b) {
   return byName !== 0 ? byName : a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
 }
 
-/** A child's line under its title: its status line, else what it waits for. */
-function childLine(task) {
-  const line = statusLine(task);
-  if (line) return line;
-  if (task.state === "queued") return task.attempts > 0 ? "Waiting for its next attempt" : "Waiting for a worker";
-  return "";
+/** Why a child failed, in its worker's words ("" unless it failed; a cancelled one reads Cancelled). */
+function childError(task) {
+  return task.state === "failed" && task.error && task.error !== "cancelled" ? sentence(errorWords(task.error)) : "";
 }
 
 export class BatchView {
@@ -102,6 +108,7 @@ export class BatchView {
           el("span", { className: "state-badge" }),
         ),
         el("p", { className: "child-line" }),
+        el("p", { className: "child-error" }),
       );
       row.dataset.taskId = task.id;
       known = { task, row };
@@ -118,9 +125,12 @@ export class BatchView {
     title.href = `/?task=${encodeURIComponent(task.id)}`;
     row.querySelector(".state-badge").textContent =
       task.state === "running" && task.progress > 0 ? `${stateWord(task)} ${task.progress}%` : stateWord(task);
-    const line = childLine(task);
+    const line = statusLine(task);
     row.querySelector(".child-line").textContent = line;
     row.querySelector(".child-line").hidden = !line;
+    const error = childError(task);
+    row.querySelector(".child-error").textContent = error;
+    row.querySelector(".child-error").hidden = !error;
     if (row.parentNode !== this.list || created !== task.createdAtMs) this.place(known);
     this.renderMore();
   }
