@@ -15,7 +15,7 @@ retries take the same batch: at least once). A 4xx raises :class:`~gateway.clien
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import httpx
@@ -91,13 +91,35 @@ class AsyncBackend(_Sender[httpx.AsyncClient]):
         max_attempts: int = 1,
         heartbeat_ms: int | None = None,
         tags: Sequence[str] = (),
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        parent: str | None = None,
+        progress_from_children: bool = False,
     ) -> Created:
         """``POST /v1/tasks``; ``task_id`` ``None``: a fresh UUID (named here, so that a retry cannot
-        make a second task)."""
+        make a second task). ``title``: what a person reads for the task (1 to 200 characters);
+        ``metadata``: its first metadata (a JSON object, at most 8 KiB); ``parent``: the batch it is a
+        child of (a task that has not ended); ``progress_from_children``: the gateway moves this task's
+        progress as its children end (protocol.md, Batches)."""
         call = self.wire.create(
-            task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
+            task_id,
+            ttl_ms=ttl_ms,
+            max_attempts=max_attempts,
+            heartbeat_ms=heartbeat_ms,
+            tags=tags,
+            title=title,
+            metadata=metadata,
+            parent=parent,
+            progress_from_children=progress_from_children,
         )
         return await self._run(call)
+
+    async def patch_metadata(
+        self, task_id: str, patch: Mapping[str, Any], *, attempt: int | None = None
+    ) -> dict[str, Any]:
+        """Merge ``patch`` into the task's metadata (RFC 7396: ``None`` removes a key), with the API key:
+        any task, an ended one too (``attempt``: only while that attempt runs). Returns the task's JSON."""
+        return await self._run(self.wire.patch_metadata(task_id, patch, attempt))
 
     async def tag_token(self, tag: str, *, ttl_s: int | None = None) -> TagToken:
         return await self._run(self.wire.tag_token(tag, ttl_s=ttl_s))
@@ -168,13 +190,35 @@ class Backend(_Sender[httpx.Client]):
         max_attempts: int = 1,
         heartbeat_ms: int | None = None,
         tags: Sequence[str] = (),
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        parent: str | None = None,
+        progress_from_children: bool = False,
     ) -> Created:
         """``POST /v1/tasks``; ``task_id`` ``None``: a fresh UUID (named here, so that a retry cannot
-        make a second task)."""
+        make a second task). ``title``: what a person reads for the task (1 to 200 characters);
+        ``metadata``: its first metadata (a JSON object, at most 8 KiB); ``parent``: the batch it is a
+        child of (a task that has not ended); ``progress_from_children``: the gateway moves this task's
+        progress as its children end (protocol.md, Batches)."""
         call = self.wire.create(
-            task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
+            task_id,
+            ttl_ms=ttl_ms,
+            max_attempts=max_attempts,
+            heartbeat_ms=heartbeat_ms,
+            tags=tags,
+            title=title,
+            metadata=metadata,
+            parent=parent,
+            progress_from_children=progress_from_children,
         )
         return self._run(call)
+
+    def patch_metadata(
+        self, task_id: str, patch: Mapping[str, Any], *, attempt: int | None = None
+    ) -> dict[str, Any]:
+        """Merge ``patch`` into the task's metadata (RFC 7396: ``None`` removes a key), with the API key:
+        any task, an ended one too (``attempt``: only while that attempt runs). Returns the task's JSON."""
+        return self._run(self.wire.patch_metadata(task_id, patch, attempt))
 
     def tag_token(self, tag: str, *, ttl_s: int | None = None) -> TagToken:
         return self._run(self.wire.tag_token(tag, ttl_s=ttl_s))

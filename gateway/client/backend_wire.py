@@ -7,7 +7,7 @@ Deliveries, Notifications).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -29,6 +29,7 @@ MAX_HEARTBEAT_MS = MAX_TTL_MS
 MAX_TAGS = 16
 TAG_PATTERN = "^[A-Za-z0-9:._@-]{1,128}$"
 TAG_RULE = "1 to 128 characters of A-Z, a-z, 0-9 and : . _ @ -"
+MAX_TITLE_CHARS = 200  # a title is 1 to 200 characters, not blank, no control characters
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,11 @@ def _created(response: httpx.Response) -> Created:
     return Created(body["task"], body["callbackToken"], body["subscribeToken"], response.status_code == 201)
 
 
+def _task(response: httpx.Response) -> dict[str, Any]:
+    task: dict[str, Any] = response.json()["task"]
+    return task
+
+
 def _tag_token(response: httpx.Response) -> TagToken:
     body = response.json()
     return TagToken(body["token"], int(body["expiresAtMs"]))
@@ -142,6 +148,10 @@ class Wire:
         max_attempts: int,
         heartbeat_ms: int | None,
         tags: Sequence[str],
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        parent: str | None = None,
+        progress_from_children: bool = False,
     ) -> Call[Created]:
         # Without an id the client names the task (a UUID, as the gateway would): a retry of a create whose
         # answer was lost then finds the task it made instead of making a second one.
@@ -151,8 +161,35 @@ class Wire:
             body["heartbeatMs"] = heartbeat_ms
         if tags:
             body["tags"] = list(tags)
+        if title is not None:
+            body["title"] = title
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        if parent is not None:
+            body["parent"] = parent
+        if progress_from_children:
+            body["progressFromChildren"] = True
         url = f"{self.base_url}/v1/tasks"
         return Call("POST", url, _created, body, headers=self.headers, task_id=task_id)
+
+    def patch_metadata(
+        self, task_id: str, patch: Mapping[str, Any], attempt: int | None
+    ) -> Call[dict[str, Any]]:
+        """``POST /v1/tasks/{id}/metadata`` with the API key: the task's JSON after the merge patch (any
+        task, ended ones included; fenced by ``attempt`` when given). A patch is idempotent: its retries
+        after a lost answer change nothing more."""
+        body: dict[str, Any] = {"patch": dict(patch)}
+        if attempt is not None:
+            body["attempt"] = attempt
+        url = self._task_url(task_id, "/metadata")
+        return Call("POST", url, _task, body, headers=self.headers, task_id=task_id)
+
+    def callback(self, task_id: str, token: str, body: Mapping[str, Any]) -> Call[dict[str, Any]]:
+        """A callback with the task's callback token, for a task no ``Worker`` runs (a queue's batch's
+        parent, which the integrations start and end); safe to repeat when it carries a ``callbackId``."""
+        headers = {"Authorization": f"Bearer {token}"}
+        url = self._task_url(task_id, "/callbacks")
+        return Call("POST", url, _json, dict(body), headers=headers, task_id=task_id)
 
     def tag_token(self, tag: str, *, ttl_s: int | None) -> Call[TagToken]:
         body: dict[str, Any] = {"tag": tag} if ttl_s is None else {"tag": tag, "ttlS": ttl_s}

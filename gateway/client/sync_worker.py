@@ -13,7 +13,7 @@ task was cancelled), the job's next call raises :class:`~gateway.client.AttemptO
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, TypeVar
@@ -131,6 +131,15 @@ class SyncWorker:
         """:meth:`Worker.write <gateway.client.Worker.write>`: ``text`` appended to the stream ``name``,
         buffered (sent within 50 ms inside ``with``; at 64 KiB this call waits for the gateway's answer)."""
         self._call(self.worker.write, name, text)
+
+    def metadata(self, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`Worker.metadata <gateway.client.Worker.metadata>`: ``patch`` merged into the task's
+        metadata, as this worker's attempt (waits for the answer)."""
+        return self._call(self.worker.metadata, patch)
+
+    def message(self, text: str) -> dict[str, Any]:
+        """:meth:`Worker.message <gateway.client.Worker.message>`: the status line, ``metadata.message``."""
+        return self._call(self.worker.message, text)
 
     def flush(self) -> None:
         """:meth:`Worker.flush <gateway.client.Worker.flush>`: send everything written, now."""

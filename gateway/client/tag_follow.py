@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from gateway.client.errors import WatchError
+from gateway.client.revisions import LIVE_TYPES, Revisions
 
 RESUME_TYPES = frozenset({"caught-up", "delta", "snapshot"})
 # Error codes about a tag subscription that retrying cannot cure.
@@ -76,6 +77,7 @@ class TagFollower:
         self._cap: int | None = None  # the most cursors to send, once the gateway has shown its limit
         self._sent = 0  # how many cursors the last subscribe sent
         self._bytes = (MESSAGE_BYTES_BEFORE_AUTH, MESSAGE_BYTES)  # the room for a message, before/after auth
+        self._revisions = Revisions()  # of each task's metadata and children, as handed on
 
     def subscribe_message(self, *, authorized: bool = False) -> str:
         """The subscribe message with the cursors of the newest tasks that fit the gateway's limit on a
@@ -124,6 +126,9 @@ class TagFollower:
             self._awaiting.add(task_id)
             return frame, Then.NOTHING
         task_id = frame.get("taskId")
+        if kind in LIVE_TYPES:  # a task's metadata or children: not older than what was handed on
+            taken = task_id in self._known and self._revisions.take(frame)
+            return (frame if taken else None), Then.NOTHING
         if task_id not in self._known or not isinstance(frame.get("task"), dict):
             return None, Then.NOTHING
         cursor = self.cursors.get(task_id)
@@ -150,6 +155,7 @@ class TagFollower:
             return None, Then.NOTHING
         self.cursors[task_id] = version
         self.tasks[task_id] = frame["task"]
+        self._revisions.task(task_id, frame["task"])
         epoch = frame["task"].get("epoch")
         if isinstance(epoch, str):
             self.epochs[task_id] = epoch
@@ -174,6 +180,7 @@ class TagFollower:
         self.cursors.pop(task_id, None)
         self.epochs.pop(task_id, None)
         self.tasks.pop(task_id, None)
+        self._revisions.forget(task_id)
 
     def _error(self, frame: dict[str, Any]) -> Then:
         code = str(frame.get("code", ""))

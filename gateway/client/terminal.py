@@ -71,10 +71,12 @@ async def watch_in_terminal(
     if stream is not None:
         return await _exit_code(_stream_in_terminal(base_url, task_id, token, cursor, stream))
     console = console or _Console()
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn())
+    # A title is the user's text, never rich markup.
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn())
 
     async def shown() -> str:
         state = "unknown"
+        line = _Line()  # the title, the status line and the batch's counts, each printed when it changes
         with ExitStack() as stack:
             progress: Progress | None = None  # the bar, from the first frame on
             frames = watch(base_url, {task_id: token}, cursors={task_id: cursor}, on_status=_say_status)
@@ -83,9 +85,15 @@ async def watch_in_terminal(
                     if progress is None:
                         progress = stack.enter_context(Progress(*columns, console=console, transient=False))
                         bar = progress.add_task(task_id, total=100)
+                    kind = frame["type"]
+                    if kind in ("metadata", "children"):
+                        for said in line.live(frame):
+                            progress.console.print(said, markup=False, highlight=False)  # the user's text
+                        continue
                     task = frame["task"]
                     state = task["state"]
-                    kind = frame["type"]
+                    for said in line.task(task_id, task):
+                        progress.console.print(said, markup=False, highlight=False)
                     if kind == "event":
                         progress.console.print(f"v{frame['version']}  {describe(frame['event'])}")
                     else:
@@ -96,7 +104,8 @@ async def watch_in_terminal(
                     progress.update(
                         bar,
                         completed=task["progress"],
-                        description=f"{task_id}  {state}  attempt {task['attempts']}/{task['maxAttempts']}",
+                        description=f"{line.name or task_id}  {state}  "
+                        f"attempt {task['attempts']}/{task['maxAttempts']}",
                     )
         console.print(f"{task_id}: {state}")
         return state
@@ -135,7 +144,7 @@ async def _stream_in_terminal(base_url: str, task_id: str, token: str | None, cu
             elif kind == "event":
                 state = frame["task"]["state"]
                 note(f"v{frame['version']}  {describe(frame['event'])}")
-            elif kind != "end":
+            elif kind not in ("end", "metadata", "children"):
                 state = frame["task"]["state"]
                 note(f"v{frame['version']}  {kind}: {_summary(frame['task'])}")
     if not ends_line:
@@ -156,6 +165,65 @@ async def _exit_code(shown: Awaitable[str]) -> int:
     return EXIT_CODES.get(state, EXIT_ERROR)
 
 
+class _Line:
+    """What ``gateway watch`` prints of a task beside its history: its title (with its id, once), its status
+    line (``metadata.message``) and a batch's counts, each when it changes; a frame's or a task's metadata
+    and counts only when not older than those printed (their ``revision``: a metadata frame may come before
+    an event frame whose task holds the metadata before it)."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None  # the title, once known
+        self.message: str | None = None
+        self.children: dict[str, Any] | None = None
+        self.revision = -1
+
+    def task(self, task_id: str, task: dict[str, Any]) -> list[str]:
+        said = []
+        title = task.get("title")
+        if isinstance(title, str) and title != self.name:
+            self.name = title
+            said.append(f"{title}  ({task_id})")
+        if not self._newer(task.get("revision")):
+            return said
+        said += self._message(task.get("metadata"))
+        said += self._children(task.get("children"))
+        return said
+
+    def live(self, frame: dict[str, Any]) -> list[str]:
+        if not self._newer(frame.get("revision")):
+            return []
+        if frame["type"] == "metadata":
+            return self._message(frame.get("metadata"))
+        return self._children(frame.get("children"))
+
+    def _newer(self, revision: Any) -> bool:
+        """Whether what carries ``revision`` is not older than what was printed (no revision: taken)."""
+        if not isinstance(revision, int):
+            return True
+        if revision < self.revision:
+            return False
+        self.revision = revision
+        return True
+
+    def _message(self, metadata: Any) -> list[str]:
+        text = metadata.get("message") if isinstance(metadata, dict) else None
+        if not isinstance(text, str) or text == self.message:
+            return []
+        self.message = text
+        return [f"  {text}"]
+
+    def _children(self, children: Any) -> list[str]:
+        if not isinstance(children, dict) or children == self.children:
+            return []
+        self.children = children
+        counts = ", ".join(f"{children.get(k, 0)} {k}" for k in COUNTED)
+        return [f"  children: {children.get('total', 0)} ({counts})"]
+
+
+# A batch's counts, in the order printed.
+COUNTED = ("queued", "running", "succeeded", "failed", "expired")
+
+
 def _say_status(status: LinkStatus) -> None:
     # Once per change of the link or distinct failure, never once per attempt.
     print(status.message, file=sys.stderr, flush=True)
@@ -171,6 +239,7 @@ async def watch_tag_in_terminal(base_url: str, tag: str, token: str | None) -> i
     token, a token for another tag) or cannot be a gateway."""
     shown: set[str] = set()  # the tasks whose state was printed once
     ended: set[str] = set()  # the tasks whose end was printed
+    lines: dict[str, _Line] = {}  # each task's title, status line and counts, as printed
 
     def out(line: str) -> None:
         print(line, flush=True)
@@ -188,7 +257,14 @@ async def watch_tag_in_terminal(base_url: str, tag: str, token: str | None) -> i
                 if kind == "added":
                     out(f"{frame['taskId']}  added")
                     continue
+                line = lines.setdefault(frame["taskId"], _Line())
+                if kind in ("metadata", "children"):
+                    for said in line.live(frame):
+                        out(f"{frame['taskId']}{said}")
+                    continue
                 task_id, task, version = frame["taskId"], frame["task"], frame["version"]
+                for said in line.task(task_id, task):
+                    out(said if said.endswith(f"({task_id})") else f"{task_id}{said}")
                 if kind == "event":
                     out(f"{task_id}  v{version}  {describe(frame['event'])}")
                 elif task_id not in shown:

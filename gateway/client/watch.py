@@ -9,7 +9,9 @@ terminal. Given ``streams``, it also yields each task's ``chunks`` and ``end`` f
 (docs/protocol.md, "Streams"), resumes each stream from the offset after its last chunk yielded, and ends
 a task once its streams' ``end`` frames have come too. ``watch_tag`` follows every task carrying a tag,
 those there are and those created later, with a cursor per task (``tag_follow.py``); it ends only when its
-caller stops. What they yield is exactly what the server sent, so a caller can apply frames in order and
+caller stops. Both also yield each task's ``metadata`` and ``children`` frames (protocol.md: its live
+metadata, a batch's counts), none older than the ``revision`` already yielded (``revisions.py``). What they
+yield is exactly what the server sent, so a caller can apply frames in order and
 hold the exact task state.
 """
 
@@ -26,6 +28,7 @@ from websockets.exceptions import ConnectionClosed
 from gateway.client.backoff import Backoff
 from gateway.client.errors import WatchError
 from gateway.client.link import LinkStatus, linked, log_status, ws_url
+from gateway.client.revisions import LIVE_TYPES, Revisions
 from gateway.client.tag_follow import TagFollower, Then, cursor_of
 
 __all__ = ["LinkStatus", "WatchError", "log_status", "watch", "watch_tag", "ws_url"]
@@ -66,6 +69,7 @@ async def watch(
     offsets = {task_id: dict((streams or {}).get(task_id, {})) for task_id in tokens}
     ended: set[str] = set()  # tasks whose terminal frame was yielded (their streams' end may be to come)
     done: set[str] = set()  # tasks with nothing more to yield
+    revisions = Revisions()  # of each task's metadata and children, as yielded
     backoff = backoff or Backoff()
 
     def subscribe(task_id: str) -> str:
@@ -85,6 +89,10 @@ async def watch(
                     raise WatchError(frame["code"], frame.get("message", ""), task_id)
                 continue
             if task_id not in cursor or task_id in done:
+                continue
+            if kind in LIVE_TYPES:
+                if task_id not in ended and revisions.take(frame):
+                    yield frame
                 continue
             if kind in ("chunks", "end"):
                 # Before a resubscription's resume frame, the earlier subscription's: the new one sends the
@@ -117,6 +125,7 @@ async def watch(
             else:
                 continue
             cursor[task_id] = frame["version"]
+            revisions.task(task_id, frame["task"])
             held = frame["task"].get("epoch")
             if isinstance(held, str):  # a snapshot of a task made again under the id brings its own
                 epoch[task_id] = held

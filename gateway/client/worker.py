@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -64,6 +65,7 @@ from gateway.client.errors import (
     ignored,
 )
 from gateway.client.exchange import asend, tries
+from gateway.client.merge_patch import MESSAGE, check_patch
 from gateway.client.retake import TakeBack, WentOn, lost, outlived
 from gateway.client.worker_streams import StreamWriting, refusal
 
@@ -113,6 +115,7 @@ class Worker(StreamWriting):
         self.url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/callbacks"
         self.heartbeat_url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/heartbeat"
         self.streams_url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/streams"
+        self.metadata_url = f"{base_url.rstrip('/')}/v1/tasks/{task_id}/metadata"
         self.headers = {"Authorization": f"Bearer {callback_token}"}
         # A pooled connection is not reused after KEEPALIVE_S idle: well before the gateway closes it
         # (GATEWAY_IDLE_TIMEOUT_MS, 5 s), so a callback is never sent on a connection being closed.
@@ -215,6 +218,36 @@ class Worker(StreamWriting):
         answer = await self.send(event, callback_id=callback_id, fenced=True)
         self._reached = (progress, cursor)
         return answer
+
+    async def metadata(self, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge ``patch`` into the task's metadata (RFC 7396: ``None`` removes a key; protocol.md,
+        Metadata), as this worker's attempt; returns the answer (``{"task": ...}``, the task after it). As
+        :meth:`progress`, it waits for its answer, so it goes after every callback before it and before the
+        outcome; a lost answer is retried with the same body (a patch is idempotent). Raises ``ValueError``
+        for a patch that is not a JSON object of at most 8 KiB, :class:`CallbackError` for one the gateway
+        refuses (``413 metadata-too-large``: the metadata would pass 8 KiB), :class:`AttemptOver` /
+        :class:`TaskCancelled` once the attempt is over (a worker that outlived its lease takes its task
+        back first, and the patch goes as the new attempt's)."""
+        checked = check_patch(patch)
+        if self._over is not None:
+            raise self._over
+        if self._ended_by is not None:
+            raise self._ended_by
+        attempt = self.attempt
+        if attempt is None:
+            raise RuntimeError("metadata() before start(): this worker holds no attempt")
+        try:
+            body = {"attempt": attempt, "patch": checked}
+            return await self._post(self.metadata_url, body, self.backoff, "metadata")
+        except AttemptOver as over:
+            if not await self._outlived(attempt, over.task, None):
+                raise
+        return await self.metadata(checked)  # as the attempt the task was taken back as
+
+    async def message(self, text: str) -> dict[str, Any]:
+        """The status line a person reads under the progress bar (``metadata.message``, protocol.md):
+        :meth:`metadata` ``({"message": text})``."""
+        return await self.metadata({MESSAGE: text})
 
     async def succeed(
         self, result_ref: str, result_hash: str, *, callback_id: str | None = None

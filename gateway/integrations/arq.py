@@ -63,18 +63,31 @@ from gateway.integrations.report import (
     Run,
     Ticket,
     activate,
+    amessage,
+    ametadata,
     aprogress,
     awrite,
     current_run,
 )
-from gateway.integrations.ticket import gateway_config, requested
+from gateway.integrations.ticket import Titler, asked_metadata, gateway_config, requested, titled
 
-__all__ = ["configure", "current_run", "enqueue_job", "install", "progress", "write"]
+__all__ = [
+    "configure",
+    "current_run",
+    "enqueue_job",
+    "install",
+    "message",
+    "metadata",
+    "progress",
+    "write",
+]
 
 logger = logging.getLogger(__name__)
 
 progress = aprogress  # ``await progress(40, cursor=...)`` inside a job
 write = awrite  # ``await write("output", text)`` inside a job
+metadata = ametadata  # ``await metadata({"rows": 400})`` inside a job
+message = amessage  # ``await message("Rendering page 3 of 12")`` inside a job
 SCHEME = "arq"
 # The job's keyword argument that carries the ticket (the ``gateway`` header of Celery's messages).
 TICKET_KWARG = "_gateway_ticket"
@@ -101,6 +114,7 @@ def configure(
     min_interval: float = 0.25,
     heartbeat: float | None = None,
     tags: Sequence[str] = (),
+    title: Titler | None = None,
 ) -> Reporter:
     """Report this process's arq jobs to the gateway at ``url``; the producer calls it, :func:`install`
     calls it for a worker. The options are Celery's ``install()``'s, in seconds: ``ttl`` (a task's
@@ -119,6 +133,7 @@ def configure(
             min_interval=min_interval,
             heartbeat=heartbeat,
             tags=tags,
+            title=title,
         )
     )
     return _reporter
@@ -160,28 +175,25 @@ async def enqueue_job(
     """``redis.enqueue_job(function, *args, **kwargs)`` as a gateway task, created first (within the
     configured timeout, off the event loop; when it cannot be, a WARNING says so and the job is enqueued
     anyway, and its first try creates the task) with the job's id (``_job_id``, else a fresh one).
-    ``_gateway`` takes ``tags``, ``heartbeatMs``, ``ttlMs`` and ``maxAttempts``. Returns arq's answer
+    ``_gateway`` takes ``tags``, ``heartbeatMs``, ``ttlMs``, ``maxAttempts``, ``title`` and ``metadata``
+    (the title is by default the function's name and arguments). Returns arq's answer
     (``None``: a job with this id exists already)."""
     reporter = _installed()
     config = reporter.config
     options = dict(_gateway or {})
     job_id = kwargs.pop("_job_id", None) or uuid4().hex
     tags, heartbeat_ms = requested(options, config)
+    shown = {k: v for k, v in kwargs.items() if not k.startswith("_")}  # arq's own options start with _
     ticket = Ticket(
         token=None,
         ttl_ms=int(options.get("ttlMs") or config.ttl_ms),
         max_attempts=int(options.get("maxAttempts") or ARQ_MAX_TRIES),
         heartbeat_ms=heartbeat_ms,
         tags=tags,
+        title=titled(options, config, function, args, shown),
+        metadata=asked_metadata(options),
     )
-    created = await asyncio.to_thread(
-        reporter.create,
-        job_id,
-        ttl_ms=ticket.ttl_ms,
-        max_attempts=ticket.max_attempts,
-        heartbeat_ms=ticket.heartbeat_ms,
-        tags=ticket.tags,
-    )
+    created = await asyncio.to_thread(reporter.create_ticket, job_id, ticket)
     kwargs[TICKET_KWARG] = (created or ticket).to_header()
     job: Job | None = await redis.enqueue_job(function, *args, _job_id=job_id, **kwargs)
     return job
@@ -202,7 +214,12 @@ def _wrapped(function: Any, worker_max_tries: int) -> Function:
         # A job enqueued without enqueue_job() carries no ticket: its task is made with the function's
         # max_tries as its attempts (not 1, which would end it at arq's first Retry).
         ticket = Ticket.from_header(header) or Ticket(
-            None, config.ttl_ms, max_tries, config.heartbeat_ms, config.tags
+            None,
+            config.ttl_ms,
+            max_tries,
+            config.heartbeat_ms,
+            config.tags,
+            title=titled({}, config, f.name, args, kwargs),
         )
         worker = f"arq@{socket.gethostname()}:{os.getpid()}"
         ctx[_MAX_TRIES] = max_tries

@@ -50,6 +50,8 @@ from celery import Celery, Task, signals, states
 from celery.backends.base import BaseKeyValueStoreBackend
 from celery.exceptions import Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
+from gateway.integrations import celery_canvas as canvas
+from gateway.integrations.batch import Batch, chord_end, close_group, end_batch, group_title, open_batch
 from gateway.integrations.report import (
     Reporter,
     Run,
@@ -57,12 +59,31 @@ from gateway.integrations.report import (
     activate,
     aprogress,
     current_run,
+    message,
+    metadata,
     progress,
     write,
 )
-from gateway.integrations.ticket import HEADER, gateway_config, requested
+from gateway.integrations.ticket import (
+    HEADER,
+    Titler,
+    asked_metadata,
+    clean_title,
+    gateway_config,
+    requested,
+    titled,
+)
 
-__all__ = ["aprogress", "current_run", "install", "progress", "uninstall", "write"]
+__all__ = [
+    "aprogress",
+    "current_run",
+    "install",
+    "message",
+    "metadata",
+    "progress",
+    "uninstall",
+    "write",
+]
 
 log = logging.getLogger("gateway.integrations.celery")
 
@@ -73,6 +94,8 @@ UNBOUNDED_ATTEMPTS = 2**53
 MAX_FRAMES = 30
 # How many received messages' tickets a worker's main process keeps, to report a run it lost.
 MAX_RECEIVED = 10_000
+# How many groups' batches a producer keeps (their jobs are published one after another).
+MAX_BATCHES = 1_000
 
 
 def install(
@@ -85,13 +108,16 @@ def install(
     min_interval: float = 0.25,
     heartbeat: float | None = None,
     tags: Sequence[str] = (),
+    title: Titler | None = None,
 ) -> Reporter:
     """Report ``app``'s tasks to the gateway at ``url``: call it where the app is made, so that it runs in
     the producer and in the worker. ``ttl`` (seconds) is a task's deadline unless its ``expires`` says (a
     day by default); ``timeout`` bounds the producer's create and any wait of a task for the gateway;
     ``min_interval`` is the least time between two progress callbacks; ``heartbeat`` (seconds) gives every
     task a lease (a killed worker's task is then requeued) and ``tags`` every task's tags, unless its
-    ``headers={"gateway": {"tags": [...], "heartbeatMs": ...}}`` say otherwise. Returns the reporter.
+    ``headers={"gateway": {"tags": [...], "heartbeatMs": ...}}`` say otherwise; ``title(name, args,
+    kwargs)`` makes a task's title (``None``: none) unless its ``gateway`` header gives one (by default its
+    name and arguments, ``export_report(42)``). Returns the reporter.
     Raises ``ValueError``, connecting nothing, for an option the gateway would refuse (a heartbeat under a
     second, say)."""
     config = gateway_config(
@@ -102,6 +128,7 @@ def install(
         min_interval=min_interval,
         heartbeat=heartbeat,
         tags=tags,
+        title=title,
     )
     hooks = _Hooks(app, Reporter(config))
     uid = _uid(app)
@@ -148,13 +175,17 @@ class _Hooks:
         self.runs: dict[str, Run] = {}
         # The tickets of the messages the worker's main process received last, by task id.
         self.received_tickets: OrderedDict[str, Ticket] = OrderedDict()
+        # The batches of the groups this process published last, by group id (None: not made).
+        self.batches: OrderedDict[str, Batch | None] = OrderedDict()
 
     def _ours(self, task: Any) -> bool:
         return isinstance(task, Task) and task.app is self.app
 
     # --- the producer -----------------------------------------------------------------------------------
 
-    def published(self, sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    def published(
+        self, sender: Any = None, headers: dict[str, Any] | None = None, body: Any = None, **_: Any
+    ) -> None:
         if headers is None or "id" not in headers:
             return  # not a task message (protocol 1 is not supported)
         task_id = str(headers["id"])
@@ -170,16 +201,58 @@ class _Hooks:
         config = self.reporter.config
         tags, heartbeat_ms = requested(header, config)
         ttl_ms = _ttl_ms(headers.get("expires"), config.ttl_ms)
-        ticket = self.reporter.create(
-            task_id,
-            ttl_ms=ttl_ms,
-            max_attempts=_max_attempts(self.app, sender),
-            heartbeat_ms=heartbeat_ms,
-            tags=tags,
+        args, kwargs, embed = canvas.message_body(body)
+        name = str(headers.get("task") or sender or "task")
+        batch = self._batch(headers, header, embed, tags, ttl_ms)
+        asked = Ticket(
+            None,
+            ttl_ms,
+            _max_attempts(self.app, sender),
+            heartbeat_ms,
+            tags,
+            title=titled(header, config, name, args, kwargs),
+            metadata=asked_metadata(header),
+            parent=None if batch is None else batch.id,
+            batch=None if batch is None else batch.to_header(),
         )
-        if ticket is None:  # logged: the worker creates it when the task runs
-            ticket = Ticket(None, ttl_ms, _max_attempts(self.app, sender), heartbeat_ms, tags)
+        # None (logged): the worker creates it when the task runs.
+        ticket = self.reporter.create_ticket(task_id, asked) or asked
         headers[HEADER] = ticket.to_header()
+
+    def _batch(
+        self,
+        headers: dict[str, Any],
+        header: Any,
+        embed: dict[str, Any],
+        tags: tuple[str, ...],
+        ttl_ms: int,
+    ) -> Batch | None:
+        """The batch of the group whose job is being published (``batch.py``), made with its first job; a
+        chord's body brings its own (its header's producer made it); ``None`` outside a group."""
+        group_id = headers.get("group")
+        if not isinstance(group_id, str) or not group_id:
+            return None
+        header = header if isinstance(header, dict) else {}
+        given = Batch.from_header(header.get("batch"))
+        if given is not None:
+            return given
+        if group_id in self.batches:
+            return self.batches[group_id]
+        size, names = canvas.group_jobs(canvas.publishing_group())
+        body, body_name, body_id = canvas.chord_body(embed)
+        if "batchTitle" in header:
+            title = clean_title(header["batchTitle"])
+        else:
+            title = group_title(names or [str(headers.get("task"))], size, body_name)
+        asked = Ticket(None, ttl_ms, 1, None, tags, title=title, progress_from_children=True)
+        made = open_batch(self.reporter, group_id, asked)
+        batch = None if made is None else Batch(group_id, made.token, size, body_id)
+        if batch is not None and body is not None:
+            canvas.carry(body, batch)  # the body, published by a worker once the header is done, joins it
+        self.batches[group_id] = batch
+        while len(self.batches) > MAX_BATCHES:
+            self.batches.popitem(last=False)
+        return batch
 
     # --- the worker ---------------------------------------------------------------------------------------
 
@@ -211,6 +284,7 @@ class _Hooks:
         )
         self.runs[task_id] = run
         activate(run)
+        canvas.report_update_state(task, current_run)
 
     def success(self, sender: Any = None, result: Any = None, **_: Any) -> None:
         run = self._run_of(sender)
@@ -255,6 +329,24 @@ class _Hooks:
             if not reported:
                 _predicate(run, sender, state, retval)
         run.finish()
+        batch = Batch.from_header(run.ticket.batch if run.ticket is not None else None)
+        if batch is not None:
+            self._batch_job_ended(run, batch)
+
+    def _batch_job_ended(self, run: Run, batch: Batch) -> None:
+        """A job of a batch ended, its outcome taken by the gateway (else the parent is left to its
+        deadline): a chord's body (or a header job's final failure) ends the parent; a group's parent ends
+        once the gateway counts the whole group ended."""
+        with run.lock:
+            outcome, taken = run.outcome, run.ended and run.inflight is None
+        if not taken:
+            return
+        if batch.body is not None:
+            event = chord_end(batch, run.task_id, outcome)
+            if event is not None:
+                end_batch(self.reporter, batch, event)
+        else:
+            close_group(self.reporter, batch)
 
     def revoked(
         self,

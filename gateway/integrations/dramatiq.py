@@ -46,10 +46,20 @@ from typing import Any
 from dramatiq import Broker, Middleware
 from dramatiq.middleware import Retries
 
-from gateway.integrations.report import Reporter, Run, Ticket, activate, current_run, progress, write
-from gateway.integrations.ticket import HEADER, gateway_config, requested
+from gateway.integrations.report import (
+    Reporter,
+    Run,
+    Ticket,
+    activate,
+    current_run,
+    message,
+    metadata,
+    progress,
+    write,
+)
+from gateway.integrations.ticket import HEADER, Titler, asked_metadata, gateway_config, requested, titled
 
-__all__ = ["GatewayMiddleware", "current_run", "install", "progress", "write"]
+__all__ = ["GatewayMiddleware", "current_run", "install", "message", "metadata", "progress", "write"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +88,9 @@ class GatewayMiddleware(Middleware):
         tags, heartbeat_ms = requested(header, config)
         ttl_ms = int(header.get("ttlMs") or config.ttl_ms)
         max_attempts = int(header.get("maxAttempts") or _max_retries(broker, message) + 1)
-        created = self.reporter.create(
-            message.message_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
-        )
-        options[HEADER] = (created or Ticket(None, ttl_ms, max_attempts, heartbeat_ms, tags)).to_header()
+        title = titled(header, config, message.actor_name, message.args, message.kwargs)
+        asked = Ticket(None, ttl_ms, max_attempts, heartbeat_ms, tags, title, asked_metadata(header))
+        options[HEADER] = (self.reporter.create_ticket(message.message_id, asked) or asked).to_header()
 
     # --- the worker -----------------------------------------------------------------------------------------
 
@@ -171,6 +180,7 @@ def install(
     min_interval: float = 0.25,
     heartbeat: float | None = None,
     tags: Sequence[str] = (),
+    title: Titler | None = None,
 ) -> GatewayMiddleware:
     """Report ``broker``'s messages to the gateway at ``url``: call it where the broker is made, so that it
     runs in the producer and in the worker. The options are Celery's ``install()``'s, in seconds. Returns
@@ -184,6 +194,7 @@ def install(
         min_interval=min_interval,
         heartbeat=heartbeat,
         tags=tags,
+        title=title,
     )
     middleware = GatewayMiddleware(Reporter(config))
     broker.add_middleware(middleware)

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import httpx
@@ -53,9 +54,13 @@ __all__ = [
     "Run",
     "Ticket",
     "activate",
+    "amessage",
+    "ametadata",
     "aprogress",
     "awrite",
     "current_run",
+    "message",
+    "metadata",
     "progress",
     "write",
 ]
@@ -80,6 +85,11 @@ class Reporter:
         self._wire = Wire(config.url, config.api_key)
         # A lock held by another thread at a fork stays held in the child: the child starts with a new one.
         os.register_at_fork(after_in_child=self._forked)
+
+    @property
+    def wire(self) -> Wire:
+        """The calls of the gateway's API (management, a task's callbacks), to send with :meth:`request`."""
+        return self._wire
 
     def _forked(self) -> None:
         self._lock = threading.Lock()
@@ -116,13 +126,22 @@ class Reporter:
         max_attempts: int,
         heartbeat_ms: int | None,
         tags: Sequence[str],
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        parent: str | None = None,
+        progress_from_children: bool = False,
     ) -> Ticket | None:
         """Create the gateway task of a job being published, within ``timeout_s`` (a repeated create with
         the same parameters is the gateway's ``200``, so a try whose answer was lost is tried again). The
         ticket the job's message carries, or ``None`` (logged) when the task could not be created."""
-        call = self._wire.create(
-            task_id, ttl_ms=ttl_ms, max_attempts=max_attempts, heartbeat_ms=heartbeat_ms, tags=tags
-        )
+        asked = Ticket(None, ttl_ms, max_attempts, heartbeat_ms, tuple(tags), title, metadata, parent)
+        asked = replace(asked, progress_from_children=progress_from_children)
+        return self.create_ticket(task_id, asked)
+
+    def create_ticket(self, task_id: str, asked: Ticket) -> Ticket | None:
+        """:meth:`create` with the parameters ``asked`` holds: ``asked`` with the callback token, or
+        ``None`` (logged) when the task could not be created."""
+        call = self._wire.create(task_id, **asked.create_options())
         try:
             created = self._within(f"create task {task_id}", call)
         except BackendError as refused:
@@ -138,7 +157,12 @@ class Reporter:
             return None
         if created is None:
             return None
-        return Ticket(created.callback_token, ttl_ms, max_attempts, heartbeat_ms, tuple(tags))
+        return replace(asked, token=created.callback_token)
+
+    def request(self, what: str, call: Call[T]) -> T | None:
+        """``call`` sent as :meth:`create` sends (within ``timeout_s``, retried); its answer, or ``None``
+        with a WARNING that says what could not be done; a refusal raises its :class:`BackendError`."""
+        return self._within(what, call)
 
     def cancel(
         self,
@@ -327,3 +351,35 @@ def write(name: str, text: str) -> None:
 async def awrite(name: str, text: str) -> None:
     """:func:`write` for async jobs (arq): as non-blocking."""
     write(name, text)
+
+
+def metadata(patch: Mapping[str, Any]) -> None:
+    """Merge ``patch`` into the current job's task metadata (:meth:`Run.metadata`: never blocks, sent in
+    order after its progress, before its outcome). Outside a run it does nothing (logged at DEBUG). Raises
+    :class:`~gateway.client.TaskCancelled` once the task was cancelled, ``ValueError`` for a patch that is
+    not a JSON object of at most 8 KiB."""
+    run = _current.get()
+    if run is None:
+        log.debug("task-gateway: metadata() outside a reported job: ignored")
+        return
+    run.metadata(patch)
+
+
+def message(text: str) -> None:
+    """The current job's status line, ``metadata.message`` (shown under its progress bar):
+    ``metadata({"message": text})``."""
+    run = _current.get()
+    if run is None:
+        log.debug("task-gateway: message(%r) outside a reported job: ignored", text)
+        return
+    run.message(text)
+
+
+async def ametadata(patch: Mapping[str, Any]) -> None:
+    """:func:`metadata` for async jobs (arq): as non-blocking."""
+    metadata(patch)
+
+
+async def amessage(text: str) -> None:
+    """:func:`message` for async jobs (arq): as non-blocking."""
+    message(text)

@@ -72,10 +72,12 @@ from gateway.integrations.report import (
     Ticket,
     activate,
     current_run,
+    message,
+    metadata,
     progress,
     write,
 )
-from gateway.integrations.ticket import gateway_config, requested
+from gateway.integrations.ticket import Titler, asked_metadata, gateway_config, requested, titled
 
 __all__ = [
     "GatewayJob",
@@ -83,6 +85,8 @@ __all__ = [
     "current_run",
     "enqueue",
     "install",
+    "message",
+    "metadata",
     "on_stopped",
     "progress",
     "write",
@@ -97,6 +101,16 @@ USER_ON_STOPPED = "gateway_on_stopped"
 SCHEME = "rq"
 # The Redis list a work horse leaves a run's unsent reports in, for its worker's main process.
 PENDING_KEY = "rq:gateway:pending:{}"
+# ``Queue.enqueue``'s own keyword arguments (RQ 2 and 3): the rest are the function's.
+RQ_OPTIONS = frozenset(
+    {
+        "job_timeout", "description", "result_ttl", "ttl", "failure_ttl", "depends_on", "job_id",
+        "at_front", "meta", "retry", "repeat", "on_success", "on_failure", "on_stopped", "pipeline",
+        "group_id", "timeout",
+    }
+)  # fmt: skip
+
+_ABSENT = object()
 
 _reporter: Reporter | None = None
 # Set in a GatewayWorker's main process, so in each horse it forks: a worker will send what the horse leaves.
@@ -112,6 +126,7 @@ def install(
     min_interval: float = 0.25,
     heartbeat: float | None = None,
     tags: Sequence[str] = (),
+    title: Titler | None = None,
 ) -> Reporter:
     """Report this process's RQ jobs to the gateway at ``url``: call it where the producer starts and where
     the worker's jobs are defined (or in the worker's ``-c`` settings module). The options are Celery's
@@ -130,6 +145,7 @@ def install(
             min_interval=min_interval,
             heartbeat=heartbeat,
             tags=tags,
+            title=title,
         )
     )
     return _reporter
@@ -150,9 +166,10 @@ def enqueue(
 ) -> Job:
     """``queue.enqueue(f, *args, **kwargs)`` as a gateway task: created first (within the configured
     timeout; when it cannot be, a WARNING says so and the job is enqueued anyway, and its run creates the
-    task), with the job's id (``job_id=``, else a fresh UUID). ``gateway`` takes ``tags``, ``heartbeatMs``
-    and ``ttlMs`` for this task; ``maxAttempts`` comes from ``retry=Retry(max=n)`` (n + 1), else 1 (a job
-    that returns ``Retry`` objects says its own: ``gateway={"maxAttempts": ...}``)."""
+    task), with the job's id (``job_id=``, else a fresh UUID). ``gateway`` takes ``tags``, ``heartbeatMs``,
+    ``ttlMs``, ``title`` and ``metadata`` for this task; ``maxAttempts`` comes from ``retry=Retry(max=n)``
+    (n + 1), else 1 (a job that returns ``Retry`` objects says its own: ``gateway={"maxAttempts": ...}``).
+    The title is, unless ``gateway`` or ``install(title=...)`` says, the function's name and arguments."""
     reporter = _installed()
     config = reporter.config
     options = dict(gateway or {})
@@ -160,20 +177,21 @@ def enqueue(
     retry = kwargs.get("retry")
     max_attempts = int(options.get("maxAttempts") or (retry.max + 1 if isinstance(retry, Retry) else 1))
     tags, heartbeat_ms = requested(options, config)
+    if "args" in kwargs or "kwargs" in kwargs:  # RQ's explicit form: these are the function's
+        shown_args, shown_kwargs = tuple(kwargs.get("args") or ()), dict(kwargs.get("kwargs") or {})
+    else:
+        shown_args, shown_kwargs = args, {k: v for k, v in kwargs.items() if k not in RQ_OPTIONS}
+    name = f if isinstance(f, str) else str(getattr(f, "__qualname__", None) or getattr(f, "__name__", f))
     ticket = Ticket(
         token=None,
         ttl_ms=int(options.get("ttlMs") or config.ttl_ms),
         max_attempts=max_attempts,
         heartbeat_ms=heartbeat_ms,
         tags=tags,
+        title=titled(options, config, name, shown_args, shown_kwargs),
+        metadata=asked_metadata(options),
     )
-    created = reporter.create(
-        job_id,
-        ttl_ms=ticket.ttl_ms,
-        max_attempts=ticket.max_attempts,
-        heartbeat_ms=ticket.heartbeat_ms,
-        tags=ticket.tags,
-    )
+    created = reporter.create_ticket(job_id, ticket)
     meta = dict(kwargs.pop("meta", None) or {})
     meta[META] = (created or ticket).to_header()
     user_stopped = kwargs.pop("on_stopped", None)
@@ -245,6 +263,27 @@ class GatewayJob(Job):
         except Exception:  # the job's outcome is RQ's to record: a lost report must not change it
             logger.exception("task-gateway: could not leave job %s's unsent reports to its worker", self.id)
 
+    def save_meta(self) -> None:
+        """RQ's ``job.save_meta()``; in the job's run, what it saved (``job.meta`` but the integration's own
+        keys) is merged into the task's metadata too: the keys that changed, and ``None`` for those gone
+        since the last save. A meta that is not JSON (or past 8 KiB) is not shown (a WARNING)."""
+        super().save_meta()  # type: ignore[no-untyped-call]  # rq leaves save_meta unannotated
+        run = current_run()
+        if run is None or run.task_id != self.id:
+            return
+        shown = {k: v for k, v in self.meta.items() if k not in (META, USER_ON_STOPPED)}
+        before: dict[str, Any] = getattr(self, "_gateway_shown", {})
+        patch = {k: v for k, v in shown.items() if before.get(k, _ABSENT) != v}
+        patch.update({k: None for k in before if k not in shown})
+        if not patch:
+            return
+        try:
+            run.metadata(patch)
+        except ValueError as exc:
+            logger.warning("task-gateway: job %s: its meta is not shown: %s", self.id, exc)
+            return
+        self._gateway_shown = shown
+
     def _rerun(self, ticket: Ticket) -> bool:
         """Whether this is not the job's first run: RQ has used one of its retries (an exception, a horse
         killed or a job abandoned: ``retries_left`` below the ticket's attempts less one) or the job returned
@@ -265,9 +304,10 @@ class GatewayJob(Job):
             tags, heartbeat_ms = requested(asked, config)
             ttl_ms = int(asked.get("ttlMs") or config.ttl_ms)
             attempts = int(asked.get("maxAttempts") or (self.retries_left or 0) + 1)
-            ticket = Ticket(None, ttl_ms, attempts, heartbeat_ms, tags)
+            title = titled(asked, config, self.func_name or "job", self.args or (), self.kwargs or {})
+            ticket = Ticket(None, ttl_ms, attempts, heartbeat_ms, tags, title, asked_metadata(asked))
             self.meta[META] = ticket.to_header()
-            self.save_meta()  # type: ignore[no-untyped-call]  # rq leaves save_meta unannotated
+            self.save_meta()
         return ticket
 
 

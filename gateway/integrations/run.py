@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gateway.client.merge_patch import MESSAGE, check_patch
 from gateway.integrations.runstate import OVER, RunState
 from gateway.integrations.ticket import GatewayConfig, Ticket, error_text, result_hash, result_ref
 
@@ -61,6 +62,7 @@ class Run(RunState):
         self._wake = wake
         self._cancel = cancel
         self._dropped: set[str] = set()  # the streams a dropped write was said of
+        self._patches_dropped = False  # a dropped metadata patch was said
 
     def unblock(self) -> None:
         self.started.set()
@@ -119,6 +121,36 @@ class Run(RunState):
             )
         if kept and (idle or due_now):  # the sender may be asleep with nothing to send: tell it
             self._wake()
+
+    def metadata(self, patch: Mapping[str, Any]) -> None:
+        """Merge ``patch`` into the task's metadata (RFC 7396: ``None`` removes a key; protocol.md, Metadata),
+        shown live to whoever follows the task. Never blocks: kept, and sent by the process's sender thread
+        after what the job reported before it (its progress), as this run's attempt, all of it before the
+        outcome; waiting patches that one patch can say go as one, and a patch whose answer was lost goes
+        again. Raises :class:`~gateway.client.TaskCancelled` once the task was cancelled,
+        :class:`~gateway.client.AttemptOver` once it went on without this run, ``ValueError`` for a patch
+        that is not a JSON object of at most 8 KiB. A patch the gateway refuses (the metadata would pass
+        8 KiB) is dropped, with a WARNING."""
+        if self.cancelled is not None:
+            raise self.cancelled
+        if self.gone is not None:
+            raise self.gone
+        checked = check_patch(patch)
+        with self.lock:
+            kept = self.metadata_kept(checked)
+        if kept:
+            self._wake()
+        elif not self._patches_dropped:
+            self._patches_dropped = True
+            log.warning(
+                "task-gateway: task %s: dropping the job's metadata patches (the run reports nothing more)",
+                self.task_id,
+            )
+
+    def message(self, text: str) -> None:
+        """The status line a person reads under the progress bar (``metadata.message``):
+        ``metadata({"message": text})``."""
+        self.metadata({MESSAGE: text})
 
     def succeed(self, value: Any) -> None:
         """The job returned ``value``: ``resultRef`` is a returned string, else ``<scheme>://<task id>``;

@@ -39,7 +39,7 @@ class Request:
     """``GET`` ``path`` (``body`` None) or ``POST`` the JSON ``body``, with ``token`` as its bearer (a
     callback token or the API key; None: none); ``kind`` says what it is, for its answer."""
 
-    kind: str  # create, start, read, callback, append, heartbeat, cancel, lost
+    kind: str  # create, start, read, callback, metadata, append, heartbeat, cancel, lost
     path: str
     body: dict[str, Any] | None
     token: str | None
@@ -118,10 +118,23 @@ class RunProtocol:
         heartbeat_ms = self._lease_ms(run)
         if heartbeat_ms is not None:
             body["heartbeatMs"] = heartbeat_ms
+        if ticket is not None:  # as the producer asked (a retried create with others would be refused)
+            if ticket.title is not None:
+                body["title"] = ticket.title
+            if ticket.metadata is not None:
+                body["metadata"] = dict(ticket.metadata)
+            if ticket.parent is not None:
+                body["parent"] = ticket.parent
+            if ticket.progress_from_children:
+                body["progressFromChildren"] = True
         return body
 
     def _running(self, run: RunState, now: float) -> Send | Wait | Done:
-        """The run's next callback, else its heartbeat when due, else when to look again."""
+        """The run's next callback or metadata patch, else its heartbeat when due, else when to look again."""
+        patch = run.take_patch()
+        if patch is not None:
+            patched = {"attempt": run.attempt, "patch": patch}
+            return Send(Request("metadata", f"{task_path(run.task_id)}/metadata", patched, run.token))
         taken = run.take(now)
         if isinstance(taken, tuple):
             callback_id, event = taken
@@ -162,6 +175,8 @@ class RunProtocol:
             self._called_back(run, str(request.body["event"]["type"]), answer)
         elif request.kind == "append":
             self._appended(run, request.path.rpartition("/")[2], answer)
+        elif request.kind == "metadata":
+            self._patched(run, answer)
         else:
             self._beaten(run, answer, now)
 
@@ -313,6 +328,22 @@ class RunProtocol:
             run.refused_streams.add(name)
         elif not isinstance(verdict, Again):  # taken: the batch's answer renews the lease as a callback's
             self._answered(run, answer)
+
+    def _patched(self, run: RunState, answer: Answer) -> None:
+        """The answer to the metadata patch on its way (the same again until answered)."""
+        if answer.status < 300:
+            run.patches.answered()
+            self._answered(run, answer)  # a patch renews the lease as a callback does
+        elif answer.status == 409 and code(answer) in ("stale-attempt", "not-running"):
+            self._attempt_over(run, "metadata", code(answer), answer.body.get("task"))
+        else:
+            run.patches.answered()
+            self._say(
+                logging.WARNING,
+                "task-gateway: metadata patch of task %s refused: %s; the patch is dropped",
+                run.task_id,
+                why(answer),
+            )
 
     def _beaten(self, run: RunState, answer: Answer, now: float) -> None:
         if answer.status < 300:

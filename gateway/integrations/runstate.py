@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from gateway.client.errors import AttemptOver, TaskCancelled
+from gateway.client.merge_patch import PatchQueue
 from gateway.client.retake import lost
 from gateway.client.stream_out import Batch, StreamOut
 
@@ -68,6 +69,14 @@ class TaskTicket(Protocol):
     def heartbeat_ms(self) -> int | None: ...
     @property
     def tags(self) -> Sequence[str]: ...
+    @property
+    def title(self) -> str | None: ...
+    @property
+    def metadata(self) -> Mapping[str, Any] | None: ...
+    @property
+    def parent(self) -> str | None: ...
+    @property
+    def progress_from_children(self) -> bool: ...
     def to_header(self) -> dict[str, Any]: ...
 
 
@@ -125,6 +134,8 @@ class RunState:
         # text the gateway refused for good (what is written to them is dropped).
         self.streams: dict[str, StreamOut] = {}
         self.refused_streams: set[str] = set()
+        # The job's metadata patches not taken yet, in its order (the first may be on its way).
+        self.patches = PatchQueue()
         self.gone: AttemptOver | None = None  # the task went on without this run: a write raises it
 
     def first_phase(self, heartbeat_ms: int | None = None) -> str:
@@ -171,6 +182,7 @@ class RunState:
                 return due
             self.latest = None
             self.last_sent = latest
+            self.patches.progress_sent()
             self.sent += 1
             self.progress_at = now
             value, cursor = latest
@@ -184,8 +196,25 @@ class RunState:
         return self.inflight
 
     def written(self) -> bool:
-        """Everything the job wrote has been taken by the gateway (the outcome goes after it)."""
-        return all(out.empty() for out in self.streams.values())
+        """Everything the job wrote (its streams' text, its metadata patches) has been taken by the gateway
+        (the outcome goes after it)."""
+        return not self.patches and all(out.empty() for out in self.streams.values())
+
+    def metadata_kept(self, patch: dict[str, Any]) -> bool:
+        """Keep the merge patch ``patch`` (checked: a JSON object) to send after what the job reported
+        before it; false when the run reports nothing more."""
+        if self.phase == OVER or self.ended or self.handed:
+            return False
+        waits = self.latest is not None and self.latest != self.last_sent
+        self.patches.add(patch, after_progress=waits)
+        return True
+
+    def take_patch(self) -> dict[str, Any] | None:
+        """The metadata patch to send now (the one on its way, again), else ``None``: none waits, a callback
+        made before it is on its way, or it waits for the progress the job reported before it."""
+        if self.inflight is not None or self.ended or self.handed:
+            return None
+        return self.patches.due(progress_waits=self.latest is not None and self.latest != self.last_sent)
 
     def write_kept(self, name: str, text: str, now: float) -> bool:
         """Keep ``text`` for the stream ``name`` (``ValueError`` for a name the gateway would refuse); false
@@ -238,6 +267,7 @@ class RunState:
         self.phase = RETAKE
         self.start_id = str(uuid.uuid4())
         self.inflight = None
+        self.patches.again()
         if self.latest is None:
             self.latest = self.last_sent
         self.last_sent = None
@@ -257,7 +287,7 @@ class RunState:
         return (
             self.phase == RUNNING
             and not self.ended
-            and (self.inflight is not None or self.latest is not None)
+            and (self.inflight is not None or self.latest is not None or bool(self.patches))
         )
 
     def unsent(self) -> int:
@@ -266,12 +296,14 @@ class RunState:
         if self.phase == OVER or self.handed:
             return 0
         waiting = (self.phase in STARTING, self.inflight, self.latest, not self.ended and self.outcome)
-        return sum(1 for report in waiting if report) + sum(not out.empty() for out in self.streams.values())
+        streams = sum(not out.empty() for out in self.streams.values())
+        return sum(1 for report in waiting if report) + streams + len(self.patches)
 
     def unreported(self) -> str:
         """What the run had still to say, for a line that says it is lost."""
         text = sum(out.unsent_chunks() for out in self.streams.values())
         also = f"; {text} chunks of its streams' text" if text else ""
+        also += f"; {len(self.patches)} metadata patches" if self.patches else ""
         if self.outcome is not None:
             return lost(self.outcome) + also
         reached = self.latest or self.last_sent
@@ -317,6 +349,7 @@ class RunState:
             "ended": self.ended,
             "rerun": self.rerun,
             "streams": [out.pending() for out in self.streams.values() if not out.empty()],
+            "patches": self.patches.pending(),
         }
 
     def resume(self, pending: Mapping[str, Any]) -> None:
@@ -346,5 +379,6 @@ class RunState:
             str(out["name"]): StreamOut.resume(out, limit_bytes=STREAM_LIMIT_BYTES)
             for out in pending.get("streams") or ()
         }
+        self.patches = PatchQueue.resume(pending.get("patches"))
         if self.phase in (RUNNING, RETAKE):
             self.unblock()

@@ -17,8 +17,9 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import reprlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ import httpx
 from gateway.client.backend_wire import (
     MAX_HEARTBEAT_MS,
     MAX_TAGS,
+    MAX_TITLE_CHARS,
     MAX_TTL_MS,
     MIN_HEARTBEAT_MS,
     MIN_TTL_MS,
@@ -40,6 +42,17 @@ HEADER = "gateway"
 DEFAULT_TTL_MS = 86_400_000
 # An error longer than this is cut (the gateway takes a body of 64 KiB at most).
 MAX_ERROR_CHARS = 4096
+# A title made of a job's name and arguments is cut to this many characters (a card's line, not a log).
+DEFAULT_TITLE_CHARS = 80
+# How a job's arguments are shown in its title: a few items of a collection, the start of a long string.
+_ARGS = reprlib.Repr()
+_ARGS.maxlevel, _ARGS.maxstring, _ARGS.maxlong, _ARGS.maxother = 2, 24, 16, 24
+_ARGS.maxtuple = _ARGS.maxlist = _ARGS.maxarray = _ARGS.maxdict = _ARGS.maxset = _ARGS.maxfrozenset = 3
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+# What ``install(title=...)`` takes: the title of a job from its name, its arguments and its keyword
+# arguments (``None``: no title).
+Titler = Callable[[str, Sequence[Any], Mapping[str, Any]], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,7 @@ class GatewayConfig:
     min_interval_s: float = 0.25
     timeout_s: float = 2.0
     tags: tuple[str, ...] = ()
+    title: Titler | None = None  # None: job_title
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,14 @@ class Ticket:
     max_attempts: int
     heartbeat_ms: int | None
     tags: tuple[str, ...]
+    # What a person reads for the task, its first metadata, the batch it is a child of (a parent's id),
+    # whether its progress follows its children's ends; the batch a queue's group makes of it
+    # (``batch.py``'s header: the parent's id and token, the group's size, a chord's body).
+    title: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    parent: str | None = None
+    progress_from_children: bool = False
+    batch: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def to_header(self) -> dict[str, Any]:
         """The header's JSON-able value (no ``null``: AMQP headers and some brokers drop or refuse them)."""
@@ -75,11 +97,30 @@ class Ticket:
             "ttlMs": self.ttl_ms,
             "maxAttempts": self.max_attempts,
         }
-        if self.heartbeat_ms is not None:
-            header["heartbeatMs"] = self.heartbeat_ms
-        if self.token is not None:
-            header["token"] = self.token
+        optional = {
+            "heartbeatMs": self.heartbeat_ms,
+            "token": self.token,
+            "title": self.title,
+            "metadata": None if self.metadata is None else dict(self.metadata),
+            "parent": self.parent,
+            "progressFromChildren": self.progress_from_children or None,
+            "batch": None if self.batch is None else dict(self.batch),
+        }
+        header.update({key: value for key, value in optional.items() if value is not None})
         return header
+
+    def create_options(self) -> dict[str, Any]:
+        """The keyword arguments of the create that makes this task (``Wire.create``'s, but the id)."""
+        return {
+            "ttl_ms": self.ttl_ms,
+            "max_attempts": self.max_attempts,
+            "heartbeat_ms": self.heartbeat_ms,
+            "tags": self.tags,
+            "title": self.title,
+            "metadata": self.metadata,
+            "parent": self.parent,
+            "progress_from_children": self.progress_from_children,
+        }
 
     @classmethod
     def from_header(cls, header: Any) -> Ticket | None:
@@ -91,13 +132,60 @@ class Ticket:
         if not isinstance(ttl_ms, int) or not isinstance(max_attempts, int):
             return None
         token, heartbeat_ms = header.get("token"), header.get("heartbeatMs")
+        title, metadata, parent = header.get("title"), header.get("metadata"), header.get("parent")
+        batch = header.get("batch")
         return cls(
             token=token if isinstance(token, str) else None,
             ttl_ms=ttl_ms,
             max_attempts=max_attempts,
             heartbeat_ms=heartbeat_ms if isinstance(heartbeat_ms, int) else None,
             tags=tuple(str(t) for t in header.get("tags") or ()),
+            title=title if isinstance(title, str) else None,
+            metadata=metadata if isinstance(metadata, Mapping) else None,
+            parent=parent if isinstance(parent, str) else None,
+            progress_from_children=header.get("progressFromChildren") is True,
+            batch=batch if isinstance(batch, Mapping) else None,
         )
+
+
+def job_title(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> str:
+    """A job's default title: its function's name (the last part of a dotted one) and its arguments, as a
+    call reads, each argument shortened (a few items of a collection, the start of a long string), the
+    whole cut to :data:`DEFAULT_TITLE_CHARS`: ``export_report(42, fmt='pdf')``."""
+    short = str(name).rpartition(".")[2] or str(name) or "job"
+    shown = [_ARGS.repr(arg) for arg in args]
+    shown += [f"{key}={_ARGS.repr(value)}" for key, value in (kwargs or {}).items()]
+    return clean_title(f"{short}({', '.join(shown)})", DEFAULT_TITLE_CHARS) or short[:DEFAULT_TITLE_CHARS]
+
+
+def clean_title(text: Any, limit: int = MAX_TITLE_CHARS) -> str | None:
+    """``text`` as a title the gateway takes: control characters made spaces, cut to ``limit`` characters
+    (``…`` at the cut); ``None`` for what is not a string or is blank."""
+    if not isinstance(text, str):
+        return None
+    text = _CONTROL.sub(" ", text).strip()
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text or None
+
+
+def titled(
+    header: Any, config: GatewayConfig, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str | None:
+    """A job's title: its options' ``title`` (``None`` there: no title), else ``install(title=...)``'s
+    function of its name and arguments, else :func:`job_title`."""
+    header = header if isinstance(header, Mapping) else {}
+    if "title" in header:
+        return clean_title(header["title"])
+    if config.title is not None:
+        return clean_title(config.title(name, args, kwargs))
+    return job_title(name, args, kwargs)
+
+
+def asked_metadata(header: Any) -> Mapping[str, Any] | None:
+    """The first metadata a job's options give (``"metadata": {...}``), else ``None``."""
+    metadata = header.get("metadata") if isinstance(header, Mapping) else None
+    return metadata if isinstance(metadata, Mapping) else None
 
 
 def requested(header: Any, config: GatewayConfig) -> tuple[tuple[str, ...], int | None]:
@@ -138,6 +226,7 @@ def gateway_config(
     min_interval: float = 0.25,
     heartbeat: float | None = None,
     tags: Sequence[str] = (),
+    title: Titler | None = None,
 ) -> GatewayConfig:
     """``install()``'s keyword options, the same words for every queue (seconds, or a ``timedelta`` for
     ``ttl``), as a :class:`GatewayConfig`: ``ttl`` is a task's deadline unless its job says (a day by
@@ -163,7 +252,17 @@ def gateway_config(
         min_interval_s=_seconds("min_interval", min_interval, zero=True),
         timeout_s=_seconds("timeout", timeout, zero=False),
         tags=_tags(tags),
+        title=_titler(title),
     )
+
+
+def _titler(title: object) -> Titler | None:
+    if title is not None and not callable(title):
+        raise ValueError(
+            f"title: must be a function of a job's name, arguments and keyword arguments that returns its "
+            f"title (or None), got {title!r}"
+        )
+    return title
 
 
 def _number(value: object) -> float | None:

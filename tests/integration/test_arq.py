@@ -23,6 +23,7 @@ from tests.support import eventually, http_client, running_gateway, wait_until
 from tests.support.queue_runs import (
     API_KEY,
     ARQ_DB,
+    OK_METADATA,
     OK_OUTPUT,
     Expected,
     Followed,
@@ -44,12 +45,16 @@ WITHIN_S = 120.0
 
 # (plan, what the gateway task ends as, whether arq ends the job as a success); the job id is
 # ``<token>-<n>-<plan>``, and the results' references are filled in per job.
+# What an ``ok`` job leaves: its title (its name and argument) and its metadata.
+OK_SHOWN: dict[str, Any] = {"output": OK_OUTPUT, "metadata": OK_METADATA, "title": "work('ok')"}
+OK_DICT_SHOWN: dict[str, Any] = {**OK_SHOWN, "title": "work('ok-dict')"}
+
 PLANS: list[tuple[str, Expected, bool]] = [
     ("kill", Expected("succeeded", 2, "heartbeat-timeout", result_ref="", last_progress=(20, 80)), True),
     ("abort", Expected("failed", 1, "cancelled", last_progress=(10,), cancelled=True), False),
     ("cancel", Expected("failed", 1, "cancelled", cancelled=True), False),
-    *[("ok", Expected("succeeded", 1, result_ref="", last_progress=(75,), output=OK_OUTPUT), True)] * 8,
-    *[("ok-dict", Expected("succeeded", 1, result_ref="arq", last_progress=(75,), output=OK_OUTPUT), True)]
+    *[("ok", Expected("succeeded", 1, result_ref="", last_progress=(75,), **OK_SHOWN), True)] * 8,
+    *[("ok-dict", Expected("succeeded", 1, result_ref="arq", last_progress=(75,), **OK_DICT_SHOWN), True)]
     * 2,
     *[("retry", Expected("succeeded", 2, "Retry", result_ref="", last_progress=(30, 60)), True)] * 3,
     (

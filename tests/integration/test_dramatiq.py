@@ -25,6 +25,7 @@ from gateway.integrations import dramatiq as gateway_dramatiq
 from tests.support import eventually, http_client, running_gateway, wait_until
 from tests.support.queue_runs import (
     API_KEY,
+    OK_METADATA,
     OK_OUTPUT,
     RQ_DB,
     Expected,
@@ -40,19 +41,28 @@ LEASE_MS = 2_000
 WITHIN_S = 120.0
 
 # (plan, the message's max_retries, what the gateway task ends as, whether Dramatiq dead-letters it)
+# What an ``ok`` job leaves: its title (its name and argument) and its metadata.
+OK_SHOWN: dict[str, Any] = {"output": OK_OUTPUT, "metadata": OK_METADATA, "title": "work('ok')"}
+OK_DICT_SHOWN: dict[str, Any] = {**OK_SHOWN, "title": "work('ok-dict')"}
+
 PLANS: list[tuple[str, int, Expected, bool]] = [
     ("kill", 1, Expected("succeeded", 2, "heartbeat-timeout", result_ref="", last_progress=(20, 80)), False),
     ("cancel", 1, Expected("failed", 1, "cancelled", cancelled=True), True),
     ("slow", 0, Expected("failed", 1, "TimeLimitExceeded", last_progress=(10,)), True),
     *[
-        ("ok", n % 2, Expected("succeeded", 1, result_ref="", last_progress=(75,), output=OK_OUTPUT), False)
+        (
+            "ok",
+            n % 2,
+            Expected("succeeded", 1, result_ref="", last_progress=(75,), **OK_SHOWN),
+            False,
+        )
         for n in range(7)
     ],
     *[
         (
             "ok-dict",
             1,
-            Expected("succeeded", 1, result_ref="dramatiq", last_progress=(75,), output=OK_OUTPUT),
+            Expected("succeeded", 1, result_ref="dramatiq", last_progress=(75,), **OK_DICT_SHOWN),
             False,
         )
     ]

@@ -37,6 +37,9 @@ from tests.support import wait_until as wait_until
 post_event = post_callback
 
 RESUME_TYPES = ("caught-up", "delta", "snapshot")
+# A task's frames beside its history (issue 34): its metadata and its children's counts, with its revision.
+LIVE_TYPES = ("metadata", "children")
+LIVE_FIELDS = (*LIVE_TYPES, "revision")
 
 
 def live_gateway(database_url: str, **overrides: Any) -> AbstractAsyncContextManager[Running]:
@@ -107,6 +110,9 @@ class StreamCheck:
         kind = frame.get("type")
         where = f"{self.task_id} after {self.types[-3:]} at version {self.version}"
         assert frame.get("taskId") == self.task_id, (where, frame)
+        if kind in LIVE_TYPES:
+            self._live(frame)
+            return
         assert kind in (*RESUME_TYPES, "event"), (where, frame)
         version = frame["version"]
         assert isinstance(version, int), (where, frame)
@@ -128,7 +134,21 @@ class StreamCheck:
             self.conflated += 1
         self.types.append(kind)
         self.version = version
-        self.task = frame["task"]
+        self.task = self._newest(frame["task"])
+
+    def _live(self, frame: dict[str, Any]) -> None:
+        """A ``metadata`` or ``children`` frame: applied when its revision is not older than the one held."""
+        revision = frame.get("revision")
+        assert isinstance(revision, int), frame
+        if self.task is not None and revision >= self.task.get("revision", 0):
+            self.task = {**self.task, frame["type"]: frame[frame["type"]], "revision": revision}
+
+    def _newest(self, task: dict[str, Any]) -> dict[str, Any]:
+        """``task`` (a frame's), with the live fields held when they are newer than its own."""
+        held = self.task
+        if held is None or held.get("revision", 0) <= task.get("revision", 0):
+            return task
+        return {**task, **{key: held[key] for key in LIVE_FIELDS if key in held}}
 
     def _resume(self, frame: dict[str, Any]) -> None:
         kind, version, cursor = frame["type"], frame["version"], self.cursor
@@ -203,6 +223,10 @@ class TagWatch:
             self.new.add(task_id)
             return
         task_id = frame["taskId"]
+        if kind in LIVE_TYPES:  # beside the history: applied to the task held, if any, by its revision
+            if task_id in self.checks:
+                self.checks[task_id].feed(frame)
+            return
         if task_id in self.awaited:
             assert self.awaited[0] == task_id, f"resume frames out of the listing's order: {frame}"
             self.awaited.pop(0)

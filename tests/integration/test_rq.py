@@ -24,6 +24,7 @@ from gateway.integrations import rq as gateway_rq
 from tests.support import eventually, http_client, running_gateway, wait_until
 from tests.support.queue_runs import (
     API_KEY,
+    OK_METADATA,
     OK_OUTPUT,
     RQ_DB,
     Expected,
@@ -40,6 +41,10 @@ WITHIN_S = 120.0
 
 # (plan, RQ retries, what the gateway task ends as, what RQ ends the job as); the job id is
 # ``<token>-<n>-<plan>``, and the results' references are filled in per job.
+# What an ``ok`` job leaves: its title (its name and argument) and its metadata.
+OK_SHOWN: dict[str, Any] = {"output": OK_OUTPUT, "metadata": OK_METADATA, "title": "work('ok')"}
+OK_DICT_SHOWN: dict[str, Any] = {**OK_SHOWN, "title": "work('ok-dict')"}
+
 PLANS: list[tuple[str, int, Expected, str]] = [
     (
         "kill",
@@ -53,7 +58,7 @@ PLANS: list[tuple[str, int, Expected, str]] = [
         (
             "ok",
             n % 2,
-            Expected("succeeded", 1, result_ref="", last_progress=(75,), output=OK_OUTPUT),
+            Expected("succeeded", 1, result_ref="", last_progress=(75,), **OK_SHOWN),
             JobStatus.FINISHED,
         )
         for n in range(7)
@@ -62,7 +67,7 @@ PLANS: list[tuple[str, int, Expected, str]] = [
         (
             "ok-dict",
             1,
-            Expected("succeeded", 1, result_ref="rq", last_progress=(75,), output=OK_OUTPUT),
+            Expected("succeeded", 1, result_ref="rq", last_progress=(75,), **OK_DICT_SHOWN),
             JobStatus.FINISHED,
         )
     ]

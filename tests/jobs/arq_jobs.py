@@ -4,7 +4,8 @@ environment (tests/support/queue_runs.py) and are installed with the integration
 
 ``work(plan)`` does what ``plan`` says, counting its tries in Redis (``<token>:runs:<job id>``):
 
-- ``ok``: progress 25, 50, 75, then returns ``s3://results/<id>``; ``ok-dict`` returns a dict instead;
+- ``ok``: progress 25, 50, 75 (each with its row in the task's metadata and status line), then returns
+  ``s3://results/<id>``; ``ok-dict`` returns a dict instead;
 - ``retry``: first try progress 30 and ``raise Retry``; the second progress 60 and returns;
 - ``retry-fail``: first try progress 30 and ``raise Retry``; the second progress 10 and raises;
 - ``exhaust``: progress 10 and ``raise Retry``, every try (arq gives up after ``max_tries``);
@@ -27,7 +28,7 @@ from arq import Retry
 from arq.connections import RedisSettings
 
 from gateway.integrations import arq as gateway_arq
-from gateway.integrations.arq import progress, write
+from gateway.integrations.arq import message, metadata, progress, write
 
 WAIT_S = 60.0
 POLL_S = 0.05
@@ -49,6 +50,8 @@ async def work(ctx: dict[str, Any], plan: str) -> Any:
     if plan in ("ok", "ok-dict"):
         for value in (25, 50, 75):
             await progress(value, cursor=f"row-{value}")
+            await metadata({"rows": value})
+            await message(f"row-{value}")
             await write("output", f"row-{value} ")
         return f"s3://results/{job_id}" if plan == "ok" else {"rows": 3, "job": job_id}
     if plan in ("retry", "retry-fail"):

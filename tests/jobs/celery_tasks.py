@@ -19,7 +19,7 @@ from typing import Any, cast
 from celery import Celery, states
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from gateway.integrations.celery import current_run, install, progress, write
+from gateway.integrations.celery import current_run, install, message, progress, write
 
 # How long a task that waits for the test (to be revoked, to be killed) waits at most.
 HOLD_S = 60.0
@@ -241,6 +241,38 @@ def make_app(
         if reported is not None and run is not None:
             run.succeed(reported)
         raise Ignore()
+
+    @task(app, name="tg.batch_item")
+    def batch_item(self: Any, index: int, steps: int, pause_s: float = 0.0) -> str:
+        """One job of a batch (tests/jobs/celery_batch.py): ``steps`` steps, each its progress and its status
+        line (``Item <index>: step <n> of <steps>``), ``pause_s`` apart (the work, as people watch it)."""
+        for step in range(1, steps + 1):
+            work(20)
+            progress(step * 100 // steps, cursor=f"step-{step}")
+            message(f"Item {index}: step {step} of {steps}")
+            time.sleep(pause_s)  # the step's work, at a pace a page can show
+        return f"s3://batch/{self.request.id}"
+
+    @task(app, name="tg.sheets")
+    def sheets(self: Any, total: int) -> str:
+        """Celery's own idiom: ``update_state(state="PROGRESS", meta=...)`` for each of ``total`` sheets."""
+        for sheet in range(1, total + 1):
+            work(20)
+            meta = {"current": sheet, "total": total, "message": f"Sheet {sheet} of {total}"}
+            self.update_state(state="PROGRESS", meta=meta)
+        return f"s3://sheets/{self.request.id}"
+
+    @task(app, name="tg.broken")
+    def broken(self: Any, index: int) -> str:
+        """A batch's job that fails for good."""
+        message(f"Item {index}: failing")
+        raise ValueError(f"broken {index}")
+
+    @task(app, name="tg.merge")
+    def merge(self: Any, results: list[Any]) -> str:
+        """A chord's body: what its header's jobs returned, merged."""
+        message(f"Merging {len(results)} results")
+        return f"s3://merged/{len(results)}"
 
     @task(app, name="tg.rejected", acks_late=True)
     def rejected(self: Any, value: int, requeue: bool) -> str:

@@ -21,7 +21,7 @@ from redis import Redis
 
 from gateway.client.errors import TaskCancelled
 from gateway.integrations import dramatiq as gateway_dramatiq
-from gateway.integrations.dramatiq import progress, write
+from gateway.integrations.dramatiq import metadata, progress, write
 
 WAIT_S = 60.0
 POLL_S = 0.05
@@ -66,6 +66,8 @@ def work(plan: str) -> Any:
     if plan in ("ok", "ok-dict"):
         for value in (25, 50, 75):
             progress(value, cursor=f"row-{value}")
+            metadata({"rows": value})
+            gateway_dramatiq.message(f"row-{value}")  # the status line
             write("output", f"row-{value} ")
         return f"s3://results/{message_id}" if plan == "ok" else {"rows": 3, "job": message_id}
     if plan == "retry":

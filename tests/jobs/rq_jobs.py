@@ -5,7 +5,8 @@ tests/support/queue_runs.py); the test process enqueues the jobs by name and nev
 ``work(plan)`` does what ``plan`` says, counting its runs in Redis (``<token>:runs:<job id>``) so that a
 job can behave differently on its second run:
 
-- ``ok``: progress 25, 50, 75, then returns ``s3://results/<id>``; ``ok-dict`` returns a dict instead;
+- ``ok``: progress 25, 50, 75 (each with its row in ``job.meta``, saved: the task's metadata), then returns
+  ``s3://results/<id>``; ``ok-dict`` returns a dict instead;
 - ``retry``: first run progress 30, then raises; the second progress 60 and returns;
 - ``again``: first run progress 30 and returns ``Retry(max=1)`` (RQ's asking to be run again); the second
   progress 60 and returns;
@@ -59,6 +60,8 @@ def work(plan: str) -> Any:
     if plan in ("ok", "ok-dict"):
         for value in (25, 50, 75):
             progress(value, cursor=f"row-{value}")
+            job.meta.update({"rows": value, "message": f"row-{value}"})
+            job.save_meta()  # type: ignore[no-untyped-call]  # merged into the task's metadata (GatewayJob)
             write("output", f"row-{value} ")
         return f"s3://results/{job.id}" if plan == "ok" else {"rows": 3, "job": job.id}
     if plan == "retry":

@@ -53,8 +53,10 @@ ENV_KEY = "TG_TEST_GATEWAY_KEY"
 ENV_TOKEN = "TG_TEST_TOKEN"
 ENV_QUEUE = "TG_TEST_QUEUE"
 ROOT = Path(__file__).resolve().parents[2]
-# What the ``ok`` jobs of tests/jobs/ write to their task's stream ``output``.
+# What the ``ok`` jobs of tests/jobs/ write to their task's stream ``output``, and leave in its metadata
+# (``rows`` and the status line, merged at each row: the last row's).
 OK_OUTPUT = "row-25 row-50 row-75 "
+OK_METADATA = {"rows": 75, "message": "row-75"}
 
 
 @dataclass
@@ -206,6 +208,9 @@ class Expected:
     result_hash: str | None = None
     # The text of the task's stream ``output`` (None: not checked): what the job wrote, each write once.
     output: str | None = None
+    # The task's metadata and title at its end (None: not checked).
+    metadata: dict[str, Any] | None = None
+    title: str | None = None
 
     def for_job(self, job_id: str, scheme: str) -> Expected:
         """With the result of the job ``job_id`` filled in, as the test jobs return them
@@ -305,6 +310,10 @@ def _differences(
         problems.append(f"{where}: resultRef {task.get('resultRef')!r}")
     if want.result_hash is not None and task.get("resultHash") != want.result_hash:
         problems.append(f"{where}: resultHash {task.get('resultHash')!r}")
+    if want.metadata is not None and task.get("metadata") != want.metadata:
+        problems.append(f"{where}: metadata {task.get('metadata')!r}")
+    if want.title is not None and task.get("title") != want.title:
+        problems.append(f"{where}: title {task.get('title')!r}")
     cancels = [e for e in entries if e["event"]["type"] == "cancel"]
     if want.cancelled != bool(cancels):
         problems.append(f"{where}: cancel entries {cancels}")

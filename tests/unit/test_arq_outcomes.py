@@ -135,7 +135,7 @@ async def test_a_job_without_a_ticket_makes_its_task_with_the_functions_max_trie
     with pytest.raises(Retry):
         await settings["functions"][0].coroutine(ctx)
     await settings["after_job_end"](ctx)
-    assert recorder.runs[0].ticket == Ticket(None, 60_000, 4, 3_000, ())
+    assert recorder.runs[0].ticket == Ticket(None, 60_000, 4, 3_000, (), title="retried()")
 
 
 @pytest.mark.anyio
