@@ -513,10 +513,13 @@ function describeEvent({ event }) {
     case "start":
       text = `started by ${event.worker}`;
       break;
-    case "progress":
-      // The percentage is on the card already: say only where the worker is, if it said.
-      text = event.cursor ? event.cursor : "progress reported";
+    case "progress": {
+      // The percentage is on the card already: say only where the worker is, if it said; the gateway's own
+      // entry for a batch's children (its cursor "children:ENDED/TOTAL", protocol.md's Batches) in words.
+      const batch = /^children:(\d+)\/(\d+)$/.exec(event.cursor ?? "");
+      text = batch ? `${batch[1]} of ${batch[2]} in the batch done` : event.cursor ? event.cursor : "progress reported";
       break;
+    }
     case "succeed":
       text = "finished";
       break;
