@@ -83,4 +83,5 @@ async def test_a_plain_enqueued_job_makes_one_task_with_its_retries_as_attempts(
                 redis.close()
 
         assert await anyio.to_thread.run_sync(runs) == [5, 5, 5]
-    assert recorder.tickets == [Ticket(None, 60_000, 3, 3_000, ("owner:u42",))] * 3
+    # The same task each time, titled by its function and arguments.
+    assert recorder.tickets == [Ticket(None, 60_000, 3, 3_000, ("owner:u42",), title="add(2, 3)")] * 3
