@@ -164,7 +164,8 @@ function duration(ms) {
 
 /** How long the task's last attempt has run: from its start to its end, or to now while it runs. */
 function ran(task) {
-  if (typeof task.startedAtMs !== "number") return DASH;
+  // Not started, or waiting for its next attempt (the last one's end is not kept): nothing to say.
+  if (typeof task.startedAtMs !== "number" || task.state === "queued") return DASH;
   const end = typeof task.endedAtMs === "number" ? task.endedAtMs : TERMINAL.has(task.state) ? null : Date.now();
   return end === null ? DASH : duration(end - task.startedAtMs);
 }

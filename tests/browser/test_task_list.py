@@ -119,6 +119,7 @@ async def test_all_tasks_are_newest_first_each_state_whole_and_every_column_on_s
             ".map(td => getComputedStyle(td, '::before').content)"
         )
         assert named == ['"Progress"', '"Attempts"', '"Worker"', '"Created"', '"Duration"'], named
+    await page.evaluate("scrollTo(0, 0)")  # the sticky header at the top of the whole page's picture
     await screenshot(page, "task-list")
     console.assert_clean()
 
