@@ -25,12 +25,19 @@
  * task offers "Cancel task", asks once more (with an optional reason), and posts the cancel; the card then
  * changes by the live stream like any other change.
  *
+ * A card names its task by its title (its id where it has none: the id is in the technical details and the
+ * heading's tooltip), and so does the page's title when it shows one task; the task's status line
+ * (`metadata.message`) is under its progress bar, live. A batch's card shows its children's counts and,
+ * below, its children (batch-view.js): fed by the tag page, or listed and followed here where the
+ * management API is open; unfolded when the link names that one task.
+ *
  * State for tests and tools is in the DOM: `#connection[data-state][data-transport][data-live]`,
  * `body[data-stale][data-manage]` and `article.task-card[data-task-id][data-state][data-retrying]
- * [data-version][data-progress][data-resume][data-resumed-from][data-resumes][data-stale]` (`data-state`
- * is "cancelled" for a cancelled task).
+ * [data-version][data-progress][data-resume][data-resumed-from][data-resumes][data-stale][data-message]
+ * [data-revision][data-batch]` (`data-state` is "cancelled" for a cancelled task).
  */
 
+import { BatchView, SHOWN, followChildren } from "./batch-view.js";
 import { GatewayClient, watchBrowser } from "./gateway-client.js";
 import { managementOpen } from "./management.js";
 import {
@@ -42,6 +49,8 @@ import {
   refusal,
   sentence,
   stateWord,
+  statusLine,
+  taskName,
 } from "./state-words.js";
 import { followTag } from "./tag-page.js";
 
@@ -79,8 +88,9 @@ let followingTag = () => false;
 // --- cards ----------------------------------------------------------------------------------------------
 
 class Card {
-  /** `follow: false`: the card is fed by a tag subscription (tag-page.js), not one of its own. */
-  constructor(id, token, { follow = true } = {}) {
+  /** `follow: false`: the card is fed by a tag subscription (tag-page.js), not one of its own; `open`: a
+   * batch's children are shown unfolded (the page follows this one task). */
+  constructor(id, token, { follow = true, open = false } = {}) {
     this.id = id;
     this.token = token || null;
     this.task = null;
@@ -95,10 +105,7 @@ class Card {
     el.querySelector(".task-id").textContent = id;
     el.querySelector(".task-id").title = id;
     el.querySelector(".f-id").textContent = id;
-    el.querySelector(".bar").setAttribute("aria-label", `Progress of ${id}`);
     const remove = el.querySelector(".remove");
-    remove.setAttribute("aria-label", `Stop watching ${id}`);
-    remove.title = `Stop watching ${id}`;
     remove.addEventListener("click", () => removeTask(id));
     remove.hidden = !follow; // a tag's page shows every task of the tag
     const copy = el.querySelector(".copy");
@@ -112,6 +119,12 @@ class Card {
       this.sendCancel(event.currentTarget.elements.reason.value);
     });
     this.el = el;
+    this.batch = new BatchView(el, { open });
+    // The children's rows: fed by the tag page when they carry its tag, else followed here where the
+    // management API is open (batch-view.js); null until the task is known to be a batch.
+    this.childrenFed = false;
+    this.children = null;
+    this.listedTotal = null; // the count of children when they were last listed
     this.startCursor = client.cursor(id) ?? 0;
     this.output = { text: "", attempt: null, ended: false }; // the task's stream "output", as written
     this.stop = follow
@@ -119,6 +132,8 @@ class Card {
           onError: (error) => this.onError(error),
           streams: [OUTPUT_STREAM],
           onChunks: (update) => this.onChunks(update),
+          onMetadata: (update) => this.onBeside(update),
+          onChildren: (update) => this.onBeside(update),
         })
       : () => {};
     this.render();
@@ -150,6 +165,35 @@ class Card {
     }
     this.render();
     updateConnection();
+  }
+
+  /** The task's metadata or a batch's counts changed beside its history (no new version): the task the
+   * client hands over carries them. */
+  onBeside(update) {
+    if (!update.task) return; // before the task's first frame, which will carry it
+    this.task = update.task;
+    this.heardAt = Date.now();
+    this.render();
+  }
+
+  /** A child of this batch as it is now (from the tag page, or followed here). */
+  onChild(task) {
+    this.batch.child(task);
+  }
+
+  /** Follow the children where nobody feeds them (batch-view.js: a batch subscription with the card's
+   * credential); when they are listed instead, list them again when the count of children grows. */
+  followBatch() {
+    const counts = this.task && this.task.children;
+    if (!counts || this.childrenFed || this.error) return;
+    const grew = counts.total !== this.listedTotal;
+    this.listedTotal = counts.total;
+    if (this.children === null) {
+      const canList = () => canManage;
+      this.children = followChildren(this.id, this.token, (task) => this.onChild(task), { canList });
+    } else if (grew && this.batch.known < Math.min(counts.total, SHOWN)) {
+      this.children.relist();
+    }
   }
 
   /** Chunks of the task's output: appended, or the text started over (a retry's output replaces). */
@@ -245,6 +289,15 @@ class Card {
     const el = this.el;
     const task = this.task;
     const cancelled = Boolean(task) && isCancelled(task);
+    this.renderName(task);
+    const line = this.error ? "" : statusLine(task);
+    el.querySelector(".status-line").textContent = line;
+    el.querySelector(".status-line").hidden = !line;
+    el.dataset.message = line;
+    el.dataset.revision = task ? String(task.revision ?? 0) : "";
+    this.batch.setCounts(task && !this.error ? task.children : null);
+    el.dataset.batch = String(Boolean(task && task.children));
+    this.followBatch();
     const state = this.error ? "error" : cancelled ? "cancelled" : task ? task.state : "waiting";
     el.dataset.state = state;
     const retrying = state === "queued" && isRetrying(task);
@@ -305,6 +358,27 @@ class Card {
     this.renderTimes();
   }
 
+  /** The task's name where a person reads it (its title, else its id); the id in the technical details. */
+  renderName(task) {
+    const el = this.el;
+    const name = taskName(task, this.id);
+    const heading = el.querySelector(".task-id");
+    heading.textContent = name;
+    heading.title = name === this.id ? this.id : `${name} (${this.id})`;
+    heading.dataset.titled = String(name !== this.id);
+    el.querySelector(".bar").setAttribute("aria-label", `Progress of ${name}`);
+    const remove = el.querySelector(".remove");
+    remove.setAttribute("aria-label", `Stop watching ${name}`);
+    remove.title = `Stop watching ${name}`;
+    const parent = task && task.parent;
+    el.querySelector(".f-parent-box").hidden = !parent;
+    el.querySelector(".f-parent").textContent = parent || "";
+    if (name !== this.name) {
+      this.name = name;
+      nameThePage();
+    }
+  }
+
   /** "Cancel task", where this page may cancel and the task is still queued or running. */
   renderCancel(task) {
     const offered = canManage && !this.error && Boolean(task) && !TERMINAL.has(task.state);
@@ -312,7 +386,7 @@ class Card {
     const box = this.el.querySelector(".cancel-box");
     box.hidden = !offered;
     this.el.querySelector(".cancel-task").hidden = this.cancelOpen;
-    this.el.querySelector(".cancel-task").setAttribute("aria-label", `Cancel ${this.id}`);
+    this.el.querySelector(".cancel-task").setAttribute("aria-label", `Cancel ${taskName(task, this.id)}`);
     this.el.querySelector(".cancel-confirm").hidden = !this.cancelOpen;
     const error = this.el.querySelector(".cancel-error");
     error.hidden = !this.cancelError;
@@ -336,7 +410,7 @@ class Card {
       link.removeAttribute("href");
     }
     box.querySelector(".result-ref").textContent = ref !== null && !web ? ref : "";
-    box.querySelector(".copy").setAttribute("aria-label", `Copy the result of ${this.id}`);
+    box.querySelector(".copy").setAttribute("aria-label", `Copy the result of ${taskName(task, this.id)}`);
   }
 
   async copyResult() {
@@ -439,10 +513,13 @@ function describeEvent({ event }) {
     case "start":
       text = `started by ${event.worker}`;
       break;
-    case "progress":
-      // The percentage is on the card already: say only where the worker is, if it said.
-      text = event.cursor ? event.cursor : "progress reported";
+    case "progress": {
+      // The percentage is on the card already: say only where the worker is, if it said; the gateway's own
+      // entry for a batch's children (its cursor "children:ENDED/TOTAL", protocol.md's Batches) in words.
+      const batch = /^children:(\d+)\/(\d+)$/.exec(event.cursor ?? "");
+      text = batch ? `${batch[1]} of ${batch[2]} in the batch done` : event.cursor ? event.cursor : "progress reported";
       break;
+    }
     case "succeed":
       text = "finished";
       break;
@@ -509,10 +586,11 @@ function addTask(id, token, { save = true } = {}) {
   if (card) {
     // The same task with another token (say, after a "forbidden"): watch it again with the new one.
     card.stop();
+    if (card.children) card.children.stop();
     card.el.remove();
     cards.delete(id);
   }
-  card = new Card(id, token);
+  card = new Card(id, token, { open: linkedIds.length === 1 && linkedIds[0] === id });
   cards.set(id, card);
   arrange();
   if (save) saveList();
@@ -525,6 +603,7 @@ function removeTask(id) {
   const card = cards.get(id);
   if (!card) return;
   card.stop();
+  if (card.children) card.children.stop();
   card.el.remove();
   cards.delete(id);
   if (linkedIds.includes(id)) linkedIds.splice(linkedIds.indexOf(id), 1);
@@ -579,6 +658,18 @@ function loadList() {
 
 function updateEmpty() {
   $("#empty").hidden = cards.size > 0;
+  nameThePage();
+}
+
+/** The page's title: the task's name when it shows one task, else how many (a tag's page names its tag). */
+function nameThePage() {
+  if (document.body.dataset.tag) return;
+  const only = cards.size === 1 ? [...cards.values()][0] : null;
+  document.title = only
+    ? `${only.name ?? only.id} · task-gateway`
+    : cards.size > 1
+      ? `${cards.size} tasks · task-gateway`
+      : "task-gateway dashboard";
 }
 
 // --- connection indicator -------------------------------------------------------------------------------
@@ -694,6 +785,9 @@ function startTag(tag, token) {
     token,
     cards,
     newCard: (id) => new Card(id, token, { follow: false }),
+    removeCard: (card) => {
+      if (card.children) card.children.stop();
+    },
     changed: () => {
       updateEmpty();
       updateConnection();

@@ -29,6 +29,45 @@ export interface Task {
   resultHash?: string;
   /** Why a failed task failed (a worker's error), or `"cancelled"` for a task cancelled on request. */
   error?: string;
+  /** What a person reads for the task ("Monthly sales export"), given at its creation; absent when none. */
+  title?: string;
+  /**
+   * The task's live metadata (a JSON object, `{}` for none), changed beside its history by merge patches.
+   * `message`, when a string, is the status line a person reads ("Rendering page 3 of 12"). The client
+   * always sets it (the newest it holds, by `revision`).
+   */
+  metadata: JsonObject;
+  /** The id of the batch (task) this one is a child of; absent when none. */
+  parent?: string;
+  /** The gateway moves the task's progress as its children end. */
+  progressFromChildren?: true;
+  /** A batch's counts of its children, present once it has had one (a cancelled child counts as failed). */
+  children?: Children;
+  /**
+   * Counts the changes beside the history (metadata patches, changes of the children): the newest
+   * `metadata` and `children` are those of the highest revision. The client always sets it.
+   */
+  revision: number;
+  /** The worker of the last start, once started. */
+  worker?: string;
+  /** When the last attempt started, by the gateway's clock (epoch milliseconds). */
+  startedAtMs?: number;
+  /** When the task ended (succeeded, failed or expired), by the gateway's clock. */
+  endedAtMs?: number;
+}
+
+/** A JSON value, as metadata holds. */
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+export type JsonObject = { [key: string]: JsonValue };
+
+/** A batch's counts of its children, by state (`total` is their sum). */
+export interface Children {
+  total: number;
+  queued: number;
+  running: number;
+  succeeded: number;
+  failed: number;
+  expired: number;
 }
 
 /**
@@ -85,6 +124,42 @@ export interface EventFrame extends FrameBase {
   event: TaskEvent;
 }
 
+/** A task's whole metadata after a change, with the task's revision (no version: beside the history). */
+export interface MetadataFrame {
+  type: "metadata";
+  taskId: string;
+  revision: number;
+  metadata: JsonObject;
+}
+
+/** A batch's whole counts after a change of one of its children. */
+export interface ChildrenFrame {
+  type: "children";
+  taskId: string;
+  revision: number;
+  children: Children;
+}
+
+/**
+ * A task's metadata changed: from a `metadata` frame, or a newer one carried by a task's frame (after a
+ * reconnect, say). Told at the first frame too, and never an older one after a newer.
+ */
+export interface MetadataUpdate {
+  taskId: string;
+  revision: number;
+  metadata: JsonObject;
+  /** The task with this metadata; null when it came before the task's first frame. */
+  task: Task | null;
+}
+
+/** A batch's counts changed (as MetadataUpdate). */
+export interface ChildrenUpdate {
+  taskId: string;
+  revision: number;
+  children: Children;
+  task: Task | null;
+}
+
 /** A frame handed to a listener: the resume frame of a subscription, then its events, in order. */
 export type Frame = CaughtUpFrame | DeltaFrame | SnapshotFrame | EventFrame;
 
@@ -118,6 +193,10 @@ export interface SubscribeOptions {
   streams?: string[] | Record<string, number>;
   /** Each followed stream's chunks, in order, then its end once the task has ended. */
   onChunks?: (update: StreamUpdate) => void;
+  /** The task's metadata at its first frame and at each change (by revision, across reconnects). */
+  onMetadata?: (update: MetadataUpdate) => void;
+  /** A batch's counts of its children at its first frame and at each change. */
+  onChildren?: (update: ChildrenUpdate) => void;
 }
 
 /** Chunks of one of a task's streams (docs/protocol.md, "Streams"). */
@@ -169,6 +248,23 @@ export interface AddedFrame {
   taskId: string;
 }
 
+/** A batch subscription's list of its tasks, sent at each (re)subscription: the parent first, then its
+ * children newest first. */
+export interface BatchFrame {
+  type: "batch";
+  parent: string;
+  taskIds: string[];
+  /** Some children were left out (the gateway lists at most GATEWAY_TAG_SUBSCRIPTION_MAX). */
+  more: boolean;
+}
+
+/** A child added to a batch while subscribed; its `snapshot` (`reason: "new"`) and events follow. */
+export interface BatchAddedFrame {
+  type: "added";
+  parent: string;
+  taskId: string;
+}
+
 /** Why a tag subscription ended (it is not retried). `websocket-required`: the client fell back to
  * server-sent events, which have no tag stream. */
 export interface TagSubscriptionError {
@@ -187,6 +283,24 @@ export interface TagSubscribeOptions {
    */
   onAdded?: (frame: AddedFrame) => void;
   onError?: (error: TagSubscriptionError) => void;
+  /** Each task's metadata at its first frame and at each change, as `SubscribeOptions.onMetadata`. */
+  onMetadata?: (update: MetadataUpdate) => void;
+  /** Each batch's counts at its first frame and at each change. */
+  onChildren?: (update: ChildrenUpdate) => void;
+}
+
+export interface BatchSubscribeOptions {
+  /** The versions already seen, task id -> cursor (default: those kept in storage, else none). */
+  cursors?: Record<string, Cursor>;
+  /** The batch's tasks (the parent, then its children newest first) at each (re)subscription. */
+  onBatch?: (frame: BatchFrame) => void;
+  /** A child added while subscribed (announced once); its frames follow. */
+  onAdded?: (frame: BatchAddedFrame) => void;
+  onError?: (error: TagSubscriptionError) => void;
+  /** Each task's metadata at its first frame and at each change. */
+  onMetadata?: (update: MetadataUpdate) => void;
+  /** The parent's counts of its children at its first frame and at each change. */
+  onChildren?: (update: ChildrenUpdate) => void;
 }
 
 /** The part of `Storage` the client uses to keep cursors across reloads. */
@@ -252,6 +366,17 @@ export class GatewayClient {
   tagCursors(tag: string): Record<string, number> | null;
   /** A tag subscription's tasks as they are now, newest first (createdAtMs, then id, descending). */
   tagTasks(tag: string): Task[];
+  /**
+   * Follow a batch, its parent and every child (those added later too), with one credential: a tag
+   * subscription whose tasks are the parent and its children (docs/protocol.md, Batches).
+   * @param token the parent's subscribe token, or a tag token for a tag the parent carries (null where the
+   *   gateway runs open)
+   * @returns a function that stops watching
+   */
+  subscribeBatch(parent: string, token: string | null, onFrame: FrameListener, options?: BatchSubscribeOptions): () => void;
+  unsubscribeBatch(parent: string): void;
+  /** A batch subscription's tasks as they are now (the parent among them), newest first. */
+  batchTasks(parent: string): Task[];
   /** Be told of connection state changes; returns a function that stops telling. */
   onState(listener: (state: ConnectionState) => void): () => void;
   /** Whether the network is up (watchBrowser calls this from `online`/`offline`). */

@@ -18,6 +18,11 @@
  *       streams: ["output"],
  *       onChunks: (u) => (u.replace ? replaceText(u.chunks.join("")) : appendText(u.chunks.join(""))),
  *     });
+ *     // A task's metadata (its status line: `metadata.message`) and a batch's counts of its children, live.
+ *     client.subscribe(taskId, subscribeToken, onFrame, {
+ *       onMetadata: (u) => showLine(u.metadata.message),
+ *       onChildren: (u) => showCounts(u.children),         // {total, queued, running, succeeded, failed, expired}
+ *     });
  *
  * Every frame handed to a listener is exactly what the gateway sent, in order: the resume frame
  * (`caught-up`, `delta` or `snapshot`) then `event` frames at version last + 1. The client checks that,
@@ -27,14 +32,25 @@
  * its task's history (`version:epoch`): a task made again under the id of a deleted one comes as a
  * `snapshot` (`reason: "recreated"`), never as the old one's next versions, and replaces it.
  *
+ * A task's `metadata` and `children` (a batch's counts) live beside its history: they change with no new
+ * version, in `metadata` and `children` frames, each with the task's `revision`. The client keeps, per task,
+ * the newest of each by revision, from those frames and from the task of every resume and `event` frame
+ * (the frame that carries the higher revision wins, whatever the order they come in, across reconnects), and
+ * the task it hands to a listener always carries them: `task.metadata`, `task.children`, `task.revision`.
+ *
  * @module gateway-client
  */
 
 const TERMINAL = new Set(["succeeded", "failed", "expired"]);
 const RESUME = new Set(["caught-up", "delta", "snapshot"]);
+// What changes beside a task's history, with its revision instead of a version (docs/protocol.md).
+const BESIDE = new Set(["metadata", "children"]);
 const FATAL = new Set(["unauthorized", "forbidden", "unknown-task", "invalid-request"]);
 const STORAGE_PREFIX = "task-gateway:cursor:";
 const TAG_STORAGE_PREFIX = "task-gateway:tag:"; // the ids of a tag's tasks (their cursors as above)
+const BATCH_STORAGE_PREFIX = "task-gateway:batch:"; // the ids of a batch's tasks
+// The frame that answers a tag's or a batch's subscribe, listing its tasks.
+const GROUP = new Set(["tag", "batch"]);
 const TAG_FATAL = new Set(["unauthorized", "forbidden", "invalid-request"]);
 // The gateway's bounds on a message (its defaults): before the socket holds an authorized subscription
 // (GATEWAY_WS_MAX_MESSAGE_BYTES_BEFORE_AUTH), and after (GATEWAY_WS_MAX_MESSAGE_BYTES). A tag's subscribe
@@ -45,18 +61,25 @@ const CLOSE_TOO_BIG = 1009;
 
 /**
  * @typedef {object} Task  The gateway's task: id, state, expiresAtMs, attempts, maxAttempts, progress,
- *   version, tags, createdAtMs, epoch, resultRef?, resultHash?, error?
+ *   version, tags, createdAtMs, epoch, resultRef?, resultHash?, error?, title?, metadata, parent?,
+ *   progressFromChildren?, children?, revision, worker?, startedAtMs?, endedAtMs?
  * @typedef {number | string} Cursor  the last version seen: a number, or `"version:epoch"` with the epoch
  *   of the task it was seen in (`task.epoch`); a bare number is taken as a version of the task the id
  *   names now
  * @typedef {object} Frame  A server frame: {type, taskId, version, task, event?, events?, reason?}
  * @typedef {(frame: Frame, task: Task) => void} FrameListener
  * @typedef {object} TagFrame  {type: "tag", tag, taskIds (newest first), more}
- * @typedef {object} AddedFrame  {type: "added", tag, taskId}
+ * @typedef {object} AddedFrame  {type: "added", tag or parent, taskId}
+ * @typedef {object} BatchFrame  {type: "batch", parent, taskIds (the parent, then its children newest
+ *   first), more}
  * @typedef {object} StreamUpdate  chunks of one of a task's streams, in order: {taskId, stream, attempt,
  *   offset (the first chunk's), chunks, replace (true: the text starts over with these chunks: a retry's
  *   output, or the stream sent again from its attempt's first chunk), ended (true: the task has ended and
  *   the stream with it; `chunks` is empty and `offset` the stream's final next offset)}
+ * @typedef {object} Children  a batch's counts: {total, queued, running, succeeded, failed, expired}
+ * @typedef {object} MetadataUpdate  {taskId, revision, metadata, task (the task with it; null before its
+ *   first frame)}: a task's metadata changed (a `metadata` frame, or a newer one in a task's frame)
+ * @typedef {object} ChildrenUpdate  {taskId, revision, children, task}: a batch's counts changed
  * @typedef {"idle"|"connecting"|"connected"|"reconnecting"|"offline"} ConnectionState  `idle`: nothing to
  *   watch, no socket (the gateway closes a socket that holds no subscription)
  */
@@ -121,10 +144,13 @@ export class GatewayClient {
    * @param {string | null} token  the task's subscribe token (null where the gateway runs open)
    * @param {FrameListener} onFrame
    * @param {{cursor?: Cursor, onError?: (error: {code: string, message: string}) => void,
-   *   streams?: string[] | Record<string, number>, onChunks?: (update: StreamUpdate) => void}} [options]
+   *   streams?: string[] | Record<string, number>, onChunks?: (update: StreamUpdate) => void,
+   *   onMetadata?: (update: MetadataUpdate) => void, onChildren?: (update: ChildrenUpdate) => void}} [options]
    *   `streams`: the task's streams to follow, by name (from their start) or with the offset to start
    *   each from; `onChunks` gets each stream's chunks in order, across reconnects (the client keeps each
-   *   stream's attempt and next offset, and resumes from them), then its end once the task has ended
+   *   stream's attempt and next offset, and resumes from them), then its end once the task has ended;
+   *   `onMetadata` and `onChildren`: the task's metadata, a batch's counts, at the first frame and at each
+   *   change (never an older one after a newer: by revision), after `onFrame` when a frame of it brought them
    * @returns {() => void}  stops watching
    */
   subscribe(taskId, token, onFrame, options = {}) {
@@ -148,6 +174,9 @@ export class GatewayClient {
       // stream name -> {attempt (null: none seen yet), next (the offset to resume from), ended}
       streams: new Map(wanted.map(([name, offset]) => [name, { attempt: null, next: offset, ended: false }])),
       onChunks: options.onChunks ?? null,
+      held: heldBeside(), // the newest metadata and children counts, by revision
+      onMetadata: options.onMetadata ?? null,
+      onChildren: options.onChildren ?? null,
     };
     this._subs.set(taskId, sub);
     if (this.transport === "sse") {
@@ -190,23 +219,70 @@ export class GatewayClient {
    * @param {FrameListener} onFrame
    * @param {{cursors?: Record<string, Cursor>, onTag?: (frame: TagFrame) => void,
    *   onAdded?: (frame: AddedFrame) => void,
-   *   onError?: (error: {code: string, message: string}) => void}} [options]  `cursors`: the versions
-   *   already seen (default: those kept in storage); `onTag`: the tag's tasks at each (re)subscription;
-   *   `onAdded`: a task created with the tag while subscribed (its frames follow; one it knew: the id was
-   *   made again, and the new task's snapshot replaces it)
+   *   onError?: (error: {code: string, message: string}) => void,
+   *   onMetadata?: (update: MetadataUpdate) => void, onChildren?: (update: ChildrenUpdate) => void}} [options]
+   *   `cursors`: the versions already seen (default: those kept in storage); `onTag`: the tag's tasks at
+   *   each (re)subscription; `onAdded`: a task created with the tag while subscribed (its frames follow; one
+   *   it knew: the id was made again, and the new task's snapshot replaces it); `onMetadata`,
+   *   `onChildren`: each task's metadata and a batch's counts, as for `subscribe`
    * @returns {() => void}  stops watching
    */
   subscribeTag(tag, token, onFrame, options = {}) {
-    const previous = this._tags.get(tag);
+    return this._subscribeGroup("tag", tag, token, onFrame, options);
+  }
+
+  /**
+   * Follow a batch: its parent and every child, those added later too, on one subscription with one
+   * credential (docs/protocol.md, Batches): a tag subscription whose tasks are the parent and its children,
+   * with all that `subscribeTag` does (a cursor per task, resumed after a drop). `onBatch` gets the `batch`
+   * frame at each (re)subscription (the parent first, then its children newest first), `onAdded` each child
+   * added while subscribed. A second subscription to the same batch replaces the first.
+   * @param {string} parent  the parent task's id
+   * @param {string | null} token  the parent's subscribe token, or a tag token for a tag the parent carries
+   *   (null where the gateway runs open)
+   * @param {FrameListener} onFrame
+   * @param {{cursors?: Record<string, Cursor>, onBatch?: (frame: BatchFrame) => void,
+   *   onAdded?: (frame: AddedFrame) => void,
+   *   onError?: (error: {code: string, message: string}) => void,
+   *   onMetadata?: (update: MetadataUpdate) => void, onChildren?: (update: ChildrenUpdate) => void}} [options]
+   * @returns {() => void}  stops watching
+   */
+  subscribeBatch(parent, token, onFrame, options = {}) {
+    return this._subscribeGroup("parent", parent, token, onFrame, { ...options, onTag: options.onBatch });
+  }
+
+  /** @param {string} parent */
+  unsubscribeBatch(parent) {
+    this.unsubscribeTag(groupKey("parent", parent));
+  }
+
+  /**
+   * A batch's tasks as they are now (the parent among them), newest first; those whose first frame has not
+   * come yet are left out. @param {string} parent
+   * @returns {Task[]}
+   */
+  batchTasks(parent) {
+    return this.tagTasks(groupKey("parent", parent));
+  }
+
+  /** A tag's or a batch's subscription (`kind`: "tag" or "parent"), kept under groupKey(kind, name). */
+  _subscribeGroup(kind, name, token, onFrame, options) {
+    const key = groupKey(kind, name);
+    const previous = this._tags.get(key);
     if (previous) this._endTag(previous);
     const sub = {
-      tag,
+      kind,
+      name,
+      key,
       token,
       onFrame,
       onTag: options.onTag ?? null,
       onAdded: options.onAdded ?? null,
       onError: options.onError ?? null,
-      tasks: new Map(), // task id -> {cursor: number|null, epoch: string|null, task: Task|null, awaiting: boolean}
+      onMetadata: options.onMetadata ?? null,
+      onChildren: options.onChildren ?? null,
+      // task id -> {cursor: number|null, epoch: string|null, task: Task|null, awaiting: boolean, held}
+      tasks: new Map(),
       awaiting: false, // a subscribe sent, its `tag` frame not come yet
       done: false,
       listed: 0, // how many tasks the last `tag` frame listed
@@ -214,24 +290,25 @@ export class GatewayClient {
       sent: 0, // how many cursors the last subscribe sent
       retry: null,
     };
-    const cursors = options.cursors ?? this._loadTagCursors(tag);
+    const cursors = options.cursors ?? this._loadTagCursors(sub);
     for (const [taskId, cursor] of Object.entries(cursors)) {
       const from = parseCursor(cursor);
-      if (from) sub.tasks.set(taskId, { cursor: from.version, epoch: from.epoch, task: null, awaiting: true });
+      if (from) sub.tasks.set(taskId, knownTask(from.version, from.epoch));
     }
-    this._tags.set(tag, sub);
+    this._tags.set(key, sub);
     if (this.transport === "sse") {
       // Server-sent events have no tag stream: a tag needs the WebSocket this network did not let through.
+      const what = kind === "tag" ? "a tag" : "a batch";
       this._tagError(sub, {
         code: "websocket-required",
-        message: "following a tag needs a WebSocket, and none could connect (server-sent events have no tag stream)",
+        message: `following ${what} needs a WebSocket, and none could connect (server-sent events have no tag stream)`,
       });
     } else if (this._ws && this._ws.readyState === 1) {
       this._sendTagSubscribe(sub);
     } else {
       this._connect();
     }
-    return () => this.unsubscribeTag(tag);
+    return () => this.unsubscribeTag(key);
   }
 
   /** @param {string} tag */
@@ -373,8 +450,9 @@ export class GatewayClient {
       } catch {
         return;
       }
-      if (frame.type === "tag" || RESUME.has(frame.type)) this._authorized = true;
-      if (frame.type === "tag" || frame.type === "added" || (frame.type === "error" && frame.tag !== undefined)) {
+      if (GROUP.has(frame.type) || RESUME.has(frame.type)) this._authorized = true;
+      const group = frame.tag !== undefined || frame.parent !== undefined;
+      if (GROUP.has(frame.type) || ((frame.type === "added" || frame.type === "error") && group)) {
         this._onTagFrame(frame);
         return;
       }
@@ -530,7 +608,7 @@ export class GatewayClient {
         sub.source = null;
       }
     };
-    for (const type of ["caught-up", "delta", "snapshot", "event", "chunks", "end"]) {
+    for (const type of ["caught-up", "delta", "snapshot", "event", "chunks", "end", "metadata", "children"]) {
       source.addEventListener(type, handle);
     }
     source.onerror = () => {
@@ -566,6 +644,10 @@ export class GatewayClient {
       this._onStreamFrame(sub, frame);
       return;
     }
+    if (BESIDE.has(frame.type)) {
+      sub.task = besideFrame(sub.held, frame, sub.task, sub);
+      return;
+    }
     if (RESUME.has(frame.type)) {
       // A snapshot also comes unasked: the newest state past a backlog (conflated), or the task made again.
       if (!sub.awaiting && !(frame.type === "snapshot" && ["conflated", "recreated"].includes(frame.reason))) return;
@@ -584,13 +666,15 @@ export class GatewayClient {
     }
     sub.cursor = frame.version;
     sub.epoch = frame.task.epoch ?? null; // a snapshot of a task made again under the id brings its own
-    sub.task = frame.task;
+    const { task, changed } = absorb(sub.held, frame.task);
+    sub.task = task;
     this._saveCursor(sub.taskId, sub.cursor, sub.epoch);
     if (TERMINAL.has(frame.task.state)) {
       sub.ended = true;
       sub.done = [...sub.streams.values()].every((s) => s.ended);
     }
-    sub.onFrame(frame, frame.task);
+    sub.onFrame(frame, task);
+    tellBeside(sub, sub.held, task, changed);
   }
 
   /** A `chunks` or `end` frame of a stream the subscription follows (docs/protocol.md, "Live"). */
@@ -622,7 +706,7 @@ export class GatewayClient {
     sub.retry = null;
     sub.awaiting = true;
     for (const known of sub.tasks.values()) known.awaiting = true;
-    const message = { type: "subscribe", tag: sub.tag, cursors: {} };
+    const message = { type: "subscribe", [sub.kind]: sub.name, cursors: {} };
     if (sub.token) message.token = sub.token;
     const room = this._messageBytes[this._authorized ? 1 : 0] - utf8Length(JSON.stringify(message));
     message.cursors = this._cursorsToSend(sub, room);
@@ -655,7 +739,7 @@ export class GatewayClient {
     sub.done = true;
     clearTimeout(sub.retry);
     if (live && this._ws && this._ws.readyState === 1) {
-      this._ws.send(JSON.stringify({ type: "unsubscribe", tag: sub.tag }));
+      this._ws.send(JSON.stringify({ type: "unsubscribe", [sub.kind]: sub.name }));
     }
   }
 
@@ -666,7 +750,7 @@ export class GatewayClient {
 
   /** A frame about a tag subscription itself: `tag`, `added`, or an `error` with `tag`. */
   _onTagFrame(frame) {
-    const sub = this._tags.get(frame.tag);
+    const sub = this._tags.get(frame.tag !== undefined ? frame.tag : groupKey("parent", frame.parent));
     if (!sub || sub.done) return;
     if (frame.type === "error") {
       if (frame.code === "invalid-request" && sub.sent > sub.listed && sub.cap > sub.listed) {
@@ -681,14 +765,14 @@ export class GatewayClient {
         clearTimeout(sub.retry);
         sub.retry = setTimeout(() => {
           sub.retry = null;
-          if (!sub.done && this._tags.get(sub.tag) === sub && this._ws && this._ws.readyState === 1) {
+          if (!sub.done && this._tags.get(sub.key) === sub && this._ws && this._ws.readyState === 1) {
             this._sendTagSubscribe(sub);
           }
         }, wait);
       }
       return;
     }
-    if (frame.type === "tag") {
+    if (GROUP.has(frame.type)) {
       sub.awaiting = false;
       sub.listed = frame.taskIds.length;
       if (frame.more) sub.cap = Math.min(sub.cap, frame.taskIds.length);
@@ -698,14 +782,14 @@ export class GatewayClient {
       const listed = new Set(frame.taskIds);
       for (const taskId of sub.tasks.keys()) if (!listed.has(taskId)) sub.tasks.delete(taskId);
       for (const taskId of frame.taskIds) {
-        if (!sub.tasks.has(taskId)) sub.tasks.set(taskId, { cursor: null, epoch: null, task: null, awaiting: true });
+        if (!sub.tasks.has(taskId)) sub.tasks.set(taskId, knownTask(null, null));
       }
       this._saveTagIds(sub);
       if (sub.onTag) sub.onTag(frame);
     } else if (frame.type === "added") {
       // Announced once; again (or a listed task), the id was made again: what was known of it goes, and the
       // new task's snapshot follows.
-      sub.tasks.set(frame.taskId, { cursor: null, epoch: null, task: null, awaiting: true });
+      sub.tasks.set(frame.taskId, knownTask(null, null));
       this._saveTagIds(sub);
       if (sub.onAdded) sub.onAdded(frame);
     }
@@ -713,9 +797,14 @@ export class GatewayClient {
 
   /** A task's frame, for a tag subscription that knows the task: applied in order, per task, no gap. */
   _onTagTaskFrame(sub, frame) {
-    if (sub.done || !frame.task) return;
+    if (sub.done) return;
     const known = sub.tasks.get(frame.taskId);
     if (!known) return;
+    if (BESIDE.has(frame.type)) {
+      known.task = besideFrame(known.held, frame, known.task, sub);
+      return;
+    }
+    if (!frame.task) return;
     let shown = frame;
     if (RESUME.has(frame.type)) {
       // A snapshot replaces whatever was known (even an older version: the task was made anew). A
@@ -737,16 +826,18 @@ export class GatewayClient {
     }
     known.cursor = frame.version;
     known.epoch = frame.task.epoch ?? null;
-    known.task = frame.task;
+    const { task, changed } = absorb(known.held, frame.task);
+    known.task = task;
     this._saveCursor(frame.taskId, known.cursor, known.epoch);
-    sub.onFrame(shown, frame.task);
+    sub.onFrame(shown, task);
+    tellBeside(sub, known.held, task, changed);
   }
 
-  _loadTagCursors(tag) {
+  _loadTagCursors(sub) {
     if (!this.storage) return {};
     let ids;
     try {
-      ids = JSON.parse(this.storage.getItem(TAG_STORAGE_PREFIX + tag) ?? "[]");
+      ids = JSON.parse(this.storage.getItem(storageKey(sub)) ?? "[]");
     } catch {
       return {};
     }
@@ -762,7 +853,7 @@ export class GatewayClient {
   _saveTagIds(sub) {
     if (!this.storage) return;
     try {
-      this.storage.setItem(TAG_STORAGE_PREFIX + sub.tag, JSON.stringify([...sub.tasks.keys()]));
+      this.storage.setItem(storageKey(sub), JSON.stringify([...sub.tasks.keys()]));
     } catch {
       // storage full or denied: the cursors still live in memory
     }
@@ -819,6 +910,106 @@ export function watchBrowser(client, win = globalThis) {
     win.removeEventListener("offline", offline);
     if (doc) doc.removeEventListener("visibilitychange", visible);
   };
+}
+
+// --- metadata and children: beside the history, the newest by revision ----------------------------------
+
+/** What a subscription holds of a task beside its history: the newest metadata and children counts seen,
+ * each with the revision it came with (-1: none yet), and the epoch of the task they are of. */
+function heldBeside() {
+  return { epoch: null, metadataRevision: -1, metadata: {}, childrenRevision: -1, children: null };
+}
+
+/** A task a tag subscription knows, from its cursor (null: none yet). */
+function knownTask(cursor, epoch) {
+  return { cursor, epoch, task: null, awaiting: true, held: heldBeside() };
+}
+
+/**
+ * Take what a task of a resume or `event` frame carries beside its history into `held` where its revision is
+ * not older than what is held (`>=`), and return the task with the newest of each (the frame's task itself
+ * when it has them), and which changed. A task made again under its id (another epoch) starts over: its
+ * revisions are its own.
+ */
+function absorb(held, task) {
+  const epoch = task.epoch ?? null;
+  if (held.epoch !== epoch) Object.assign(held, heldBeside(), { epoch });
+  const revision = typeof task.revision === "number" ? task.revision : 0;
+  const changed = { metadata: false, children: false };
+  if (revision >= held.metadataRevision) {
+    const metadata = isObject(task.metadata) ? task.metadata : {};
+    changed.metadata = held.metadataRevision < 0 || !sameJson(held.metadata, metadata);
+    held.metadata = metadata;
+    held.metadataRevision = revision;
+  }
+  if (revision >= held.childrenRevision) {
+    const children = isObject(task.children) ? task.children : null;
+    changed.children = !sameJson(held.children, children);
+    held.children = children;
+    held.childrenRevision = revision;
+  }
+  // The task itself, unless a frame brought newer metadata or counts than it carries.
+  const newer = held.metadataRevision > revision || held.childrenRevision > revision;
+  return { task: newer ? withBeside(task, held) : task, changed };
+}
+
+/** The task with the metadata and counts held (a frame may have brought newer ones than the task's). */
+function withBeside(task, held) {
+  const shown = { ...task, metadata: held.metadata, revision: Math.max(0, held.metadataRevision, held.childrenRevision) };
+  if (held.children !== null) shown.children = held.children;
+  else delete shown.children;
+  return shown;
+}
+
+/**
+ * A `metadata` or `children` frame: applied where its revision is not older than what is held, and told to
+ * the subscription's `onMetadata` or `onChildren`; returns the task as it is now (null before its first
+ * frame).
+ */
+function besideFrame(held, frame, task, sub) {
+  const revision = typeof frame.revision === "number" ? frame.revision : 0;
+  const metadata = frame.type === "metadata";
+  if (metadata ? !isObject(frame.metadata) : !isObject(frame.children)) return task;
+  if (revision < (metadata ? held.metadataRevision : held.childrenRevision)) return task; // older than held
+  const same = metadata ? sameJson(held.metadata, frame.metadata) : sameJson(held.children, frame.children);
+  if (metadata) {
+    held.metadata = frame.metadata;
+    held.metadataRevision = revision;
+  } else {
+    held.children = frame.children;
+    held.childrenRevision = revision;
+  }
+  const now = task === null ? null : withBeside(task, held);
+  if (!same) tellBeside(sub, held, now, { metadata, children: !metadata }, frame.taskId);
+  return now;
+}
+
+/** Tell a subscription's `onMetadata` and `onChildren` what changed. */
+function tellBeside(sub, held, task, changed, taskId = task.id) {
+  const revision = Math.max(0, held.metadataRevision, held.childrenRevision);
+  if (changed.metadata && sub.onMetadata) sub.onMetadata({ taskId, revision, metadata: held.metadata, task });
+  if (changed.children && held.children !== null && sub.onChildren) {
+    sub.onChildren({ taskId, revision, children: held.children, task });
+  }
+}
+
+function isObject(value) {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** Whether two JSON values are the same (the gateway sends each the same way, so key order matches). */
+function sameJson(a, b) {
+  return a === b || JSON.stringify(a) === JSON.stringify(b);
+}
+
+/** Where a tag's or a batch's subscription is kept: a tag under its name (no tag holds a NUL), a batch apart. */
+function groupKey(kind, name) {
+  return kind === "tag" ? name : `\u0000parent:${name}`;
+}
+
+/** Where the ids of a tag's or a batch's tasks are kept in storage. */
+function storageKey(sub) {
+  return (sub.kind === "tag" ? TAG_STORAGE_PREFIX : BATCH_STORAGE_PREFIX) + sub.name;
 }
 
 /** The bytes `text` takes in UTF-8 (what the gateway counts), with no TextEncoder (React Native). */

@@ -85,3 +85,32 @@ export function refusal({ code, message }, token) {
   };
   return words[code] ?? `${message} (${code}).`;
 }
+
+/** What a person calls a task: its title, else its id (the id stays in the technical details). */
+export function taskName(task, id = task ? task.id : "") {
+  const title = task && typeof task.title === "string" ? task.title.trim() : "";
+  return title || id;
+}
+
+/** A task's status line, `metadata.message` (docs/protocol.md), trimmed; "" when it has none. */
+export function statusLine(task) {
+  const message = task && task.metadata ? task.metadata.message : undefined;
+  return typeof message === "string" ? message.trim() : "";
+}
+
+/** How many of a batch's children have ended (succeeded, failed or expired). */
+export function childrenEnded(children) {
+  return children.succeeded + children.failed + children.expired;
+}
+
+/**
+ * A batch's counts in words: "12 of 20 done · 1 failed · 3 running" (what did not happen is left out; a
+ * cancelled child is among the failed, as the gateway counts it).
+ */
+export function childrenWords(children) {
+  const parts = [`${childrenEnded(children)} of ${children.total} done`];
+  if (children.failed) parts.push(`${children.failed} failed`);
+  if (children.expired) parts.push(`${children.expired} expired`);
+  if (children.running) parts.push(`${children.running} running`);
+  return parts.join("\u00a0· ");
+}

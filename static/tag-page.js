@@ -12,7 +12,9 @@
  *
  * The cards are the dashboard's (dashboard.js makes them and keeps them in its map, so the connection
  * indicator, the stale marks and Cancel work as for any card), fed by the tag subscription instead of one
- * subscription each.
+ * subscription each. A batch is one card: a task whose parent the tag lists too is shown in its parent's card
+ * (batch-view.js: its title, state and status line, live), not as a card of its own; the parent's counts
+ * are its own (`children`).
  *
  * State for tests: `#tag-head[data-tag][data-state][data-count]`, `data-state` being `loading` (no list
  * yet), `live` or `error`; the cards in `#tasks` in the order shown, a card that came after the first
@@ -41,7 +43,7 @@ function precedes(a, b) {
  * `changed()` is called after every change (the dashboard updates its indicator and empty-page words).
  * Returns a function that tells whether the tag is still followed (false once it was refused).
  */
-export function followTag({ client, tag, token, cards, newCard, changed }) {
+export function followTag({ client, tag, token, cards, newCard, removeCard, changed }) {
   const head = document.querySelector("#tag-head");
   const tasksEl = document.querySelector("#tasks");
   const summary = head.querySelector(".tag-summary");
@@ -50,6 +52,7 @@ export function followTag({ client, tag, token, cards, newCard, changed }) {
   let listed = false;
   let refused = false;
   let first = null; // the ids of the first list: any other task came in while the page was open
+  let listedIds = new Set(); // the tag's tasks as last listed, and those added since
 
   head.hidden = false;
   head.dataset.tag = tag;
@@ -89,17 +92,45 @@ export function followTag({ client, tag, token, cards, newCard, changed }) {
     changed();
   }
 
+  /** The card of `id`, made when it has none yet (unplaced until its task's first frame). */
+  function cardOf(id) {
+    let card = cards.get(id);
+    if (card === undefined) {
+      card = newCard(id);
+      cards.set(id, card);
+      card.el.dataset.new = String(first !== null && !first.has(id)); // highlighted a moment
+    }
+    return card;
+  }
+
+  /** The card of a child's batch, when its parent is among the tag's tasks: the child is shown there. */
+  function batchOf(task) {
+    if (!task.parent || !(cards.has(task.parent) || listedIds.has(task.parent))) return null;
+    const parent = cardOf(task.parent);
+    parent.childrenFed = true;
+    const own = cards.get(task.id);
+    if (own) {
+      // Shown on its own before its parent was known: it moves into its batch.
+      own.el.remove();
+      cards.delete(task.id);
+      removeCard(own);
+    }
+    return parent;
+  }
+
   client.subscribeTag(
     tag,
     token,
     (frame, task) => {
-      let card = cards.get(task.id);
-      const fresh = card === undefined;
-      if (fresh) {
-        card = newCard(task.id);
-        cards.set(task.id, card);
-        card.el.dataset.new = String(first !== null && !first.has(task.id)); // highlighted a moment
+      const batch = batchOf(task);
+      if (batch) {
+        batch.onChild(task);
+        summarise();
+        return;
       }
+      const unplaced = !cards.has(task.id) || cards.get(task.id).task === null;
+      const card = cardOf(task.id);
+      const fresh = unplaced;
       const finished = !fresh && FINISHED.has(card.task?.state);
       card.onFrame(frame, task);
       // A task's creation time never changes: a card moves only when its task finishes (or, after a
@@ -112,10 +143,12 @@ export function followTag({ client, tag, token, cards, newCard, changed }) {
         // Tasks no longer listed were deleted (retention): their cards go too.
         const now = new Set(frame.taskIds);
         first ??= now;
+        listedIds = new Set(now);
         for (const [id, card] of cards) {
           if (!now.has(id)) {
             card.el.remove();
             cards.delete(id);
+            removeCard(card);
           }
         }
         listed = true;
@@ -124,6 +157,9 @@ export function followTag({ client, tag, token, cards, newCard, changed }) {
         head.querySelector(".tag-more").hidden = !frame.more;
         summarise();
       },
+      onAdded: (frame) => listedIds.add(frame.taskId),
+      onMetadata: (update) => update.task && shown(update.task),
+      onChildren: (update) => update.task && shown(update.task),
       onError: (error) => {
         refused = true;
         head.dataset.state = "error";
@@ -134,5 +170,12 @@ export function followTag({ client, tag, token, cards, newCard, changed }) {
       },
     },
   );
+  /** A task whose metadata or counts changed beside its history: on its card, or in its batch's. */
+  function shown(task) {
+    const batch = batchOf(task);
+    if (batch) batch.onChild(task);
+    else if (cards.get(task.id)?.task) cards.get(task.id).onBeside({ task });
+  }
+
   return () => !refused;
 }

@@ -5,9 +5,14 @@
 import {
   GatewayClient,
   watchBrowser,
+  type Children,
+  type BatchFrame,
+  type ChildrenUpdate,
   type ConnectionState,
   type Cursor,
   type Frame,
+  type JsonObject,
+  type MetadataUpdate,
   type StreamUpdate,
   type SubscriptionError,
   type TagFrame,
@@ -164,3 +169,56 @@ client.subscribe("llm-run", null, () => {}, {
 client.subscribe("build-7", null, () => {}, { streams: { log: 120, output: 0 } });
 // @ts-expect-error an offset is a number
 client.subscribe("build-7", null, () => {}, { streams: { log: "120" } });
+
+// Titles, live metadata (its status line, `metadata.message`) and a batch's counts of its children.
+function statusOf(task: Task): string {
+  const message = task.metadata.message;
+  const name = task.title ?? task.id;
+  return typeof message === "string" ? `${name}: ${message}` : name;
+}
+function countsOf(children: Children): string {
+  const ended = children.succeeded + children.failed + children.expired;
+  return `${ended} of ${children.total} done, ${children.failed} failed, ${children.running} running`;
+}
+function ranFor(task: Task): number | null {
+  if (task.startedAtMs === undefined) return null;
+  return (task.endedAtMs ?? Date.now()) - task.startedAtMs;
+}
+client.subscribe("batch-1", null, (frame, task) => console.log(statusOf(task), task.revision, ranFor(task), task.worker), {
+  onMetadata: (update: MetadataUpdate) => {
+    const held: JsonObject = update.metadata;
+    console.log(update.taskId, update.revision, held, update.task === null ? "before its first frame" : statusOf(update.task));
+  },
+  onChildren: (update: ChildrenUpdate) => console.log(countsOf(update.children), update.task?.parent),
+});
+client.subscribeTag("owner:u42", null, () => {}, {
+  onMetadata: (update) => console.log(update.metadata.message),
+  onChildren: (update) => console.log(update.children.total),
+});
+client.subscribe("t", null, (frame, task) => {
+  // @ts-expect-error a task's children are counts, present only for a batch
+  const total: number = task.children.total;
+  // @ts-expect-error metadata is a JSON object: no functions in it
+  task.metadata.run = () => 1;
+  console.log(total, frame.type);
+});
+client.subscribe("t", null, () => {}, {
+  // @ts-expect-error counts are numbers
+  onChildren: (update) => update.children.total.toUpperCase(),
+});
+
+// A batch, its parent and every child, on one subscription with the parent's subscribe token.
+const batchTitles = new Map<string, string>();
+const stopBatch = client.subscribeBatch("import-7", "eyJ...", (frame, task) => batchTitles.set(task.id, task.title ?? task.id), {
+  onBatch: (frame: BatchFrame) => console.log(`${frame.parent}: ${frame.taskIds.length - 1} children`, frame.more),
+  onAdded: (frame) => console.log(`${frame.taskId} joined ${frame.parent}`),
+  onChildren: ({ children }) => console.log(children.total),
+  onError: (error) => console.error(error.code),
+});
+console.log(client.batchTasks("import-7").map((task) => task.parent ?? "the parent"));
+stopBatch();
+client.unsubscribeBatch("import-7");
+client.subscribeBatch("import-7", null, () => {}, {
+  // @ts-expect-error a batch's added frame names its parent, not a tag
+  onAdded: (frame) => console.log(frame.tag),
+});
