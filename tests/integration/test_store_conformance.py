@@ -1344,6 +1344,35 @@ def answers(outcomes: list[Any]) -> list[Any]:
     return found
 
 
+async def test_a_group_commit_of_appends_renews_the_leases_of_the_tasks_it_updates_and_of_those_it_does_not(
+    store: Store,
+) -> None:
+    """PostgreSQL sends the appends and the renewals of tasks whose rows the batch does not update with its
+    other writes, and those of updated rows after them: every store ends with the same rows."""
+    clock = FakeClock()
+    book = Book(store, clock)
+    for task_id in ("a", "b"):
+        await book.create(task_id, 600_000, 1, heartbeat_ms=10_000)
+        await book.callbacks([CallbackRequest(task_id, lambda now: Start(now, "w"))])
+    clock.advance(1_000)
+    outcomes = await book.callbacks(
+        [
+            appending("a", 1, 0, "a0"),
+            CallbackRequest("b", lambda now: Progress(now, 50, "half")),
+            appending("b", 1, 0, "b0", "b1"),
+            appending("a", 1, 1, "a1"),
+        ]
+    )
+    assert answers(outcomes) == [(0, 1, False), "progress", (0, 2, False), (1, 2, False)]
+    reads = StreamReads(store)
+    for task_id, text, version in (("a", "a0a1", 1), ("b", "b0b1", 2)):
+        assert (await reads.text(task_id, "output"))[1] == Text(1, 2, text)
+        async with store.read() as tx:
+            stored = await tx.task(task_id)
+        assert stored is not None and stored.task.version == version
+        assert stored.lease_until_ms == clock() + 10_000
+
+
 async def test_appends_are_decided_with_the_callbacks_of_their_group_commit_in_arrival_order(
     store: Store,
 ) -> None:
