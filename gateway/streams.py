@@ -245,7 +245,10 @@ def rows_to_read(head: Head | None, limit: int, page_bytes: int = PAGE_BYTES) ->
         return 2
     chunks_per = max(1, (head.next_offset - head.first_offset) // head.next_seq)
     bytes_per = max(1, head.size // head.next_seq)
-    return max(2, min(limit + 1, -(-(limit + 1) // chunks_per) + 1, -(-page_bytes // bytes_per) + 2))
+    # As many as the page and one chunk (or byte) past it need, plus one for a first batch the read starts
+    # within: a stream of batches larger than the page reads two of them for a page, not three.
+    by_bytes = -(-(page_bytes + 1) // bytes_per) + 1
+    return max(2, min(limit + 1, -(-(limit + 1) // chunks_per) + 1, by_bytes))
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,7 +244,9 @@ def test_batches_to_read_at_once_follow_the_streams_average_batch() -> None:
     assert rows_to_read(HEAD, 6) == 4
     # Big batches: the page's bytes decide.
     big = Head("output", 1, 0, 2, 2 * 600_000, 2, 1, b"d")
-    assert rows_to_read(big, LIMIT) == 4
+    assert rows_to_read(big, LIMIT) == 3
+    # Batches larger than the page: the one it starts within and the next.
+    assert rows_to_read(big, LIMIT, page_bytes=128 * 1024) == 2
     # Never fewer than two: the page's batch and one past it.
     assert rows_to_read(Head("output", 1, 0, 1000, 1000, 1, 0, b"d"), 1) == 2
 
