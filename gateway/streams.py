@@ -245,21 +245,33 @@ def rows_to_read(head: Head | None, limit: int, page_bytes: int = PAGE_BYTES) ->
         return 2
     chunks_per = max(1, (head.next_offset - head.first_offset) // head.next_seq)
     bytes_per = max(1, head.size // head.next_seq)
-    return max(2, min(limit + 1, -(-(limit + 1) // chunks_per) + 1, -(-page_bytes // bytes_per) + 2))
+    # As many as the page and one chunk (or byte) past it need, plus one for a first batch the read starts
+    # within: a stream of batches larger than the page reads two of them for a page, not three.
+    by_bytes = -(-(page_bytes + 1) // bytes_per) + 1
+    return max(2, min(limit + 1, -(-(limit + 1) // chunks_per) + 1, by_bytes))
 
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """A read's answer: ``chunks`` of ``attempt`` at ``offset``...; ``more`` when chunks follow them."""
+    """A read's answer: ``count`` chunks of ``attempt`` at ``offset``..., ``size`` bytes of them in UTF-8, as
+    the JSON array the wire carries (``encoded``: spliced from the stored arrays, never decoded where whole
+    batches make it); ``more`` when chunks follow them."""
 
     attempt: int
     offset: int
-    chunks: list[str]
+    encoded: bytes
+    count: int
+    size: int
     more: bool
 
     @property
+    def chunks(self) -> list[str]:
+        chunks: list[str] = orjson.loads(self.encoded)
+        return chunks
+
+    @property
     def next_offset(self) -> int:
-        return self.offset + len(self.chunks)
+        return self.offset + self.count
 
 
 def page_of(
@@ -278,28 +290,46 @@ def page_of(
     The page holds the chunks of one attempt only: the batches of a read are not read at one instant, and
     an attempt that started meanwhile stops it there (its chunks follow, and its answer's offset says so).
     A page whose first batch is past ``start`` (an attempt started meanwhile, dropping the batches that
-    held it) starts at that batch. ``attempt``: the page's when it has no chunk (the stream's)."""
-    chunks: list[str] = []
-    offset, size, held_attempt = start, 0, attempt
+    held it) starts at that batch. ``attempt``: the page's when it has no chunk (the stream's).
+
+    A batch the page takes whole is spliced into it as stored (its size is known: no chunk is decoded);
+    only a batch the page starts within or is cut within is decoded, chunk by chunk."""
+    parts: list[bytes] = []  # JSON arrays' insides, joined by commas
+    offset, count, size, held_attempt = start, 0, 0, attempt
     for batch in batches:
-        items: list[str] = orjson.loads(batch.chunks)
-        if not chunks:
+        skip = 0
+        if not count:
             held_attempt = batch.attempt
             offset = max(start, batch.offset)
-            items = items[offset - batch.offset :]
+            skip = offset - batch.offset
         elif batch.attempt != held_attempt:
-            return Page(held_attempt, offset, chunks, True)
+            return Page(held_attempt, offset, _joined(parts), count, size, True)
+        fits = size + batch.size <= page_bytes or (not count and batch.count == 1)
+        if not skip and count + batch.count <= limit and fits:
+            parts.append(batch.chunks[1:-1])
+            count, size = count + batch.count, size + batch.size
+            continue
+        items: list[str] = orjson.loads(batch.chunks)[skip:]
+        taken = 0
         for item in items:
             length = len(item.encode())
-            if len(chunks) == limit or (chunks and size + length > page_bytes):
-                return Page(held_attempt, offset, chunks, True)
-            chunks.append(item)
-            size += length
+            if count == limit or (count and size + length > page_bytes):
+                break
+            count, size, taken = count + 1, size + length, taken + 1
+        if taken:
+            parts.append(orjson.dumps(items[:taken])[1:-1])
+        if taken < len(items):
+            return Page(held_attempt, offset, _joined(parts), count, size, True)
     if not complete:
         return None
-    return Page(held_attempt, offset, chunks, False)
+    return Page(held_attempt, offset, _joined(parts), count, size, False)
+
+
+def _joined(parts: Sequence[bytes]) -> bytes:
+    return b"[" + b",".join(parts) + b"]"
 
 
 def text_of(batches: Sequence[Batch]) -> str:
     """A stream's text: its batches' chunks joined (the batches of one attempt, in offset order)."""
-    return "".join(chunk for batch in batches for chunk in orjson.loads(batch.chunks))
+    chunks: list[str] = orjson.loads(_joined([batch.chunks[1:-1] for batch in batches]))
+    return "".join(chunks)

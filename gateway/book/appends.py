@@ -9,8 +9,6 @@ a retryable fail, a start and the next attempt's append, all in one group commit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from gateway.book.outcomes import CallbackOutcome, CallbackRequest
 from gateway.bus.base import News
 from gateway.errors import UnknownTask
@@ -34,11 +32,6 @@ class Appends:
         self._stored = {(task_id, name) for task_id, found in self._heads.items() for name in found}
         self._taken: dict[Key, list[Batch]] = {}
         self._dropped: dict[Key, int] = {}
-
-    @classmethod
-    async def load(cls, tx: WriteTx, task_ids: Sequence[str], max_bytes: int) -> Appends:
-        """The appends of a transaction that will append to streams of ``task_ids`` (none: no read)."""
-        return cls(tx, await tx.stream_heads(task_ids) if task_ids else {}, max_bytes)
 
     async def decide(self, task: Task | None, request: CallbackRequest) -> CallbackOutcome:
         """An append's outcome (``request.append``'s, to ``task`` as the transaction has it), its batch taken

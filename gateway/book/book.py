@@ -259,13 +259,14 @@ class Book:
         async def work(
             tx: WriteTx, commit: _Commit
         ) -> tuple[list[CallbackOutcome | GatewayError], int | None]:
-            stored = await tx.lock_tasks([r.task_id for r in requests])
+            streamed = [r.task_id for r in requests if r.append is not None]
+            # The tasks locked, and the heads of the streams appended to read under those locks.
+            stored, heads = await tx.lock_tasks_and_heads([r.task_id for r in requests], streamed)
             tasks = {i: s.task for i, s in stored.items()}
             renewed: dict[str, int] = {}  # the leases the batch renews, by task
             ids = [r.callback_id for r in requests if r.callback_id is not None]
             digests = await tx.callback_digests(ids) if ids else {}
-            streamed = [r.task_id for r in requests if r.append is not None]
-            appends = await Appends.load(tx, streamed, self.stream_max_bytes)
+            appends = Appends(tx, heads, self.stream_max_bytes)
             outcomes: list[CallbackOutcome | GatewayError] = []
             transitions: list[tuple[Transition, float, str]] = []
             seen: list[tuple[str, str, int, str]] = []

@@ -174,14 +174,17 @@ class StreamOut:
         asked, self._want, self._in_flight = self._want, None, True
         return ReadStream(self.name, asked)
 
-    def answered(self, attempt: int, offset: int, chunks: Sequence[str], *, more: bool) -> None:
+    def answered(
+        self, attempt: int, offset: int, chunks: Sequence[str], *, more: bool, size: int | None = None
+    ) -> None:
         """A read's page: ``chunks`` of ``attempt`` from ``offset`` (the offset asked, or the first chunk of
-        the stream's attempt); ``more`` when chunks follow it."""
+        the stream's attempt); ``more`` when chunks follow it; ``size``: their bytes in UTF-8, if known."""
         self._in_flight = False
         if offset != self.next or attempt != self.attempt:
             self._start_over(attempt, offset)
         if chunks:
-            size = sum(len(c.encode()) for c in chunks)
+            if size is None:
+                size = sum(len(c.encode()) for c in chunks)
             self._put(Run(attempt, offset, chunks, size, live=False))
         if more or self._again:
             self._again = False

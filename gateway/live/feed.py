@@ -281,7 +281,8 @@ class Feed:
                     asked = read.read
                     task_id, name, offset = read.task_id, asked.stream, asked.offset
                     _, page = await store.page(task_id, name, offset, None, MAX_PAGE_CHUNKS, CATCH_UP_BYTES)
-                    self.peer.stream_read(read, page.attempt, page.offset, page.chunks, more=page.more)
+                    chunks = page.chunks  # decoded once, in one call; its size known from the batches
+                    self.peer.stream_read(read, page.attempt, page.offset, chunks, page.more, page.size)
                 else:
                     offsets = await store.next_offsets([read.task_id])
                     self.peer.finals_read(read, offsets.get(read.task_id, {}))

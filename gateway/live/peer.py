@@ -429,13 +429,19 @@ class Peer(Holding, Generic[H]):
         return Live.WAKE if self.wake(sub) else Live.NOTHING
 
     def stream_read(
-        self, read: NeedStream, attempt: int, offset: int, chunks: Sequence[str], more: bool
+        self,
+        read: NeedStream,
+        attempt: int,
+        offset: int,
+        chunks: Sequence[str],
+        more: bool,
+        size: int | None = None,
     ) -> None:
-        """The answer to a :class:`NeedStream`: a page of the stream."""
+        """The answer to a :class:`NeedStream`: a page of the stream (``size``: its bytes, if known)."""
         sub = self._answered(read)
         if sub is not None:
             assert sub.streams is not None
-            self.stream_backlog += sub.streams.answered(read, attempt, offset, chunks, more)
+            self.stream_backlog += sub.streams.answered(read, attempt, offset, chunks, more, size)
             self.preparing = None  # its next turn (a terminal entry in its head waits for it)
             self.wake(sub)
 

@@ -204,10 +204,19 @@ class SubStreams:
         self.sent[out.stream] = out.offset + len(out.chunks)
         return self.outs.backlog - before
 
-    def answered(self, read: NeedStream, attempt: int, offset: int, chunks: Sequence[str], more: bool) -> int:
-        """A page of the stream ``read`` asked for (protocol.md, Read)."""
+    def answered(
+        self,
+        read: NeedStream,
+        attempt: int,
+        offset: int,
+        chunks: Sequence[str],
+        more: bool,
+        size: int | None = None,
+    ) -> int:
+        """A page of the stream ``read`` asked for (protocol.md, Read); ``size``: its chunks' bytes, if
+        known."""
         before = self.outs.backlog
-        self.outs.by_name[read.read.stream].answered(attempt, offset, chunks, more=more)
+        self.outs.by_name[read.read.stream].answered(attempt, offset, chunks, more=more, size=size)
         return self.outs.backlog - before
 
     def finals(self, offsets: Mapping[str, int]) -> None:

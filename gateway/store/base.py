@@ -200,6 +200,12 @@ class WriteTx(ReadTx, Protocol):
         """The tasks that exist among these, each locked until the transaction ends, in id order (so that
         concurrent batches lock in one order and cannot deadlock)."""
 
+    async def lock_tasks_and_heads(
+        self, task_ids: Sequence[str], streamed: Sequence[str]
+    ) -> tuple[dict[str, StoredTask], dict[str, list[Head]]]:
+        """:meth:`lock_tasks` of ``task_ids`` and :meth:`stream_heads` of ``streamed`` (some of them), read
+        under those locks: in one statement where the store can (a group commit of appends reads both)."""
+
     async def insert_task(
         self, task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None = None
     ) -> None:

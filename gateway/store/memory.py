@@ -291,6 +291,11 @@ class MemoryTx:
         stored = self.data.tasks
         return {i: stored[i] for i in sorted(set(task_ids)) if i in stored}
 
+    async def lock_tasks_and_heads(
+        self, task_ids: Sequence[str], streamed: Sequence[str]
+    ) -> tuple[dict[str, StoredTask], dict[str, list[Head]]]:
+        return await self.lock_tasks(task_ids), await self.stream_heads(streamed)
+
     async def insert_task(
         self, task: Task, ttl_ms: int, created_at_ms: int, heartbeat_ms: int | None = None
     ) -> None:

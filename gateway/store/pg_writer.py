@@ -9,11 +9,15 @@ round trips: ``BEGIN``, the lock, the dedup lookup, every write at once, ``COMMI
 statements outside any transaction, each with a snapshot of its own: what a read-committed transaction
 gives them anyway, without the round trips of its ``BEGIN`` and ``ROLLBACK``.
 
+A batch of stream appends makes four: ``BEGIN``, the lock with the streams' heads, every write at once (the
+batches, the heads, the lease renewals and the ``NOTIFY`` messages among them), ``COMMIT``.
+
 Every write at once: the batch writes of a transaction (task rows, their entries and notifications, the
-callback ids, the ``NOTIFY`` messages) are held by :class:`PgTx` until the transaction's next statement or
-its commit, then sent as one statement (data-modifying CTEs over ``unnest`` of one array per column). The
-task rows go first and the rest only if each of them was at the version the transaction read: a task row
-changed under its lock (impossible while the lock holds) writes nothing and raises.
+callback ids, the ``NOTIFY`` messages, stream appends, lease renewals) are held by :class:`PgTx` until the
+transaction's next statement or its commit, then sent as one statement (data-modifying CTEs over
+``unnest`` of one array per column). The task rows go first and the rest only if each of them was at the
+version the transaction read: a task row changed under its lock (impossible while the lock holds) writes
+nothing and raises.
 
 The connection comes from the engine's pool, shared with the reads, and goes back to it as it came:
 outside any transaction. A transaction cut short (an error, a stop) before its ``COMMIT`` is rolled back
@@ -53,6 +57,7 @@ from gateway.store import queries as q
 from gateway.store.base import StoredTask, StoreRace, StreamWrites
 from gateway.store.tables import task_values
 from gateway.store.transaction import SqlTx, finished, spans, stream_rows, task_row
+from gateway.streams import Head
 
 # The longest a rollback may take before its connection is given up (invalidated) instead, within what is
 # left of the transaction's deadline.
@@ -246,6 +251,23 @@ class PgTx(SqlTx):
             return {}
         return self._locked(await self.fetch(q.PG_LOCK_TASKS, (ids,)))
 
+    async def lock_tasks_and_heads(
+        self, task_ids: Sequence[str], streamed: Sequence[str]
+    ) -> tuple[dict[str, StoredTask], dict[str, list[Head]]]:
+        # One statement (a round trip less for every group commit of appends): each task's row locked, as
+        # lock_tasks does, with its streams' heads if it is among ``streamed``.
+        ids = sorted({i for i in task_ids if "\x00" not in i})
+        if not ids:
+            return {}, {}
+        wanted = set(streamed)
+        rows = await self.fetch(q.PG_LOCK_TASKS_HEADS, (ids, [i in wanted for i in ids]))
+        heads = {
+            row[0]: [Head(h[0], h[1], h[2], h[3], h[4], h[5], h[6], bytes(h[7])) for h in row[-1]]
+            for row in rows
+            if row[-1]
+        }
+        return self._locked([tuple(row)[:-1] for row in rows]), heads
+
     async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
         if not callback_ids:
             return {}
@@ -284,27 +306,28 @@ class PgTx(SqlTx):
         self._batch.callbacks.extend(rows)
 
     async def renew_leases(self, leases: Sequence[tuple[str, int]]) -> None:
-        # After the batch's writes (which hold the task rows' own update): one more statement, sent only by
-        # a batch that renews a lease.
-        if leases:
-            await self.run(q.PG_RENEW_LEASES, ([i for i, _ in leases], [until for _, until in leases]))
+        # Held, and sent with the batch's writes (or after them: see flush).
+        self._batch.leases.update(leases)
 
     async def notify(self, channel: str, payloads: Sequence[str]) -> None:
         self._batch.notices.extend((channel, p) for p in payloads)
 
     async def write_streams(self, writes: StreamWrites) -> None:
-        # One statement: the drops, the batches and the heads (made, then moved with their key first).
+        # Held, and sent with the batch's writes: the drops, the batches and the heads (made, then moved
+        # with their key first).
+        if self._batch.streams is not None:
+            await self.flush()
         drops, batches, made, moved = (rows for _, rows in stream_rows(writes))
         moved = [(*row[-2:], *row[:-2]) for row in moved]
-        params = [
+        self._batch.streams = [
             column
             for rows, width in ((drops, 3), (batches, 9), (made, 9), (moved, 9))
             for column in _arrays(rows, width)
         ]
-        await self.run(q.pg_write_streams(), params)
 
     async def flush(self) -> None:
-        """Send the writes held so far, in one statement."""
+        """Send the writes held so far, in one statement; the lease renewals of tasks whose rows it updates
+        in one more, after it (PostgreSQL updates a row once a statement)."""
         batch = self._batch
         if not batch:
             return
@@ -331,15 +354,35 @@ class PgTx(SqlTx):
             (batch.notices, 2),
         ):
             params += _arrays(rows, width)
-        checked, _ = await self._conn.fetchrow(q.pg_batch(columns if batch.updates else None), *params)
+        if batch.streams is not None:
+            params += batch.streams
+        leases = batch.leases
+        after = not leases.keys().isdisjoint(batch.updates)
+        held = bool(leases) and not after
+        if held:
+            params += [list(leases), list(leases.values())]
+        sql = q.pg_batch(columns if batch.updates else None, streams=batch.streams is not None, leases=held)
+        checked, _ = await self._conn.fetchrow(sql, *params)
         if not checked:  # the row locks make this impossible; never write over a concurrent change
             raise RuntimeError("a task changed under its lock")
+        if after:
+            await self._conn.execute(q.numbered(q.PG_RENEW_LEASES), list(leases), list(leases.values()))
 
 
 class _Batch:
     """The writes a :class:`PgTx` holds."""
 
-    __slots__ = ("callbacks", "columns", "entries", "finished", "notices", "outbox", "updates")
+    __slots__ = (
+        "callbacks",
+        "columns",
+        "entries",
+        "finished",
+        "leases",
+        "notices",
+        "outbox",
+        "streams",
+        "updates",
+    )
 
     def __init__(self) -> None:
         # Each task's row write: the version it was read at, its last state; and the columns to set.
@@ -351,9 +394,20 @@ class _Batch:
         self.outbox: list[tuple[str, str, float, int]] = []
         self.callbacks: list[tuple[str, str, int, str]] = []
         self.notices: list[tuple[str, str]] = []
+        # The stream appends' arrays (PgTx.write_streams), and the lease ends to set, by task.
+        self.streams: list[list[Any]] | None = None
+        self.leases: dict[str, int] = {}
 
     def __bool__(self) -> bool:
-        return bool(self.updates or self.entries or self.outbox or self.callbacks or self.notices)
+        return bool(
+            self.updates
+            or self.entries
+            or self.outbox
+            or self.callbacks
+            or self.notices
+            or self.streams is not None
+            or self.leases
+        )
 
 
 def _arrays(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:

@@ -347,6 +347,13 @@ PG_LOCK_TASKS = (
     "SELECT t.* FROM unnest(?::text[]) AS i(id) "
     f"CROSS JOIN LATERAL ({SELECT_TASK} WHERE id = i.id{LOCK}) AS t"
 )
+# The same, with the heads of the streams of each task flagged in a second array (an array of rows, in name
+# order; NULL when it has none, or is not flagged): read under the task's lock, in the same round trip.
+PG_LOCK_TASKS_HEADS = (
+    f"SELECT t.*, (SELECT array_agg(ROW({', '.join(HEAD_COLUMNS)}) ORDER BY name) FROM streams "
+    "WHERE streams.task_id = i.id AND i.streamed) FROM unnest(?::text[], ?::bool[]) AS i(id, streamed) "
+    f"CROSS JOIN LATERAL ({SELECT_TASK} WHERE id = i.id{LOCK}) AS t"
+)
 # A tagged task's row and its tags' rows in one statement (its parameters: ``INSERT_TASK``'s, then the
 # task id, its creation time and the tags as one array).
 PG_INSERT_TAGGED = (
@@ -366,23 +373,22 @@ PG_DIGESTS = (
 )
 
 
-@functools.cache
-def pg_write_streams() -> str:
-    """A transaction's stream appends as one statement (``store.base.StreamWrites``): the dropped batches,
-    the new ones, the heads made and those moved; its parameters one array per column of each, in that
-    order."""
+def _pg_stream_parts() -> list[str]:
+    """A transaction's stream appends as parts of a ``WITH`` (``store.base.StreamWrites``): the dropped
+    batches, the new ones, the heads made and those moved; their parameters one array per column of each,
+    in that order."""
     head = ("task_id", *HEAD_COLUMNS)
     assigned = ", ".join(f"{name} = v.{name}" for name in HEAD_COLUMNS[1:])
-    return (
-        "WITH dropped AS (DELETE FROM stream_batches AS b USING "
+    return [
+        "stream_dropped AS (DELETE FROM stream_batches AS b USING "
         f"{_unnest(stream_batches, ('task_id', 'stream', 'first_offset'), ('task_id', 'stream', 'before'))} "
-        "WHERE b.task_id = v.task_id AND b.stream = v.stream AND b.first_offset < v.before), "
-        f"added AS (INSERT INTO stream_batches (task_id, stream, {', '.join(BATCH_COLUMNS)}) "
-        f"SELECT * FROM {_unnest(stream_batches, ('task_id', 'stream', *BATCH_COLUMNS))}), "
-        f"made AS (INSERT INTO streams ({', '.join(head)}) SELECT * FROM {_unnest(streams, head)}) "
-        f"UPDATE streams AS s SET {assigned} FROM {_unnest(streams, head, head)} "
-        "WHERE s.task_id = v.task_id AND s.name = v.name"
-    )
+        "WHERE b.task_id = v.task_id AND b.stream = v.stream AND b.first_offset < v.before)",
+        f"stream_added AS (INSERT INTO stream_batches (task_id, stream, {', '.join(BATCH_COLUMNS)}) "
+        f"SELECT * FROM {_unnest(stream_batches, ('task_id', 'stream', *BATCH_COLUMNS))})",
+        f"stream_made AS (INSERT INTO streams ({', '.join(head)}) SELECT * FROM {_unnest(streams, head)})",
+        f"stream_moved AS (UPDATE streams AS s SET {assigned} FROM {_unnest(streams, head, head)} "
+        "WHERE s.task_id = v.task_id AND s.name = v.name)",
+    ]
 
 
 @functools.lru_cache(maxsize=512)
@@ -409,13 +415,16 @@ def _insert_rows(table: Table, names: Sequence[str]) -> str:
 
 
 @functools.cache
-def pg_batch(columns: tuple[str, ...] | None) -> str:
+def pg_batch(columns: tuple[str, ...] | None, *, streams: bool = False, leases: bool = False) -> str:
     """A batch's writes as one statement: the task rows (``None``: none) setting ``columns``, each checked
     at the version it was read at, then the entries, notifications, callback ids and ``NOTIFY`` messages,
-    written only if every task row was as read. Its parameters: the task ids, their versions before, one
-    array per column and their count; then one array per column of ``ENTRY_COLUMNS``,
-    ``NOTIFICATION_COLUMNS``, ``CALLBACK_COLUMNS``, and the channels and payloads. Answers whether the task
-    rows were as read, and how many messages went."""
+    written only if every task row was as read; with ``streams``, the stream appends (a failed check rolls
+    the transaction back: they need no condition); with ``leases``, lease renewals of tasks whose rows it
+    does not update (PostgreSQL updates a row once a statement). Its parameters: the task ids, their
+    versions before, one array per column and their count; then one array per column of
+    ``ENTRY_COLUMNS``, ``NOTIFICATION_COLUMNS``, ``CALLBACK_COLUMNS``, and the channels and payloads; then
+    the streams' arrays (:func:`_pg_stream_parts`), then the renewals' task ids and lease ends. Answers
+    whether the task rows were as read, and how many messages went."""
     if columns is None:
         parts = ["checked AS (SELECT true AS ok)"]
     else:
@@ -434,4 +443,8 @@ def pg_batch(columns: tuple[str, ...] | None) -> str:
         "sent AS (SELECT pg_notify(m.channel, m.payload) FROM unnest(?::text[], ?::text[]) "
         "WITH ORDINALITY AS m(channel, payload, n) WHERE (SELECT ok FROM checked) ORDER BY m.n)",
     ]
+    if streams:
+        parts += _pg_stream_parts()
+    if leases:
+        parts.append(f"renewed AS ({PG_RENEW_LEASES})")
     return numbered(f"WITH {', '.join(parts)} SELECT (SELECT ok FROM checked), (SELECT count(*) FROM sent)")

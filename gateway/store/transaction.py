@@ -307,6 +307,12 @@ class SqlTx:
             found.update(self._locked(await self.fetch(q.TASKS.format(ids=condition) + self.LOCK, params)))
         return found
 
+    async def lock_tasks_and_heads(
+        self, task_ids: Sequence[str], streamed: Sequence[str]
+    ) -> tuple[dict[str, StoredTask], dict[str, list[Head]]]:
+        locked = await self.lock_tasks(task_ids)
+        return locked, await self.stream_heads(streamed) if streamed else {}
+
     def _locked(self, rows: Sequence[Sequence[Any]]) -> dict[str, StoredTask]:
         """Rows of ``queries.SELECT_TASK`` that this transaction locked, by task id."""
         found = {}

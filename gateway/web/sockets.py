@@ -191,12 +191,16 @@ async def write(context: Context, ws: WebSocket, feed: Feed, *, single: bool) ->
             item = await feed.next()
             if item is None:
                 return feed.close_code if feed.close_code is not None else _GONE
-            subscription, frame = item
+            subscription, text = item[0], item[1].text
+            # Nothing here holds the frame once it is sent: the next one may wait for a store read (a
+            # stream's catch-up page), and a socket would otherwise hold its last frame meanwhile.
+            item = None
             feed.writing_since = hub.monotonic()
             try:
-                await ws.send_text(frame.text)
+                await ws.send_text(text)
             except (WebSocketDisconnect, OSError, RuntimeError):
                 return _GONE
+            text = ""
             feed.writing_since = None
             if subscription is None or not subscription.finished:
                 continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import Response
@@ -85,7 +86,7 @@ async def page(request: Request) -> Response:
         "epoch": task.epoch,
         "attempt": found.attempt,
         "offset": found.offset,
-        "chunks": found.chunks,
+        "chunks": orjson.Fragment(found.encoded),  # as stored: spliced, never decoded and encoded again
         "nextOffset": found.next_offset,
         "more": found.more,
         "closed": task.terminal,

@@ -277,3 +277,10 @@ def test_a_subscriptions_streams_read_one_at_a_time_and_drain_together() -> None
     assert streams.drained and not streams.has_work(end=False) and streams.take(end=False) is None
     assert {frame.stream for frame in frames(streams)} == {"output", "log"}
     assert streams.ended
+
+
+def test_a_pages_size_the_read_knows_is_not_counted_again() -> None:
+    stream = StreamOut("output", 0)
+    stream.read()
+    stream.answered(1, 0, ["ab", "é"], more=True, size=4)
+    assert stream.queued == 4 and stream.read() == ReadStream("output", 2)

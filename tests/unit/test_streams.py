@@ -244,7 +244,9 @@ def test_batches_to_read_at_once_follow_the_streams_average_batch() -> None:
     assert rows_to_read(HEAD, 6) == 4
     # Big batches: the page's bytes decide.
     big = Head("output", 1, 0, 2, 2 * 600_000, 2, 1, b"d")
-    assert rows_to_read(big, LIMIT) == 4
+    assert rows_to_read(big, LIMIT) == 3
+    # Batches larger than the page: the one it starts within and the next.
+    assert rows_to_read(big, LIMIT, page_bytes=128 * 1024) == 2
     # Never fewer than two: the page's batch and one past it.
     assert rows_to_read(Head("output", 1, 0, 1000, 1000, 1, 0, b"d"), 1) == 2
 
@@ -254,9 +256,15 @@ def batch(offset: int, *chunks: str, attempt: int = 1) -> Batch:
     return Batch(offset, made.count, attempt, 0, made.size, made.digest, made.encoded)
 
 
+def page(attempt: int, offset: int, chunks: list[str], more: bool) -> Page:
+    """A page of these chunks, as ``page_of`` answers it."""
+    size = sum(len(chunk.encode()) for chunk in chunks)
+    return Page(attempt, offset, orjson.dumps(chunks), len(chunks), size, more)
+
+
 def test_a_page_runs_from_the_start_through_its_batches_to_the_streams_end() -> None:
     batches = [batch(0, "a", "b"), batch(2, "c"), batch(3, "d", "e")]
-    assert page_of(1, batches, attempt=1, limit=LIMIT, complete=True) == Page(
+    assert page_of(1, batches, attempt=1, limit=LIMIT, complete=True) == page(
         1, 1, ["b", "c", "d", "e"], False
     )
     assert page_of(1, batches, attempt=1, limit=LIMIT, complete=True).next_offset == 5  # type: ignore[union-attr]
@@ -264,15 +272,15 @@ def test_a_page_runs_from_the_start_through_its_batches_to_the_streams_end() -> 
 
 def test_a_page_is_cut_at_its_limit_and_says_more_follow() -> None:
     batches = [batch(0, "a", "b"), batch(2, "c")]
-    assert page_of(0, batches, attempt=1, limit=2, complete=True) == Page(1, 0, ["a", "b"], True)
+    assert page_of(0, batches, attempt=1, limit=2, complete=True) == page(1, 0, ["a", "b"], True)
 
 
 def test_a_page_is_cut_at_its_bytes_but_holds_one_chunk_at_least() -> None:
     batches = [batch(0, "aaaa", "bbbb"), batch(2, "cc")]
-    assert page_of(0, batches, attempt=1, limit=LIMIT, complete=True, page_bytes=6) == Page(
+    assert page_of(0, batches, attempt=1, limit=LIMIT, complete=True, page_bytes=6) == page(
         1, 0, ["aaaa"], True
     )
-    assert page_of(0, batches, attempt=1, limit=LIMIT, complete=True, page_bytes=2) == Page(
+    assert page_of(0, batches, attempt=1, limit=LIMIT, complete=True, page_bytes=2) == page(
         1, 0, ["aaaa"], True
     )
 
@@ -284,25 +292,25 @@ def test_a_page_not_full_before_the_streams_end_needs_more_batches() -> None:
 
 
 def test_a_page_at_the_end_is_empty_and_of_the_streams_attempt() -> None:
-    assert page_of(5, [batch(3, "d", "e", attempt=2)], attempt=2, limit=LIMIT, complete=True) == Page(
+    assert page_of(5, [batch(3, "d", "e", attempt=2)], attempt=2, limit=LIMIT, complete=True) == page(
         2, 5, [], False
     )
-    assert page_of(0, [], attempt=0, limit=LIMIT, complete=True) == Page(0, 0, [], False)
+    assert page_of(0, [], attempt=0, limit=LIMIT, complete=True) == page(0, 0, [], False)
 
 
 def test_a_page_holds_one_attempt_and_one_that_started_meanwhile_ends_it() -> None:
     # Read in two statements, a retry's first append between them: its batches follow, the page stops.
     batches = [batch(0, "a"), batch(1, "b"), batch(2, "z", attempt=2)]
-    assert page_of(0, batches, attempt=1, limit=LIMIT, complete=True) == Page(1, 0, ["a", "b"], True)
+    assert page_of(0, batches, attempt=1, limit=LIMIT, complete=True) == page(1, 0, ["a", "b"], True)
 
 
 def test_a_page_whose_first_batch_is_past_the_start_starts_there() -> None:
     # The batches that held the start were dropped by a retry's first append since the head was read.
-    assert page_of(1, [batch(4, "z", attempt=2)], attempt=1, limit=LIMIT, complete=True) == Page(
+    assert page_of(1, [batch(4, "z", attempt=2)], attempt=1, limit=LIMIT, complete=True) == page(
         2, 4, ["z"], False
     )
     # A batch that ends at the start gives nothing, the next one the page.
-    assert page_of(2, [batch(0, "a", "b"), batch(2, "c")], attempt=1, limit=LIMIT, complete=True) == Page(
+    assert page_of(2, [batch(0, "a", "b"), batch(2, "c")], attempt=1, limit=LIMIT, complete=True) == page(
         1, 2, ["c"], False
     )
 
@@ -310,3 +318,21 @@ def test_a_page_whose_first_batch_is_past_the_start_starts_there() -> None:
 def test_a_streams_text_is_its_batches_chunks_joined() -> None:
     assert text_of([batch(0, "hé", "llo"), batch(2, " wor", "ld\n")]) == "héllo world\n"
     assert text_of([]) == ""
+
+
+def test_a_page_splices_whole_batches_as_stored_and_decodes_only_the_ones_it_cuts() -> None:
+    batches = [batch(0, 'q"uo', "té"), batch(2, "\\n", "x"), batch(4, "y", "z")]
+    # Started within the first, cut within the last: the JSON array is the chunks' as the wire has them.
+    found = page_of(1, batches, attempt=1, limit=4, complete=True)
+    assert found == page(1, 1, ["té", "\\n", "x", "y"], True)
+    assert found is not None and found.chunks == ["té", "\\n", "x", "y"] and found.size == 7
+    # Whole batches only: their stored arrays joined.
+    whole = page_of(0, batches[:2], attempt=1, limit=LIMIT, complete=True)
+    assert whole is not None and whole.encoded == b'["q\\"uo","t\xc3\xa9","\\\\n","x"]'
+
+
+def test_a_batch_of_one_chunk_past_the_pages_bytes_is_a_page_of_its_own() -> None:
+    batches = [batch(0, "aaaaaa"), batch(1, "b")]
+    assert page_of(0, batches, attempt=1, limit=LIMIT, complete=True, page_bytes=4) == page(
+        1, 0, ["aaaaaa"], True
+    )
