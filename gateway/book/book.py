@@ -235,9 +235,8 @@ class Book:
         attempt: int | None = None,
     ) -> CallbackOutcome:
         """Apply one worker callback (a batch of one: see :meth:`callbacks`); raises its error."""
-        (outcome,) = await self.callbacks(
-            [CallbackRequest(task_id, make_event, callback_id, digest, attempt)]
-        )
+        request = CallbackRequest(task_id, make_event, callback_id, digest, attempt)
+        (outcome,) = await self.callbacks([request])
         if isinstance(outcome, GatewayError):
             raise outcome
         return outcome

@@ -351,7 +351,8 @@ class Peer(Holding, Generic[H]):
             if streams is not None and streams.streaming and len(sub.head) == 1:
                 assert sub.last is not None
                 if sub.last.terminal:  # the terminal entry, a gap's last: its streams' chunks go first
-                    before = self._stream_step(sub, streams, ended=True, end=False)
+                    before, grown = streams.step(sub.task_id, ended=True, end=False)
+                    self.stream_backlog += grown
                     if before is not None:
                         return before
             frame = sub.pop_head()
@@ -364,7 +365,8 @@ class Peer(Holding, Generic[H]):
             sub.put_head(frames[1:])
             return frames[0]
         if streams is not None:
-            step = self._stream_step(sub, streams, ended=last.terminal, end=last.terminal)
+            step, grown = streams.step(sub.task_id, ended=last.terminal, end=last.terminal)
+            self.stream_backlog += grown
             if step is not None:
                 return step
         if sub.conflated:  # the newest state instead of the backlog it dropped
@@ -377,7 +379,8 @@ class Peer(Holding, Generic[H]):
         item = pending[0]
         if item.task.version == last.version + 1:
             if streams is not None and item.task.terminal:  # its streams' chunks go first
-                before = self._stream_step(sub, streams, ended=True, end=False)
+                before, grown = streams.step(sub.task_id, ended=True, end=False)
+                self.stream_backlog += grown
                 if before is not None:
                     return before
             pending.popleft()
@@ -395,13 +398,6 @@ class Peer(Holding, Generic[H]):
         return NeedEntries(sub.task_id, last.version, item.task.version - 1)
 
     # --- streams (gateway.live.published.SubStreams) ----------------------------------------------------
-
-    def _stream_step(
-        self, sub: Subscription[H], streams: SubStreams, *, ended: bool, end: bool
-    ) -> Frame | PeerRead | None:
-        step, grown = streams.step(sub.task_id, ended=ended, end=end)
-        self.stream_backlog += grown
-        return step
 
     def stream_live(self, sub: Subscription[H], stream: str, run: Run | None, next_offset: int) -> Live:
         """An append to ``stream`` of ``sub``'s task committed (``SubStreams.live``): what the driver does."""

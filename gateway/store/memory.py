@@ -7,11 +7,10 @@ store; it keeps nothing across restarts.
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from gateway.machine import Task, Transition
@@ -25,6 +24,7 @@ from gateway.store.base import (
     StreamWrites,
     WriteTx,
 )
+from gateway.store.memory_data import Data, insert_only_kept, narrowed
 from gateway.store.priority_lock import PriorityLock
 from gateway.store.tables import ACTIVE_STATES
 from gateway.streams import Batch, Head
@@ -32,77 +32,9 @@ from gateway.streams import Batch, Head
 R = TypeVar("R")
 
 
-@dataclass
-class _Data:
-    tasks: dict[str, StoredTask] = field(default_factory=dict)
-    entries: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
-    # Each callback id's digest, and its task.
-    callbacks: dict[str, tuple[str, str]] = field(default_factory=dict)
-    receipts: dict[str, Receipt] = field(default_factory=dict)
-    # (id, notification, drained) in insertion order; (task, state, version) is unique, as in SQL.
-    outbox: list[tuple[int, Notification, bool]] = field(default_factory=list)
-    outbox_keys: set[tuple[str, str, int]] = field(default_factory=set)
-    # The last outbox id given (ids are never reused, as a SQL sequence's).
-    outbox_ids: int = 0
-    # The relay's mark of each outbox row, by id: (relayed at or None, attempts, next at).
-    relay: dict[int, tuple[int | None, int, int]] = field(default_factory=dict)
-    # The answers of keyed drains, by key.
-    drain_batches: dict[str, DrainBatch] = field(default_factory=dict)
-    # When each terminal task finished (``tasks.finished_at_ms``).
-    finished: dict[str, int] = field(default_factory=dict)
-    # Each task's streams by name: its head, and its batches in offset order.
-    streams: dict[str, dict[str, tuple[Head, list[Batch]]]] = field(default_factory=dict)
-
-    def untaken(self, *, relay: bool) -> set[str]:
-        """The tasks with a notification nobody took: not drained, nor relayed when ``relay``."""
-        return {
-            n.task_id
-            for i, n, drained in self.outbox
-            if not drained and not (relay and self.relay[i][0] is not None)
-        }
-
-    def forget(self, task_ids: set[str]) -> Callable[[], None]:
-        """Delete these tasks and everything they own (``queries.TASK_OWNED``); returns the undo."""
-        # Every field as it was (each a copy): the undo puts them back; not the last id given (never again).
-        saved = {f.name: copy.copy(getattr(self, f.name)) for f in fields(self) if f.name != "outbox_ids"}
-        gone = {i for i, n, _ in self.outbox if n.task_id in task_ids}
-        for task_id in task_ids:
-            self.tasks.pop(task_id, None)
-            self.entries.pop(task_id, None)
-            self.finished.pop(task_id, None)
-            self.streams.pop(task_id, None)
-        self.callbacks = {k: v for k, v in self.callbacks.items() if v[1] not in task_ids}
-        self.receipts = {k: r for k, r in self.receipts.items() if r.task_id not in task_ids}
-        self.outbox = [row for row in self.outbox if row[0] not in gone]
-        self.outbox_keys = {key for key in self.outbox_keys if key[0] not in task_ids}
-        self.relay = {i: mark for i, mark in self.relay.items() if i not in gone}
-
-        def undo() -> None:
-            for name, value in saved.items():
-                setattr(self, name, value)
-
-        return undo
-
-
-def _narrowed(found: list[Task], parent: str | None, title: str | None) -> list[Task]:
-    """Those of ``found`` of ``parent`` and whose title contains ``title``, where given (case aside)."""
-    if parent is not None:
-        found = [t for t in found if t.parent == parent]
-    if title:
-        found = [t for t in found if t.title is not None and title.lower() in t.title.lower()]
-    return found
-
-
-def _insert_only_kept(before: Task, task: Task) -> Task:
-    """``task`` with the fields written once, at insert, as ``before`` has them: no update changes them (as
-    in SQL, where no update sets their columns)."""
-    fixed = ("tags", "created_at_ms", "epoch", "title", "parent", "progress_from_children")
-    return replace(task, **{name: getattr(before, name) for name in fixed})
-
-
 class MemoryStore:
     def __init__(self) -> None:
-        self._data = _Data()
+        self._data = Data()
         self._lock = PriorityLock()
 
     async def open(self) -> None:
@@ -136,7 +68,7 @@ class MemoryStore:
 
 
 class MemoryTx:
-    def __init__(self, data: _Data, undo: list[Callable[[], Any]]) -> None:
+    def __init__(self, data: Data, undo: list[Callable[[], Any]]) -> None:
         self.data = data
         self.undo = undo
 
@@ -190,7 +122,7 @@ class MemoryTx:
         parent: str | None = None,
         title: str | None = None,
     ) -> list[Task]:
-        return _narrowed(self.tagged_page((), state, before, None), parent, title)[:limit]
+        return narrowed(self.tagged_page((), state, before, None), parent, title)[:limit]
 
     def _tagged(self, tags: Sequence[str]) -> list[tuple[str, int, str]]:
         """(tag, created at, task id) of the tasks carrying any of ``tags``: the rows of ``task_tags``."""
@@ -215,7 +147,7 @@ class MemoryTx:
         parent: str | None = None,
         title: str | None = None,
     ) -> list[Task]:
-        return _narrowed(self.tagged_page(tags, state, before, None), parent, title)[:limit]
+        return narrowed(self.tagged_page(tags, state, before, None), parent, title)[:limit]
 
     def tagged_page(
         self, tags: Sequence[str], state: str | None, before: tuple[int, str] | None, limit: int | None
@@ -318,7 +250,7 @@ class MemoryTx:
         key = (task.id, task.state, task.version)
         if transition.notify and key in self.data.outbox_keys:
             raise StoreRace(f"notification {key} exists")
-        task = _insert_only_kept(before.task, task)
+        task = insert_only_kept(before.task, task)
         if transition.notify:  # its row's finished_at_ms (as in SQL, which writes it with the notification)
             task = replace(task, ended_at_ms=int(notify_at_ms))
         self.data.tasks[task.id] = replace(before, task=task)
@@ -356,7 +288,7 @@ class MemoryTx:
             before = self.data.tasks[task.id]
             if before.task.version != task.version:
                 raise RuntimeError(f"task {task.id} changed under its lock")
-            self.data.tasks[task.id] = replace(before, task=_insert_only_kept(before.task, task))
+            self.data.tasks[task.id] = replace(before, task=insert_only_kept(before.task, task))
             self.undo.append(functools.partial(self.data.tasks.__setitem__, task.id, before))
 
     async def claim_due(self, now_ms: int, limit: int) -> list[Task]:
