@@ -13,6 +13,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.json_merge_patch import merge_patch
 from gateway.machine import Task
 
 MAX_METADATA_BYTES: Final = 8192
@@ -31,20 +32,6 @@ def encoded(metadata: dict[str, Any]) -> str:
             code="metadata-too-large",
         )
     return text.decode()
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7396: an object patch merges into an object target key by key (``null`` removes a key, nested
-    objects merge); any other patch replaces the target."""
-    if not isinstance(patch, dict):
-        return patch
-    merged = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = merge_patch(merged.get(key), value)
-    return merged
 
 
 def patched(task: Task, patch: dict[str, Any]) -> Task | None:

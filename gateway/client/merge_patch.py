@@ -44,19 +44,6 @@ def _size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-def apply(target: Any, patch: Any) -> Any:
-    """RFC 7396: ``patch`` applied to ``target`` (neither is changed)."""
-    if not isinstance(patch, dict):
-        return patch
-    merged = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            merged.pop(key, None)
-        else:
-            merged[key] = apply(merged.get(key), value)
-    return merged
-
-
 def compose(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any] | None:
     """One patch that does what ``first`` then ``then`` do, to any document (``apply(apply(d, first), then)
     == apply(d, compose(first, then))``), or ``None`` when no single patch does."""

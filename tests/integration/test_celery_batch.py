@@ -169,7 +169,11 @@ async def test_a_chords_body_ends_its_parent_and_a_failed_job_fails_its_group(tm
                 app.close()
 
             body = await read_task(client, body_id)
-            assert (body["parent"], body["state"], body["resultRef"]) == (chord_id, "succeeded", "s3://merged/3")
+            assert (body["parent"], body["state"], body["resultRef"]) == (
+                chord_id,
+                "succeeded",
+                "s3://merged/3",
+            )
             assert chorded["title"] == "batch_item: 3 jobs, then merge", chorded
             assert (chorded["state"], chorded["resultRef"]) == ("succeeded", "s3://merged/3"), chorded
             assert chorded["children"] == {**counted([]), "total": 4, "succeeded": 4}, chorded

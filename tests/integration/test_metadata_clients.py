@@ -20,8 +20,8 @@ import pytest
 from anyio.streams.text import TextReceiveStream
 
 from gateway.client import AsyncBackend, CallbackError, TaskCancelled, Worker, watch
-from gateway.client.merge_patch import apply
 from gateway.integrations.report import GatewayConfig, Reporter
+from gateway.json_merge_patch import merge_patch as apply
 from tests.support import STEP_S, eventually, mint, running_gateway
 from tests.support.lossy_proxy import LossyProxy
 

@@ -14,6 +14,7 @@ import pytest
 from gateway.children import children_progress, ended, moved
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.frames import Beside
+from gateway.json_merge_patch import merge_patch
 from gateway.live.beside import BesideOut
 from gateway.live.fanout import Peer, Subscription
 from gateway.machine import (
@@ -30,7 +31,7 @@ from gateway.machine import (
     task_from_json,
     task_to_json,
 )
-from gateway.metadata import MAX_METADATA_BYTES, encoded, merge_patch, patched
+from gateway.metadata import MAX_METADATA_BYTES, encoded, patched
 from gateway.task_times import stamped
 from tests.unit.fanout_play import Play
 

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.client.merge_patch import MAX_METADATA_BYTES, PatchQueue, apply, check_patch, compose
+from gateway.client.merge_patch import MAX_METADATA_BYTES, PatchQueue, check_patch, compose
+from gateway.json_merge_patch import merge_patch as apply
 
 KEYS = st.sampled_from(["a", "b", "c"])
 VALUES = st.recursive(
