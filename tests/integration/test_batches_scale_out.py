@@ -25,34 +25,14 @@ from websockets.exceptions import WebSocketException
 from tests.integration.test_live_support import loads
 from tests.integration.test_scale_out import BUSES, bus_environ, unique
 from tests.integration.test_scale_out import pg_url as pg_url
-from tests.support import STEP_S, bearer, http_client, wait_until
+from tests.support import STEP_S, http_client, wait_until
 from tests.support.processes import GatewayProcess, gateway_processes, start_all
+from tests.support.retried import callback, until_answered
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 TEST_S = 120.0
-RETRY_STATUSES = (502, 503, 504)
 STATES = ("queued", "running", "succeeded", "failed", "expired")
-
-
-async def until_answered(
-    client: httpx.AsyncClient,
-    at: Callable[[], str],
-    path: str,
-    body: dict[str, Any],
-    token: str | None = None,
-) -> httpx.Response:
-    """POST ``body`` to ``at() + path`` until an answer that is not transient comes back (a lost one is sent
-    again as it was)."""
-    while True:
-        try:
-            answer = await client.post(at() + path, json=body, headers=bearer(token) if token else None)
-        except httpx.HTTPError:
-            await anyio.sleep(0.05)
-            continue
-        if answer.status_code not in RETRY_STATUSES:
-            return answer
-        await anyio.sleep(0.05)
 
 
 class Held:
@@ -143,11 +123,7 @@ class Child:
         name: str,
         attempt: int | None = None,
     ) -> None:
-        body: dict[str, Any] = {"event": event, "callbackId": f"{self.task_id}-{name}"}
-        if attempt is not None:
-            body["attempt"] = attempt
-        answer = await until_answered(client, at, f"/v1/tasks/{self.task_id}/callbacks", body, self.token)
-        assert answer.status_code == 200, answer.text
+        await callback(client, at, self.task_id, self.token, event, name, attempt)
 
     async def patch(
         self, client: httpx.AsyncClient, at: Callable[[], str], attempt: int, message: str

@@ -24,32 +24,15 @@ from websockets.exceptions import WebSocketException
 from tests.integration.test_live_support import loads
 from tests.integration.test_scale_out import BUSES, bus_environ, unique
 from tests.integration.test_scale_out import pg_url as pg_url
-from tests.support import STEP_S, bearer, http_client
+from tests.support import STEP_S, http_client
 from tests.support.lossy_proxy import LossyProxy
 from tests.support.processes import gateway_processes, round_robin_balancer, start_all
+from tests.support.retried import callback, until_answered
 from tests.support.stream_text import StreamText
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
 
 TEST_S = 90.0
-# Transient answers a producer sends its request again after (no answer at all is one too).
-RETRY_STATUSES = (502, 503, 504)
-
-
-async def until_answered(
-    client: httpx.AsyncClient, at: Callable[[], str], path: str, body: dict[str, Any], token: str
-) -> httpx.Response:
-    """POST ``body`` to ``at() + path`` until an answer that is not transient comes back (a lost one is sent
-    again as it was: the same seq, the same callbackId)."""
-    while True:
-        try:
-            answer = await client.post(at() + path, json=body, headers=bearer(token))
-        except httpx.HTTPError:
-            await anyio.sleep(0.05)
-            continue
-        if answer.status_code not in RETRY_STATUSES:
-            return answer
-        await anyio.sleep(0.05)
 
 
 class Producer:
@@ -100,11 +83,7 @@ class Producer:
         callback_id: str,
         attempt: int | None = None,
     ) -> None:
-        body: dict[str, Any] = {"event": event, "callbackId": f"{self.task_id}-{callback_id}"}
-        if attempt is not None:
-            body["attempt"] = attempt
-        answer = await until_answered(client, at, f"/v1/tasks/{self.task_id}/callbacks", body, self.token)
-        assert answer.status_code == 200, answer.text
+        await callback(client, at, self.task_id, self.token, event, callback_id, attempt)
 
 
 class Subscriber:
