@@ -1,6 +1,6 @@
 """Every benchmark workload in one command: one table of figures beside their floors, and docs/benchmarks.md.
 
-    python -m bench [--procs 4] [--pg-admin-url URL] [--only 1,2,...,15]
+    python -m bench [--procs 4] [--pg-admin-url URL] [--only 1,2,...,17]
     python -m bench --smoke
 
 Each figure is printed beside its floor measured in the same run (the same machine, the same noise) and
@@ -46,6 +46,7 @@ from bench.lib.report import (
     write_docs,
 )
 from bench.workloads import (
+    batches,
     callbacks,
     fanout,
     held,
@@ -88,6 +89,7 @@ class Config:
     pg_ceiling: pg_ceiling.Sizes
     streams: streams.Sizes
     stream_live: stream_live.Sizes
+    batches: batches.Sizes
     celery_iterations: int
     celery_runs: int
     procs: int
@@ -118,6 +120,7 @@ FULL = Config(
     pg_ceiling=pg_ceiling.FULL,
     streams=streams.FULL,
     stream_live=stream_live.FULL,
+    batches=batches.FULL,
     celery_iterations=10_000,
     celery_runs=5,
     procs=4,
@@ -147,6 +150,7 @@ SMOKE = Config(
     pg_ceiling=pg_ceiling.SMOKE,
     streams=streams.SMOKE,
     stream_live=stream_live.SMOKE,
+    batches=batches.SMOKE,
     celery_iterations=1000,
     celery_runs=1,
     procs=2,
@@ -231,6 +235,7 @@ SMOKE_SERVERS = {
     14: (),  # bench/workloads/pg_ceiling.py starts its cluster and its gateways
     15: (),  # bench/workloads/streams.py starts its gateways and floor handlers
     16: ("floor",),  # bench/workloads/stream_live.py starts its gateways and its resume floor
+    17: ("gateway",),
 }
 
 
@@ -659,6 +664,7 @@ RUNNERS: dict[int, Workload] = {
     14: pg_ceiling.workload,
     15: streams.workload,
     16: stream_live.workload,
+    17: batches.workload,
 }
 
 
@@ -760,7 +766,7 @@ def command(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every workload tiny; check, do not write docs")
     parser.add_argument("--procs", type=int, default=0, help="client processes (default: 4, smoke 2)")
-    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-16)")
+    parser.add_argument("--only", default="", help="comma-separated workload numbers (1-17)")
     parser.add_argument("--pg-admin-url", default=harness.PG_ADMIN)
     args = parser.parse_args(argv)
     status = 1

@@ -259,6 +259,20 @@ WORKLOADS = {
         "once: the peak RSS (`VmHWM`) of a gateway process started on the filled database for the reads "
         "alone, beside the same with streams of 0.4 MiB.",
     ),
+    17: (
+        "batches",
+        "a batch's counts and live metadata (bench/workloads/batches.py; one `gateway serve` process on a "
+        "SQLite file per side, subscribers on the single-task socket). Children: a parent with 10,000 "
+        "children, one subscriber of the parent, each child started and succeeded (two callbacks) with the "
+        "children ending at 500/s (32 requests in flight at most): the gateway's CPU (its CPU-time clock) "
+        "per child transition, from the first callback until the parent's subscriber has the last "
+        "`children` frame, beside the same transitions of as many tasks created without a parent and with no "
+        "subscriber; the subscriber and the parent's JSON must end on the exact counts (every child "
+        "succeeded). Metadata: 1,000 running tasks, one subscriber each, 1,000 merge patches at 50/s spread "
+        "over them in turn (`POST /v1/tasks/{id}/metadata` with the callback token): the gateway's CPU per "
+        "delivered `metadata` frame, beside progress callbacks at the same rate on the same tasks, per "
+        "delivered `event` frame; every patch and every callback must be delivered.",
+    ),
 }
 
 
