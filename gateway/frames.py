@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -136,6 +136,8 @@ class Beside:
     metadata: str | None
     children: tuple[int, ...] | None = None
     epoch: str = ""
+    # Its frames, encoded once whatever the number of subscribers they go to (by type).
+    encoded: dict[str, Frame] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, task: Task) -> Beside:
@@ -157,18 +159,24 @@ class Beside:
 
     def metadata_frame(self) -> Frame:
         assert self.metadata is not None
+        if (made := self.encoded.get("metadata")) is not None:
+            return made
         text = b'{"type":"metadata","taskId":%b,"revision":%d,"metadata":%b}' % (
             orjson.dumps(self.task_id),
             self.revision,
             self.metadata.encode(),
         )
-        return Frame("metadata", -1, text.decode())
+        made = self.encoded["metadata"] = Frame("metadata", -1, text.decode())
+        return made
 
     def children_frame(self) -> Frame:
         assert self.children is not None
+        if (made := self.encoded.get("children")) is not None:
+            return made
         counts = dict(zip(CHILDREN_FIELDS, self.children, strict=True))
         body = {"type": "children", "taskId": self.task_id, "revision": self.revision, "children": counts}
-        return Frame("children", -1, orjson.dumps(body).decode())
+        made = self.encoded["children"] = Frame("children", -1, orjson.dumps(body).decode())
+        return made
 
     def message(self) -> bytes:
         """As a bus message (``gateway.bus.base.News``): ``{"type": "beside", "taskId", "epoch", "revision",
