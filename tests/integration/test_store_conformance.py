@@ -1465,6 +1465,35 @@ async def test_a_retry_of_an_earlier_batch_is_found_in_the_store_and_a_later_att
         assert [b.offset for b in await tx.stream_batches("t", "output", 0, 10)] == [4]
 
 
+async def test_a_retry_of_a_stored_batch_the_last_or_an_earlier_is_told_by_the_chunks_stored(
+    store: Store,
+) -> None:
+    """A batch sent again after its answer was lost, every batch committed before in a transaction of its
+    own: read back from the store, the same chunks are a duplicate answered as the first time and other
+    chunks (another text, or the same text cut otherwise) are seq-reused, for the stream's last batch and for
+    an earlier one; nothing of a retry is appended. Chunks the JSON array escapes read back as written."""
+    book = Book(store, FakeClock())
+    await book.create("t", 600_000, 1)
+    await book.callbacks([CallbackRequest("t", lambda now: Start(now, "w1"))])
+    sent = [('é "q"\\', "\n\x00\u2028"), ("ab",), ("c", "d\U0001f642")]
+    for seq, chunks in enumerate(sent):
+        await book.callbacks([appending("t", 1, seq, *chunks)])
+    retried = [(2, sent[2], (4, 6, True)), (0, sent[0], (0, 2, True)), (1, sent[1], (2, 3, True))]
+    reused = [(2, ("c", "d")), (2, ("cd\U0001f642",)), (0, ('é "q"\\',)), (1, ("a", "b")), (0, ("ab",))]
+    for seq, chunks, answer in retried:
+        assert answers(await book.callbacks([appending("t", 1, seq, *chunks)])) == [answer], seq
+    for seq, chunks in reused:
+        assert answers(await book.callbacks([appending("t", 1, seq, *chunks)])) == ["seq-reused"], chunks
+    # Nothing of them was appended: the next batch goes on where the third ended.
+    assert answers(await book.callbacks([appending("t", 1, 3, "e")])) == [(6, 7, False)]
+    assert answers(await book.callbacks([appending("t", 1, 3, "e"), appending("t", 1, 2, "c")])) == [
+        (6, 7, True),
+        "seq-reused",
+    ]
+    text = 'é "q"\\\n\x00\u2028abcd\U0001f642e'
+    assert (await StreamReads(store).text("t", "output"))[1] == Text(1, 7, text)
+
+
 async def test_a_page_is_read_a_few_batches_at_a_time_from_where_the_read_starts(store: Store) -> None:
     book = Book(store, FakeClock())
     task, _ = await book.create("t", 600_000, 1)
