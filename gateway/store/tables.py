@@ -341,23 +341,23 @@ class StreamRow(SQLModel, table=True):
     """A task's stream (protocol.md, Streams): its running totals (``gateway.streams.Head``), written by each
     append in the transaction that stores its batch, so that neither an append nor a read scans its
     batches. Made by the stream's first append, deleted with its task (retention); its ``closed`` is its
-    task's being terminal, which the transaction that ends the task writes."""
+    task's being terminal, which the transaction that ends the task writes. On SQLite the rows live in their
+    primary key's tree (WITHOUT ROWID): no second tree holds the key again."""
 
     __tablename__ = "streams"
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     task_id: str = Field(sa_column=Column(String(128), primary_key=True))
     name: str = Field(sa_column=Column(String(32), primary_key=True))
     # The attempt of its last append (its text is that attempt's chunks); the offsets of that attempt's
     # first chunk and of the one after its last; the text's size in UTF-8; the batches the attempt
-    # appended (its next seq); and its last batch's first offset and digest (a retry of it is answered
-    # from here).
+    # appended (its next seq); and its last batch's first offset (a retry of it reads that batch alone).
     attempt: int = Field(sa_column=Column(BigInteger, nullable=False))
     first_offset: int = Field(sa_column=Column(BigInteger, nullable=False))
     next_offset: int = Field(sa_column=Column(BigInteger, nullable=False))
     text_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
     next_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
     last_offset: int = Field(sa_column=Column(BigInteger, nullable=False))
-    last_digest: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
 class StreamBatchRow(SQLModel, table=True):
@@ -375,10 +375,9 @@ class StreamBatchRow(SQLModel, table=True):
     attempt: int = Field(sa_column=Column(BigInteger, nullable=False))
     seq: int = Field(sa_column=Column(BigInteger, nullable=False))
     count: int = Field(sa_column=Column(Integer, nullable=False))
-    # The chunks' size in UTF-8, and a digest of them (``gateway.streams.Chunks``): a retried seq is told
-    # from a reused one by it.
+    # The chunks' size in UTF-8. A retried seq is told from a reused one by ``chunks`` itself, the canonical
+    # array (``gateway.streams.Chunks``), read on the retry path alone: no digest in every row.
     chunk_bytes: int = Field(sa_column=Column(Integer, nullable=False))
-    digest: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     chunks: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 

@@ -82,11 +82,11 @@ def stream_rows(writes: StreamWrites) -> list[tuple[str, list[tuple[Any, ...]]]]
 
 def _batch(row: Sequence[Any]) -> Batch:
     """A row of ``queries.BATCH_COLUMNS`` (a driver's blobs as bytes)."""
-    return Batch(row[0], row[1], row[2], row[3], row[4], bytes(row[5]), bytes(row[6]))
+    return Batch(row[0], row[1], row[2], row[3], row[4], bytes(row[5]))
 
 
 def _batch_row(batch: Batch) -> tuple[Any, ...]:
-    return (batch.offset, batch.count, batch.attempt, batch.seq, batch.size, batch.digest, batch.chunks)
+    return (batch.offset, batch.count, batch.attempt, batch.seq, batch.size, batch.chunks)
 
 
 def _head_row(head: Head) -> tuple[Any, ...]:
@@ -99,7 +99,6 @@ def _head_row(head: Head) -> tuple[Any, ...]:
         head.size,
         head.next_seq,
         head.last_offset,
-        head.last_digest,
     )
 
 
@@ -271,8 +270,7 @@ class SqlTx:
         found: dict[str, list[Head]] = {}
         for condition, params in self.in_list("task_id", sorted({i for i in task_ids if "\x00" not in i})):
             for row in await self.fetch(q.STREAM_HEADS.format(ids=condition), params):
-                head = Head(row[1], row[2], row[3], row[4], row[5], row[6], row[7], bytes(row[8]))
-                found.setdefault(row[0], []).append(head)
+                found.setdefault(row[0], []).append(Head(*row[1:]))
         return found
 
     async def stream_batches(self, task_id: str, name: str, start: int, limit: int) -> list[Batch]:
