@@ -5,14 +5,15 @@ row of running totals, its :class:`Head` (so that neither an append nor a read s
 appended :class:`Batch`, its chunks together as the JSON array the wire carries (encoded once, on the way
 in, and sent as it is stored). Every stored batch is of the head's attempt: the first append of an attempt
 drops the earlier attempt's batches in its transaction (no read or subscription may send them again), so
-that a stream holds at most ``GATEWAY_STREAM_MAX_BYTES`` whatever its retries.
+that a stream holds at most ``GATEWAY_STREAM_MAX_BYTES`` whatever its retries. So a stream's batches are its
+attempt's, every one of them, in ``seq`` order: batch ``seq`` is the ``seq``-th, and no row keeps its seq.
 
 An append is decided in protocol.md's order: the attempt fenced (``stale-attempt``, ``not-running``), then
 its ``seq`` against the batches the attempt has appended (taken, a duplicate answered as the first time,
 ``seq-reused``, ``seq-gap``), then room (``too-many-streams``, ``stream-full``). A retried ``seq`` is told
 from a reused one by the chunks stored under it, which the store reads (:class:`Lookup`: the last batch at
-the offset its head keeps, an earlier one by its seq): a read on the retry path only, and no digest kept in
-every row. A read starts where :func:`read_start` says and is cut into pages by :func:`page_of`.
+the offset its head keeps, an earlier one by its place): a read on the retry path only, and no digest kept
+in every row. A read starts where :func:`read_start` says and is cut into pages by :func:`page_of`.
 """
 
 from __future__ import annotations
@@ -103,12 +104,12 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One appended batch as stored: its chunks at offsets ``offset`` to ``offset + count - 1``."""
+    """One appended batch as stored: its chunks at offsets ``offset`` to ``offset + count - 1``. Its seq is
+    its place among the stream's batches (above)."""
 
     offset: int
     count: int
     attempt: int
-    seq: int
     size: int
     chunks: bytes
 
@@ -153,7 +154,7 @@ class Take:
 class Lookup:
     """The answer needs the stored batch ``seq`` of the stream's attempt (a retry): read it and pass it to
     :func:`duplicate`. ``offset``: where it starts, when the head knows it (the attempt's last batch: one
-    probe of the stream's key), else ``None`` (an earlier batch, found by its attempt and seq)."""
+    probe of the stream's key), else ``None`` (an earlier batch, the ``seq``-th of the stream's)."""
 
     seq: int
     offset: int | None
@@ -190,7 +191,7 @@ def decide_append(
         )
     offset = head.next_offset if head is not None else 0
     first = head.first_offset if head is not None and same else offset
-    batch = Batch(offset, chunks.count, append.attempt, append.seq, chunks.size, chunks.encoded)
+    batch = Batch(offset, chunks.count, append.attempt, chunks.size, chunks.encoded)
     after = Head(
         append.stream,
         append.attempt,

@@ -64,21 +64,24 @@ class Appends:
         self._taken.setdefault(key, []).append(take.batch)
 
     async def _batch(self, task_id: str, append: Append, lookup: Lookup) -> Batch:
-        """The batch ``lookup.seq`` of the append's attempt: taken in this transaction, or stored (read on
-        the retry path alone: the attempt's last batch at its offset, one probe of the stream's key; an
-        earlier one by its seq)."""
-        wanted = (append.attempt, lookup.seq)
-        for batch in self._taken.get((task_id, append.stream), ()):
-            if (batch.attempt, batch.seq) == wanted:
-                return batch
+        """The batch ``lookup.seq`` of the append's attempt (the stream's, as its head has it): taken in this
+        transaction, or stored (read on the retry path alone: the attempt's last batch at its offset, one
+        probe of the stream's key; an earlier one by its place among the stream's batches). The batches
+        taken of a stream in this transaction are its attempt's last ones, up to the head's (an attempt
+        that starts in it drops those taken before)."""
+        taken = self._taken.get((task_id, append.stream), [])
+        head = self._heads[task_id][append.stream]
+        after = head.next_seq - 1 - lookup.seq  # the attempt's batches after it
+        if after < len(taken):
+            return taken[-1 - after]
         stored: Batch | None
         if lookup.offset is not None:
             found = await self._tx.stream_batches(task_id, append.stream, lookup.offset, 1)
             stored = next(
-                (b for b in found if (b.offset, b.attempt, b.seq) == (lookup.offset, *wanted)), None
+                (b for b in found if (b.offset, b.attempt) == (lookup.offset, append.attempt)), None
             )
         else:
-            stored = await self._tx.stream_batch(task_id, append.stream, *wanted)
+            stored = await self._tx.stream_batch(task_id, append.stream, append.attempt, lookup.seq)
         if stored is None:  # every batch of the stream's attempt is kept: the store lost one
             raise RuntimeError(f"task {task_id}: batch {lookup.seq} of stream {append.stream} is missing")
         return stored

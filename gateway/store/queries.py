@@ -219,7 +219,7 @@ INSERT_CALLBACK = _insert("callbacks", CALLBACK_COLUMNS)
 
 # A head's columns in ``gateway.streams.Head``'s order, and a batch's in ``Batch``'s.
 HEAD_COLUMNS = ("name", "attempt", "first_offset", "next_offset", "text_bytes", "next_seq", "last_offset")
-BATCH_COLUMNS = ("first_offset", "count", "attempt", "seq", "chunk_bytes", "chunks")
+BATCH_COLUMNS = ("first_offset", "count", "attempt", "chunk_bytes", "chunks")
 STREAM_HEADS = f"SELECT task_id, {', '.join(HEAD_COLUMNS)} FROM streams WHERE {{ids}} ORDER BY task_id, name"
 # From the batch that holds an offset (the last that starts at or before it: one probe of the key, read
 # backwards), then those after it: one range of the key.
@@ -229,8 +229,9 @@ STREAM_BATCHES = (
     "WHERE task_id = ? AND stream = ? AND first_offset <= ?), 0) ORDER BY first_offset LIMIT ?"
 )
 # A retry of an earlier batch than the last (rare: a worker sends one batch at a time, and the retry of the
-# last one reads it at its offset, with STREAM_BATCHES): the stream's range of the key, filtered.
-STREAM_BATCH = f"{_BATCH} AND attempt = ? AND seq = ?"
+# last one reads it at its offset, with STREAM_BATCHES): batch ``seq`` is the seq-th of the stream's (it
+# keeps its attempt's batches alone, every one of them), found in the stream's range of the key.
+STREAM_BATCH = f"{_BATCH} ORDER BY first_offset LIMIT 1 OFFSET ?"
 DROP_BATCHES = "DELETE FROM stream_batches WHERE task_id = ? AND stream = ? AND first_offset < ?"
 INSERT_BATCH = _insert("stream_batches", ("task_id", "stream", *BATCH_COLUMNS))
 INSERT_STREAM = _insert("streams", ("task_id", *HEAD_COLUMNS))

@@ -362,9 +362,10 @@ class StreamRow(SQLModel, table=True):
 
 class StreamBatchRow(SQLModel, table=True):
     """One appended batch of a stream: its chunks together, as the JSON array the wire carries (never a
-    row per chunk), at offsets ``first_offset`` on. Only the stream's attempt's are kept: an attempt's first
-    append deletes the earlier attempt's. On SQLite the rows live in their primary key's tree (WITHOUT
-    ROWID): a read by offset is one range of it, and no second tree holds the key again."""
+    row per chunk), at offsets ``first_offset`` on. Only the stream's attempt's are kept, every one of them
+    (an attempt's first append deletes the earlier attempt's): a batch's seq is its place among them, kept in
+    no column. On SQLite the rows live in their primary key's tree (WITHOUT ROWID): a read by offset is one
+    range of it, and no second tree holds the key again."""
 
     __tablename__ = "stream_batches"
     __table_args__ = ({"sqlite_with_rowid": False},)
@@ -373,7 +374,6 @@ class StreamBatchRow(SQLModel, table=True):
     stream: str = Field(sa_column=Column(String(32), primary_key=True))
     first_offset: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
     attempt: int = Field(sa_column=Column(BigInteger, nullable=False))
-    seq: int = Field(sa_column=Column(BigInteger, nullable=False))
     count: int = Field(sa_column=Column(Integer, nullable=False))
     # The chunks' size in UTF-8. A retried seq is told from a reused one by ``chunks`` itself, the canonical
     # array (``gateway.streams.Chunks``), read on the retry path alone: no digest in every row.

@@ -82,11 +82,11 @@ def stream_rows(writes: StreamWrites) -> list[tuple[str, list[tuple[Any, ...]]]]
 
 def _batch(row: Sequence[Any]) -> Batch:
     """A row of ``queries.BATCH_COLUMNS`` (a driver's blobs as bytes)."""
-    return Batch(row[0], row[1], row[2], row[3], row[4], bytes(row[5]))
+    return Batch(row[0], row[1], row[2], row[3], bytes(row[4]))
 
 
 def _batch_row(batch: Batch) -> tuple[Any, ...]:
-    return (batch.offset, batch.count, batch.attempt, batch.seq, batch.size, batch.chunks)
+    return (batch.offset, batch.count, batch.attempt, batch.size, batch.chunks)
 
 
 def _head_row(head: Head) -> tuple[Any, ...]:
@@ -278,8 +278,9 @@ class SqlTx:
         return [_batch(row) for row in rows]
 
     async def stream_batch(self, task_id: str, name: str, attempt: int, seq: int) -> Batch | None:
-        rows = await self.fetch(q.STREAM_BATCH, (task_id, name, attempt, seq))
-        return _batch(rows[0]) if rows else None
+        rows = await self.fetch(q.STREAM_BATCH, (task_id, name, seq))
+        found = _batch(rows[0]) if rows else None
+        return found if found is not None and found.attempt == attempt else None
 
     async def write_streams(self, writes: StreamWrites) -> None:
         for sql, rows in stream_rows(writes):

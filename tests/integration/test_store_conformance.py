@@ -1235,23 +1235,25 @@ async def test_a_page_by_tags_is_newest_first_after_its_place_every_tag_matching
 # --- streams ------------------------------------------------------------------------------------------------
 
 
-def stream_batch(offset: int, *chunks: str, attempt: int = 1, seq: int = 0) -> Batch:
+def stream_batch(offset: int, *chunks: str, attempt: int = 1) -> Batch:
     made = Chunks.of(list(chunks))
-    return Batch(offset, made.count, attempt, seq, made.size, made.encoded)
+    return Batch(offset, made.count, attempt, made.size, made.encoded)
 
 
 def head_after(name: str, first: int, batches: list[Batch]) -> Head:
+    """The head of a stream of these batches, all of its attempt (seq 0 on)."""
     last = batches[-1]
     size = sum(b.size for b in batches)
-    return Head(name, last.attempt, first, last.offset + last.count, size, last.seq + 1, last.offset)
+    return Head(name, last.attempt, first, last.offset + last.count, size, len(batches), last.offset)
 
 
 async def test_a_streams_batches_and_totals_read_back_as_written(store: Store) -> None:
     """A stream's totals and batches, by task; batches from the one that holds an offset, a few at a time;
-    a batch by its attempt and seq; an attempt's first append dropping the earlier attempt's batches."""
+    a batch by its attempt and seq (its place among the stream's batches, all of its attempt); an attempt's
+    first append dropping the earlier attempt's batches."""
     await add(store, "t")
     await add(store, "u")
-    out = [stream_batch(0, "a", "b"), stream_batch(2, "c", seq=1), stream_batch(3, "d", "e", "f", seq=2)]
+    out = [stream_batch(0, "a", "b"), stream_batch(2, "c"), stream_batch(3, "d", "e", "f")]
     log = [stream_batch(0, "x")]
     async with store.write() as tx:
         await tx.write_streams(
@@ -1270,8 +1272,9 @@ async def test_a_streams_batches_and_totals_read_back_as_written(store: Store) -
         assert await tx.stream_batches("t", "output", 4, 1) == out[2:]
         assert await tx.stream_batches("t", "output", 6, 10) == out[2:]  # the end: the last batch
         assert await tx.stream_batches("t", "steps", 0, 10) == []
-        assert await tx.stream_batch("t", "output", 1, 1) == out[1]
+        assert [await tx.stream_batch("t", "output", 1, seq) for seq in range(4)] == [*out, None]
         assert await tx.stream_batch("t", "output", 2, 1) is None
+        assert await tx.stream_batch("t", "log", 1, 0) == log[0]
     # Attempt 2 appends: attempt 1's batches go, its own start at the next offset.
     retry = [stream_batch(6, "Y", attempt=2)]
     async with store.write() as tx:
@@ -1285,6 +1288,8 @@ async def test_a_streams_batches_and_totals_read_back_as_written(store: Store) -
     async with store.read() as tx:
         assert (await tx.stream_heads(["t"]))["t"][1] == head_after("output", 6, retry)
         assert await tx.stream_batches("t", "output", 0, 10) == retry  # none holds 0: from the first
+        assert await tx.stream_batch("t", "output", 2, 0) == retry[0]
+        assert await tx.stream_batch("t", "output", 1, 0) is None
         assert await tx.stream_batches("t", "log", 0, 10) == log
 
 
@@ -1295,7 +1300,7 @@ async def test_a_rolled_back_append_leaves_the_stream_as_it_was(store: Store) ->
         await tx.write_streams(
             StreamWrites(made=[("t", head_after("output", 0, first))], batches=[("t", "output", first[0])])
         )
-    more = stream_batch(1, "b", seq=1)
+    more = stream_batch(1, "b")
     with pytest.raises(RuntimeError):
         async with store.write() as tx:
             await tx.write_streams(
@@ -1484,12 +1489,27 @@ async def test_a_retry_of_a_stored_batch_the_last_or_an_earlier_is_told_by_the_c
         assert answers(await book.callbacks([appending("t", 1, seq, *chunks)])) == ["seq-reused"], chunks
     # Nothing of them was appended: the next batch goes on where the third ended.
     assert answers(await book.callbacks([appending("t", 1, 3, "e")])) == [(6, 7, False)]
-    assert answers(await book.callbacks([appending("t", 1, 3, "e"), appending("t", 1, 2, "c")])) == [
+    # Retries among a batch taken in the same transaction: of it, and of stored ones (the last before it).
+    outcomes = await book.callbacks(
+        [
+            appending("t", 1, 4, "f"),
+            appending("t", 1, 3, "e"),
+            appending("t", 1, 2, *sent[2]),
+            appending("t", 1, 1, "b"),
+            appending("t", 1, 4, "f"),
+            appending("t", 1, 4, "F"),
+        ]
+    )
+    assert answers(outcomes) == [
+        (7, 8, False),
         (6, 7, True),
+        (4, 6, True),
+        "seq-reused",
+        (7, 8, True),
         "seq-reused",
     ]
-    text = 'é "q"\\\n\x00\u2028abcd\U0001f642e'
-    assert (await StreamReads(store).text("t", "output"))[1] == Text(1, 7, text)
+    text = 'é "q"\\\n\x00\u2028abcd\U0001f642ef'
+    assert (await StreamReads(store).text("t", "output"))[1] == Text(1, 8, text)
 
 
 async def test_a_page_is_read_a_few_batches_at_a_time_from_where_the_read_starts(store: Store) -> None:

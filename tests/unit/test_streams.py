@@ -124,7 +124,7 @@ def test_a_streams_first_append_makes_it_at_offset_0() -> None:
     take = taken(running(), None, append("a", "bb"))
     assert take.answer == Appended("output", 1, 0, 2, False)
     assert take.head == Head("output", 1, 0, 2, 3, 1, 0)
-    assert (take.batch.offset, take.batch.count, take.batch.attempt, take.batch.seq) == (0, 2, 1, 0)
+    assert (take.batch.offset, take.batch.count, take.batch.attempt) == (0, 2, 1)
     assert (take.batch.size, take.batch.chunks, take.replaces) == (3, b'["a","bb"]', False)
 
 
@@ -264,9 +264,9 @@ def test_batches_to_read_at_once_follow_the_streams_average_batch() -> None:
     assert rows_to_read(Head("output", 1, 0, 1000, 1000, 1, 0), 1) == 2
 
 
-def batch(offset: int, *chunks: str, attempt: int = 1, seq: int = 0) -> Batch:
+def batch(offset: int, *chunks: str, attempt: int = 1) -> Batch:
     made = Chunks.of(list(chunks))
-    return Batch(offset, made.count, attempt, seq, made.size, made.encoded)
+    return Batch(offset, made.count, attempt, made.size, made.encoded)
 
 
 def page(attempt: int, offset: int, chunks: list[str], more: bool) -> Page:
