@@ -270,7 +270,7 @@ class SqlTx:
         found: dict[str, list[Head]] = {}
         for condition, params in self.in_list("task_id", sorted({i for i in task_ids if "\x00" not in i})):
             for row in await self.fetch(q.STREAM_HEADS.format(ids=condition), params):
-                found.setdefault(row[0], []).append(Head(*row[1:]))
+                found.setdefault(row[0], []).append(Head(*tuple(row)[1:]))
         return found
 
     async def stream_batches(self, task_id: str, name: str, start: int, limit: int) -> list[Batch]:
