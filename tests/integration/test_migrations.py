@@ -395,9 +395,11 @@ STREAM_BATCHES = [(0, ["a", "b"]), (2, ["é"]), (3, ['"c"\n'])]
 
 async def make_0012_database_with_a_stream(engine: AsyncEngine) -> None:
     """A database at revision 0012 holding a running task (attempt 1) that has appended three batches to its
-    stream ``output``."""
+    stream ``output``; on PostgreSQL, an operator's autovacuum setting on ``stream_batches``."""
     async with engine.begin() as conn:
         await conn.run_sync(lambda sync: command.upgrade(alembic_config(sync), "0012"))
+        if engine.dialect.name == "postgresql":
+            await conn.execute(text("ALTER TABLE stream_batches SET (autovacuum_vacuum_scale_factor = 0.05)"))
         await conn.execute(
             text(
                 "INSERT INTO tasks (id, state, expires_at_ms, attempts, max_attempts, progress, version, "
@@ -480,7 +482,20 @@ async def test_a_database_with_streams_upgrades_to_rows_without_digests_or_seqs_
     async with engine_for(database_url) as engine:
         assert await version_rows(engine) == [head_revision()]
         assert await diff_with_models(engine) == []
-        if engine.dialect.name == "sqlite":
+        if engine.dialect.name == "postgresql":
+            # The tables made again keep their settings: revision 0011's, or the operator's.
+            async with engine.connect() as conn:
+                found = await conn.execute(
+                    text(
+                        "SELECT relname, reloptions FROM pg_class "
+                        "WHERE relname IN ('streams', 'stream_batches') AND relkind = 'r'"
+                    )
+                )
+                assert dict(found.all()) == {
+                    "streams": ["autovacuum_vacuum_scale_factor=0.02"],
+                    "stream_batches": ["autovacuum_vacuum_scale_factor=0.05"],
+                }
+        else:
             async with engine.connect() as conn:
                 schema = await conn.execute(
                     text(

@@ -16,7 +16,8 @@ place stays in the rows stored before and makes every row stored after carry a n
 row, once aligned); on SQLite, a table is altered by copying it anyway, and ``streams`` joins
 ``stream_batches`` in living in its primary key's tree (WITHOUT ROWID: no second tree holds the key again).
 The copy takes as long as the streams the database holds (no more than retention keeps). On PostgreSQL the
-new tables get the autovacuum setting of the other tables retention deletes from (revision 0006).
+new tables get the old ones' storage settings (revision 0011's autovacuum setting, or the operator's:
+docs/deploy.md, Retention).
 
 A migration is frozen once released: it spells out its tables and columns with ``sqlalchemy`` and never
 imports ``gateway.store.tables``, whose models describe the newest schema only.
@@ -35,7 +36,6 @@ down_revision: str | None = "0012"
 branch_labels: str | None = None
 depends_on: str | None = None
 
-SCALE_FACTOR = 0.02
 _KEYS = {"streams": ("task_id", "name"), "stream_batches": ("task_id", "stream", "first_offset")}
 # Revision 0011's digest: blake2b of the stored array, 16 bytes (a downgrade makes them again).
 _DIGEST_BYTES = 16
@@ -76,7 +76,15 @@ def _made_again(table: str, columns: list[sa.Column[Any]], *, with_rowid: bool, 
     table's of its name, or from the expression ``fill`` gives it; ``:empty`` is an empty blob), the old
     table dropped."""
     old = f"{table}_0013"
-    postgresql = op.get_bind().dialect.name == "postgresql"
+    bind = op.get_bind()
+    postgresql = bind.dialect.name == "postgresql"
+    options: list[str] = []
+    if postgresql:  # its storage settings, as ["autovacuum_vacuum_scale_factor=0.02"]
+        found = bind.execute(
+            sa.text("SELECT reloptions FROM pg_class WHERE oid = CAST(CAST(:t AS text) AS regclass)"),
+            {"t": table},
+        )
+        options = list(found.scalar() or [])
     op.rename_table(table, old)
     if postgresql:
         # The key's index keeps its name through the rename: the new table's takes it.
@@ -89,8 +97,8 @@ def _made_again(table: str, columns: list[sa.Column[Any]], *, with_rowid: bool, 
         copy = copy.bindparams(sa.bindparam("empty", b"", type_=sa.LargeBinary()))
     op.execute(copy)
     op.drop_table(old)
-    if postgresql:
-        op.execute(f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = {SCALE_FACTOR})")
+    if options:
+        op.execute(f"ALTER TABLE {table} SET ({', '.join(options)})")
 
 
 def upgrade() -> None:
