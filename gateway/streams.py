@@ -5,18 +5,19 @@ row of running totals, its :class:`Head` (so that neither an append nor a read s
 appended :class:`Batch`, its chunks together as the JSON array the wire carries (encoded once, on the way
 in, and sent as it is stored). Every stored batch is of the head's attempt: the first append of an attempt
 drops the earlier attempt's batches in its transaction (no read or subscription may send them again), so
-that a stream holds at most ``GATEWAY_STREAM_MAX_BYTES`` whatever its retries.
+that a stream holds at most ``GATEWAY_STREAM_MAX_BYTES`` whatever its retries. So a stream's batches are its
+attempt's, every one of them, in ``seq`` order: batch ``seq`` is the ``seq``-th, and no row keeps its seq.
 
 An append is decided in protocol.md's order: the attempt fenced (``stale-attempt``, ``not-running``), then
 its ``seq`` against the batches the attempt has appended (taken, a duplicate answered as the first time,
-``seq-reused``, ``seq-gap``), then room (``too-many-streams``, ``stream-full``). A duplicate of an earlier
-batch than the last needs that batch's digest, which the store reads (:class:`Lookup`); the last one's is
-in the head. A read starts where :func:`read_start` says and is cut into pages by :func:`page_of`.
+``seq-reused``, ``seq-gap``), then room (``too-many-streams``, ``stream-full``). A retried ``seq`` is told
+from a reused one by the chunks stored under it, which the store reads (:class:`Lookup`: the last batch at
+the offset its head keeps, an earlier one by its place): a read on the retry path only, and no digest kept
+in every row. A read starts where :func:`read_start` says and is cut into pages by :func:`page_of`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,14 +58,13 @@ def check_name(name: str, field: str = "stream") -> str:
 
 @dataclass(frozen=True, slots=True)
 class Chunks:
-    """The chunks of one append, as stored: the JSON array the wire carries, their number, their size in
-    UTF-8 and a digest of them (two appends with the same chunks have the same, whatever their escaping
-    in the body that carried them)."""
+    """The chunks of one append, as stored: the JSON array the wire carries, their number and their size in
+    UTF-8. ``encoded`` is canonical: two appends with the same chunks encode them the same, whatever their
+    escaping in the body that carried them (a retry is told by it: :func:`duplicate`)."""
 
     encoded: bytes
     count: int
     size: int
-    digest: bytes
 
     @classmethod
     def of(cls, chunks: object) -> Chunks:
@@ -82,8 +82,7 @@ class Chunks:
                     f"chunks[{i}]: must be 1 to {MAX_CHUNK_BYTES} bytes in UTF-8, got {length}"
                 )
             size += length
-        encoded = orjson.dumps(chunks)
-        return cls(encoded, len(chunks), size, hashlib.blake2b(encoded, digest_size=16).digest())
+        return cls(orjson.dumps(chunks), len(chunks), size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,21 +98,19 @@ class Head:
     # That attempt's chunks' size in UTF-8 (the text's), and how many batches it appended (the seq next).
     size: int
     next_seq: int
-    # The attempt's last batch: where it starts and its digest (a retry of it needs no other read).
+    # Where the attempt's last batch starts (a retry of it reads that batch alone).
     last_offset: int
-    last_digest: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One appended batch as stored: its chunks at offsets ``offset`` to ``offset + count - 1``."""
+    """One appended batch as stored: its chunks at offsets ``offset`` to ``offset + count - 1``. Its seq is
+    its place among the stream's batches (above)."""
 
     offset: int
     count: int
     attempt: int
-    seq: int
     size: int
-    digest: bytes
     chunks: bytes
 
 
@@ -155,17 +152,19 @@ class Take:
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """The answer needs the stored batch ``seq`` of the stream's attempt (a retry of an earlier batch than
-    the last): read it and pass its offsets and digest to :func:`duplicate`."""
+    """The answer needs the stored batch ``seq`` of the stream's attempt (a retry): read it and pass it to
+    :func:`duplicate`. ``offset``: where it starts, when the head knows it (the attempt's last batch: one
+    probe of the stream's key), else ``None`` (an earlier batch, the ``seq``-th of the stream's)."""
 
     seq: int
+    offset: int | None
 
 
 def decide_append(
     task: Task, head: Head | None, append: Append, *, streams: int, max_bytes: int
-) -> Take | Appended | Lookup:
+) -> Take | Lookup:
     """What an append does to a stream (``head``: ``None`` for a stream not made yet) of ``task``, which has
-    ``streams`` streams: taken, answered as a duplicate, or a read first; else the error that refuses it."""
+    ``streams`` streams: taken, or a read first (a retry); else the error that refuses it."""
     fence(task, append.attempt)
     heartbeat(task)  # 409 not-running with the task, as a heartbeat's
     same = head is not None and head.attempt == append.attempt
@@ -179,9 +178,7 @@ def decide_append(
         )
     if append.seq < expected:
         assert head is not None
-        if append.seq < expected - 1:
-            return Lookup(append.seq)
-        return duplicate(append, head.last_offset, head.next_offset, head.last_digest)
+        return Lookup(append.seq, head.last_offset if append.seq == expected - 1 else None)
     if head is None and streams >= MAX_STREAMS:
         raise Conflict("too-many-streams", f"task {task.id} has {streams} streams, the most a task may have")
     chunks = append.chunks
@@ -194,9 +191,7 @@ def decide_append(
         )
     offset = head.next_offset if head is not None else 0
     first = head.first_offset if head is not None and same else offset
-    batch = Batch(
-        offset, chunks.count, append.attempt, append.seq, chunks.size, chunks.digest, chunks.encoded
-    )
+    batch = Batch(offset, chunks.count, append.attempt, chunks.size, chunks.encoded)
     after = Head(
         append.stream,
         append.attempt,
@@ -205,22 +200,21 @@ def decide_append(
         held + chunks.size,
         append.seq + 1,
         offset,
-        chunks.digest,
     )
     return Take(after, batch, replaces=head is not None and not same)
 
 
-def duplicate(append: Append, offset: int, next_offset: int, digest: bytes) -> Appended:
-    """A retried append's answer, given the batch stored under its ``seq`` (its offsets and digest: the
-    head's last, or a :class:`Lookup`'s): the first answer again when its chunks are the same, else ``409
-    seq-reused``."""
-    if digest != append.chunks.digest:
+def duplicate(append: Append, batch: Batch) -> Appended:
+    """A retried append's answer, given the batch stored under its ``seq`` (a :class:`Lookup`'s): the first
+    answer again when its chunks are the same (their canonical arrays, :class:`Chunks`, equal the stored
+    one), else ``409 seq-reused``."""
+    if batch.chunks != append.chunks.encoded:
         raise Conflict(
             "seq-reused",
             f"stream {append.stream}: seq {append.seq} of attempt {append.attempt} was appended with other "
             "chunks",
         )
-    return Appended(append.stream, append.attempt, offset, next_offset, True)
+    return Appended(append.stream, append.attempt, batch.offset, batch.offset + batch.count, True)
 
 
 # --- reads ------------------------------------------------------------------------------------------------

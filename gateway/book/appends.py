@@ -50,12 +50,9 @@ class Appends:
             task, heads.get(append.stream), append, streams=len(heads), max_bytes=self._max_bytes
         )
         if isinstance(decided, Lookup):
-            batch = await self._batch(task_id, append, decided.seq)
-            return duplicate(append, batch.offset, batch.offset + batch.count, batch.digest)
-        if isinstance(decided, Take):
-            self._take(task_id, decided)
-            return decided.answer
-        return decided
+            return duplicate(append, await self._batch(task_id, append, decided))
+        self._take(task_id, decided)
+        return decided.answer
 
     def _take(self, task_id: str, take: Take) -> None:
         key = (task_id, take.head.name)
@@ -66,14 +63,27 @@ class Appends:
                 self._dropped[key] = take.head.first_offset
         self._taken.setdefault(key, []).append(take.batch)
 
-    async def _batch(self, task_id: str, append: Append, seq: int) -> Batch:
-        """The batch ``seq`` of the append's attempt: taken in this transaction, or stored."""
-        for batch in self._taken.get((task_id, append.stream), ()):
-            if (batch.attempt, batch.seq) == (append.attempt, seq):
-                return batch
-        stored = await self._tx.stream_batch(task_id, append.stream, append.attempt, seq)
+    async def _batch(self, task_id: str, append: Append, lookup: Lookup) -> Batch:
+        """The batch ``lookup.seq`` of the append's attempt (the stream's, as its head has it): taken in this
+        transaction, or stored (read on the retry path alone: the attempt's last batch at its offset, one
+        probe of the stream's key; an earlier one by its place among the stream's batches). The batches
+        taken of a stream in this transaction are its attempt's last ones, up to the head's (an attempt
+        that starts in it drops those taken before)."""
+        taken = self._taken.get((task_id, append.stream), [])
+        head = self._heads[task_id][append.stream]
+        after = head.next_seq - 1 - lookup.seq  # the attempt's batches after it
+        if after < len(taken):
+            return taken[-1 - after]
+        stored: Batch | None
+        if lookup.offset is not None:
+            found = await self._tx.stream_batches(task_id, append.stream, lookup.offset, 1)
+            stored = next(
+                (b for b in found if (b.offset, b.attempt) == (lookup.offset, append.attempt)), None
+            )
+        else:
+            stored = await self._tx.stream_batch(task_id, append.stream, append.attempt, lookup.seq)
         if stored is None:  # every batch of the stream's attempt is kept: the store lost one
-            raise RuntimeError(f"task {task_id}: batch {seq} of stream {append.stream} is missing")
+            raise RuntimeError(f"task {task_id}: batch {lookup.seq} of stream {append.stream} is missing")
         return stored
 
     def news(self) -> list[News]:

@@ -189,7 +189,9 @@ class ReadTx(Protocol):
         none does, the first): one range of its key, however long the stream."""
 
     async def stream_batch(self, task_id: str, name: str, attempt: int, seq: int) -> Batch | None:
-        """The stored batch ``seq`` of the stream's attempt ``attempt``, or ``None``."""
+        """The stored batch ``seq`` of the stream's attempt ``attempt``, or ``None``: the ``seq``-th of the
+        stream's batches in offset order (a stream keeps its attempt's batches alone, every one of them, and
+        no row keeps its seq: ``gateway.streams``), if it is of that attempt."""
 
 
 class WriteTx(ReadTx, Protocol):

@@ -200,7 +200,8 @@ class MemoryTx:
 
     async def stream_batch(self, task_id: str, name: str, attempt: int, seq: int) -> Batch | None:
         batches = self.data.streams.get(task_id, {}).get(name, (None, []))[1]
-        return next((b for b in batches if (b.attempt, b.seq) == (attempt, seq)), None)
+        found = batches[seq] if seq < len(batches) else None  # the seq-th: gateway.streams, Batch
+        return found if found is not None and found.attempt == attempt else None
 
     async def write_streams(self, writes: StreamWrites) -> None:
         saved = {task_id: dict(found) for task_id, found in self.data.streams.items()}

@@ -66,6 +66,9 @@ ROLLBACK_DEADLINE_S = 5.0
 # the transaction's deadline.
 COMMIT_DEADLINE_S = 5.0
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+# The columns of a stream batch's row and of a head's, with their key (task id; and the stream's name).
+_BATCH_WIDTH = 2 + len(q.BATCH_COLUMNS)
+_HEAD_WIDTH = 1 + len(q.HEAD_COLUMNS)
 
 
 class PgWriter:
@@ -261,11 +264,7 @@ class PgTx(SqlTx):
             return {}, {}
         wanted = set(streamed)
         rows = await self.fetch(q.PG_LOCK_TASKS_HEADS, (ids, [i in wanted for i in ids]))
-        heads = {
-            row[0]: [Head(h[0], h[1], h[2], h[3], h[4], h[5], h[6], bytes(h[7])) for h in row[-1]]
-            for row in rows
-            if row[-1]
-        }
+        heads = {row[0]: [Head(*h) for h in row[-1]] for row in rows if row[-1]}
         return self._locked([tuple(row)[:-1] for row in rows]), heads
 
     async def callback_digests(self, callback_ids: Sequence[str]) -> dict[str, str]:
@@ -321,7 +320,12 @@ class PgTx(SqlTx):
         moved = [(*row[-2:], *row[:-2]) for row in moved]
         self._batch.streams = [
             column
-            for rows, width in ((drops, 3), (batches, 9), (made, 9), (moved, 9))
+            for rows, width in (
+                (drops, 3),
+                (batches, _BATCH_WIDTH),
+                (made, _HEAD_WIDTH),
+                (moved, _HEAD_WIDTH),
+            )
             for column in _arrays(rows, width)
         ]
 

@@ -218,10 +218,8 @@ INSERT_CALLBACK = _insert("callbacks", CALLBACK_COLUMNS)
 # --- streams (gateway.streams): a row of running totals per stream, a row per appended batch ---------------
 
 # A head's columns in ``gateway.streams.Head``'s order, and a batch's in ``Batch``'s.
-HEAD_COLUMNS = (
-    "name", "attempt", "first_offset", "next_offset", "text_bytes", "next_seq", "last_offset", "last_digest"
-)  # fmt: skip
-BATCH_COLUMNS = ("first_offset", "count", "attempt", "seq", "chunk_bytes", "digest", "chunks")
+HEAD_COLUMNS = ("name", "attempt", "first_offset", "next_offset", "text_bytes", "next_seq", "last_offset")
+BATCH_COLUMNS = ("first_offset", "count", "attempt", "chunk_bytes", "chunks")
 STREAM_HEADS = f"SELECT task_id, {', '.join(HEAD_COLUMNS)} FROM streams WHERE {{ids}} ORDER BY task_id, name"
 # From the batch that holds an offset (the last that starts at or before it: one probe of the key, read
 # backwards), then those after it: one range of the key.
@@ -230,9 +228,10 @@ STREAM_BATCHES = (
     f"{_BATCH} AND first_offset >= COALESCE((SELECT max(first_offset) FROM stream_batches "
     "WHERE task_id = ? AND stream = ? AND first_offset <= ?), 0) ORDER BY first_offset LIMIT ?"
 )
-# A retry of an earlier batch than the last (rare: a worker sends one batch at a time): the stream's range
-# of the key, filtered.
-STREAM_BATCH = f"{_BATCH} AND attempt = ? AND seq = ?"
+# A retry of an earlier batch than the last (rare: a worker sends one batch at a time, and the retry of the
+# last one reads it at its offset, with STREAM_BATCHES): batch ``seq`` is the seq-th of the stream's (it
+# keeps its attempt's batches alone, every one of them), found in the stream's range of the key.
+STREAM_BATCH = f"{_BATCH} ORDER BY first_offset LIMIT 1 OFFSET ?"
 DROP_BATCHES = "DELETE FROM stream_batches WHERE task_id = ? AND stream = ? AND first_offset < ?"
 INSERT_BATCH = _insert("stream_batches", ("task_id", "stream", *BATCH_COLUMNS))
 INSERT_STREAM = _insert("streams", ("task_id", *HEAD_COLUMNS))

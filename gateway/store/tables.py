@@ -341,30 +341,31 @@ class StreamRow(SQLModel, table=True):
     """A task's stream (protocol.md, Streams): its running totals (``gateway.streams.Head``), written by each
     append in the transaction that stores its batch, so that neither an append nor a read scans its
     batches. Made by the stream's first append, deleted with its task (retention); its ``closed`` is its
-    task's being terminal, which the transaction that ends the task writes."""
+    task's being terminal, which the transaction that ends the task writes. On SQLite the rows live in their
+    primary key's tree (WITHOUT ROWID): no second tree holds the key again."""
 
     __tablename__ = "streams"
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
     task_id: str = Field(sa_column=Column(String(128), primary_key=True))
     name: str = Field(sa_column=Column(String(32), primary_key=True))
     # The attempt of its last append (its text is that attempt's chunks); the offsets of that attempt's
     # first chunk and of the one after its last; the text's size in UTF-8; the batches the attempt
-    # appended (its next seq); and its last batch's first offset and digest (a retry of it is answered
-    # from here).
+    # appended (its next seq); and its last batch's first offset (a retry of it reads that batch alone).
     attempt: int = Field(sa_column=Column(BigInteger, nullable=False))
     first_offset: int = Field(sa_column=Column(BigInteger, nullable=False))
     next_offset: int = Field(sa_column=Column(BigInteger, nullable=False))
     text_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
     next_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
     last_offset: int = Field(sa_column=Column(BigInteger, nullable=False))
-    last_digest: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
 class StreamBatchRow(SQLModel, table=True):
     """One appended batch of a stream: its chunks together, as the JSON array the wire carries (never a
-    row per chunk), at offsets ``first_offset`` on. Only the stream's attempt's are kept: an attempt's first
-    append deletes the earlier attempt's. On SQLite the rows live in their primary key's tree (WITHOUT
-    ROWID): a read by offset is one range of it, and no second tree holds the key again."""
+    row per chunk), at offsets ``first_offset`` on. Only the stream's attempt's are kept, every one of them
+    (an attempt's first append deletes the earlier attempt's): a batch's seq is its place among them, kept in
+    no column. On SQLite the rows live in their primary key's tree (WITHOUT ROWID): a read by offset is one
+    range of it, and no second tree holds the key again."""
 
     __tablename__ = "stream_batches"
     __table_args__ = ({"sqlite_with_rowid": False},)
@@ -373,12 +374,10 @@ class StreamBatchRow(SQLModel, table=True):
     stream: str = Field(sa_column=Column(String(32), primary_key=True))
     first_offset: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
     attempt: int = Field(sa_column=Column(BigInteger, nullable=False))
-    seq: int = Field(sa_column=Column(BigInteger, nullable=False))
     count: int = Field(sa_column=Column(Integer, nullable=False))
-    # The chunks' size in UTF-8, and a digest of them (``gateway.streams.Chunks``): a retried seq is told
-    # from a reused one by it.
+    # The chunks' size in UTF-8. A retried seq is told from a reused one by ``chunks`` itself, the canonical
+    # array (``gateway.streams.Chunks``), read on the retry path alone: no digest in every row.
     chunk_bytes: int = Field(sa_column=Column(Integer, nullable=False))
-    digest: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     chunks: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 

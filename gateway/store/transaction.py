@@ -82,11 +82,11 @@ def stream_rows(writes: StreamWrites) -> list[tuple[str, list[tuple[Any, ...]]]]
 
 def _batch(row: Sequence[Any]) -> Batch:
     """A row of ``queries.BATCH_COLUMNS`` (a driver's blobs as bytes)."""
-    return Batch(row[0], row[1], row[2], row[3], row[4], bytes(row[5]), bytes(row[6]))
+    return Batch(row[0], row[1], row[2], row[3], bytes(row[4]))
 
 
 def _batch_row(batch: Batch) -> tuple[Any, ...]:
-    return (batch.offset, batch.count, batch.attempt, batch.seq, batch.size, batch.digest, batch.chunks)
+    return (batch.offset, batch.count, batch.attempt, batch.size, batch.chunks)
 
 
 def _head_row(head: Head) -> tuple[Any, ...]:
@@ -99,7 +99,6 @@ def _head_row(head: Head) -> tuple[Any, ...]:
         head.size,
         head.next_seq,
         head.last_offset,
-        head.last_digest,
     )
 
 
@@ -271,8 +270,7 @@ class SqlTx:
         found: dict[str, list[Head]] = {}
         for condition, params in self.in_list("task_id", sorted({i for i in task_ids if "\x00" not in i})):
             for row in await self.fetch(q.STREAM_HEADS.format(ids=condition), params):
-                head = Head(row[1], row[2], row[3], row[4], row[5], row[6], row[7], bytes(row[8]))
-                found.setdefault(row[0], []).append(head)
+                found.setdefault(row[0], []).append(Head(*tuple(row)[1:]))
         return found
 
     async def stream_batches(self, task_id: str, name: str, start: int, limit: int) -> list[Batch]:
@@ -280,8 +278,9 @@ class SqlTx:
         return [_batch(row) for row in rows]
 
     async def stream_batch(self, task_id: str, name: str, attempt: int, seq: int) -> Batch | None:
-        rows = await self.fetch(q.STREAM_BATCH, (task_id, name, attempt, seq))
-        return _batch(rows[0]) if rows else None
+        rows = await self.fetch(q.STREAM_BATCH, (task_id, name, seq))
+        found = _batch(rows[0]) if rows else None
+        return found if found is not None and found.attempt == attempt else None
 
     async def write_streams(self, writes: StreamWrites) -> None:
         for sql, rows in stream_rows(writes):

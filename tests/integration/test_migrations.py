@@ -11,6 +11,7 @@ models change. Its rows are written with plain SQL for the same reason.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import re
@@ -24,6 +25,7 @@ from typing import Any
 
 import orjson
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -35,11 +37,21 @@ from sqlmodel import SQLModel
 from gateway.store import async_url
 from gateway.store.migrate import (
     MIGRATION_LOCK_KEY,
+    alembic_config,
     current_revision,
     head_revision,
     migrate,
 )
-from tests.support import GATEWAY_CLI, FakeClock, bearer, eventually, mint, postgres_database, running_gateway
+from tests.support import (
+    GATEWAY_CLI,
+    FakeClock,
+    bearer,
+    error,
+    eventually,
+    mint,
+    postgres_database,
+    running_gateway,
+)
 
 # Every PostgreSQL database here starts empty (not a copy of the migrated template): these tests migrate.
 pytestmark = pytest.mark.empty_database
@@ -149,7 +161,8 @@ async def test_on_postgresql_autovacuum_reuses_the_churning_tables_space_early(p
                 await conn.execute(text("SELECT relname, reloptions FROM pg_class WHERE relkind = 'r'"))
             ).all()
     options = {name: set(opts or ()) for name, opts in rows}
-    for table in ("tasks", "entries", "callbacks", "outbox", "deliveries", "drain_batches", "task_tags"):
+    churning = ("tasks", "entries", "callbacks", "outbox", "deliveries", "drain_batches", "task_tags")
+    for table in (*churning, "streams", "stream_batches"):
         assert "autovacuum_vacuum_scale_factor=0.02" in options[table], (table, options[table])
 
 
@@ -370,6 +383,129 @@ async def test_tasks_finished_before_the_upgrade_are_retained_from_when_they_fin
         for table in ("tasks", "entries", "callbacks", "outbox", "deliveries", "task_tags"):
             rows = await conn.execute(text(f"SELECT count(*) FROM {table}"))
             assert rows.scalar() == 0, table
+
+
+# --- a database with streams, from before revision 0013 ---------------------------------------------------
+
+STREAMED = "t-streamed"
+# The batches of its stream "output" (seq 0, 1, 2 of attempt 1), as revision 0012 stored them: with their
+# seq and a digest (blake2b of the array, 16 bytes), and the stream's last digest.
+STREAM_BATCHES = [(0, ["a", "b"]), (2, ["é"]), (3, ['"c"\n'])]
+
+
+async def make_0012_database_with_a_stream(engine: AsyncEngine) -> None:
+    """A database at revision 0012 holding a running task (attempt 1) that has appended three batches to its
+    stream ``output``; on PostgreSQL, an operator's autovacuum setting on ``stream_batches``."""
+    async with engine.begin() as conn:
+        await conn.run_sync(lambda sync: command.upgrade(alembic_config(sync), "0012"))
+        if engine.dialect.name == "postgresql":
+            await conn.execute(text("ALTER TABLE stream_batches SET (autovacuum_vacuum_scale_factor = 0.05)"))
+        await conn.execute(
+            text(
+                "INSERT INTO tasks (id, state, expires_at_ms, attempts, max_attempts, progress, version, "
+                "ttl_ms, created_at_ms, epoch) "
+                "VALUES (:id, 'running', :exp, 1, 1, 0, 1, 600000, :created, 'e0012')"
+            ),
+            {"id": STREAMED, "exp": CREATED + 600_000, "created": CREATED},
+        )
+        start = {"type": "start", "atMs": CREATED, "worker": "w-1"}
+        await conn.execute(
+            text(
+                "INSERT INTO entries (task_id, version, type, at_ms, event) VALUES (:t, 1, 'start', :at, :e)"
+            ),
+            {"t": STREAMED, "at": CREATED, "e": orjson.dumps(start)},
+        )
+        digests = []
+        for seq, (offset, chunks) in enumerate(STREAM_BATCHES):
+            encoded = orjson.dumps(chunks)
+            digests.append(hashlib.blake2b(encoded, digest_size=16).digest())
+            await conn.execute(
+                text(
+                    "INSERT INTO stream_batches (task_id, stream, first_offset, attempt, seq, count, "
+                    "chunk_bytes, digest, chunks) VALUES (:t, 'output', :o, 1, :seq, :n, :size, :d, :chunks)"
+                ),
+                {
+                    "t": STREAMED,
+                    "o": offset,
+                    "seq": seq,
+                    "n": len(chunks),
+                    "size": sum(len(c.encode()) for c in chunks),
+                    "d": digests[-1],
+                    "chunks": encoded,
+                },
+            )
+        await conn.execute(
+            text(
+                "INSERT INTO streams (task_id, name, attempt, first_offset, next_offset, text_bytes, "
+                "next_seq, last_offset, last_digest) VALUES (:t, 'output', 1, 0, 4, :size, 3, 3, :d)"
+            ),
+            {"t": STREAMED, "size": len('abé"c"\n'.encode()), "d": digests[-1]},
+        )
+
+
+@pytest.mark.anyio
+async def test_a_database_with_streams_upgrades_to_rows_without_digests_or_seqs_with_its_streams_kept(
+    database_url: str,
+) -> None:
+    """Revision 0013 makes the stream tables again without their digests and seqs: the stream reads back
+    as it was, and a worker's retry of a batch appended before the upgrade, the last one or an earlier one,
+    is still told by its chunks (a duplicate, or seq-reused); the next batch goes on at the next offset."""
+    async with engine_for(database_url) as engine:
+        await make_0012_database_with_a_stream(engine)
+
+    clock = FakeClock(CREATED + 1_000)
+    async with running_gateway(database_url, clock=clock, api_key=API_KEY) as gw:
+        key, worker = bearer(API_KEY), bearer(mint(STREAMED, "callback"))
+        text_read = await gw.client.get(f"/v1/tasks/{STREAMED}/streams/output/text", headers=key)
+        assert text_read.status_code == 200, text_read.text
+        assert (text_read.text, text_read.headers["Stream-Next-Offset"]) == ('abé"c"\n', "4")
+        url = f"/v1/tasks/{STREAMED}/streams/output"
+        answers: list[tuple[int, list[str], tuple[int, int, bool] | str]] = [
+            (2, ['"c"\n'], (3, 4, True)),
+            (0, ["a", "b"], (0, 2, True)),
+            (1, ["é"], (2, 3, True)),
+            (2, ["c"], "seq-reused"),
+            (0, ["ab"], "seq-reused"),
+            (3, ["d"], (4, 5, False)),
+            (3, ["d"], (4, 5, True)),
+        ]
+        for seq, chunks, answer in answers:
+            body = {"attempt": 1, "seq": seq, "chunks": chunks}
+            sent = await gw.client.post(url, json=body, headers=worker)
+            if isinstance(answer, str):
+                error(sent, 409, answer)
+            else:
+                assert sent.status_code == 200, sent.text
+                assert (sent.json()["offset"], sent.json()["nextOffset"], sent.json()["duplicate"]) == answer
+        assert (await gw.client.get(f"{url}/text", headers=key)).text == 'abé"c"\nd'
+
+    async with engine_for(database_url) as engine:
+        assert await version_rows(engine) == [head_revision()]
+        assert await diff_with_models(engine) == []
+        if engine.dialect.name == "postgresql":
+            # The tables made again keep their settings: revision 0011's, or the operator's.
+            async with engine.connect() as conn:
+                found = await conn.execute(
+                    text(
+                        "SELECT relname, reloptions FROM pg_class "
+                        "WHERE relname IN ('streams', 'stream_batches') AND relkind = 'r'"
+                    )
+                )
+                assert dict(found.all()) == {
+                    "streams": ["autovacuum_vacuum_scale_factor=0.02"],
+                    "stream_batches": ["autovacuum_vacuum_scale_factor=0.05"],
+                }
+        else:
+            async with engine.connect() as conn:
+                schema = await conn.execute(
+                    text(
+                        "SELECT name, sql FROM sqlite_schema WHERE tbl_name IN ('streams', 'stream_batches')"
+                    )
+                )
+                rows = {name: sql for name, sql in schema.all()}
+            # Both live in their key's tree: no rowid, and no index holding the key again.
+            assert sorted(rows) == ["stream_batches", "streams"], rows
+            assert all(sql.rstrip().endswith("WITHOUT ROWID") for sql in rows.values()), rows
 
 
 # --- gateways starting together -------------------------------------------------------------------------

@@ -1235,25 +1235,25 @@ async def test_a_page_by_tags_is_newest_first_after_its_place_every_tag_matching
 # --- streams ------------------------------------------------------------------------------------------------
 
 
-def stream_batch(offset: int, *chunks: str, attempt: int = 1, seq: int = 0) -> Batch:
+def stream_batch(offset: int, *chunks: str, attempt: int = 1) -> Batch:
     made = Chunks.of(list(chunks))
-    return Batch(offset, made.count, attempt, seq, made.size, made.digest, made.encoded)
+    return Batch(offset, made.count, attempt, made.size, made.encoded)
 
 
 def head_after(name: str, first: int, batches: list[Batch]) -> Head:
+    """The head of a stream of these batches, all of its attempt (seq 0 on)."""
     last = batches[-1]
     size = sum(b.size for b in batches)
-    return Head(
-        name, last.attempt, first, last.offset + last.count, size, last.seq + 1, last.offset, last.digest
-    )
+    return Head(name, last.attempt, first, last.offset + last.count, size, len(batches), last.offset)
 
 
 async def test_a_streams_batches_and_totals_read_back_as_written(store: Store) -> None:
     """A stream's totals and batches, by task; batches from the one that holds an offset, a few at a time;
-    a batch by its attempt and seq; an attempt's first append dropping the earlier attempt's batches."""
+    a batch by its attempt and seq (its place among the stream's batches, all of its attempt); an attempt's
+    first append dropping the earlier attempt's batches."""
     await add(store, "t")
     await add(store, "u")
-    out = [stream_batch(0, "a", "b"), stream_batch(2, "c", seq=1), stream_batch(3, "d", "e", "f", seq=2)]
+    out = [stream_batch(0, "a", "b"), stream_batch(2, "c"), stream_batch(3, "d", "e", "f")]
     log = [stream_batch(0, "x")]
     async with store.write() as tx:
         await tx.write_streams(
@@ -1272,8 +1272,9 @@ async def test_a_streams_batches_and_totals_read_back_as_written(store: Store) -
         assert await tx.stream_batches("t", "output", 4, 1) == out[2:]
         assert await tx.stream_batches("t", "output", 6, 10) == out[2:]  # the end: the last batch
         assert await tx.stream_batches("t", "steps", 0, 10) == []
-        assert await tx.stream_batch("t", "output", 1, 1) == out[1]
+        assert [await tx.stream_batch("t", "output", 1, seq) for seq in range(4)] == [*out, None]
         assert await tx.stream_batch("t", "output", 2, 1) is None
+        assert await tx.stream_batch("t", "log", 1, 0) == log[0]
     # Attempt 2 appends: attempt 1's batches go, its own start at the next offset.
     retry = [stream_batch(6, "Y", attempt=2)]
     async with store.write() as tx:
@@ -1287,6 +1288,8 @@ async def test_a_streams_batches_and_totals_read_back_as_written(store: Store) -
     async with store.read() as tx:
         assert (await tx.stream_heads(["t"]))["t"][1] == head_after("output", 6, retry)
         assert await tx.stream_batches("t", "output", 0, 10) == retry  # none holds 0: from the first
+        assert await tx.stream_batch("t", "output", 2, 0) == retry[0]
+        assert await tx.stream_batch("t", "output", 1, 0) is None
         assert await tx.stream_batches("t", "log", 0, 10) == log
 
 
@@ -1297,7 +1300,7 @@ async def test_a_rolled_back_append_leaves_the_stream_as_it_was(store: Store) ->
         await tx.write_streams(
             StreamWrites(made=[("t", head_after("output", 0, first))], batches=[("t", "output", first[0])])
         )
-    more = stream_batch(1, "b", seq=1)
+    more = stream_batch(1, "b")
     with pytest.raises(RuntimeError):
         async with store.write() as tx:
             await tx.write_streams(
@@ -1463,6 +1466,50 @@ async def test_a_retry_of_an_earlier_batch_is_found_in_the_store_and_a_later_att
     assert (await reads.text("t", "log"))[1] == Text(1, 1, "a")  # attempt 2 has not written to it
     async with store.read() as tx:
         assert [b.offset for b in await tx.stream_batches("t", "output", 0, 10)] == [4]
+
+
+async def test_a_retry_of_a_stored_batch_the_last_or_an_earlier_is_told_by_the_chunks_stored(
+    store: Store,
+) -> None:
+    """A batch sent again after its answer was lost, every batch committed before in a transaction of its
+    own: read back from the store, the same chunks are a duplicate answered as the first time and other
+    chunks (another text, or the same text cut otherwise) are seq-reused, for the stream's last batch and for
+    an earlier one; nothing of a retry is appended. Chunks the JSON array escapes read back as written."""
+    book = Book(store, FakeClock())
+    await book.create("t", 600_000, 1)
+    await book.callbacks([CallbackRequest("t", lambda now: Start(now, "w1"))])
+    sent = [('é "q"\\', "\n\x00\u2028"), ("ab",), ("c", "d\U0001f642")]
+    for seq, chunks in enumerate(sent):
+        await book.callbacks([appending("t", 1, seq, *chunks)])
+    retried = [(2, sent[2], (3, 5, True)), (0, sent[0], (0, 2, True)), (1, sent[1], (2, 3, True))]
+    reused = [(2, ("c", "d")), (2, ("cd\U0001f642",)), (0, ('é "q"\\',)), (1, ("a", "b")), (0, ("ab",))]
+    for seq, chunks, answer in retried:
+        assert answers(await book.callbacks([appending("t", 1, seq, *chunks)])) == [answer], seq
+    for seq, chunks in reused:
+        assert answers(await book.callbacks([appending("t", 1, seq, *chunks)])) == ["seq-reused"], chunks
+    # Nothing of them was appended: the next batch goes on where the third ended.
+    assert answers(await book.callbacks([appending("t", 1, 3, "e")])) == [(5, 6, False)]
+    # Retries among a batch taken in the same transaction: of it, and of stored ones (the last before it).
+    outcomes = await book.callbacks(
+        [
+            appending("t", 1, 4, "f"),
+            appending("t", 1, 3, "e"),
+            appending("t", 1, 2, *sent[2]),
+            appending("t", 1, 1, "b"),
+            appending("t", 1, 4, "f"),
+            appending("t", 1, 4, "F"),
+        ]
+    )
+    assert answers(outcomes) == [
+        (6, 7, False),
+        (5, 6, True),
+        (3, 5, True),
+        "seq-reused",
+        (6, 7, True),
+        "seq-reused",
+    ]
+    text = 'é "q"\\\n\x00\u2028abcd\U0001f642ef'
+    assert (await StreamReads(store).text("t", "output"))[1] == Text(1, 7, text)
 
 
 async def test_a_page_is_read_a_few_batches_at_a_time_from_where_the_read_starts(store: Store) -> None:

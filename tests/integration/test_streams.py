@@ -141,6 +141,27 @@ async def test_a_seq_out_of_turn_a_reused_one_a_stale_attempt_and_a_task_not_run
         assert len((await gw.client.get("/v1/tasks/t/streams")).json()["streams"]) == 8
 
 
+async def test_a_retry_is_told_by_its_chunks_whatever_their_escaping_the_last_batch_and_an_earlier(
+    database_url: str,
+) -> None:
+    """The same chunks sent again, escaped otherwise in the body (\\u escapes for what was sent as UTF-8), are
+    the same batch: a duplicate, for the stream's last batch and for an earlier one; another text is
+    seq-reused."""
+    async with running_gateway(database_url) as gw:
+        cb, _ = await started(gw, "t")
+        url, headers = "/v1/tasks/t/streams/output", {**bearer(cb), "Content-Type": "application/json"}
+        for raw, answer in (
+            ('{"attempt": 1, "seq": 0, "chunks": ["héllo", "\\"w\\"\\n"]}'.encode(), (0, 2, False)),
+            ('{"attempt": 1, "seq": 1, "chunks": ["\U0001f642"]}'.encode(), (2, 3, False)),
+            (rb'{"seq": 1, "attempt": 1, "chunks": ["\ud83d\ude42"]}', (2, 3, True)),
+            (rb'{"attempt":1,"seq":0,"chunks":["h\u00e9llo","\"\u0077\"\u000a"]}', (0, 2, True)),
+        ):
+            assert appended(await gw.client.post(url, content=raw, headers=headers)) == answer, raw
+        for seq, chunks in ((1, ["\U0001f643"]), (0, ["héllo", '"w"'])):
+            error(await append(gw, "t", cb, 1, seq, *chunks), 409, "seq-reused")
+        assert (await gw.client.get("/v1/tasks/t/streams/output/text")).text == 'héllo"w"\n\U0001f642'
+
+
 async def test_a_retrys_output_replaces_the_failed_attempts_at_the_offsets_that_follow(
     database_url: str,
 ) -> None:
